@@ -1,0 +1,187 @@
+#include "base/file.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <utility>
+
+namespace refit {
+namespace {
+
+Status ErrnoStatus(const std::string& what, const std::string& path) {
+  int e = errno;
+  std::string msg = what + " '" + path + "': " + std::strerror(e);
+  switch (e) {
+    case ENOENT: return NotFoundError(msg);
+    case EACCES:
+    case EPERM:
+    case EROFS: return PermissionDeniedError(msg);
+    case ENOSPC:
+    case ENOMEM:
+    case EDQUOT: return ResourceExhaustedError(msg);
+    case EINTR:
+    case EAGAIN:
+    case EIO: return UnavailableError(msg);
+    default: return InternalError(msg);
+  }
+}
+
+std::string DirName(const std::string& path) {
+  auto slash = path.find_last_of('/');
+  if (slash == std::string::npos) return ".";
+  if (slash == 0) return "/";
+  return path.substr(0, slash);
+}
+
+}  // namespace
+
+MappedFile::~MappedFile() { Reset(); }
+
+MappedFile::MappedFile(MappedFile&& other) noexcept
+    : data_(std::exchange(other.data_, nullptr)),
+      size_(std::exchange(other.size_, 0)),
+      fd_(std::exchange(other.fd_, -1)),
+      writable_(other.writable_),
+      path_(std::move(other.path_)) {}
+
+MappedFile& MappedFile::operator=(MappedFile&& other) noexcept {
+  if (this != &other) {
+    Reset();
+    data_ = std::exchange(other.data_, nullptr);
+    size_ = std::exchange(other.size_, 0);
+    fd_ = std::exchange(other.fd_, -1);
+    writable_ = other.writable_;
+    path_ = std::move(other.path_);
+  }
+  return *this;
+}
+
+void MappedFile::Reset() {
+  if (data_ != nullptr && size_ > 0) munmap(data_, size_);
+  if (fd_ >= 0) close(fd_);
+  data_ = nullptr;
+  size_ = 0;
+  fd_ = -1;
+}
+
+Result<MappedFile> MappedFile::Open(const std::string& path, Mode mode) {
+  MappedFile f;
+  f.path_ = path;
+  f.writable_ = mode == Mode::kReadWrite;
+  f.fd_ = open(path.c_str(), (f.writable_ ? O_RDWR : O_RDONLY) | O_CLOEXEC);
+  if (f.fd_ < 0) return ErrnoStatus("cannot open", path);
+  struct stat st;
+  if (fstat(f.fd_, &st) != 0) return ErrnoStatus("cannot stat", path);
+  if (!S_ISREG(st.st_mode)) {
+    return InvalidArgumentError("'" + path + "' is not a regular file");
+  }
+  f.size_ = static_cast<size_t>(st.st_size);
+  if (f.size_ == 0) return f;
+  int prot = PROT_READ | (f.writable_ ? PROT_WRITE : 0);
+  void* p = mmap(nullptr, f.size_, prot, MAP_SHARED, f.fd_, 0);
+  if (p == MAP_FAILED) {
+    f.size_ = 0;
+    return ErrnoStatus("cannot map", path);
+  }
+  f.data_ = static_cast<uint8_t*>(p);
+  return f;
+}
+
+Status MappedFile::Sync(size_t offset, size_t length) {
+  if (!writable_) return Status();
+  if (size_ > 0 && offset < size_) {
+    if (length > size_ - offset) length = size_ - offset;
+    const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+    size_t start = offset / page * page;
+    if (msync(data_ + start, offset + length - start, MS_SYNC) != 0) {
+      return ErrnoStatus("msync failed on", path_);
+    }
+  }
+  if (fsync(fd_) != 0) return ErrnoStatus("fsync failed on", path_);
+  return Status();
+}
+
+void MappedFile::AdviseSequential(size_t offset, size_t length) const {
+  if (size_ == 0 || offset >= size_) return;
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  size_t start = offset / page * page;
+  if (length > size_ - offset) length = size_ - offset;
+  madvise(data_ + start, offset + length - start, MADV_WILLNEED);
+}
+
+Result<std::vector<uint8_t>> ReadFile(const std::string& path) {
+  int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return ErrnoStatus("cannot open", path);
+  std::vector<uint8_t> out;
+  struct stat st;
+  if (fstat(fd, &st) == 0 && st.st_size > 0) {
+    out.reserve(static_cast<size_t>(st.st_size));
+  }
+  uint8_t buf[1 << 16];
+  for (;;) {
+    ssize_t n = read(fd, buf, sizeof buf);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      Status s = ErrnoStatus("cannot read", path);
+      close(fd);
+      return s;
+    }
+    if (n == 0) break;
+    out.insert(out.end(), buf, buf + n);
+  }
+  close(fd);
+  return out;
+}
+
+Status WriteFileAtomic(const std::string& path, std::span<const uint8_t> data) {
+  std::string tmp = path + ".tmp." + std::to_string(getpid());
+  int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return ErrnoStatus("cannot create", tmp);
+  size_t off = 0;
+  while (off < data.size()) {
+    ssize_t n = write(fd, data.data() + off, data.size() - off);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      Status s = ErrnoStatus("cannot write", tmp);
+      close(fd);
+      unlink(tmp.c_str());
+      return s;
+    }
+    off += static_cast<size_t>(n);
+  }
+  if (fsync(fd) != 0) {
+    Status s = ErrnoStatus("fsync failed on", tmp);
+    close(fd);
+    unlink(tmp.c_str());
+    return s;
+  }
+  close(fd);
+  if (rename(tmp.c_str(), path.c_str()) != 0) {
+    Status s = ErrnoStatus("cannot rename over", path);
+    unlink(tmp.c_str());
+    return s;
+  }
+  std::string dir = DirName(path);
+  int dfd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd < 0) return ErrnoStatus("cannot open directory", dir);
+  int rc = fsync(dfd);
+  close(dfd);
+  if (rc != 0) return ErrnoStatus("fsync failed on directory", dir);
+  return Status();
+}
+
+bool PathExists(const std::string& path) {
+  struct stat st;
+  return stat(path.c_str(), &st) == 0;
+}
+
+bool IsDirectory(const std::string& path) {
+  struct stat st;
+  return stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+}  // namespace refit

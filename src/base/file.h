@@ -1,0 +1,70 @@
+// File access: memory maps, whole-file reads and atomic writes.
+//
+// This is the seam between refit and the file system: higher layers never
+// call open/mmap/fsync themselves, so tests can reason about every write.
+// A MappedFile owns its mapping and unmaps on destruction; it is movable,
+// not copyable, and not thread-safe (the mapped bytes may be read from
+// several threads).
+#ifndef REFIT_BASE_FILE_H_
+#define REFIT_BASE_FILE_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "refit/status.h"
+
+namespace refit {
+
+class MappedFile {
+ public:
+  enum class Mode { kReadOnly, kReadWrite };
+
+  MappedFile() = default;
+  ~MappedFile();
+  MappedFile(MappedFile&& other) noexcept;
+  MappedFile& operator=(MappedFile&& other) noexcept;
+  MappedFile(const MappedFile&) = delete;
+  MappedFile& operator=(const MappedFile&) = delete;
+
+  // Maps the whole file. kReadWrite maps it MAP_SHARED, so stores reach the
+  // file; call Sync() to make them durable. An empty file maps to an empty
+  // span.
+  static Result<MappedFile> Open(const std::string& path, Mode mode);
+
+  const uint8_t* data() const { return data_; }
+  uint8_t* mutable_data() { return writable_ ? data_ : nullptr; }
+  size_t size() const { return size_; }
+  std::span<const uint8_t> bytes() const { return {data_, size_}; }
+  const std::string& path() const { return path_; }
+
+  // msync(MS_SYNC) of [offset, offset+length) rounded out to pages, then
+  // fsync of the file. With no arguments, the whole file.
+  Status Sync(size_t offset = 0, size_t length = SIZE_MAX);
+
+  // Tells the kernel the range will be read sequentially soon.
+  void AdviseSequential(size_t offset, size_t length) const;
+
+ private:
+  void Reset();
+  uint8_t* data_ = nullptr;
+  size_t size_ = 0;
+  int fd_ = -1;
+  bool writable_ = false;
+  std::string path_;
+};
+
+Result<std::vector<uint8_t>> ReadFile(const std::string& path);
+
+// Writes `data` to path.tmp.<pid>, fsyncs it, renames it over `path` and
+// fsyncs the directory: readers see the old file or the new one, whole.
+Status WriteFileAtomic(const std::string& path, std::span<const uint8_t> data);
+
+bool PathExists(const std::string& path);
+bool IsDirectory(const std::string& path);
+
+}  // namespace refit
+
+#endif  // REFIT_BASE_FILE_H_

@@ -1,0 +1,107 @@
+#include "base/hash.h"
+
+#include <xxhash.h>
+
+#include <cstdio>
+#include <cstring>
+
+namespace refit {
+namespace {
+
+void PutDigest(const XXH128_hash_t& h, uint8_t out[16]) {
+  for (int i = 0; i < 8; ++i) out[i] = static_cast<uint8_t>(h.low64 >> (8 * i));
+  for (int i = 0; i < 8; ++i) {
+    out[8 + i] = static_cast<uint8_t>(h.high64 >> (8 * i));
+  }
+}
+
+}  // namespace
+
+std::string Hash128::Hex() const {
+  char buf[33];
+  std::snprintf(buf, sizeof buf, "%016llx%016llx",
+                static_cast<unsigned long long>(hi),
+                static_cast<unsigned long long>(lo));
+  return buf;
+}
+
+Hash128 HashBytes(const void* data, size_t size) {
+  XXH128_hash_t h = XXH3_128bits(data, size);
+  return Hash128{h.low64, h.high64};
+}
+
+Hash128 HashSegmentDigests(const Hash128* digests, size_t n) {
+  XXH3_state_t* outer = XXH3_createState();
+  XXH3_128bits_reset(outer);
+  for (size_t i = 0; i < n; ++i) {
+    uint8_t d[16];
+    PutDigest(XXH128_hash_t{digests[i].lo, digests[i].hi}, d);
+    XXH3_128bits_update(outer, d, sizeof d);
+  }
+  XXH128_hash_t h = XXH3_128bits_digest(outer);
+  XXH3_freeState(outer);
+  return Hash128{h.low64, h.high64};
+}
+
+Hash128 RangeHash(const void* data, size_t size) {
+  const auto* p = static_cast<const uint8_t*>(data);
+  XXH3_state_t* outer = XXH3_createState();
+  XXH3_128bits_reset(outer);
+  size_t off = 0;
+  do {
+    size_t n = size - off < kRangeHashSegment ? size - off : kRangeHashSegment;
+    uint8_t d[16];
+    PutDigest(XXH3_128bits(p + off, n), d);
+    XXH3_128bits_update(outer, d, sizeof d);
+    off += n;
+  } while (off < size);
+  XXH128_hash_t h = XXH3_128bits_digest(outer);
+  XXH3_freeState(outer);
+  return Hash128{h.low64, h.high64};
+}
+
+RangeHasher::RangeHasher()
+    : segment_state_(XXH3_createState()), outer_state_(XXH3_createState()) {
+  XXH3_128bits_reset(static_cast<XXH3_state_t*>(segment_state_));
+  XXH3_128bits_reset(static_cast<XXH3_state_t*>(outer_state_));
+}
+
+RangeHasher::~RangeHasher() {
+  XXH3_freeState(static_cast<XXH3_state_t*>(segment_state_));
+  XXH3_freeState(static_cast<XXH3_state_t*>(outer_state_));
+}
+
+void RangeHasher::FlushSegment() {
+  auto* seg = static_cast<XXH3_state_t*>(segment_state_);
+  uint8_t d[16];
+  PutDigest(XXH3_128bits_digest(seg), d);
+  XXH3_128bits_update(static_cast<XXH3_state_t*>(outer_state_), d, sizeof d);
+  XXH3_128bits_reset(seg);
+  in_segment_ = 0;
+  any_segment_ = true;
+}
+
+void RangeHasher::Update(const void* data, size_t size) {
+  const auto* p = static_cast<const uint8_t*>(data);
+  auto* seg = static_cast<XXH3_state_t*>(segment_state_);
+  while (size > 0) {
+    if (in_segment_ == kRangeHashSegment) FlushSegment();
+    size_t n = kRangeHashSegment - in_segment_;
+    if (n > size) n = size;
+    XXH3_128bits_update(seg, p, n);
+    in_segment_ += n;
+    p += n;
+    size -= n;
+  }
+}
+
+Hash128 RangeHasher::Finish() {
+  // An empty range still hashes one (empty) segment, as RangeHash does; a
+  // full final segment is flushed here rather than eagerly in Update.
+  if (in_segment_ > 0 || !any_segment_) FlushSegment();
+  XXH128_hash_t h =
+      XXH3_128bits_digest(static_cast<XXH3_state_t*>(outer_state_));
+  return Hash128{h.low64, h.high64};
+}
+
+}  // namespace refit

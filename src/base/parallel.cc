@@ -1,0 +1,54 @@
+#include "base/parallel.h"
+
+#include <algorithm>
+#include <atomic>
+#include <thread>
+#include <vector>
+
+namespace refit {
+
+int DefaultThreads() {
+  unsigned n = std::thread::hardware_concurrency();
+  return n == 0 ? 1 : static_cast<int>(n);
+}
+
+void ParallelFor(size_t n, size_t grain, int threads,
+                 const std::function<void(size_t, size_t)>& fn) {
+  if (n == 0) return;
+  if (grain == 0) grain = 1;
+  if (threads <= 0) threads = DefaultThreads();
+  size_t units = (n + grain - 1) / grain;
+  size_t t = std::min<size_t>(static_cast<size_t>(threads), units);
+  if (t <= 1) {
+    fn(0, n);
+    return;
+  }
+  size_t per = (units + t - 1) / t * grain;
+  std::vector<std::thread> pool;
+  pool.reserve(t - 1);
+  for (size_t i = 1; i < t; ++i) {
+    size_t b = i * per;
+    if (b >= n) break;
+    size_t e = std::min(n, b + per);
+    pool.emplace_back([&fn, b, e] { fn(b, e); });
+  }
+  fn(0, std::min(n, per));
+  for (auto& th : pool) th.join();
+}
+
+void ParallelForEach(size_t n, int threads,
+                     const std::function<void(size_t, int)>& fn) {
+  if (n == 0) return;
+  if (threads <= 0) threads = DefaultThreads();
+  int t = static_cast<int>(std::min<size_t>(static_cast<size_t>(threads), n));
+  std::atomic<size_t> next{0};
+  auto run = [&](int worker) {
+    for (size_t i = next.fetch_add(1); i < n; i = next.fetch_add(1)) fn(i, worker);
+  };
+  std::vector<std::thread> pool;
+  for (int w = 1; w < t; ++w) pool.emplace_back(run, w);
+  run(0);
+  for (auto& th : pool) th.join();
+}
+
+}  // namespace refit
