@@ -1,0 +1,86 @@
+#include "format/dtype.h"
+
+#include <gtest/gtest.h>
+
+#include "testing.h"
+
+namespace refit {
+namespace {
+
+TEST(FormatDTypeTest, SpecDTypesRoundTripWithWidths) {
+  const std::pair<const char*, int> kExpected[] = {
+      {"BOOL", 1}, {"U8", 1},  {"I8", 1},  {"F8_E5M2", 1}, {"F8_E4M3", 1},
+      {"I16", 2},  {"U16", 2}, {"F16", 2}, {"BF16", 2},    {"I32", 4},
+      {"U32", 4},  {"F32", 4}, {"F64", 8}, {"I64", 8},     {"U64", 8},
+  };
+  ASSERT_EQ(std::size(kExpected), static_cast<size_t>(kNumDTypes));
+  DTypeRegistry registry;
+  for (const auto& [name, width] : kExpected) {
+    std::optional<DType> d = ParseDType(name);
+    ASSERT_TRUE(d.has_value()) << name;
+    EXPECT_EQ(DTypeName(*d), name);
+    EXPECT_EQ(DTypeWidth(*d), width) << name;
+    Result<int> w = registry.ElementWidth(name);
+    ASSERT_OK(w);
+    EXPECT_EQ(*w, width);
+  }
+  EXPECT_FALSE(ParseDType("bf16").has_value());  // the spec is case-sensitive
+  EXPECT_FALSE(ParseDType("").has_value());
+}
+
+TEST(FormatDTypeTest, BuiltinExtras) {
+  DTypeRegistry registry;
+  EXPECT_EQ(*registry.ElementWidth("F8_E8M0"), 1);
+  EXPECT_EQ(*registry.ElementWidth("F8_E4M3FNUZ"), 1);
+  EXPECT_EQ(*registry.ElementWidth("F8_E5M2FNUZ"), 1);
+  EXPECT_EQ(*registry.ElementWidth("C64"), 8);
+  for (const char* name : {"C128", "F4", "F6_E2M3", "F6_E3M2"}) {
+    Result<int> w = registry.ElementWidth(name);
+    EXPECT_EQ(w.status().code(), StatusCode::kUnimplemented) << name;
+    EXPECT_NE(w.status().message().find(name), std::string_view::npos);
+  }
+}
+
+TEST(FormatDTypeTest, UnknownDTypeNeedsDeclaredWidth) {
+  DTypeRegistry registry;
+  Result<int> w = registry.ElementWidth("MY_F12");
+  ASSERT_EQ(w.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(w.status().message().find("MY_F12"), std::string_view::npos);
+  EXPECT_NE(w.status().message().find("--dtype-width MY_F12="),
+            std::string_view::npos);
+
+  ASSERT_OK(registry.RegisterFlag("MY_F12=2"));
+  EXPECT_EQ(*registry.ElementWidth("MY_F12"), 2);
+  ASSERT_OK(registry.Register("MY_F12", 4));  // redeclaring replaces
+  EXPECT_EQ(*registry.ElementWidth("MY_F12"), 4);
+}
+
+TEST(FormatDTypeTest, RegisterRejectsBadDeclarations) {
+  DTypeRegistry registry;
+  EXPECT_EQ(registry.Register("X", 3).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(registry.Register("X", 16).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(registry.Register("X", 0).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(registry.Register("", 2).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(registry.Register("A=B", 2).code(), StatusCode::kInvalidArgument);
+  // Built-ins keep their widths; restating the same width is harmless.
+  EXPECT_EQ(registry.Register("BF16", 4).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(registry.Register("C128", 8).code(), StatusCode::kInvalidArgument);
+  EXPECT_OK(registry.Register("BF16", 2));
+  for (const char* flag : {"X", "X=", "=2", "X=2x", "X=-1", "X=99999999999"}) {
+    EXPECT_EQ(registry.RegisterFlag(flag).code(), StatusCode::kInvalidArgument)
+        << flag;
+  }
+  EXPECT_EQ(registry.ElementWidth("X").status().code(),
+            StatusCode::kInvalidArgument);
+}
+
+TEST(FormatDTypeTest, HugeUnknownNameGivesShortMessage) {
+  DTypeRegistry registry;
+  std::string name(1 << 20, 'Q');
+  Result<int> w = registry.ElementWidth(name);
+  ASSERT_EQ(w.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_LT(w.status().message().size(), 1000u);
+}
+
+}  // namespace
+}  // namespace refit

@@ -1,0 +1,343 @@
+#include "format/safetensors.h"
+
+#include <algorithm>
+#include <cassert>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <string_view>
+#include <utility>
+
+#include "base/bytes.h"
+#include "format/json.h"
+
+namespace refit {
+namespace {
+
+using Json = nlohmann::json;
+using internal::QuoteForMessage;
+
+constexpr std::string_view kMetadataKey = "__metadata__";
+
+// Root object, tensor entry, shape array: a valid header nests no deeper.
+constexpr int kMaxHeaderDepth = 3;
+
+Status Corrupt(const std::string& message) {
+  return DataLossError("safetensors header: " + message);
+}
+
+Status Corrupt(std::string_view tensor, const std::string& message) {
+  return Corrupt("tensor " + QuoteForMessage(tensor) + ": " + message);
+}
+
+// Every integer in a header is a non-negative count or offset; nlohmann
+// types negative numbers number_integer, fractions and values past 2^64
+// number_float.
+Result<uint64_t> ReadCount(const Json& v, std::string_view tensor,
+                           std::string_view field) {
+  if (v.is_number_unsigned()) return v.get<uint64_t>();
+  std::string what = v.is_number_integer() ? "is negative"
+                     : v.is_number_float() ? "is not an integer below 2^64"
+                                           : "is not a number";
+  return Corrupt(tensor, std::string(field) + " " + what);
+}
+
+Result<SafetensorsTensor> ParseTensor(const std::string& name, const Json& v,
+                                      uint64_t data_start, uint64_t data_size,
+                                      const DTypeRegistry& dtypes) {
+  if (name.empty()) return Corrupt("empty tensor name");
+  if (!v.is_object()) return Corrupt(name, "entry is not an object");
+  auto dtype_it = v.find("dtype");
+  auto shape_it = v.find("shape");
+  auto offsets_it = v.find("data_offsets");
+  if (dtype_it == v.end() || shape_it == v.end() || offsets_it == v.end()) {
+    return Corrupt(name, "needs dtype, shape and data_offsets");
+  }
+  if (!dtype_it->is_string()) return Corrupt(name, "dtype is not a string");
+  if (!shape_it->is_array()) return Corrupt(name, "shape is not an array");
+  if (!offsets_it->is_array() || offsets_it->size() != 2) {
+    return Corrupt(name, "data_offsets is not an array of two offsets");
+  }
+
+  SafetensorsTensor t;
+  t.name = name;
+  t.dtype = dtype_it->get<std::string>();
+  Result<int> width = dtypes.ElementWidth(t.dtype);
+  if (!width.ok()) {
+    return width.status().WithContext("safetensors header: tensor " +
+                                      QuoteForMessage(name));
+  }
+  t.element_width = *width;
+
+  uint64_t count = 1;
+  t.shape.reserve(shape_it->size());
+  for (const Json& dim : *shape_it) {
+    REFIT_ASSIGN_OR_RETURN(uint64_t d, ReadCount(dim, name, "shape dimension"));
+    if (!MulChecked(count, d, &count)) {
+      return Corrupt(name, "element count overflows 64 bits");
+    }
+    t.shape.push_back(d);
+  }
+  t.num_elements = count;
+  if (!MulChecked(count, static_cast<uint64_t>(t.element_width),
+                  &t.byte_size)) {
+    return Corrupt(name, "byte size overflows 64 bits");
+  }
+
+  REFIT_ASSIGN_OR_RETURN(uint64_t begin,
+                         ReadCount((*offsets_it)[0], name, "data_offsets"));
+  REFIT_ASSIGN_OR_RETURN(uint64_t end,
+                         ReadCount((*offsets_it)[1], name, "data_offsets"));
+  if (begin > end) return Corrupt(name, "data_offsets end before begin");
+  if (end > data_size) {
+    return Corrupt(name, "data_offsets end " + std::to_string(end) +
+                             " is past the data buffer (" +
+                             std::to_string(data_size) + " bytes)");
+  }
+  if (end - begin != t.byte_size) {
+    return Corrupt(name, "data_offsets span " + std::to_string(end - begin) +
+                             " bytes but shape and dtype need " +
+                             std::to_string(t.byte_size));
+  }
+  t.offset = data_start + begin;  // cannot overflow: end <= data_size
+  return t;
+}
+
+// The spec requires the tensors to tile the data buffer: no overlaps, no
+// holes, nothing after the last tensor. Empty tensors occupy no bytes and
+// may sit anywhere in [0, data_size], including at a neighbour's offset.
+Status CheckTiling(const std::vector<SafetensorsTensor>& tensors,
+                   uint64_t data_start, uint64_t data_size) {
+  std::vector<const SafetensorsTensor*> by_offset;
+  by_offset.reserve(tensors.size());
+  for (const SafetensorsTensor& t : tensors) {
+    if (t.byte_size > 0) by_offset.push_back(&t);
+  }
+  std::sort(by_offset.begin(), by_offset.end(),
+            [](const SafetensorsTensor* a, const SafetensorsTensor* b) {
+              return a->offset < b->offset;
+            });
+  uint64_t expected = data_start;
+  const SafetensorsTensor* prev = nullptr;
+  for (const SafetensorsTensor* t : by_offset) {
+    if (t->offset < expected) {
+      return Corrupt("tensors " + QuoteForMessage(prev->name) + " and " +
+                     QuoteForMessage(t->name) + " overlap");
+    }
+    if (t->offset > expected) {
+      return Corrupt("hole of " + std::to_string(t->offset - expected) +
+                     " bytes at data offset " +
+                     std::to_string(expected - data_start) +
+                     " (tensors must tile the data buffer)");
+    }
+    expected = t->offset + t->byte_size;
+    prev = t;
+  }
+  if (expected != data_start + data_size) {
+    return Corrupt(std::to_string(data_start + data_size - expected) +
+                   " bytes after the last tensor are not covered by any "
+                   "tensor (tensors must tile the data buffer)");
+  }
+  return Status();
+}
+
+}  // namespace
+
+Result<SafetensorsHeader> ParseSafetensorsHeader(
+    std::span<const uint8_t> file_prefix, uint64_t file_size,
+    const DTypeRegistry& dtypes) {
+  if (file_size < 8 || file_prefix.size() < 8) {
+    return Corrupt("file of " + std::to_string(file_size) +
+                   " bytes is too short for the 8-byte header length");
+  }
+  SafetensorsHeader h;
+  h.header_size = LoadLE(file_prefix.data(), 8);
+  if (h.header_size > kMaxSafetensorsHeaderSize) {
+    return Corrupt("header length " + std::to_string(h.header_size) +
+                   " exceeds the limit of " +
+                   std::to_string(kMaxSafetensorsHeaderSize) + " bytes");
+  }
+  if (h.header_size > file_size - 8) {
+    return Corrupt("header length " + std::to_string(h.header_size) +
+                   " runs past the end of the " + std::to_string(file_size) +
+                   "-byte file (truncated?)");
+  }
+  h.data_start = 8 + h.header_size;
+  if (file_prefix.size() < h.data_start) {
+    return InvalidArgumentError(
+        "safetensors header: need the first " + std::to_string(h.data_start) +
+        " bytes of the file, got " + std::to_string(file_prefix.size()));
+  }
+  const uint64_t data_size = file_size - h.data_start;
+
+  std::string_view text(reinterpret_cast<const char*>(file_prefix.data() + 8),
+                        static_cast<size_t>(h.header_size));
+  REFIT_ASSIGN_OR_RETURN(
+      Json root,
+      internal::ParseJsonStrict(text, kMaxHeaderDepth, "safetensors header"));
+  if (!root.is_object()) return Corrupt("JSON root is not an object");
+
+  h.tensors.reserve(root.size());
+  try {
+    for (auto it = root.begin(); it != root.end(); ++it) {
+      if (it.key() == kMetadataKey) {
+        if (!it->is_object()) return Corrupt("__metadata__ is not an object");
+        for (auto m = it->begin(); m != it->end(); ++m) {
+          if (!m->is_string()) {
+            return Corrupt("__metadata__ value for " +
+                           QuoteForMessage(m.key()) + " is not a string");
+          }
+          h.metadata.emplace(m.key(), m->get<std::string>());
+        }
+        continue;
+      }
+      REFIT_ASSIGN_OR_RETURN(
+          SafetensorsTensor t,
+          ParseTensor(it.key(), *it, h.data_start, data_size, dtypes));
+      h.tensors.push_back(std::move(t));
+    }
+  } catch (const nlohmann::json::exception& e) {
+    // The checks above make this unreachable; it guards the boundary anyway.
+    return Corrupt(std::string("unexpected JSON error: ") + e.what());
+  }
+  // nlohmann's default object is a std::map, so the tensors already come in
+  // byte-wise name order; sorting keeps that invariant explicit.
+  std::sort(h.tensors.begin(), h.tensors.end(),
+            [](const SafetensorsTensor& a, const SafetensorsTensor& b) {
+              return a.name < b.name;
+            });
+  REFIT_RETURN_IF_ERROR(CheckTiling(h.tensors, h.data_start, data_size));
+  return h;
+}
+
+Result<SafetensorsFile> SafetensorsFile::Open(const std::string& path,
+                                              MappedFile::Mode mode,
+                                              const DTypeRegistry& dtypes) {
+  REFIT_ASSIGN_OR_RETURN(MappedFile map, MappedFile::Open(path, mode));
+  Result<SafetensorsHeader> header =
+      ParseSafetensorsHeader(map.bytes(), map.size(), dtypes);
+  if (!header.ok()) return header.status().WithContext(path);
+  return SafetensorsFile(std::move(map), std::move(header).value(),
+                         mode == MappedFile::Mode::kReadWrite);
+}
+
+const SafetensorsTensor* SafetensorsFile::Find(std::string_view name) const {
+  auto it =
+      std::lower_bound(header_.tensors.begin(), header_.tensors.end(), name,
+                       [](const SafetensorsTensor& t, std::string_view n) {
+                         return t.name < n;
+                       });
+  if (it == header_.tensors.end() || it->name != name) return nullptr;
+  return &*it;
+}
+
+std::span<const uint8_t> SafetensorsFile::Data(size_t index) const {
+  assert(index < header_.tensors.size());
+  const SafetensorsTensor& t = header_.tensors[index];
+  return map_.bytes().subspan(static_cast<size_t>(t.offset),
+                              static_cast<size_t>(t.byte_size));
+}
+
+std::span<uint8_t> SafetensorsFile::MutableData(size_t index) {
+  assert(index < header_.tensors.size());
+  const SafetensorsTensor& t = header_.tensors[index];
+  uint8_t* base = map_.mutable_data();
+  if (base == nullptr) return {};
+  return {base + t.offset, static_cast<size_t>(t.byte_size)};
+}
+
+Status SafetensorsFile::Sync(uint64_t offset, uint64_t length) {
+  if (!writable_) return Status();
+  return map_.Sync(static_cast<size_t>(offset), static_cast<size_t>(length));
+}
+
+Status SafetensorsFile::Sync() {
+  if (!writable_) return Status();
+  return map_.Sync();
+}
+
+Status WriteSafetensors(const std::string& path,
+                        const std::map<std::string, std::string>& metadata,
+                        std::span<const SafetensorsTensorView> tensors,
+                        const DTypeRegistry& dtypes) {
+  std::vector<const SafetensorsTensorView*> sorted;
+  sorted.reserve(tensors.size());
+  for (const SafetensorsTensorView& t : tensors) sorted.push_back(&t);
+  std::sort(sorted.begin(), sorted.end(),
+            [](const SafetensorsTensorView* a, const SafetensorsTensorView* b) {
+              return a->name < b->name;
+            });
+
+  // Entries are spelled out rather than built as a Json object: Json sorts
+  // an entry's keys, and the reference writer's order is dtype, shape,
+  // data_offsets.
+  std::vector<std::string> entries;
+  entries.reserve(sorted.size() + 1);
+  uint64_t data_size = 0;
+  try {
+    if (!metadata.empty()) {
+      entries.push_back("\"__metadata__\":" + Json(metadata).dump());
+    }
+    for (size_t i = 0; i < sorted.size(); ++i) {
+      const SafetensorsTensorView& t = *sorted[i];
+      if (t.name.empty() || t.name == kMetadataKey) {
+        return InvalidArgumentError("cannot write a tensor named " +
+                                    QuoteForMessage(t.name));
+      }
+      if (i > 0 && sorted[i - 1]->name == t.name) {
+        return InvalidArgumentError("duplicate tensor name " +
+                                    QuoteForMessage(t.name));
+      }
+      REFIT_ASSIGN_OR_RETURN(int width, dtypes.ElementWidth(t.dtype));
+      uint64_t bytes = static_cast<uint64_t>(width);
+      for (uint64_t d : t.shape) {
+        if (!MulChecked(bytes, d, &bytes)) {
+          return InvalidArgumentError("tensor " + QuoteForMessage(t.name) +
+                                      ": size overflows 64 bits");
+        }
+      }
+      if (bytes != t.data.size()) {
+        return InvalidArgumentError(
+            "tensor " + QuoteForMessage(t.name) + ": shape and dtype need " +
+            std::to_string(bytes) + " bytes, data has " +
+            std::to_string(t.data.size()));
+      }
+      if (!AddWithin(data_size, bytes, UINT64_MAX)) {
+        return InvalidArgumentError("tensors total more than 2^64 bytes");
+      }
+      entries.push_back(Json(t.name).dump() +
+                        ":{\"dtype\":" + Json(t.dtype).dump() +
+                        ",\"shape\":" + Json(t.shape).dump() +
+                        ",\"data_offsets\":[" + std::to_string(data_size) +
+                        "," + std::to_string(data_size + bytes) + "]}");
+      data_size += bytes;
+    }
+  } catch (const nlohmann::json::exception& e) {
+    // dump() throws on strings that are not valid UTF-8.
+    return InvalidArgumentError(std::string("cannot write safetensors: ") +
+                                e.what());
+  }
+  std::string header = "{";
+  for (size_t i = 0; i < entries.size(); ++i) {
+    if (i > 0) header += ",";
+    header += entries[i];
+  }
+  header += "}";
+  // The reference writer pads with spaces so the data buffer starts 8-byte
+  // aligned.
+  header.append((8 - header.size() % 8) % 8, ' ');
+  if (header.size() > kMaxSafetensorsHeaderSize) {
+    return InvalidArgumentError("safetensors header of " +
+                                std::to_string(header.size()) +
+                                " bytes exceeds the format's limit");
+  }
+
+  std::vector<uint8_t> out;
+  out.reserve(8 + header.size() + static_cast<size_t>(data_size));
+  ByteWriter w(&out);
+  w.U64(header.size());
+  w.Bytes(header.data(), header.size());
+  for (const SafetensorsTensorView* t : sorted) w.Bytes(t->data);
+  return WriteFileAtomic(path, out);
+}
+
+}  // namespace refit
