@@ -1,0 +1,558 @@
+#include "codec/payload.h"
+
+#include <zstd.h>
+
+#include <algorithm>
+#include <array>
+#include <cstring>
+#include <memory>
+
+#include "base/bytes.h"
+#include "codec/rans.h"
+#include "codec/table.h"
+
+namespace refit::codec {
+namespace {
+
+bool ValidWidth(int w) { return w == 1 || w == 2 || w == 4 || w == 8; }
+
+Status CheckShape(uint32_t n, int w) {
+  if (!ValidWidth(w)) {
+    return InvalidArgumentError("element width " + std::to_string(w) +
+                                " is not 1, 2, 4 or 8");
+  }
+  if (n == 0 || n > kMaxChunkElements) {
+    return InvalidArgumentError("chunk element count " + std::to_string(n) +
+                                " outside 1 .. 2^28");
+  }
+  return Status::Ok();
+}
+
+bool IsSparse(ChunkKind kind) {
+  return kind == ChunkKind::kSparseXor || kind == ChunkKind::kSparseOverwrite;
+}
+bool IsDense(ChunkKind kind) {
+  return kind == ChunkKind::kDenseXor || kind == ChunkKind::kRaw;
+}
+
+Status CheckSparseArgs(ChunkKind kind, uint32_t n, int w, uint64_t k) {
+  if (!IsSparse(kind)) {
+    return InvalidArgumentError("chunk kind " +
+                                std::to_string(static_cast<int>(kind)) +
+                                " is not sparse");
+  }
+  REFIT_RETURN_IF_ERROR(CheckShape(n, w));
+  if (k == 0 || k > n) {
+    return InvalidArgumentError("changed count " + std::to_string(k) +
+                                " outside 1 .. n = " + std::to_string(n));
+  }
+  return Status::Ok();
+}
+
+int GapWidthFor(uint32_t max_gap) {
+  if (max_gap < (1u << 8)) return 1;
+  if (max_gap < (1u << 16)) return 2;
+  if (max_gap < (1u << 24)) return 3;
+  return 4;
+}
+
+// The coded planes of a model list and their lookup tables.
+struct CodedPlanes {
+  std::vector<int> index;
+  std::vector<const EncPlane*> enc;
+  std::vector<const DecPlane*> dec;
+};
+
+// The sparse encoder's two passes, specialized on the element width so the
+// per-record value copies compile to single loads and stores.
+template <int W>
+Status EncodeSparseW(ChunkKind kind, uint32_t n,
+                     std::span<const uint32_t> positions, const uint8_t* values,
+                     const EncodeOptions& opt, std::vector<uint8_t>* out) {
+  const uint32_t k = static_cast<uint32_t>(positions.size());
+  // Pass 1: validate, find the widest gap, count symbols per plane. Gap
+  // bytes 2 and 3 are rarely non-zero; their zero counts are derived.
+  std::vector<Histogram> hist(4 + W, Histogram{});
+  uint32_t max_gap = 0;
+  uint64_t zero_values = 0;
+  uint64_t prev_end = 0;  // p_{r-1} + 1
+  uint64_t high_gaps = 0;
+  for (uint32_t r = 0; r < k; ++r) {
+    const uint64_t p = positions[r];
+    if (p < prev_end || p >= n) {
+      return InvalidArgumentError(
+          "position " + std::to_string(p) + " of record " + std::to_string(r) +
+          " is not ascending or not below n = " + std::to_string(n));
+    }
+    const uint32_t gap = static_cast<uint32_t>(p - prev_end);
+    prev_end = p + 1;
+    max_gap = std::max(max_gap, gap);
+    ++hist[0][gap & 0xff];
+    ++hist[1][(gap >> 8) & 0xff];
+    if (gap >> 16) {
+      ++hist[2][(gap >> 16) & 0xff];
+      ++hist[3][gap >> 24];
+      ++high_gaps;
+    }
+    uint64_t v = 0;
+    std::memcpy(&v, values + static_cast<size_t>(r) * W, W);
+    zero_values += v == 0;
+    for (int b = 0; b < W; ++b) ++hist[4 + b][(v >> (8 * b)) & 0xff];
+  }
+  hist[2][0] += k - high_gaps;
+  hist[3][0] += k - high_gaps;
+  if (kind == ChunkKind::kSparseXor && zero_values != 0) {
+    return InvalidArgumentError(std::to_string(zero_values) +
+                                " sparse XOR values are zero");
+  }
+
+  const int gw = GapWidthFor(max_gap);
+  const int planes = gw + W;
+  std::vector<Model> models(static_cast<size_t>(planes));
+  std::vector<uint8_t> header;
+  header.push_back(static_cast<uint8_t>(gw));
+  for (int j = 0; j < planes; ++j) {
+    const bool is_gap = j < gw;
+    const GapContext ctx{is_gap, n, k, is_gap ? j : 0};
+    uint64_t cost;
+    models[j] = ChooseModel(hist[is_gap ? j : 4 + (j - gw)], ctx, &cost);
+    WriteModel(models[j], &header);
+  }
+  std::vector<EncPlane> enc(static_cast<size_t>(planes));
+  CodedPlanes coded;
+  for (int j = 0; j < planes; ++j) {
+    if (!models[j].coded()) continue;
+    BuildEncPlane(models[j], &enc[j]);
+    coded.index.push_back(j);
+    coded.enc.push_back(&enc[j]);
+  }
+  out->insert(out->end(), header.begin(), header.end());
+  const int lanes = ChooseLanes(k, opt.records_per_lane, !coded.index.empty());
+  const uint32_t* pos = positions.data();
+  // Pass 2: symbols are recomputed per record rather than stored.
+  EncodeStream(
+      k, lanes, coded.index, coded.enc,
+      [pos, values, gw](uint32_t i, uint8_t* syms) {
+        const uint32_t gap = i == 0 ? pos[0] : pos[i] - pos[i - 1] - 1;
+        std::memcpy(syms, &gap, 4);
+        std::memcpy(syms + gw, values + static_cast<size_t>(i) * W, W);
+      },
+      out);
+  return Status::Ok();
+}
+
+template <int W>
+Status DecodeSparseW(std::span<const uint8_t> stream, ChunkKind kind,
+                     uint32_t n, int gw, uint32_t k,
+                     const std::vector<Model>& models, uint32_t* positions,
+                     uint8_t* values) {
+  const int planes = gw + W;
+  std::vector<DecPlane> dec(static_cast<size_t>(planes));
+  CodedPlanes coded;
+  std::array<uint8_t, kMaxPlanes> fixed{};
+  for (int j = 0; j < planes; ++j) {
+    if (!models[j].coded()) {
+      fixed[j] = models[j].symbol;
+      continue;
+    }
+    BuildDecPlane(models[j], &dec[j]);
+    coded.index.push_back(j);
+    coded.dec.push_back(&dec[j]);
+  }
+  const uint32_t gap_mask = gw == 4 ? ~0u : (1u << (8 * gw)) - 1;
+  const bool xor_kind = kind == ChunkKind::kSparseXor;
+  uint64_t next = 0;  // p_{r-1} + 1
+  return DecodeStream(stream, k, planes, fixed.data(), coded.index, coded.dec,
+                      [&](uint32_t i, const uint8_t* syms) -> const char* {
+                        uint32_t gap;
+                        std::memcpy(&gap, syms, 4);
+                        const uint64_t p = next + (gap & gap_mask);
+                        if (p >= n) return "decoded position past the chunk";
+                        positions[i] = static_cast<uint32_t>(p);
+                        next = p + 1;
+                        uint64_t v = 0;
+                        std::memcpy(&v, syms + gw, W);
+                        if (xor_kind && v == 0) return "zero XOR value";
+                        std::memcpy(values + static_cast<size_t>(i) * W, &v, W);
+                        return nullptr;
+                      });
+}
+
+// Reads gw and the sparse models; *rest is the stream that follows.
+Status ReadSparseHeader(std::span<const uint8_t> payload, uint32_t n,
+                        uint32_t k, int w, int* gw, std::vector<Model>* models,
+                        std::vector<size_t>* model_bytes,
+                        std::span<const uint8_t>* rest) {
+  if (payload.empty()) return DataLossError("sparse payload is empty");
+  *gw = payload[0];
+  if (*gw < 1 || *gw > 4) {
+    return DataLossError("gap width " + std::to_string(*gw) + " outside 1..4");
+  }
+  size_t off = 1;
+  const int planes = *gw + w;
+  models->resize(static_cast<size_t>(planes));
+  for (int j = 0; j < planes; ++j) {
+    const bool is_gap = j < *gw;
+    const GapContext ctx{is_gap, n, k, is_gap ? j : 0};
+    size_t used = 0;
+    Status s = ReadModel(payload.subspan(off), ctx, &(*models)[j], &used);
+    if (!s.ok()) return s.WithContext("plane " + std::to_string(j));
+    if (model_bytes) model_bytes->push_back(used);
+    off += used;
+  }
+  *rest = payload.subspan(off);
+  return Status::Ok();
+}
+
+template <typename F>
+Status DispatchWidth(int w, F&& f) {
+  switch (w) {
+    case 1:
+      return f(std::integral_constant<int, 1>());
+    case 2:
+      return f(std::integral_constant<int, 2>());
+    case 4:
+      return f(std::integral_constant<int, 4>());
+    default:
+      return f(std::integral_constant<int, 8>());
+  }
+}
+
+// Dense plane modes (section 4.2).
+enum DenseMode : uint8_t {
+  kDenseConstant = 0,
+  kDenseVerbatim = 1,
+  kDenseEntropy = 2,
+  kDenseZstd = 3,
+};
+
+// Whether a plane has clearly more repeats than an order-0 model expects
+// (sum c^2 / n), the case where zstd's matches can beat rANS. Integer only,
+// so the decision is deterministic.
+bool WorthTryingZstd(const uint8_t* data, uint32_t n, int w, int j,
+                     const Histogram& hist) {
+  uint64_t repeats = 0;
+  for (uint32_t i = 1; i < n; ++i) {
+    repeats += data[size_t{i} * w + j] == data[size_t{i - 1} * w + j];
+  }
+  // n <= 2^28, so every product below fits 64 bits.
+  uint64_t expected = 0;
+  for (uint64_t c : hist) expected += c * c;
+  return repeats * n > expected + uint64_t{n} * n / 16;
+}
+
+// Whether zstd beats the order-0 cost (`cost`, in kCostOne units, of the
+// whole plane) on a sample at the start of the plane by a clear margin: the
+// case of repeating patterns without runs, which the run count misses.
+// zstd's output is deterministic for a given level and library version.
+bool ZstdSampleWins(const uint8_t* data, uint32_t n, int w, int j,
+                    uint64_t cost) {
+  constexpr uint32_t kSample = 16384;
+  if (n < 4 * kSample) return false;
+  std::vector<uint8_t> sample(kSample);
+  for (uint32_t i = 0; i < kSample; ++i) sample[i] = data[size_t{i} * w + j];
+  std::vector<uint8_t> frame(ZSTD_compressBound(kSample));
+  const size_t size =
+      ZSTD_compress(frame.data(), frame.size(), sample.data(), kSample, 1);
+  if (ZSTD_isError(size)) return false;
+  // Scaled to the whole plane, in bits: size * 8 * n / kSample < 0.75 * cost.
+  const uint64_t sample_bits = static_cast<uint64_t>(size) * 8 * n / kSample;
+  return sample_bits * 4 * kCostOne < cost * 3;
+}
+
+void EncodeDensePlane(uint32_t n, int w, int j, const uint8_t* data,
+                      const EncodeOptions& opt, std::vector<uint8_t>* out) {
+  Histogram hist{};
+  for (uint32_t i = 0; i < n; ++i) ++hist[data[size_t{i} * w + j]];
+  int present = 0;
+  int symbol = 0;
+  for (int s = 0; s < 256; ++s) {
+    if (hist[s] != 0) {
+      ++present;
+      symbol = s;
+    }
+  }
+  if (present == 1) {
+    out->push_back(kDenseConstant);
+    out->push_back(static_cast<uint8_t>(symbol));
+    return;
+  }
+  std::vector<uint8_t> best;  // empty: verbatim
+  size_t best_size = 1 + size_t{n};
+  uint64_t cost;
+  const Model model = ChooseModel(hist, GapContext{}, &cost);
+  if (model.mode == ModelMode::kTable) {
+    std::vector<uint8_t> stream;
+    EncPlane enc;
+    BuildEncPlane(model, &enc);
+    const int index = 0;
+    const EncPlane* encp = &enc;
+    EncodeStream(
+        n, ChooseLanes(n, opt.records_per_lane, true),
+        std::span<const int>(&index, 1),
+        std::span<const EncPlane* const>(&encp, 1),
+        [data, w, j](uint32_t i, uint8_t* syms) {
+          syms[0] = data[size_t{i} * w + j];
+        },
+        &stream);
+    std::vector<uint8_t> e;
+    e.push_back(kDenseEntropy);
+    WriteModel(model, &e);
+    ByteWriter(&e).Varint(stream.size());
+    e.insert(e.end(), stream.begin(), stream.end());
+    if (e.size() < best_size) {
+      best_size = e.size();
+      best = std::move(e);
+    }
+  }
+  if (opt.allow_zstd && (WorthTryingZstd(data, n, w, j, hist) ||
+                         ZstdSampleWins(data, n, w, j, cost))) {
+    std::vector<uint8_t> plane(n);
+    for (uint32_t i = 0; i < n; ++i) plane[i] = data[size_t{i} * w + j];
+    std::vector<uint8_t> frame(ZSTD_compressBound(n));
+    const size_t size = ZSTD_compress(frame.data(), frame.size(), plane.data(),
+                                      n, opt.zstd_level);
+    if (!ZSTD_isError(size)) {
+      std::vector<uint8_t> z;
+      z.push_back(kDenseZstd);
+      ByteWriter(&z).Varint(size);
+      if (z.size() + size < best_size) {
+        z.insert(z.end(), frame.begin(), frame.begin() + size);
+        best_size = z.size();
+        best = std::move(z);
+      }
+    }
+  }
+  if (best.empty()) {
+    out->push_back(kDenseVerbatim);
+    for (uint32_t i = 0; i < n; ++i) out->push_back(data[size_t{i} * w + j]);
+    return;
+  }
+  out->insert(out->end(), best.begin(), best.end());
+}
+
+// Parses one dense plane from r; decodes it into out when out is non-null,
+// and fills *info when info is non-null.
+Status ReadDensePlane(ByteReader* r, uint32_t n, int w, int j, uint8_t* out,
+                      PlaneInfo* info, uint64_t* table_bytes, int* lanes) {
+  const uint8_t* start = r->position();
+  const uint8_t mode = r->U8();
+  if (!r->ok()) return DataLossError("dense plane mode truncated");
+  if (info) {
+    info->role = "plane" + std::to_string(j);
+    info->symbols = n;
+  }
+  switch (mode) {
+    case kDenseConstant: {
+      const uint8_t s = r->U8();
+      if (!r->ok()) return DataLossError("constant plane truncated");
+      if (out) {
+        for (uint32_t i = 0; i < n; ++i) out[size_t{i} * w + j] = s;
+      }
+      if (info) info->model = "constant";
+      break;
+    }
+    case kDenseVerbatim: {
+      std::span<const uint8_t> b = r->Bytes(n);
+      if (!r->ok()) return DataLossError("verbatim plane truncated");
+      if (out) {
+        for (uint32_t i = 0; i < n; ++i) out[size_t{i} * w + j] = b[i];
+      }
+      if (info) info->model = "verbatim";
+      break;
+    }
+    case kDenseEntropy: {
+      Model model;
+      size_t used = 0;
+      REFIT_RETURN_IF_ERROR(
+          ReadModel(std::span<const uint8_t>(r->position(), r->remaining()),
+                    GapContext{}, &model, &used));
+      r->Bytes(used);
+      if (table_bytes) *table_bytes += 1 + used;
+      const uint64_t size = r->Varint();
+      if (!r->ok()) return DataLossError("entropy plane size truncated");
+      if (size > r->remaining()) {
+        return DataLossError("entropy plane size " + std::to_string(size) +
+                             " past the payload end");
+      }
+      std::span<const uint8_t> stream = r->Bytes(size);
+      if (info) {
+        info->model = ModelName(model.mode);
+        info->precision_bits = model.t;
+        int l = 0;
+        REFIT_RETURN_IF_ERROR(ParseLanes(stream, &l));
+        *lanes = std::max(*lanes, l);
+      }
+      if (out) {
+        DecPlane dec;
+        std::vector<int> index;
+        std::vector<const DecPlane*> decs;
+        const uint8_t fixed = model.symbol;
+        if (model.coded()) {
+          BuildDecPlane(model, &dec);
+          index.push_back(0);
+          decs.push_back(&dec);
+        }
+        uint8_t* o = out + j;
+        const size_t stride = static_cast<size_t>(w);
+        REFIT_RETURN_IF_ERROR(DecodeStream(
+            stream, n, 1, &fixed, index, decs,
+            [o, stride](uint32_t i, const uint8_t* syms) -> const char* {
+              o[i * stride] = syms[0];
+              return nullptr;
+            }));
+      }
+      break;
+    }
+    case kDenseZstd: {
+      const uint64_t size = r->Varint();
+      if (!r->ok()) return DataLossError("zstd plane size truncated");
+      if (size > r->remaining()) {
+        return DataLossError("zstd plane size " + std::to_string(size) +
+                             " past the payload end");
+      }
+      std::span<const uint8_t> frame = r->Bytes(size);
+      if (info) info->model = "zstd";
+      const unsigned long long content =
+          ZSTD_getFrameContentSize(frame.data(), frame.size());
+      if (content != n) {
+        return DataLossError("zstd plane frame does not declare " +
+                             std::to_string(n) + " bytes");
+      }
+      if (ZSTD_findFrameCompressedSize(frame.data(), frame.size()) != size) {
+        return DataLossError("zstd plane is not exactly one frame");
+      }
+      if (out) {
+        std::vector<uint8_t> scratch;
+        uint8_t* dst = out;
+        if (w != 1) {
+          scratch.resize(n);
+          dst = scratch.data();
+        }
+        const size_t got = ZSTD_decompress(dst, n, frame.data(), frame.size());
+        if (ZSTD_isError(got) || got != n) {
+          return DataLossError("zstd plane does not decompress to " +
+                               std::to_string(n) + " bytes");
+        }
+        if (w != 1) {
+          for (uint32_t i = 0; i < n; ++i) out[size_t{i} * w + j] = dst[i];
+        }
+      }
+      break;
+    }
+    default:
+      return DataLossError("unknown dense plane mode " + std::to_string(mode));
+  }
+  if (info) info->bytes = static_cast<uint64_t>(r->position() - start);
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status EncodeSparse(ChunkKind kind, uint32_t n, int w,
+                    std::span<const uint32_t> positions, const uint8_t* values,
+                    const EncodeOptions& opt, std::vector<uint8_t>* out) {
+  REFIT_RETURN_IF_ERROR(CheckSparseArgs(kind, n, w, positions.size()));
+  if (values == nullptr || out == nullptr) {
+    return InvalidArgumentError("null values or output");
+  }
+  if (opt.records_per_lane == 0) {
+    return InvalidArgumentError("records_per_lane must be >= 1");
+  }
+  return DispatchWidth(w, [&](auto width) {
+    return EncodeSparseW<decltype(width)::value>(kind, n, positions, values,
+                                                 opt, out);
+  });
+}
+
+Status DecodeSparse(std::span<const uint8_t> payload, ChunkKind kind,
+                    uint32_t n, int w, uint32_t k, uint32_t* positions,
+                    uint8_t* values) {
+  REFIT_RETURN_IF_ERROR(CheckSparseArgs(kind, n, w, k));
+  if (positions == nullptr || values == nullptr) {
+    return InvalidArgumentError("null output buffers");
+  }
+  int gw = 0;
+  std::vector<Model> models;
+  std::span<const uint8_t> stream;
+  REFIT_RETURN_IF_ERROR(
+      ReadSparseHeader(payload, n, k, w, &gw, &models, nullptr, &stream));
+  return DispatchWidth(w, [&](auto width) {
+    return DecodeSparseW<decltype(width)::value>(stream, kind, n, gw, k, models,
+                                                 positions, values);
+  });
+}
+
+Status EncodeDense(uint32_t n, int w, const uint8_t* data,
+                   const EncodeOptions& opt, std::vector<uint8_t>* out) {
+  REFIT_RETURN_IF_ERROR(CheckShape(n, w));
+  if (data == nullptr || out == nullptr) {
+    return InvalidArgumentError("null data or output");
+  }
+  if (opt.records_per_lane == 0) {
+    return InvalidArgumentError("records_per_lane must be >= 1");
+  }
+  for (int j = 0; j < w; ++j) EncodeDensePlane(n, w, j, data, opt, out);
+  return Status::Ok();
+}
+
+Status DecodeDense(std::span<const uint8_t> payload, uint32_t n, int w,
+                   uint8_t* out) {
+  REFIT_RETURN_IF_ERROR(CheckShape(n, w));
+  if (out == nullptr) return InvalidArgumentError("null output buffer");
+  ByteReader r(payload);
+  for (int j = 0; j < w; ++j) {
+    Status s = ReadDensePlane(&r, n, w, j, out, nullptr, nullptr, nullptr);
+    if (!s.ok()) return s.WithContext("dense plane " + std::to_string(j));
+  }
+  if (r.remaining() != 0) {
+    return DataLossError(std::to_string(r.remaining()) +
+                         " bytes left after the last dense plane");
+  }
+  return Status::Ok();
+}
+
+Result<PayloadInfo> DescribePayload(std::span<const uint8_t> payload,
+                                    ChunkKind kind, uint32_t n, int w,
+                                    uint32_t k) {
+  PayloadInfo info;
+  if (IsDense(kind)) {
+    REFIT_RETURN_IF_ERROR(CheckShape(n, w));
+    ByteReader r(payload);
+    for (int j = 0; j < w; ++j) {
+      PlaneInfo plane;
+      Status s = ReadDensePlane(&r, n, w, j, nullptr, &plane, &info.table_bytes,
+                                &info.lanes);
+      if (!s.ok()) return s.WithContext("dense plane " + std::to_string(j));
+      info.planes.push_back(std::move(plane));
+    }
+    if (r.remaining() != 0) {
+      return DataLossError(std::to_string(r.remaining()) +
+                           " bytes left after the last dense plane");
+    }
+    return info;
+  }
+  REFIT_RETURN_IF_ERROR(CheckSparseArgs(kind, n, w, k));
+  int gw = 0;
+  std::vector<Model> models;
+  std::vector<size_t> model_bytes;
+  std::span<const uint8_t> stream;
+  REFIT_RETURN_IF_ERROR(
+      ReadSparseHeader(payload, n, k, w, &gw, &models, &model_bytes, &stream));
+  REFIT_RETURN_IF_ERROR(ParseLanes(stream, &info.lanes));
+  info.gap_width = gw;
+  for (size_t j = 0; j < models.size(); ++j) {
+    const bool is_gap = static_cast<int>(j) < gw;
+    PlaneInfo plane;
+    plane.role = (is_gap ? "gap" : "value") +
+                 std::to_string(is_gap ? j : j - static_cast<size_t>(gw));
+    plane.model = ModelName(models[j].mode);
+    plane.precision_bits = models[j].coded() ? models[j].t : 0;
+    plane.symbols = k;
+    info.planes.push_back(std::move(plane));
+    info.table_bytes += model_bytes[j];
+  }
+  return info;
+}
+
+}  // namespace refit::codec
