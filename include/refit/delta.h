@@ -1,0 +1,181 @@
+// The delta API: diff two versions of a checkpoint into a delta file, apply
+// a delta in place, verify a checkpoint against a delta, and inspect one.
+//
+// Paths name a .safetensors file or a checkpoint directory (a Hugging Face
+// sharded checkpoint with model.safetensors.index.json, or a directory with
+// one model.safetensors). Tensors are matched by name; both sides must have
+// the same names, dtypes and shapes. The format is docs/format.md.
+//
+// All functions are thread-safe with respect to each other as long as they
+// do not write the same files; each may use several threads internally
+// (`threads`, 0 = all cores). Errors:
+//   kInvalidArgument     malformed arguments or mismatched tensor sets
+//   kNotFound            a path does not exist
+//   kDataLoss            the delta or a checkpoint is corrupt or truncated
+//   kFailedPrecondition  the checkpoint is not the delta's base (nothing is
+//                        written), or is partly applied in a way the
+//                        at-most-once rule cannot resolve
+#ifndef REFIT_DELTA_H_
+#define REFIT_DELTA_H_
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "refit/status.h"
+
+namespace refit {
+
+// Called from the calling thread as work proceeds: `stage` names the phase
+// ("diff", "check", "apply", "verify"), done/total count bytes.
+using ProgressFn =
+    std::function<void(std::string_view stage, uint64_t done, uint64_t total)>;
+
+// A tensor in host memory, in canonical coordinates. `data` holds
+// num_elements * width bytes; refit reads (or, for MutableTensorView,
+// writes) it in place and never copies it.
+struct TensorView {
+  std::string name;
+  std::string dtype;  // safetensors dtype string, e.g. "BF16"
+  int width = 0;      // bytes per element: 1, 2, 4 or 8
+  std::vector<uint64_t> shape;
+  const uint8_t* data = nullptr;
+};
+
+struct MutableTensorView {
+  std::string name;
+  std::string dtype;
+  int width = 0;
+  std::vector<uint64_t> shape;
+  uint8_t* data = nullptr;
+};
+
+struct DiffOptions {
+  uint64_t version = 1;
+  uint64_t base_version = 0;
+  // Bytes of a tensor per chunk; a multiple of 64 KiB (docs/format.md §3).
+  uint64_t chunk_bytes = 8 << 20;
+  int threads = 0;
+  // Records per rANS lane; fewer means more parallel lanes for GPU decoders
+  // at a few bytes each.
+  uint32_t records_per_lane = 1024;
+  int zstd_level = 3;
+  // false: only overwrite kinds (sparse overwrite, raw), which are
+  // idempotent and do not need the base's bits to decode.
+  bool allow_xor = true;
+  ProgressFn progress;
+};
+
+struct DiffReport {
+  uint64_t tensors = 0;
+  uint64_t changed_tensors = 0;
+  uint64_t total_elements = 0;
+  uint64_t changed_elements = 0;
+  uint64_t full_bytes = 0;      // bytes of all tensors of the target
+  uint64_t chunks = 0;
+  uint64_t payload_bytes = 0;   // entropy-coded payloads (incl. models)
+  uint64_t chunk_bytes = 0;     // whole chunks: payloads + framing
+  uint64_t file_bytes = 0;      // the delta file: chunks + header + trailer
+  std::map<std::string, uint64_t> chunks_by_kind;
+  double seconds = 0;
+};
+
+// Writes the delta that takes `base_path` to `target_path` into `out_path`
+// (atomically: a partial file is never left under that name). Chunks are
+// written as they are encoded; memory stays bounded by a few chunks per
+// thread.
+Result<DiffReport> Diff(const std::string& base_path,
+                        const std::string& target_path,
+                        const std::string& out_path, const DiffOptions& options);
+
+// The same for tensors in host memory.
+Result<DiffReport> DiffTensors(const std::vector<TensorView>& base,
+                               const std::vector<TensorView>& target,
+                               const std::string& out_path,
+                               const DiffOptions& options);
+
+struct ApplyOptions {
+  int threads = 0;
+  bool sync = true;  // msync + fsync the touched files before returning
+  ProgressFn progress;
+};
+
+struct ApplyReport {
+  uint64_t chunks = 0;
+  uint64_t chunks_applied = 0;
+  uint64_t chunks_skipped = 0;  // already at "after" (applied before)
+  uint64_t changed_elements = 0;
+  uint64_t checkpoint_bytes = 0;
+  uint64_t pages_written = 0;   // distinct pages the apply stored into
+  uint64_t page_size = 4096;
+  double seconds = 0;
+};
+
+// Applies the delta in place: checks every tensor against the delta's base
+// first (nothing is written unless every chunk is applicable or already
+// applied), applies each chunk at most once, verifies every tensor against
+// the target hashes, then syncs.
+Result<ApplyReport> Apply(const std::string& delta_path,
+                          const std::string& checkpoint_path,
+                          const ApplyOptions& options);
+
+// The same for tensors in host memory.
+Result<ApplyReport> ApplyToTensors(const std::string& delta_path,
+                                   const std::vector<MutableTensorView>& tensors,
+                                   const ApplyOptions& options);
+
+struct VerifyReport {
+  bool matches_target = false;  // every tensor hashes to the delta's "after"
+  bool matches_base = false;    // every tensor hashes to the delta's "before"
+  uint64_t tensors = 0;
+  std::vector<std::string> mismatched;  // tensors matching neither... target
+};
+
+// Is `checkpoint_path` exactly the delta's target?
+Result<VerifyReport> Verify(const std::string& checkpoint_path,
+                            const std::string& delta_path, int threads = 0);
+
+struct TensorInspect {
+  std::string name;
+  std::string dtype;
+  uint64_t elements = 0;
+  uint64_t changed = 0;
+  uint64_t chunks = 0;
+  uint64_t payload_bytes = 0;
+  uint64_t chunk_bytes = 0;
+  std::map<std::string, uint64_t> kinds;  // chunk kind -> chunks
+  // Order-0 bound for this tensor alone: positions as a uniform random
+  // subset plus the empirical entropy of its XOR values (XOR kinds only).
+  double bound_bytes = 0;
+};
+
+struct InspectReport {
+  uint64_t format_version = 0;
+  uint64_t version = 0;
+  uint64_t base_version = 0;
+  uint64_t file_bytes = 0;
+  uint64_t total_elements = 0;
+  uint64_t changed_elements = 0;
+  uint64_t full_bytes = 0;
+  uint64_t chunks = 0;
+  uint64_t payload_bytes = 0;
+  uint64_t chunk_bytes = 0;
+  std::map<std::string, uint64_t> kinds;
+  // The order-0 entropy bound of the whole delta: log2 C(N, K) bits for the
+  // positions as a uniform random subset of all N elements, plus K times
+  // the empirical entropy of the element-wide XOR values. Valid when every
+  // chunk is an XOR kind (`bound_valid`).
+  double bound_bytes = 0;
+  bool bound_valid = false;
+  std::vector<TensorInspect> tensors;
+};
+
+// Reads and decodes every chunk (checking it), and reports statistics.
+Result<InspectReport> Inspect(const std::string& delta_path);
+
+}  // namespace refit
+
+#endif  // REFIT_DELTA_H_

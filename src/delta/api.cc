@@ -1,0 +1,87 @@
+// The public delta API (include/refit/delta.h) over checkpoints on disk.
+#include <chrono>
+
+#include "delta/apply.h"
+#include "delta/delta_file.h"
+#include "delta/encoder.h"
+#include "refit/checkpoint.h"
+#include "refit/delta.h"
+
+namespace refit {
+namespace {
+
+std::vector<TensorView> Views(const Checkpoint& ckpt) {
+  std::vector<TensorView> out;
+  out.reserve(ckpt.tensors().size());
+  for (size_t i = 0; i < ckpt.tensors().size(); ++i) {
+    const TensorInfo& t = ckpt.tensors()[i];
+    out.push_back(TensorView{t.name, t.dtype, t.element_width, t.shape,
+                             ckpt.Data(i).data()});
+  }
+  return out;
+}
+
+std::vector<MutableTensorView> MutableViews(Checkpoint& ckpt) {
+  std::vector<MutableTensorView> out;
+  out.reserve(ckpt.tensors().size());
+  for (size_t i = 0; i < ckpt.tensors().size(); ++i) {
+    const TensorInfo& t = ckpt.tensors()[i];
+    out.push_back(MutableTensorView{t.name, t.dtype, t.element_width, t.shape,
+                                    ckpt.MutableData(i).data()});
+  }
+  return out;
+}
+
+}  // namespace
+
+Result<DiffReport> DiffTensors(const std::vector<TensorView>& base,
+                               const std::vector<TensorView>& target,
+                               const std::string& out_path,
+                               const DiffOptions& options) {
+  REFIT_ASSIGN_OR_RETURN(auto writer, DeltaWriter::Create(out_path, options.version,
+                                                          options.base_version));
+  return DiffTensorsToWriter(base, target, options, writer.get());
+}
+
+Result<DiffReport> Diff(const std::string& base_path,
+                        const std::string& target_path,
+                        const std::string& out_path, const DiffOptions& options) {
+  REFIT_ASSIGN_OR_RETURN(Checkpoint base,
+                         Checkpoint::Open(base_path, Checkpoint::Mode::kReadOnly));
+  REFIT_ASSIGN_OR_RETURN(Checkpoint target,
+                         Checkpoint::Open(target_path, Checkpoint::Mode::kReadOnly));
+  return DiffTensors(Views(base), Views(target), out_path, options);
+}
+
+Result<ApplyReport> ApplyToTensors(const std::string& delta_path,
+                                   const std::vector<MutableTensorView>& tensors,
+                                   const ApplyOptions& options) {
+  REFIT_ASSIGN_OR_RETURN(DeltaReader delta, DeltaReader::Open(delta_path));
+  return ApplyDelta(delta, tensors, options, nullptr);
+}
+
+Result<ApplyReport> Apply(const std::string& delta_path,
+                          const std::string& checkpoint_path,
+                          const ApplyOptions& options) {
+  // The delta is fully validated before the checkpoint is opened for writing.
+  REFIT_ASSIGN_OR_RETURN(DeltaReader delta, DeltaReader::Open(delta_path));
+  REFIT_ASSIGN_OR_RETURN(Checkpoint ckpt,
+                         Checkpoint::Open(checkpoint_path,
+                                          Checkpoint::Mode::kReadWrite));
+  auto views = MutableViews(ckpt);
+  return ApplyDelta(delta, views, options, [&](size_t tensor) {
+    const TensorInfo& t = ckpt.tensors()[tensor];
+    return ckpt.SyncRange(tensor, 0, t.byte_size);
+  });
+}
+
+Result<VerifyReport> Verify(const std::string& checkpoint_path,
+                            const std::string& delta_path, int threads) {
+  REFIT_ASSIGN_OR_RETURN(DeltaReader delta, DeltaReader::Open(delta_path));
+  REFIT_ASSIGN_OR_RETURN(Checkpoint ckpt,
+                         Checkpoint::Open(checkpoint_path,
+                                          Checkpoint::Mode::kReadOnly));
+  return VerifyTensors(delta, Views(ckpt), threads);
+}
+
+}  // namespace refit

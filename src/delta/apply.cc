@@ -1,0 +1,464 @@
+#include "delta/apply.h"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <map>
+#include <mutex>
+
+#include "base/bytes.h"
+#include "base/hash.h"
+#include "base/parallel.h"
+
+namespace refit {
+namespace {
+
+using codec::ChunkKind;
+constexpr uint64_t kPage = 4096;
+
+// Segment digests of `bytes` bytes at p (at least one, for an empty range).
+void SegmentDigests(const uint8_t* p, uint64_t bytes, Hash128* out) {
+  uint64_t i = 0;
+  for (uint64_t off = 0; off < bytes; off += kRangeHashSegment, ++i) {
+    out[i] = HashBytes(p + off, std::min<uint64_t>(kRangeHashSegment, bytes - off));
+  }
+  if (bytes == 0) out[0] = HashBytes(p, 0);
+}
+
+uint64_t SegmentCount(uint64_t bytes) {
+  return bytes == 0 ? 1 : (bytes + kRangeHashSegment - 1) / kRangeHashSegment;
+}
+
+// Counts distinct pages among ascending addresses as they are stored to.
+struct PageCounter {
+  uint64_t last = UINT64_MAX;
+  uint64_t pages = 0;
+  void Touch(const uint8_t* p) {
+    uint64_t page = reinterpret_cast<uintptr_t>(p) / kPage;
+    if (page != last) {
+      ++pages;
+      last = page;
+    }
+  }
+};
+
+}  // namespace
+
+RangeState ClassifyRange(const ChunkHeader& h, const Hash128& range_hash) {
+  if (range_hash == h.after) return RangeState::kAfter;
+  if (range_hash == h.before) return RangeState::kBefore;
+  return RangeState::kNeither;
+}
+
+namespace {
+
+// Stores the chunk's decoded records (in scratch) into the range. XOR kinds
+// toggle bits, so calling this twice restores the range; overwrite kinds
+// record what they replace in *undo.
+void StoreRecords(const ChunkHeader& h, uint8_t* base, ApplyScratch* s,
+                  PageCounter* pages, UndoRecord* undo) {
+  const int w = h.width;
+  if (h.IsSparse()) {
+    const uint32_t k = static_cast<uint32_t>(h.changed);
+    for (uint32_t r = 0; r < k; ++r) {
+      uint8_t* p = base + static_cast<uint64_t>(s->positions[r]) * w;
+      const uint8_t* v = s->values.data() + static_cast<size_t>(r) * w;
+      if (h.kind == ChunkKind::kSparseXor) {
+        StoreLE(p, LoadLE(p, w) ^ LoadLE(v, w), w);
+      } else {
+        undo->at.push_back(s->positions[r]);
+        undo->old.insert(undo->old.end(), p, p + w);
+        std::memcpy(p, v, static_cast<size_t>(w));
+      }
+      if (pages) pages->Touch(p);
+    }
+    return;
+  }
+  const uint32_t n = static_cast<uint32_t>(h.count);
+  const uint8_t* d = s->dense.data();
+  for (uint32_t i = 0; i < n; ++i) {
+    uint8_t* p = base + static_cast<uint64_t>(i) * w;
+    uint64_t v = LoadLE(d + static_cast<uint64_t>(i) * w, w);
+    if (h.kind == ChunkKind::kDenseXor) {
+      if (v == 0) continue;
+      StoreLE(p, LoadLE(p, w) ^ v, w);
+    } else {
+      if (LoadLE(p, w) == v) continue;
+      undo->at.push_back(i);
+      undo->old.insert(undo->old.end(), p, p + w);
+      StoreLE(p, v, w);
+    }
+    if (pages) pages->Touch(p);
+  }
+}
+
+Status DecodeRecords(const ParsedChunk& chunk, ApplyScratch* s) {
+  const ChunkHeader& h = chunk.header;
+  const int w = h.width;
+  const uint32_t n = static_cast<uint32_t>(h.count);
+  const uint32_t k = static_cast<uint32_t>(h.changed);
+  if (h.IsSparse()) {
+    s->positions.resize(k);
+    s->values.resize(static_cast<size_t>(k) * w);
+    return codec::DecodeSparse(chunk.payload, h.kind, n, w, k,
+                               s->positions.data(), s->values.data());
+  }
+  s->dense.resize(h.count * static_cast<uint64_t>(w));
+  return codec::DecodeDense(chunk.payload, n, w, s->dense.data());
+}
+
+void Restore(const ChunkHeader& h, uint8_t* base, const UndoRecord& undo) {
+  const int w = h.width;
+  for (size_t j = 0; j < undo.at.size(); ++j) {
+    std::memcpy(base + static_cast<uint64_t>(undo.at[j]) * w,
+                undo.old.data() + j * w, static_cast<size_t>(w));
+  }
+}
+
+}  // namespace
+
+Status ApplyChunkInPlace(const ParsedChunk& chunk, uint8_t* tensor_data,
+                         ApplyScratch* s, uint64_t* pages_written,
+                         UndoRecord* undo) {
+  const ChunkHeader& h = chunk.header;
+  uint8_t* base = tensor_data + h.start * h.width;
+  const uint64_t bytes = h.count * static_cast<uint64_t>(h.width);
+  // Stores happen only after the payload decoded completely, so a corrupt
+  // payload is refused before the range is touched.
+  REFIT_RETURN_IF_ERROR(DecodeRecords(chunk, s));
+  PageCounter pages;
+  s->undo.at.clear();
+  s->undo.old.clear();
+  StoreRecords(h, base, s, &pages, &s->undo);
+
+  std::vector<Hash128> digests(SegmentCount(bytes));
+  SegmentDigests(base, bytes, digests.data());
+  if (HashSegmentDigests(digests.data(), digests.size()) == h.after) {
+    if (pages_written) *pages_written += pages.pages;
+    if (undo) *undo = s->undo;
+    return Status();
+  }
+  if (h.IsXor()) {
+    StoreRecords(h, base, s, nullptr, nullptr);
+  } else {
+    Restore(h, base, s->undo);
+  }
+  return DataLossError("chunk decoded but its result does not hash to the "
+                       "chunk's \"after\" hash; the chunk is corrupt and was "
+                       "not applied");
+}
+
+Status UndoChunkInPlace(const ParsedChunk& chunk, uint8_t* tensor_data,
+                        ApplyScratch* s, const UndoRecord& undo) {
+  const ChunkHeader& h = chunk.header;
+  uint8_t* base = tensor_data + h.start * h.width;
+  if (!h.IsXor()) {
+    Restore(h, base, undo);
+    return Status();
+  }
+  REFIT_RETURN_IF_ERROR(DecodeRecords(chunk, s));
+  StoreRecords(h, base, s, nullptr, nullptr);
+  return Status();
+}
+
+namespace {
+
+struct Binding {
+  const TensorEntry* entry;
+  uint8_t* data;            // mutable (apply) or const-cast view (verify)
+  size_t caller_index;      // index into the caller's list
+  std::vector<Hash128> digests;
+};
+
+Result<std::vector<Binding>> Bind(const DeltaReader& delta,
+                                  const std::vector<std::string>& names,
+                                  const std::vector<std::string>& dtypes,
+                                  const std::vector<int>& widths,
+                                  const std::vector<std::vector<uint64_t>>& shapes,
+                                  const std::vector<uint8_t*>& data) {
+  std::map<std::string, size_t> by_name;
+  for (size_t i = 0; i < names.size(); ++i) {
+    if (!by_name.emplace(names[i], i).second) {
+      return InvalidArgumentError("tensor '" + names[i] + "' given twice");
+    }
+  }
+  std::vector<Binding> out;
+  out.reserve(delta.tensors().size());
+  for (const TensorEntry& e : delta.tensors()) {
+    auto it = by_name.find(e.name);
+    if (it == by_name.end()) {
+      return FailedPreconditionError(
+          "the checkpoint has no tensor '" + e.name +
+          "' that the delta describes; it is not the delta's base");
+    }
+    size_t i = it->second;
+    if (dtypes[i] != e.dtype || widths[i] != e.width || shapes[i] != e.shape) {
+      return FailedPreconditionError("tensor '" + e.name +
+                                     "' has a different dtype or shape than "
+                                     "in the delta; it is not the delta's base");
+    }
+    if (e.num_elements > 0 && data[i] == nullptr) {
+      return InvalidArgumentError("tensor '" + e.name + "' has no data");
+    }
+    out.push_back(Binding{&e, data[i], i, {}});
+    by_name.erase(it);
+  }
+  if (!by_name.empty()) {
+    return FailedPreconditionError("the checkpoint has tensor '" +
+                                   by_name.begin()->first +
+                                   "' that the delta does not describe; it is "
+                                   "not the delta's base");
+  }
+  return out;
+}
+
+template <typename View>
+Result<std::vector<Binding>> BindViews(const DeltaReader& delta,
+                                       const std::vector<View>& views) {
+  std::vector<std::string> names, dtypes;
+  std::vector<int> widths;
+  std::vector<std::vector<uint64_t>> shapes;
+  std::vector<uint8_t*> data;
+  for (const View& v : views) {
+    names.push_back(v.name);
+    dtypes.push_back(v.dtype);
+    widths.push_back(v.width);
+    shapes.push_back(v.shape);
+    data.push_back(const_cast<uint8_t*>(v.data));
+  }
+  return Bind(delta, names, dtypes, widths, shapes, data);
+}
+
+// Fills every binding's segment digests, in parallel over tensors.
+void HashAll(std::vector<Binding>* bindings, int threads, const ProgressFn& progress,
+             const char* stage) {
+  uint64_t total = 0;
+  for (Binding& b : *bindings) {
+    uint64_t bytes = b.entry->num_elements * b.entry->width;
+    b.digests.resize(SegmentCount(bytes));
+    total += bytes;
+  }
+  // Segments are the unit of work so one huge tensor still spreads over
+  // all threads.
+  struct Seg {
+    size_t binding;
+    uint64_t index;
+  };
+  std::vector<Seg> segs;
+  for (size_t i = 0; i < bindings->size(); ++i) {
+    for (uint64_t j = 0; j < (*bindings)[i].digests.size(); ++j) segs.push_back({i, j});
+  }
+  std::atomic<uint64_t> done{0};
+  std::mutex progress_mu;
+  ParallelForEach(segs.size(), threads, [&](size_t i, int worker) {
+    Binding& b = (*bindings)[segs[i].binding];
+    uint64_t bytes = b.entry->num_elements * b.entry->width;
+    uint64_t off = segs[i].index * kRangeHashSegment;
+    uint64_t len = std::min<uint64_t>(kRangeHashSegment, bytes - std::min(bytes, off));
+    b.digests[segs[i].index] = HashBytes(b.data + off, len);
+    uint64_t d = done.fetch_add(len) + len;
+    if (progress && worker == 0 && (i % 256 == 0)) {
+      std::lock_guard<std::mutex> lock(progress_mu);
+      progress(stage, d, total);
+    }
+  });
+  if (progress) progress(stage, total, total);
+}
+
+Hash128 RangeFromDigests(const Binding& b, uint64_t start, uint64_t count) {
+  const uint64_t w = b.entry->width;
+  uint64_t first = start * w / kRangeHashSegment;
+  uint64_t last = SegmentCount((start + count) * w);
+  return HashSegmentDigests(b.digests.data() + first, last - first);
+}
+
+}  // namespace
+
+Result<ApplyReport> ApplyDelta(const DeltaReader& delta,
+                               const std::vector<MutableTensorView>& tensors,
+                               const ApplyOptions& options,
+                               const SyncRangeFn& sync) {
+  auto t0 = std::chrono::steady_clock::now();
+  REFIT_ASSIGN_OR_RETURN(auto bindings, BindViews(delta, tensors));
+  ApplyReport report;
+  report.chunks = delta.index().size();
+  for (const Binding& b : bindings) {
+    report.checkpoint_bytes += b.entry->num_elements * b.entry->width;
+  }
+
+  // Phase 1: classify every tensor and chunk before writing anything.
+  HashAll(&bindings, options.threads, options.progress, "check");
+  std::vector<bool> apply_chunk(delta.index().size(), false);
+  std::vector<bool> tensor_has_chunks(bindings.size(), false);
+  for (size_t i = 0; i < delta.index().size(); ++i) {
+    tensor_has_chunks[delta.index()[i].tensor_id] = true;
+  }
+  {
+    size_t ci = 0;
+    for (size_t t = 0; t < bindings.size(); ++t) {
+      const Binding& b = bindings[t];
+      Hash128 h = HashSegmentDigests(b.digests.data(), b.digests.size());
+      const bool at_before = h == b.entry->before;
+      const bool at_after = h == b.entry->after;
+      size_t first = ci;
+      while (ci < delta.index().size() && delta.index()[ci].tensor_id == t) ++ci;
+      if (!tensor_has_chunks[t]) {
+        if (!at_after) {
+          return FailedPreconditionError(
+              "tensor '" + b.entry->name +
+              "' hashes to neither the delta's base nor its target; this "
+              "checkpoint is not the delta's base (check with `refit verify`)");
+        }
+        continue;
+      }
+      if (at_after) continue;  // applied before
+      for (size_t c = first; c < ci; ++c) {
+        if (at_before) {
+          apply_chunk[c] = true;
+          continue;
+        }
+        // Partly applied tensor: decide chunk by chunk.
+        REFIT_ASSIGN_OR_RETURN(ParsedChunk chunk, delta.ReadChunk(c));
+        Hash128 rh = RangeFromDigests(b, chunk.header.start, chunk.header.count);
+        switch (ClassifyRange(chunk.header, rh)) {
+          case RangeState::kAfter: break;
+          case RangeState::kBefore: apply_chunk[c] = true; break;
+          case RangeState::kNeither:
+            return FailedPreconditionError(
+                "tensor '" + b.entry->name + "' elements [" +
+                std::to_string(chunk.header.start) + ", " +
+                std::to_string(chunk.header.start + chunk.header.count) +
+                ") hash to neither the delta's base nor its target; this "
+                "checkpoint is not the delta's base, or an earlier apply was "
+                "interrupted mid-chunk (restore the base or fetch an overwrite "
+                "re-send); nothing was written");
+        }
+      }
+    }
+  }
+
+  // Phase 2: apply, in parallel over chunks. Every chunk to apply is
+  // framed and checksummed first, so a damaged delta is refused whole.
+  std::vector<size_t> todo;
+  for (size_t c = 0; c < apply_chunk.size(); ++c) {
+    if (apply_chunk[c]) todo.push_back(c);
+  }
+  for (size_t c : todo) {
+    REFIT_RETURN_IF_ERROR(delta.ReadChunk(c).status());
+  }
+  report.chunks_applied = todo.size();
+  report.chunks_skipped = report.chunks - todo.size();
+  int threads = options.threads > 0 ? options.threads : DefaultThreads();
+  std::vector<ApplyScratch> scratch(static_cast<size_t>(threads));
+  std::vector<uint64_t> pages(static_cast<size_t>(threads), 0);
+  std::vector<uint64_t> changed(static_cast<size_t>(threads), 0);
+  // Per applied chunk: whether it was stored, and how to undo it, so a
+  // failure anywhere rolls every chunk back and leaves the base intact.
+  std::vector<char> applied(todo.size(), 0);
+  std::vector<UndoRecord> undo(todo.size());
+  std::mutex err_mu;
+  Status first_error;
+  std::atomic<bool> failed{false};
+  std::atomic<uint64_t> done_bytes{0};
+  uint64_t todo_bytes = 0;
+  for (size_t c : todo) {
+    todo_bytes += delta.index()[c].count * bindings[delta.index()[c].tensor_id].entry->width;
+  }
+  ParallelForEach(todo.size(), threads, [&](size_t j, int worker) {
+    if (failed.load()) return;
+    const size_t c = todo[j];
+    auto chunk = delta.ReadChunk(c);
+    Status st = chunk.status();
+    Binding& b = bindings[delta.index()[c].tensor_id];
+    if (st.ok()) {
+      st = ApplyChunkInPlace(*chunk, b.data, &scratch[static_cast<size_t>(worker)],
+                             &pages[static_cast<size_t>(worker)], &undo[j]);
+    }
+    if (!st.ok()) {
+      std::lock_guard<std::mutex> lock(err_mu);
+      if (first_error.ok()) {
+        first_error = st.WithContext("tensor '" + b.entry->name + "' chunk " +
+                                     std::to_string(c));
+      }
+      failed.store(true);
+      return;
+    }
+    applied[j] = 1;
+    changed[static_cast<size_t>(worker)] += chunk->header.changed;
+    // Refresh this range's digests for the final tensor check; chunks own
+    // disjoint segments (chunk ranges are segment-aligned).
+    const uint64_t w = b.entry->width;
+    const uint64_t off = chunk->header.start * w;
+    SegmentDigests(b.data + off, chunk->header.count * w,
+                   b.digests.data() + off / kRangeHashSegment);
+    uint64_t d = done_bytes.fetch_add(chunk->header.count * w) + chunk->header.count * w;
+    if (options.progress && worker == 0) options.progress("apply", d, todo_bytes);
+  });
+  for (int t = 0; t < threads; ++t) {
+    report.pages_written += pages[static_cast<size_t>(t)];
+    report.changed_elements += changed[static_cast<size_t>(t)];
+  }
+  if (!first_error.ok()) {
+    ParallelForEach(todo.size(), threads, [&](size_t j, int worker) {
+      if (!applied[j]) return;
+      auto chunk = delta.ReadChunk(todo[j]);
+      if (!chunk.ok()) return;  // read fine moments ago; the map is read-only
+      Binding& b = bindings[delta.index()[todo[j]].tensor_id];
+      (void)UndoChunkInPlace(*chunk, b.data, &scratch[static_cast<size_t>(worker)],
+                             undo[j]);
+    });
+    return first_error.WithContext("rolled back; the checkpoint is unchanged");
+  }
+
+  // Phase 3: every tensor must now be exactly the target.
+  for (const Binding& b : bindings) {
+    if (HashSegmentDigests(b.digests.data(), b.digests.size()) != b.entry->after) {
+      return DataLossError("after apply, tensor '" + b.entry->name +
+                           "' does not hash to the delta's target; was the "
+                           "checkpoint modified concurrently?");
+    }
+  }
+  if (options.sync && sync) {
+    std::vector<bool> synced(tensors.size(), false);
+    for (size_t c : todo) {
+      size_t ci = bindings[delta.index()[c].tensor_id].caller_index;
+      if (!synced[ci]) {
+        synced[ci] = true;
+        REFIT_RETURN_IF_ERROR(sync(ci));
+      }
+    }
+  }
+  report.seconds = std::chrono::duration<double>(
+                       std::chrono::steady_clock::now() - t0).count();
+  return report;
+}
+
+Result<VerifyReport> VerifyTensors(const DeltaReader& delta,
+                                   const std::vector<TensorView>& tensors,
+                                   int threads) {
+  VerifyReport report;
+  auto bound = BindViews(delta, tensors);
+  if (!bound.ok()) {
+    if (bound.status().code() == StatusCode::kFailedPrecondition) {
+      report.mismatched.push_back(std::string(bound.status().message()));
+      return report;
+    }
+    return bound.status();
+  }
+  auto bindings = std::move(bound).value();
+  HashAll(&bindings, threads, nullptr, "verify");
+  report.tensors = bindings.size();
+  report.matches_target = true;
+  report.matches_base = true;
+  for (const Binding& b : bindings) {
+    Hash128 h = HashSegmentDigests(b.digests.data(), b.digests.size());
+    if (h != b.entry->after) {
+      report.matches_target = false;
+      report.mismatched.push_back(b.entry->name);
+    }
+    if (h != b.entry->before) report.matches_base = false;
+  }
+  return report;
+}
+
+}  // namespace refit

@@ -1,0 +1,76 @@
+// Applying deltas in place (docs/format.md §3, "Apply rule").
+//
+// ApplyChunkInPlace applies one chunk whose range is known to hold the
+// chunk's "before" bytes: it decodes into bounded scratch, stores only the
+// changed elements (so only their pages are dirtied), re-hashes the range
+// and undoes its stores if the result is not exactly "after". ApplyDelta
+// runs the whole protocol over a set of tensors: check every tensor against
+// the base first (nothing is written unless every chunk is applicable or
+// already applied), apply chunks in parallel, verify the target hashes.
+// Distinct chunks touch distinct ranges, so chunks may be applied
+// concurrently; everything else is single-caller.
+#ifndef REFIT_DELTA_APPLY_H_
+#define REFIT_DELTA_APPLY_H_
+
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "delta/chunk.h"
+#include "delta/delta_file.h"
+#include "refit/delta.h"
+#include "refit/status.h"
+
+namespace refit {
+
+
+enum class RangeState { kBefore, kAfter, kNeither };
+
+RangeState ClassifyRange(const ChunkHeader& h, const Hash128& range_hash);
+
+// What it takes to undo an applied overwrite chunk: the element indices
+// (relative to the chunk start) and old bytes it replaced. XOR chunks need
+// nothing: applying them again undoes them.
+struct UndoRecord {
+  std::vector<uint32_t> at;
+  std::vector<uint8_t> old;
+};
+
+struct ApplyScratch {
+  std::vector<uint32_t> positions;
+  std::vector<uint8_t> values;
+  std::vector<uint8_t> dense;
+  UndoRecord undo;
+};
+
+// Requires: tensor_data + h.start * h.width holds the chunk's "before"
+// bytes. On success the range holds "after" and, for overwrite kinds,
+// *undo (if not null) receives the replaced bytes; on failure the range is
+// restored byte for byte. *pages_written (if not null) grows by the pages
+// stored to.
+Status ApplyChunkInPlace(const ParsedChunk& chunk, uint8_t* tensor_data,
+                         ApplyScratch* scratch, uint64_t* pages_written,
+                         UndoRecord* undo);
+
+// Reverts a chunk applied by ApplyChunkInPlace.
+Status UndoChunkInPlace(const ParsedChunk& chunk, uint8_t* tensor_data,
+                        ApplyScratch* scratch, const UndoRecord& undo);
+
+// Called once per tensor that the apply changed, with the tensor's index in
+// the caller's list, after all chunks are applied and verified.
+using SyncRangeFn = std::function<Status(size_t tensor)>;
+
+Result<ApplyReport> ApplyDelta(const DeltaReader& delta,
+                               const std::vector<MutableTensorView>& tensors,
+                               const ApplyOptions& options,
+                               const SyncRangeFn& sync);
+
+// Range hashes of every tensor in `tensors` compared with the delta's
+// tensor table.
+Result<VerifyReport> VerifyTensors(const DeltaReader& delta,
+                                   const std::vector<TensorView>& tensors,
+                                   int threads);
+
+}  // namespace refit
+
+#endif  // REFIT_DELTA_APPLY_H_

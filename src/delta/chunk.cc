@@ -1,0 +1,128 @@
+#include "delta/chunk.h"
+
+#include <xxhash.h>
+
+#include <cstring>
+#include <string>
+
+#include "base/bytes.h"
+
+namespace refit {
+namespace {
+
+constexpr uint8_t kChunkMagic[4] = {'R', 'F', 'C', 'K'};
+
+uint32_t Checksum(const uint8_t* p, size_t n) {
+  return static_cast<uint32_t>(XXH3_64bits(p, n));
+}
+
+void PutHash(ByteWriter& w, const Hash128& h) {
+  w.U64(h.lo);
+  w.U64(h.hi);
+}
+
+Hash128 GetHash(ByteReader& r) {
+  Hash128 h;
+  h.lo = r.U64();
+  h.hi = r.U64();
+  return h;
+}
+
+}  // namespace
+
+const char* ChunkKindName(codec::ChunkKind kind) {
+  switch (kind) {
+    case codec::ChunkKind::kSparseXor: return "sparse-xor";
+    case codec::ChunkKind::kSparseOverwrite: return "sparse-overwrite";
+    case codec::ChunkKind::kDenseXor: return "dense-xor";
+    case codec::ChunkKind::kRaw: return "raw";
+  }
+  return "unknown";
+}
+
+void SerializeChunk(const ChunkHeader& h, std::span<const uint8_t> payload,
+                    std::vector<uint8_t>* out) {
+  size_t begin = out->size();
+  ByteWriter w(out);
+  w.Bytes(kChunkMagic, 4);
+  w.U8(kFormatVersion);
+  w.U8(static_cast<uint8_t>(h.kind));
+  w.U8(h.width);
+  w.U8(0);
+  w.Varint(h.version);
+  w.Varint(h.base_version);
+  w.Varint(h.tensor_id);
+  w.Varint(h.start);
+  w.Varint(h.count);
+  w.Varint(h.changed);
+  PutHash(w, h.before);
+  PutHash(w, h.after);
+  w.Varint(payload.size());
+  w.Bytes(payload);
+  w.U32(Checksum(out->data() + begin, out->size() - begin));
+}
+
+Result<ParsedChunk> ParseChunk(std::span<const uint8_t> bytes) {
+  ByteReader r(bytes);
+  auto magic = r.Bytes(4);
+  if (!r.ok() || std::memcmp(magic.data(), kChunkMagic, 4) != 0) {
+    return DataLossError("not a refit chunk (bad magic)");
+  }
+  ParsedChunk c;
+  ChunkHeader& h = c.header;
+  uint8_t version = r.U8();
+  uint8_t kind = r.U8();
+  h.width = r.U8();
+  uint8_t flags = r.U8();
+  h.version = r.Varint();
+  h.base_version = r.Varint();
+  h.tensor_id = r.Varint();
+  h.start = r.Varint();
+  h.count = r.Varint();
+  h.changed = r.Varint();
+  h.before = GetHash(r);
+  h.after = GetHash(r);
+  uint64_t payload_size = r.Varint();
+  REFIT_RETURN_IF_ERROR(r.status("chunk header"));
+  if (version != kFormatVersion) {
+    return DataLossError("chunk has format version " + std::to_string(version) +
+                         "; this build reads version " +
+                         std::to_string(kFormatVersion));
+  }
+  if (kind < 1 || kind > 4) {
+    return DataLossError("chunk has unknown kind " + std::to_string(kind));
+  }
+  h.kind = static_cast<codec::ChunkKind>(kind);
+  if (flags != 0) return DataLossError("chunk has unknown flags");
+  if (h.width != 1 && h.width != 2 && h.width != 4 && h.width != 8) {
+    return DataLossError("chunk has invalid element width " +
+                         std::to_string(h.width));
+  }
+  if (h.count == 0 || h.count > kMaxChunkElements) {
+    return DataLossError("chunk element count " + std::to_string(h.count) +
+                         " outside 1..2^28");
+  }
+  if (h.changed == 0 || h.changed > h.count) {
+    return DataLossError("chunk changed count " + std::to_string(h.changed) +
+                         " outside 1..count");
+  }
+  if (!AddWithin(h.start, h.count, uint64_t{1} << 62)) {
+    return DataLossError("chunk range overflows");
+  }
+  if (payload_size > kMaxChunkPayload || payload_size + 4 > r.remaining()) {
+    return DataLossError("chunk payload of " + std::to_string(payload_size) +
+                         " bytes does not fit in the " +
+                         std::to_string(r.remaining()) + " bytes left");
+  }
+  c.payload = r.Bytes(payload_size);
+  size_t covered = static_cast<size_t>(r.position() - bytes.data());
+  uint32_t stored = r.U32();
+  REFIT_RETURN_IF_ERROR(r.status("chunk"));
+  if (stored != Checksum(bytes.data(), covered)) {
+    return DataLossError("chunk checksum mismatch (corrupted in transit?)");
+  }
+  c.size = covered + 4;
+  return c;
+}
+
+}  // namespace refit

@@ -1,0 +1,67 @@
+// The delta encoder: finds the changed elements of one chunk range, hashes
+// it, and picks the smallest encoding (docs/format.md §3-4).
+//
+// EncodeChunkRange is pure (no I/O) and thread-safe for distinct scratch
+// objects; DiffTensorsToWriter runs it over every chunk of every tensor on
+// several threads and streams the chunks, in order, into a DeltaWriter.
+#ifndef REFIT_DELTA_ENCODER_H_
+#define REFIT_DELTA_ENCODER_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "base/hash.h"
+#include "codec/payload.h"
+#include "delta/chunk.h"
+#include "delta/delta_file.h"
+#include "refit/delta.h"
+#include "refit/status.h"
+
+namespace refit {
+
+struct ChunkEncodeOptions {
+  codec::EncodeOptions codec;
+  bool allow_xor = true;
+};
+
+// Per-thread buffers reused across chunks.
+struct EncodeScratch {
+  std::vector<uint32_t> positions;
+  std::vector<uint8_t> values;
+  std::vector<uint8_t> dense;
+  std::vector<uint8_t> candidate;
+  std::vector<uint8_t> best;
+};
+
+struct ChunkResult {
+  // Digests of the range's 64 KiB segments before and after; equal vectors
+  // when nothing changed.
+  std::vector<Hash128> before_digests;
+  std::vector<Hash128> after_digests;
+  ChunkHeader header;          // valid when `chunk` is not empty
+  std::vector<uint8_t> chunk;  // the serialized chunk; empty if unchanged
+  uint64_t payload_bytes = 0;
+};
+
+// Encodes elements [start, start + count) of a tensor whose old and new
+// bytes begin at old_data and new_data (the tensor's start). `ids` supplies
+// version, base_version, tensor_id and width.
+Status EncodeChunkRange(const ChunkHeader& ids, const uint8_t* old_data,
+                        const uint8_t* new_data, uint64_t start, uint64_t count,
+                        const ChunkEncodeOptions& options,
+                        EncodeScratch* scratch, ChunkResult* out);
+
+// Validates and pairs base and target by name (sorted), and builds the
+// trailer's tensor table (hashes are filled in by the diff).
+Result<std::vector<TensorEntry>> MatchTensors(
+    const std::vector<TensorView>& base, const std::vector<TensorView>& target,
+    std::vector<size_t>* base_order, std::vector<size_t>* target_order);
+
+Result<DiffReport> DiffTensorsToWriter(const std::vector<TensorView>& base,
+                                       const std::vector<TensorView>& target,
+                                       const DiffOptions& options,
+                                       DeltaWriter* writer);
+
+}  // namespace refit
+
+#endif  // REFIT_DELTA_ENCODER_H_

@@ -1,0 +1,114 @@
+// Bit-exact round trips on the real fixture checkpoints: every step pair,
+// the FP8 variant, and the sharded checkpoint, through the public API on
+// files (diff, apply in place, verify, inspect).
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "refit/checkpoint.h"
+#include "refit/delta.h"
+#include "testing.h"
+
+namespace refit {
+namespace {
+
+using testing::FixturesDir;
+using testing::TempDir;
+
+// Every tensor of `a` equals the same-named tensor of `b`, byte for byte.
+void ExpectSameTensors(const std::string& a_path, const std::string& b_path) {
+  auto a = Checkpoint::Open(a_path, Checkpoint::Mode::kReadOnly);
+  auto b = Checkpoint::Open(b_path, Checkpoint::Mode::kReadOnly);
+  ASSERT_OK(a);
+  ASSERT_OK(b);
+  ASSERT_EQ(a->tensors().size(), b->tensors().size());
+  for (size_t i = 0; i < a->tensors().size(); ++i) {
+    const auto& name = a->tensors()[i].name;
+    auto j = b->IndexOf(name);
+    ASSERT_TRUE(j.has_value()) << name;
+    auto da = a->Data(i);
+    auto db = b->Data(*j);
+    ASSERT_EQ(da.size(), db.size()) << name;
+    EXPECT_TRUE(std::equal(da.begin(), da.end(), db.begin())) << name;
+  }
+}
+
+struct Pair {
+  const char* base;
+  const char* target;
+};
+
+class FixturePairTest : public ::testing::TestWithParam<Pair> {};
+
+TEST_P(FixturePairTest, RoundTripIsBitExact) {
+  REFIT_REQUIRE_FIXTURES();
+  const std::string dir = FixturesDir();
+  const std::string base = dir + "/" + GetParam().base;
+  const std::string target = dir + "/" + GetParam().target;
+  TempDir tmp;
+  const std::string delta = tmp.File("d.rfd");
+  auto diff = Diff(base, target, delta, {});
+  ASSERT_OK(diff);
+  EXPECT_GT(diff->changed_elements, 0u);
+
+  // Apply in place to a scratch copy of the base (file or directory).
+  const std::string work = tmp.File("work");
+  ASSERT_OK(CopyCheckpoint(base, work));
+  auto applied = Apply(delta, work, {});
+  ASSERT_OK(applied);
+  EXPECT_EQ(applied->chunks_applied, diff->chunks);
+  // At 1-3% change nearly every 4 KiB page holds a change; the count may
+  // exceed the checkpoint's pages only by pages shared between chunks.
+  EXPECT_LE(applied->pages_written * applied->page_size,
+            applied->checkpoint_bytes + (diff->chunks + 1) * applied->page_size);
+  ExpectSameTensors(work, target);
+
+  auto verify = Verify(work, delta);
+  ASSERT_OK(verify);
+  EXPECT_TRUE(verify->matches_target);
+  auto verify_base = Verify(base, delta);
+  ASSERT_OK(verify_base);
+  EXPECT_FALSE(verify_base->matches_target);
+  EXPECT_TRUE(verify_base->matches_base);
+
+  // Applying again changes nothing (at most once).
+  auto again = Apply(delta, work, {});
+  ASSERT_OK(again);
+  EXPECT_EQ(again->chunks_applied, 0u);
+  ExpectSameTensors(work, target);
+
+  auto info = Inspect(delta);
+  ASSERT_OK(info);
+  EXPECT_EQ(info->changed_elements, diff->changed_elements);
+  if (info->bound_valid) {
+    // A loose regression guard; docs/benchmarks.md records the real ratio.
+    EXPECT_LT(static_cast<double>(info->payload_bytes), 1.10 * info->bound_bytes);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Fixtures, FixturePairTest,
+    ::testing::Values(Pair{"step0.safetensors", "step1.safetensors"},
+                      Pair{"step1.safetensors", "step2.safetensors"},
+                      Pair{"step2.safetensors", "step3.safetensors"},
+                      Pair{"step0.safetensors", "step3.safetensors"},
+                      Pair{"fp8/step1.safetensors", "fp8/step2.safetensors"},
+                      Pair{"fp32/step1.safetensors", "fp32/step2.safetensors"},
+                      Pair{"step2.safetensors", "sharded_step3"},
+                      Pair{"sharded_step3", "step0.safetensors"}));
+
+TEST(FixtureTest, WrongBaseLeavesCheckpointByteIdentical) {
+  REFIT_REQUIRE_FIXTURES();
+  const std::string dir = FixturesDir();
+  TempDir tmp;
+  ASSERT_OK(Diff(dir + "/step1.safetensors", dir + "/step2.safetensors",
+                 tmp.File("d.rfd"), {}));
+  ASSERT_OK(CopyCheckpoint(dir + "/sharded_step3", tmp.File("work")));
+  auto before = testing::ReadBytes(tmp.File("work/model-00001-of-00002.safetensors"));
+  auto r = Apply(tmp.File("d.rfd"), tmp.File("work"), {});
+  EXPECT_EQ(r.status().code(), StatusCode::kFailedPrecondition) << r.status().ToString();
+  EXPECT_EQ(testing::ReadBytes(tmp.File("work/model-00001-of-00002.safetensors")), before);
+}
+
+}  // namespace
+}  // namespace refit
