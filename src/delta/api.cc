@@ -40,7 +40,10 @@ Result<DiffReport> DiffTensors(const std::vector<TensorView>& base,
                                const DiffOptions& options) {
   REFIT_ASSIGN_OR_RETURN(auto writer, DeltaWriter::Create(out_path, options.version,
                                                           options.base_version));
-  return DiffTensorsToWriter(base, target, options, writer.get());
+  REFIT_ASSIGN_OR_RETURN(DiffReport report,
+                         DiffTensorsToSink(base, target, options, writer.get()));
+  report.file_bytes = writer->bytes_written();
+  return report;
 }
 
 Result<DiffReport> Diff(const std::string& base_path,

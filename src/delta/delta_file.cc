@@ -48,6 +48,66 @@ Status IoError(const std::string& what, const std::string& path) {
 
 }  // namespace
 
+void WriteTensorTable(const std::vector<TensorEntry>& tensors,
+                      std::vector<uint8_t>* out) {
+  ByteWriter w(out);
+  w.Varint(tensors.size());
+  for (const TensorEntry& t : tensors) {
+    w.String(t.name);
+    w.String(t.dtype);
+    w.U8(t.width);
+    w.Varint(t.shape.size());
+    for (uint64_t d : t.shape) w.Varint(d);
+    PutHash(w, t.before);
+    PutHash(w, t.after);
+  }
+}
+
+Status ReadTensorTable(ByteReader* reader, std::vector<TensorEntry>* out) {
+  ByteReader& r = *reader;
+  uint64_t tensor_count = r.Varint();
+  if (tensor_count > kMaxTensors || tensor_count > r.remaining() / 36) {
+    REFIT_RETURN_IF_ERROR(r.status("tensor table"));
+    return DataLossError("tensor table names an implausible number of tensors (" +
+                         std::to_string(tensor_count) + ")");
+  }
+  std::vector<TensorEntry>& tensors = *out;
+  tensors.assign(tensor_count, TensorEntry{});
+  for (uint64_t i = 0; i < tensor_count && r.ok(); ++i) {
+    TensorEntry& t = tensors[i];
+    t.name = r.String(kMaxNameBytes);
+    t.dtype = r.String(32);
+    t.width = r.U8();
+    uint64_t ndim = r.Varint();
+    if (ndim > kMaxDims) {
+      return DataLossError("tensor has more than 16 dimensions");
+    }
+    uint64_t elements = 1;
+    for (uint64_t d = 0; d < ndim && r.ok(); ++d) {
+      uint64_t dim = r.Varint();
+      t.shape.push_back(dim);
+      if (!MulChecked(elements, dim, &elements)) {
+        return DataLossError("tensor shape overflows");
+      }
+    }
+    t.num_elements = elements;
+    t.before = GetHash(r);
+    t.after = GetHash(r);
+    if (!r.ok()) break;
+    uint64_t bytes;
+    if (t.name.empty() || t.dtype.empty() ||
+        (t.width != 1 && t.width != 2 && t.width != 4 && t.width != 8) ||
+        !MulChecked(elements, t.width, &bytes) || bytes > (uint64_t{1} << 62)) {
+      return DataLossError("tensor table entry " + std::to_string(i) +
+                           " is malformed");
+    }
+    if (i > 0 && !(tensors[i - 1].name < t.name)) {
+      return DataLossError("tensor table is not sorted by unique name");
+    }
+  }
+  return r.status("tensor table");
+}
+
 // ---------------------------------------------------------------- writer
 
 Result<std::unique_ptr<DeltaWriter>> DeltaWriter::Create(
@@ -106,16 +166,7 @@ Status DeltaWriter::Finish(const std::vector<TensorEntry>& tensors) {
   if (finished_) return FailedPreconditionError("delta already finished");
   std::vector<uint8_t> trailer;
   ByteWriter w(&trailer);
-  w.Varint(tensors.size());
-  for (const TensorEntry& t : tensors) {
-    w.String(t.name);
-    w.String(t.dtype);
-    w.U8(t.width);
-    w.Varint(t.shape.size());
-    for (uint64_t d : t.shape) w.Varint(d);
-    PutHash(w, t.before);
-    PutHash(w, t.after);
-  }
+  WriteTensorTable(tensors, &trailer);
   w.Varint(index_.size());
   for (const IndexEntry& e : index_) {
     w.Varint(e.offset);
@@ -213,44 +264,8 @@ Status DeltaReader::Parse() {
   }
 
   ByteReader r(trailer);
-  uint64_t tensor_count = r.Varint();
-  if (tensor_count > kMaxTensors || tensor_count > r.remaining() / 36) {
-    return DataLossError("delta names an implausible number of tensors (" +
-                         std::to_string(tensor_count) + ")");
-  }
-  tensors_.resize(tensor_count);
-  for (uint64_t i = 0; i < tensor_count && r.ok(); ++i) {
-    TensorEntry& t = tensors_[i];
-    t.name = r.String(kMaxNameBytes);
-    t.dtype = r.String(32);
-    t.width = r.U8();
-    uint64_t ndim = r.Varint();
-    if (ndim > kMaxDims) {
-      return DataLossError("tensor has more than 16 dimensions");
-    }
-    uint64_t elements = 1;
-    for (uint64_t d = 0; d < ndim && r.ok(); ++d) {
-      uint64_t dim = r.Varint();
-      t.shape.push_back(dim);
-      if (!MulChecked(elements, dim, &elements)) {
-        return DataLossError("tensor shape overflows");
-      }
-    }
-    t.num_elements = elements;
-    t.before = GetHash(r);
-    t.after = GetHash(r);
-    if (!r.ok()) break;
-    uint64_t bytes;
-    if (t.name.empty() || t.dtype.empty() ||
-        (t.width != 1 && t.width != 2 && t.width != 4 && t.width != 8) ||
-        !MulChecked(elements, t.width, &bytes) || bytes > (uint64_t{1} << 63)) {
-      return DataLossError("delta tensor entry " + std::to_string(i) +
-                           " is malformed");
-    }
-    if (i > 0 && !(tensors_[i - 1].name < t.name)) {
-      return DataLossError("delta tensor table is not sorted by unique name");
-    }
-  }
+  REFIT_RETURN_IF_ERROR(ReadTensorTable(&r, &tensors_));
+  const uint64_t tensor_count = tensors_.size();
   uint64_t chunk_count = r.Varint();
   if (!r.ok() || chunk_count > r.remaining() / 6) {
     REFIT_RETURN_IF_ERROR(r.status("delta trailer"));

@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "base/bytes.h"
 #include "base/file.h"
 #include "base/hash.h"
 #include "delta/chunk.h"
@@ -50,7 +51,23 @@ struct IndexEntry {
   codec::ChunkKind kind = codec::ChunkKind::kSparseXor;
 };
 
-class DeltaWriter {
+// The tensor table of docs/format.md §6 (also carried by manifests).
+void WriteTensorTable(const std::vector<TensorEntry>& tensors,
+                      std::vector<uint8_t>* out);
+Status ReadTensorTable(ByteReader* reader, std::vector<TensorEntry>* out);
+
+// Where encoded chunks go: a delta file, or a transport.
+class ChunkSink {
+ public:
+  virtual ~ChunkSink() = default;
+  // Takes one serialized chunk, in tensor-table order then by start.
+  virtual Status AddChunk(std::span<const uint8_t> chunk,
+                          const ChunkHeader& header) = 0;
+  // Called once after the last chunk with the complete tensor table.
+  virtual Status Finish(const std::vector<TensorEntry>& tensors) = 0;
+};
+
+class DeltaWriter : public ChunkSink {
  public:
   static Result<std::unique_ptr<DeltaWriter>> Create(const std::string& path,
                                                      uint64_t version,
@@ -58,9 +75,10 @@ class DeltaWriter {
   ~DeltaWriter();  // removes the temp file unless Finish() succeeded
 
   // Appends one serialized chunk.
-  Status AddChunk(std::span<const uint8_t> chunk, const ChunkHeader& header);
+  Status AddChunk(std::span<const uint8_t> chunk,
+                  const ChunkHeader& header) override;
   // Writes trailer and footer and publishes the file.
-  Status Finish(const std::vector<TensorEntry>& tensors);
+  Status Finish(const std::vector<TensorEntry>& tensors) override;
 
   uint64_t bytes_written() const { return offset_; }
 

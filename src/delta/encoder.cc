@@ -188,10 +188,9 @@ Result<std::vector<TensorEntry>> MatchTensors(
   return entries;
 }
 
-Result<DiffReport> DiffTensorsToWriter(const std::vector<TensorView>& base,
-                                       const std::vector<TensorView>& target,
-                                       const DiffOptions& options,
-                                       DeltaWriter* writer) {
+Result<DiffReport> DiffTensorsToSink(const std::vector<TensorView>& base,
+                                     const std::vector<TensorView>& target,
+                                     const DiffOptions& options, ChunkSink* sink) {
   auto t0 = std::chrono::steady_clock::now();
   if (options.chunk_bytes == 0 || options.chunk_bytes % kRangeHashSegment != 0) {
     return InvalidArgumentError("chunk size must be a positive multiple of 64 KiB");
@@ -283,7 +282,7 @@ Result<DiffReport> DiffTensorsToWriter(const std::vector<TensorView>& base,
           report.payload_bytes += r.payload_bytes;
           report.chunk_bytes += r.chunk.size();
           ++report.chunks_by_kind[ChunkKindName(r.header.kind)];
-          REFIT_RETURN_IF_ERROR(writer->AddChunk(r.chunk, r.header));
+          REFIT_RETURN_IF_ERROR(sink->AddChunk(r.chunk, r.header));
         }
         done_bytes += task.count * entries[task.tensor].width;
         if (options.progress) options.progress("diff", done_bytes, report.full_bytes);
@@ -291,8 +290,7 @@ Result<DiffReport> DiffTensorsToWriter(const std::vector<TensorView>& base,
       });
   REFIT_RETURN_IF_ERROR(s);
   finish_tensor();
-  REFIT_RETURN_IF_ERROR(writer->Finish(entries));
-  report.file_bytes = writer->bytes_written();
+  REFIT_RETURN_IF_ERROR(sink->Finish(entries));
   report.seconds = std::chrono::duration<double>(
                        std::chrono::steady_clock::now() - t0).count();
   return report;

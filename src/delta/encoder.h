@@ -57,10 +57,13 @@ Result<std::vector<TensorEntry>> MatchTensors(
     const std::vector<TensorView>& base, const std::vector<TensorView>& target,
     std::vector<size_t>* base_order, std::vector<size_t>* target_order);
 
-Result<DiffReport> DiffTensorsToWriter(const std::vector<TensorView>& base,
-                                       const std::vector<TensorView>& target,
-                                       const DiffOptions& options,
-                                       DeltaWriter* writer);
+// Encodes every chunk of every tensor on several threads and hands the
+// chunks, in order, to `sink` as they are ready, then Finish()es it. The
+// sink's AddChunk runs on the calling thread and may block (back-pressure):
+// at most 2 * threads chunks are held in memory.
+Result<DiffReport> DiffTensorsToSink(const std::vector<TensorView>& base,
+                                     const std::vector<TensorView>& target,
+                                     const DiffOptions& options, ChunkSink* sink);
 
 }  // namespace refit
 
