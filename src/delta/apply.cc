@@ -286,7 +286,13 @@ Result<ApplyReport> ApplyDelta(const DeltaReader& delta,
     report.checkpoint_bytes += b.entry->num_elements * b.entry->width;
   }
 
-  // Phase 1: classify every tensor and chunk before writing anything.
+  // Phase 1: check every chunk's framing and checksum (even those that
+  // will turn out to be applied already: a damaged delta is an error
+  // whatever the checkpoint holds), then classify every tensor and chunk,
+  // all before writing anything.
+  for (size_t c = 0; c < delta.index().size(); ++c) {
+    REFIT_RETURN_IF_ERROR(delta.ReadChunk(c).status());
+  }
   HashAll(&bindings, options.threads, options.progress, "check");
   std::vector<bool> apply_chunk(delta.index().size(), false);
   std::vector<bool> tensor_has_chunks(bindings.size(), false);
@@ -337,14 +343,10 @@ Result<ApplyReport> ApplyDelta(const DeltaReader& delta,
     }
   }
 
-  // Phase 2: apply, in parallel over chunks. Every chunk to apply is
-  // framed and checksummed first, so a damaged delta is refused whole.
+  // Phase 2: apply, in parallel over chunks.
   std::vector<size_t> todo;
   for (size_t c = 0; c < apply_chunk.size(); ++c) {
     if (apply_chunk[c]) todo.push_back(c);
-  }
-  for (size_t c : todo) {
-    REFIT_RETURN_IF_ERROR(delta.ReadChunk(c).status());
   }
   report.chunks_applied = todo.size();
   report.chunks_skipped = report.chunks - todo.size();

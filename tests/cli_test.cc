@@ -1,0 +1,406 @@
+// Drives the built `refit` binary (REFIT_CLI_PATH, set by CMake) as a
+// process: diff/apply/verify/inspect round trips on small generated
+// safetensors files and on the qwen2-tiny fixtures, the exit code of every
+// error family, --json output (parsed by python3), and small runs of
+// `refit demo --synthetic` and `refit bench`.
+#include <sys/wait.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "refit/checkpoint.h"
+#include "testing.h"
+
+#ifndef REFIT_CLI_PATH
+#error "REFIT_CLI_PATH must name the refit binary"
+#endif
+
+namespace refit {
+namespace {
+
+using ::refit::testing::FixturesDir;
+using ::refit::testing::ReadBytes;
+using ::refit::testing::TempDir;
+using ::refit::testing::WriteBytes;
+
+struct RunResult {
+  int exit_code = -1;
+  std::string out;  // stdout
+  std::string err;  // stderr
+};
+
+std::string Quote(const std::string& s) {
+  std::string q = "'";
+  for (char c : s) {
+    if (c == '\'') {
+      q += "'\\''";
+    } else {
+      q += c;
+    }
+  }
+  return q + "'";
+}
+
+std::string ReadText(const std::string& path) {
+  std::vector<uint8_t> bytes = ReadBytes(path);
+  return std::string(bytes.begin(), bytes.end());
+}
+
+// Runs `refit <args>` with stdout and stderr captured to files in `dir`.
+RunResult Refit(const TempDir& dir, const std::vector<std::string>& args) {
+  std::string cmd = Quote(REFIT_CLI_PATH);
+  for (const std::string& a : args) cmd += " " + Quote(a);
+  std::string out = dir.File("stdout.txt");
+  std::string err = dir.File("stderr.txt");
+  cmd += " >" + Quote(out) + " 2>" + Quote(err) + " </dev/null";
+  int status = std::system(cmd.c_str());
+  RunResult r;
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  r.out = ReadText(out);
+  r.err = ReadText(err);
+  return r;
+}
+
+// True when python3's json module accepts `text`.
+bool IsJson(const TempDir& dir, const std::string& text) {
+  std::string path = dir.File("check.json");
+  WriteBytes(path, std::vector<uint8_t>(text.begin(), text.end()));
+  std::string cmd =
+      "python3 -c 'import json,sys; json.load(sys.stdin)' < " + Quote(path);
+  return std::system(cmd.c_str()) == 0;
+}
+
+struct Tensor {
+  std::string name;
+  std::string dtype;
+  std::vector<uint64_t> shape;
+  std::vector<uint8_t> data;
+};
+
+// A minimal safetensors writer (huggingface/safetensors README, "Format"),
+// independent of refit's own writer.
+void WriteSafetensors(const std::string& path, std::vector<Tensor> tensors) {
+  std::string header = "{";
+  uint64_t offset = 0;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const Tensor& t = tensors[i];
+    std::string shape;
+    for (size_t d = 0; d < t.shape.size(); ++d) {
+      shape += (d ? "," : "") + std::to_string(t.shape[d]);
+    }
+    header += (i ? "," : "") + std::string("\"") + t.name + "\":{\"dtype\":\"" +
+              t.dtype + "\",\"shape\":[" + shape + "],\"data_offsets\":[" +
+              std::to_string(offset) + "," +
+              std::to_string(offset + t.data.size()) + "]}";
+    offset += t.data.size();
+  }
+  header += "}";
+  header.append((8 - header.size() % 8) % 8, ' ');
+  std::vector<uint8_t> file(8);
+  for (int i = 0; i < 8; ++i) {
+    file[static_cast<size_t>(i)] =
+        static_cast<uint8_t>(static_cast<uint64_t>(header.size()) >> (8 * i));
+  }
+  file.insert(file.end(), header.begin(), header.end());
+  for (const Tensor& t : tensors) {
+    file.insert(file.end(), t.data.begin(), t.data.end());
+  }
+  WriteBytes(path, file);
+}
+
+uint64_t Lcg(uint64_t* state) {
+  *state = *state * 6364136223846793005ULL + 1442695040888963407ULL;
+  return *state >> 33;
+}
+
+// A small model: three BF16 tensors (one spanning several 64 KiB chunks)
+// and one F32 tensor.
+std::vector<Tensor> SmallModel(uint64_t seed) {
+  uint64_t state = seed;
+  auto make = [&](std::string name, std::string dtype, int width,
+                  std::vector<uint64_t> shape) {
+    Tensor t{std::move(name), std::move(dtype), std::move(shape), {}};
+    uint64_t n = 1;
+    for (uint64_t d : t.shape) n *= d;
+    t.data.resize(n * static_cast<uint64_t>(width));
+    for (uint8_t& b : t.data) b = static_cast<uint8_t>(Lcg(&state));
+    return t;
+  };
+  return {
+      make("a.weight", "BF16", 2, {300, 400}), make("b.bias", "BF16", 2, {400}),
+      make("c.weight", "BF16", 2, {64, 64}), make("d.scale", "F32", 4, {16})};
+}
+
+// Flips the low bit of about `rate` of the 16-bit words of BF16 tensors.
+std::vector<Tensor> Step(std::vector<Tensor> model, double rate,
+                         uint64_t seed) {
+  uint64_t state = seed;
+  uint64_t threshold = static_cast<uint64_t>(rate * 2147483648.0);
+  for (Tensor& t : model) {
+    if (t.dtype != "BF16") continue;
+    for (size_t i = 0; i + 1 < t.data.size(); i += 2) {
+      if (Lcg(&state) < threshold) t.data[i] ^= 1;
+    }
+  }
+  return model;
+}
+
+class CliTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_FALSE(dir_.path().empty());
+    base_ = dir_.File("base.safetensors");
+    target_ = dir_.File("target.safetensors");
+    other_ = dir_.File("other.safetensors");
+    delta_ = dir_.File("delta.rfd");
+    scratch_ = dir_.File("scratch.safetensors");
+    std::vector<Tensor> model = SmallModel(1);
+    WriteSafetensors(base_, model);
+    WriteSafetensors(target_, Step(model, 0.02, 2));
+    WriteSafetensors(other_, SmallModel(3));  // same layout, other bits
+  }
+
+  RunResult Run(const std::vector<std::string>& args) {
+    return Refit(dir_, args);
+  }
+
+  void MakeDelta() {
+    RunResult r = Run({"diff", base_, target_, "-o", delta_, "--chunk-mib",
+                       "0.0625", "--version", "2", "--base-version", "1"});
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+  }
+
+  TempDir dir_;
+  std::string base_, target_, other_, delta_, scratch_;
+};
+
+TEST_F(CliTest, RoundTripOnGeneratedFiles) {
+  MakeDelta();
+  RunResult inspect = Run({"inspect", delta_, "--tensors"});
+  ASSERT_EQ(inspect.exit_code, 0) << inspect.err;
+  EXPECT_NE(inspect.out.find("a.weight"), std::string::npos) << inspect.out;
+  EXPECT_NE(inspect.out.find("entropy bound"), std::string::npos);
+
+  std::filesystem::copy_file(base_, scratch_);
+  // The untouched copy is the delta's base, not its target.
+  RunResult before = Run({"verify", scratch_, "--delta", delta_});
+  EXPECT_EQ(before.exit_code, 7) << before.err;
+  EXPECT_NE(before.err.find("refit apply"), std::string::npos) << before.err;
+
+  RunResult apply = Run({"apply", delta_, scratch_});
+  ASSERT_EQ(apply.exit_code, 0) << apply.err;
+  EXPECT_EQ(ReadBytes(scratch_), ReadBytes(target_));
+  RunResult after = Run({"verify", scratch_, "--delta", delta_});
+  EXPECT_EQ(after.exit_code, 0) << after.err;
+
+  // Applying again is a no-op: every chunk is already at its target.
+  RunResult again = Run({"apply", delta_, scratch_, "--json"});
+  ASSERT_EQ(again.exit_code, 0) << again.err;
+  EXPECT_NE(again.out.find("\"chunks_applied\": 0"), std::string::npos)
+      << again.out;
+  EXPECT_EQ(ReadBytes(scratch_), ReadBytes(target_));
+}
+
+TEST_F(CliTest, OverwriteOnlyDeltaRoundTrips) {
+  RunResult diff =
+      Run({"diff", base_, target_, "-o", delta_, "--overwrite-only"});
+  ASSERT_EQ(diff.exit_code, 0) << diff.err;
+  std::filesystem::copy_file(base_, scratch_);
+  RunResult apply = Run({"apply", delta_, scratch_, "--no-sync"});
+  ASSERT_EQ(apply.exit_code, 0) << apply.err;
+  EXPECT_EQ(ReadBytes(scratch_), ReadBytes(target_));
+}
+
+TEST_F(CliTest, JsonOutputParses) {
+  RunResult diff = Run({"diff", base_, target_, "-o", delta_, "--json"});
+  ASSERT_EQ(diff.exit_code, 0) << diff.err;
+  EXPECT_TRUE(IsJson(dir_, diff.out)) << diff.out;
+
+  std::filesystem::copy_file(base_, scratch_);
+  RunResult mismatch = Run({"verify", scratch_, "--delta", delta_, "--json"});
+  EXPECT_EQ(mismatch.exit_code, 7);
+  EXPECT_TRUE(IsJson(dir_, mismatch.out)) << mismatch.out;
+
+  RunResult apply = Run({"--json", "apply", delta_, scratch_});
+  ASSERT_EQ(apply.exit_code, 0) << apply.err;
+  EXPECT_TRUE(IsJson(dir_, apply.out)) << apply.out;
+
+  RunResult verify = Run({"verify", scratch_, "--delta", delta_, "--json"});
+  EXPECT_EQ(verify.exit_code, 0) << verify.err;
+  EXPECT_TRUE(IsJson(dir_, verify.out)) << verify.out;
+
+  for (const char* flag : {"--tensors", "--top=2"}) {
+    RunResult inspect = Run({"inspect", delta_, flag, "--json"});
+    EXPECT_EQ(inspect.exit_code, 0) << inspect.err;
+    EXPECT_TRUE(IsJson(dir_, inspect.out)) << inspect.out;
+  }
+
+  // Errors are JSON too, with the exit code inside.
+  RunResult missing = Run({"inspect", dir_.File("nope.rfd"), "--json"});
+  EXPECT_EQ(missing.exit_code, 3);
+  EXPECT_TRUE(IsJson(dir_, missing.out)) << missing.out;
+}
+
+TEST_F(CliTest, WrongBaseExits5AndWritesNothing) {
+  MakeDelta();
+  std::filesystem::copy_file(other_, scratch_);
+  std::vector<uint8_t> before = ReadBytes(scratch_);
+  RunResult r = Run({"apply", delta_, scratch_});
+  EXPECT_EQ(r.exit_code, 5) << r.err;
+  EXPECT_NE(r.err.find("refit verify"), std::string::npos) << r.err;
+  EXPECT_EQ(ReadBytes(scratch_), before);
+
+  // Neither base nor target: verify says so with the mismatch code.
+  RunResult verify = Run({"verify", scratch_, "--delta", delta_});
+  EXPECT_EQ(verify.exit_code, 7) << verify.err;
+}
+
+TEST_F(CliTest, CorruptDeltaExits4) {
+  MakeDelta();
+  std::vector<uint8_t> bytes = ReadBytes(delta_);
+  ASSERT_GT(bytes.size(), 100u);
+  std::string corrupt = dir_.File("corrupt.rfd");
+  std::vector<uint8_t> flipped = bytes;
+  flipped[flipped.size() / 2] ^= 0x40;
+  WriteBytes(corrupt, flipped);
+  std::filesystem::copy_file(base_, scratch_);
+  std::vector<uint8_t> before = ReadBytes(scratch_);
+
+  RunResult apply = Run({"apply", corrupt, scratch_});
+  EXPECT_EQ(apply.exit_code, 4) << apply.err;
+  EXPECT_EQ(ReadBytes(scratch_), before);
+  RunResult inspect = Run({"inspect", corrupt});
+  EXPECT_EQ(inspect.exit_code, 4) << inspect.err;
+
+  std::string truncated = dir_.File("truncated.rfd");
+  WriteBytes(truncated, std::vector<uint8_t>(bytes.begin(), bytes.end() - 7));
+  RunResult trunc = Run({"apply", truncated, scratch_});
+  EXPECT_EQ(trunc.exit_code, 4) << trunc.err;
+  EXPECT_EQ(ReadBytes(scratch_), before);
+
+  WriteBytes(truncated,
+             {'n', 'o', 't', ' ', 'a', ' ', 'd', 'e', 'l', 't', 'a'});
+  RunResult garbage = Run({"inspect", truncated});
+  EXPECT_EQ(garbage.exit_code, 4) << garbage.err;
+}
+
+TEST_F(CliTest, MissingFilesExit3) {
+  MakeDelta();
+  std::string nope = dir_.File("nope.safetensors");
+  EXPECT_EQ(Run({"diff", nope, target_, "-o", delta_}).exit_code, 3);
+  EXPECT_EQ(Run({"diff", base_, nope, "-o", delta_}).exit_code, 3);
+  EXPECT_EQ(Run({"apply", dir_.File("nope.rfd"), base_}).exit_code, 3);
+  EXPECT_EQ(Run({"apply", delta_, nope}).exit_code, 3);
+  EXPECT_EQ(Run({"verify", nope, "--delta", delta_}).exit_code, 3);
+  RunResult r = Run({"inspect", dir_.File("nope.rfd")});
+  EXPECT_EQ(r.exit_code, 3);
+  EXPECT_NE(r.err.find("nope.rfd"), std::string::npos) << r.err;
+}
+
+TEST_F(CliTest, UsageAndInvalidArguments) {
+  EXPECT_EQ(Run({}).exit_code, 1);
+  EXPECT_EQ(Run({"frobnicate"}).exit_code, 1);
+  EXPECT_EQ(Run({"diff", base_, target_}).exit_code, 1);  // no -o
+  EXPECT_EQ(Run({"apply", delta_, base_, "--bogus"}).exit_code, 1);
+  EXPECT_EQ(Run({"bench", "--rate", "150%"}).exit_code, 2);
+  EXPECT_EQ(
+      Run({"diff", base_, target_, "-o", delta_, "--chunk-mib", "0"}).exit_code,
+      2);
+  // Different tensor sets cannot be diffed.
+  std::string small = dir_.File("small.safetensors");
+  WriteSafetensors(small, {SmallModel(4)[1]});
+  RunResult mismatched = Run({"diff", base_, small, "-o", delta_});
+  EXPECT_EQ(mismatched.exit_code, 2) << mismatched.err;
+}
+
+TEST_F(CliTest, HelpDocumentsEverySubcommandAndExitCodes) {
+  RunResult help = Run({"--help"});
+  ASSERT_EQ(help.exit_code, 0);
+  for (const char* word : {"diff", "apply", "verify", "inspect", "demo",
+                           "bench", "Exit codes", "verify mismatch"}) {
+    EXPECT_NE(help.out.find(word), std::string::npos) << word;
+  }
+  for (const char* cmd :
+       {"diff", "apply", "verify", "inspect", "demo", "bench"}) {
+    RunResult sub = Run({cmd, "--help"});
+    EXPECT_EQ(sub.exit_code, 0) << cmd;
+    EXPECT_NE(sub.out.find("--json"), std::string::npos) << cmd;
+  }
+}
+
+TEST_F(CliTest, DemoSyntheticRunsSmall) {
+  RunResult r = Run({"demo", "--synthetic", "--size-mib", "2", "--steps", "2"});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("bit-exact"), std::string::npos) << r.out;
+  RunResult j =
+      Run({"demo", "--synthetic", "--size-mib", "1", "--steps", "1", "--json"});
+  ASSERT_EQ(j.exit_code, 0) << j.err;
+  EXPECT_TRUE(IsJson(dir_, j.out)) << j.out;
+}
+
+TEST_F(CliTest, BenchRunsSmall) {
+  RunResult r =
+      Run({"bench", "--size-mib", "2", "--rate", "1%", "0.2", "--json"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_TRUE(IsJson(dir_, r.out)) << r.out;
+  EXPECT_NE(r.out.find("zstd3_dense_xor_bytes"), std::string::npos);
+}
+
+// The real fixtures: step0 -> step1 through the CLI, checked tensor by
+// tensor against step1 through the checkpoint API.
+TEST_F(CliTest, FixtureStep0ToStep1) {
+  REFIT_REQUIRE_FIXTURES();
+  std::string step0 = FixturesDir() + "/step0.safetensors";
+  std::string step1 = FixturesDir() + "/step1.safetensors";
+  RunResult diff = Run({"diff", step0, step1, "-o", delta_});
+  ASSERT_EQ(diff.exit_code, 0) << diff.err;
+  RunResult inspect = Run({"inspect", delta_, "--json"});
+  ASSERT_EQ(inspect.exit_code, 0) << inspect.err;
+  EXPECT_TRUE(IsJson(dir_, inspect.out));
+  EXPECT_NE(inspect.out.find("\"changed_elements\": 90309"), std::string::npos)
+      << inspect.out;
+
+  std::filesystem::copy_file(step0, scratch_);
+  RunResult apply = Run({"apply", delta_, scratch_});
+  ASSERT_EQ(apply.exit_code, 0) << apply.err;
+  EXPECT_EQ(Run({"verify", scratch_, "--delta", delta_}).exit_code, 0);
+  EXPECT_EQ(Run({"verify", step0, "--delta", delta_}).exit_code, 7);
+
+  Result<Checkpoint> got =
+      Checkpoint::Open(scratch_, Checkpoint::Mode::kReadOnly);
+  Result<Checkpoint> want =
+      Checkpoint::Open(step1, Checkpoint::Mode::kReadOnly);
+  ASSERT_OK(got);
+  ASSERT_OK(want);
+  ASSERT_EQ(got->tensors().size(), want->tensors().size());
+  for (size_t i = 0; i < want->tensors().size(); ++i) {
+    std::span<const uint8_t> a = got->Data(i);
+    std::span<const uint8_t> b = want->Data(i);
+    ASSERT_EQ(a.size(), b.size());
+    EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size()), 0)
+        << want->tensors()[i].name;
+  }
+
+  // step2 is not this delta's base.
+  std::string other = dir_.File("step2.safetensors");
+  std::filesystem::copy_file(FixturesDir() + "/step2.safetensors", other);
+  EXPECT_EQ(Run({"apply", delta_, other}).exit_code, 5);
+}
+
+TEST_F(CliTest, DemoOnFixtures) {
+  REFIT_REQUIRE_FIXTURES();
+  std::string parent =
+      std::filesystem::path(FixturesDir()).parent_path().string();
+  RunResult r = Run({"demo", "--fixtures", parent});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("yes ("), std::string::npos) << r.out;
+}
+
+}  // namespace
+}  // namespace refit

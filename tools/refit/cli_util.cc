@@ -1,0 +1,231 @@
+#include "cli_util.h"
+
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <thread>
+
+namespace refit::cli {
+
+int ExitCodeFor(StatusCode code) {
+  switch (code) {
+    case StatusCode::kOk:
+      return kExitOk;
+    case StatusCode::kInvalidArgument:
+    case StatusCode::kOutOfRange:
+    case StatusCode::kUnimplemented:
+    case StatusCode::kAlreadyExists:
+      return kExitInvalidArgument;
+    case StatusCode::kNotFound:
+      return kExitNotFound;
+    case StatusCode::kDataLoss:
+      return kExitDataLoss;
+    case StatusCode::kFailedPrecondition:
+    case StatusCode::kAborted:
+      return kExitFailedPrecondition;
+    case StatusCode::kUnavailable:
+    case StatusCode::kPermissionDenied:
+    case StatusCode::kResourceExhausted:
+    case StatusCode::kDeadlineExceeded:
+    case StatusCode::kCancelled:
+    case StatusCode::kUnauthenticated:
+      return kExitIo;
+    case StatusCode::kUnknown:
+    case StatusCode::kInternal:
+      return kExitInternal;
+  }
+  return kExitInternal;
+}
+
+std::string ExitCodesHelp() {
+  return "Exit codes:\n"
+         "  0   success\n"
+         "  1   usage error (bad command line)\n"
+         "  2   invalid argument (mismatched tensors, bad option value, "
+         "unsupported dtype)\n"
+         "  3   not found (a file or directory does not exist)\n"
+         "  4   corrupt data (the delta or a checkpoint is damaged or "
+         "truncated)\n"
+         "  5   wrong base / precondition (the checkpoint is not the delta's "
+         "base; nothing was written)\n"
+         "  6   I/O error or unavailable (disk full, permissions; retry)\n"
+         "  7   verify mismatch (the checkpoint is not the delta's target)\n"
+         "  10  internal error (a bug in refit)\n"
+         "Every subcommand takes --json for machine-readable output on "
+         "stdout;\nprogress bars go to stderr, only when it is a terminal.";
+}
+
+void PrintJson(const Json& json) {
+  std::string text =
+      json.dump(2, ' ', false, nlohmann::json::error_handler_t::replace);
+  std::fwrite(text.data(), 1, text.size(), stdout);
+  std::fputc('\n', stdout);
+  std::fflush(stdout);
+}
+
+namespace {
+
+std::string Hint(std::string_view command, StatusCode code) {
+  switch (ExitCodeFor(code)) {
+    case kExitNotFound:
+      return "check the path";
+    case kExitDataLoss:
+      if (command == "diff") {
+        return "a checkpoint file is damaged; re-save it";
+      }
+      return "the file is corrupt or truncated; fetch the delta again or "
+             "re-create it with `refit diff`";
+    case kExitFailedPrecondition:
+      return "fix the checkpoint's state first (see `refit verify`)";
+    case kExitInvalidArgument:
+      return fmt::format("see `refit {} --help`", command);
+    case kExitIo:
+      return "check free disk space and permissions, then retry";
+    case kExitInternal:
+      return "this is a bug in refit; please report it with the command line";
+    default:
+      return "";
+  }
+}
+
+}  // namespace
+
+int FailWith(std::string_view command, int exit_code,
+             std::string_view code_name, std::string_view message, bool json) {
+  if (json) {
+    Json j;
+    j["ok"] = false;
+    j["command"] = std::string(command);
+    j["error"] = {{"code", std::string(code_name)},
+                  {"exit_code", exit_code},
+                  {"message", std::string(message)}};
+    PrintJson(j);
+  }
+  fmt::print(stderr, "refit: {}: {}\n", command, message);
+  return exit_code;
+}
+
+int Fail(std::string_view command, const Status& status, bool json,
+         std::string_view hint) {
+  std::string message(status.message());
+  std::string advice =
+      hint.empty() ? Hint(command, status.code()) : std::string(hint);
+  if (!advice.empty()) message += "; " + advice;
+  return FailWith(command, ExitCodeFor(status.code()),
+                  StatusCodeName(status.code()), message, json);
+}
+
+Status CheckExists(const std::string& path, std::string_view what) {
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) {
+    return NotFoundError(fmt::format("{} '{}' does not exist", what, path));
+  }
+  return Status::Ok();
+}
+
+ProgressBar::ProgressBar() : enabled_(isatty(STDERR_FILENO) == 1) {}
+
+ProgressBar::~ProgressBar() { Clear(); }
+
+ProgressFn ProgressBar::Callback() {
+  if (!enabled_) return nullptr;
+  return [this](std::string_view stage, uint64_t done, uint64_t total) {
+    Draw(stage, done, total);
+  };
+}
+
+void ProgressBar::Note(std::string_view text) {
+  if (!enabled_) return;
+  fmt::print(stderr, "\r\033[K{}", text);
+  std::fflush(stderr);
+  drawn_ = true;
+}
+
+void ProgressBar::Draw(std::string_view stage, uint64_t done, uint64_t total) {
+  auto now = std::chrono::steady_clock::now();
+  bool finished = total > 0 && done >= total;
+  if (drawn_ && stage == last_stage_ && !finished &&
+      now - last_draw_ < std::chrono::milliseconds(100)) {
+    return;
+  }
+  last_draw_ = now;
+  last_stage_ = std::string(stage);
+  double fraction = total == 0 ? 1.0
+                               : std::min(1.0, static_cast<double>(done) /
+                                                   static_cast<double>(total));
+  constexpr int kWidth = 30;
+  int filled = static_cast<int>(fraction * kWidth);
+  fmt::print(stderr, "\r\033[K{:>7} [{}{}] {:5.1f}% {} / {}", stage,
+             std::string(static_cast<size_t>(filled), '#'),
+             std::string(static_cast<size_t>(kWidth - filled), ' '),
+             fraction * 100.0, HumanBytes(static_cast<double>(done)),
+             HumanBytes(static_cast<double>(total)));
+  std::fflush(stderr);
+  drawn_ = true;
+}
+
+void ProgressBar::Clear() {
+  if (enabled_ && drawn_) {
+    fmt::print(stderr, "\r\033[K");
+    std::fflush(stderr);
+    drawn_ = false;
+  }
+}
+
+std::string HumanBytes(double bytes) {
+  if (bytes < 1000) return fmt::format("{:.0f} B", bytes);
+  if (bytes < 1e6) return fmt::format("{:.1f} KB", bytes / 1e3);
+  if (bytes < 1e9) return fmt::format("{:.2f} MB", bytes / 1e6);
+  return fmt::format("{:.2f} GB", bytes / 1e9);
+}
+
+std::string HumanSeconds(double seconds) {
+  if (seconds < 1e-3) return fmt::format("{:.0f} us", seconds * 1e6);
+  if (seconds < 1.0) return fmt::format("{:.1f} ms", seconds * 1e3);
+  return fmt::format("{:.2f} s", seconds);
+}
+
+std::string WithCommas(uint64_t value) {
+  std::string digits = std::to_string(value);
+  std::string out;
+  int n = static_cast<int>(digits.size());
+  for (int i = 0; i < n; ++i) {
+    if (i > 0 && (n - i) % 3 == 0) out += ',';
+    out += digits[static_cast<size_t>(i)];
+  }
+  return out;
+}
+
+std::string Percent(double fraction, int decimals) {
+  return fmt::format("{:.{}f}%", fraction * 100.0, decimals);
+}
+
+std::string Ratio(double num, double den, int decimals) {
+  if (den <= 0) return "-";
+  return fmt::format("{:.{}f}x", num / den, decimals);
+}
+
+std::string OverBound(double bytes, double bound) {
+  if (bound <= 0) return "-";
+  return fmt::format("x{:.3f}", bytes / bound);
+}
+
+std::string KindsString(const std::map<std::string, uint64_t>& kinds) {
+  std::string out;
+  for (const auto& [kind, count] : kinds) {
+    if (!out.empty()) out += ' ';
+    out += fmt::format("{}:{}", kind, count);
+  }
+  return out.empty() ? "-" : out;
+}
+
+int EffectiveThreads(int threads) {
+  if (threads > 0) return threads;
+  unsigned n = std::thread::hardware_concurrency();
+  return n == 0 ? 1 : static_cast<int>(n);
+}
+
+}  // namespace refit::cli

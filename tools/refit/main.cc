@@ -1,0 +1,226 @@
+// refit: the command-line front end to the delta API (include/refit/*.h).
+// Parses the command line with CLI11 and dispatches to commands.h; every
+// failure leaves through cli_util.h's ExitCodeFor, so exit codes are the same
+// across subcommands (listed in `refit --help`).
+#include <fmt/format.h>
+
+#include <CLI/CLI.hpp>
+#include <exception>
+#include <new>
+#include <string>
+
+#include "cli_util.h"
+#include "commands.h"
+
+namespace refit::cli {
+namespace {
+
+void AddThreads(CLI::App* cmd, int* threads) {
+  cmd->add_option("-j,--threads", *threads, "worker threads; 0 = all cores")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+}
+
+void AddJson(CLI::App* cmd, bool* json) {
+  cmd->add_flag("--json", *json,
+                "print a JSON object on stdout instead of text");
+}
+
+int Main(int argc, char** argv) {
+  CLI::App app(
+      "refit: send only the changed bits of model weights.\n"
+      "Diffs two versions of a checkpoint (.safetensors file or Hugging Face "
+      "checkpoint directory) into a compact delta, applies it in place, and "
+      "checks the result bit for bit.",
+      "refit");
+  app.footer(ExitCodesHelp());
+  app.require_subcommand(1);
+  bool global_json = false;
+  app.add_flag("--json", global_json,
+               "JSON output for every subcommand (same as the subcommand's "
+               "--json)");
+
+  DiffArgs diff;
+  CLI::App* diff_cmd = app.add_subcommand(
+      "diff", "Write the delta that takes BASE to TARGET into a file.");
+  diff_cmd->add_option("BASE", diff.base, "the version the engine has")
+      ->required();
+  diff_cmd->add_option("TARGET", diff.target, "the new version")->required();
+  diff_cmd->add_option("-o,--output", diff.out, "the delta file to write")
+      ->required();
+  diff_cmd
+      ->add_option("--version", diff.version,
+                   "version number of TARGET, recorded in the delta")
+      ->capture_default_str();
+  diff_cmd
+      ->add_option("--base-version", diff.base_version,
+                   "version number of BASE")
+      ->capture_default_str();
+  diff_cmd
+      ->add_option("--chunk-mib", diff.chunk_mib,
+                   "bytes of a tensor per chunk, in MiB (a multiple of "
+                   "64 KiB, e.g. 0.25)")
+      ->capture_default_str();
+  AddThreads(diff_cmd, &diff.threads);
+  diff_cmd->add_flag("--overwrite-only", diff.overwrite_only,
+                     "only idempotent overwrite chunks (no XOR): larger, but "
+                     "decodable without the base's bits");
+  AddJson(diff_cmd, &diff.json);
+  diff_cmd->footer(
+      "Example: refit diff step0.safetensors step1.safetensors -o "
+      "step1.rfd --version 1 --base-version 0");
+
+  ApplyArgs apply;
+  CLI::App* apply_cmd = app.add_subcommand(
+      "apply",
+      "Apply DELTA to CHECKPOINT in place (checked against the delta's base "
+      "first; nothing is written unless it applies; safe to re-run).");
+  apply_cmd->add_option("DELTA", apply.delta, "a delta from `refit diff`")
+      ->required();
+  apply_cmd
+      ->add_option("CHECKPOINT", apply.checkpoint,
+                   "the checkpoint to patch (file or directory)")
+      ->required();
+  AddThreads(apply_cmd, &apply.threads);
+  apply_cmd->add_flag("--no-sync", apply.no_sync,
+                      "skip msync/fsync at the end (faster, not durable)");
+  AddJson(apply_cmd, &apply.json);
+
+  VerifyArgs verify;
+  CLI::App* verify_cmd = app.add_subcommand(
+      "verify",
+      "Check that CHECKPOINT is exactly the target of a delta (exit 0), or "
+      "say what it is (exit 7).");
+  verify_cmd
+      ->add_option("CHECKPOINT", verify.checkpoint, "the checkpoint to check")
+      ->required();
+  verify_cmd
+      ->add_option("--delta", verify.delta,
+                   "the delta whose target hashes to compare with")
+      ->required();
+  AddThreads(verify_cmd, &verify.threads);
+  AddJson(verify_cmd, &verify.json);
+
+  InspectArgs inspect;
+  CLI::App* inspect_cmd = app.add_subcommand(
+      "inspect",
+      "Decode and check every chunk of DELTA and report sizes, encodings and "
+      "the entropy bound.");
+  inspect_cmd->add_option("DELTA", inspect.delta, "the delta file")->required();
+  inspect_cmd->add_flag("--tensors", inspect.tensors,
+                        "list every tensor (default: totals and the largest "
+                        "few)");
+  inspect_cmd
+      ->add_option("--top", inspect.top,
+                   "how many tensors to list without --tensors")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  AddJson(inspect_cmd, &inspect.json);
+
+  DemoArgs demo;
+  CLI::App* demo_cmd = app.add_subcommand(
+      "demo",
+      "Follow a trajectory of checkpoints (the qwen2-tiny fixtures, or a "
+      "synthetic one): diff each step, patch a copy of step0 in place, and "
+      "check every tensor by SHA-256.");
+  demo_cmd->add_option("--fixtures", demo.fixtures,
+                       "folder holding qwen2-tiny/ (or step0.safetensors, "
+                       "...); default: $REFIT_FIXTURES_DIR, then "
+                       "../shared/fixtures");
+  demo_cmd->add_flag("--synthetic", demo.synthetic,
+                     "use a generated model even when fixtures exist");
+  demo_cmd
+      ->add_option("--size-mib", demo.size_mib, "synthetic model size in MiB")
+      ->capture_default_str();
+  demo_cmd->add_option("--steps", demo.steps, "synthetic RL steps")
+      ->capture_default_str();
+  demo_cmd
+      ->add_option("--rate", demo.rate,
+                   "synthetic fraction of elements changed per step")
+      ->capture_default_str();
+  demo_cmd->add_option("--seed", demo.seed, "synthetic generator seed")
+      ->capture_default_str();
+  AddThreads(demo_cmd, &demo.threads);
+  demo_cmd->add_flag("--no-sync", demo.no_sync,
+                     "apply without msync/fsync (time the patching alone)");
+  AddJson(demo_cmd, &demo.json);
+
+  BenchArgs bench;
+  CLI::App* bench_cmd = app.add_subcommand(
+      "bench",
+      "End-to-end benchmark on a synthetic checkpoint: diff and apply times, "
+      "delta size vs entropy bound, with memcpy, read+hash and zstd "
+      "baselines measured in the same run.");
+  bench_cmd
+      ->add_option("--size-mib", bench.size_mib,
+                   "synthetic checkpoint size in MiB")
+      ->capture_default_str();
+  bench_cmd->add_option("--rate", bench.rates,
+                        "fractions of elements changed, e.g. 0.1% 1% 0.03 "
+                        "(default: 0.1% 1% 3% 50%)");
+  AddThreads(bench_cmd, &bench.threads);
+  bench_cmd->add_option("--seed", bench.seed, "generator seed")
+      ->capture_default_str();
+  bench_cmd->add_flag("--no-sync", bench.no_sync, "apply without msync/fsync");
+  AddJson(bench_cmd, &bench.json);
+
+  if (argc <= 1) {
+    fmt::print(stderr, "{}", app.help());
+    return kExitUsage;
+  }
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    int code = app.exit(e);
+    return code == 0 ? kExitOk : kExitUsage;
+  }
+
+  if (*diff_cmd) {
+    diff.json |= global_json;
+    return RunDiff(diff);
+  }
+  if (*apply_cmd) {
+    apply.json |= global_json;
+    return RunApply(apply);
+  }
+  if (*verify_cmd) {
+    verify.json |= global_json;
+    return RunVerify(verify);
+  }
+  if (*inspect_cmd) {
+    inspect.json |= global_json;
+    return RunInspect(inspect);
+  }
+  if (*demo_cmd) {
+    demo.json |= global_json;
+    return RunDemo(demo);
+  }
+  if (*bench_cmd) {
+    bench.json |= global_json;
+    for (int i = 0; i < argc; ++i) {
+      bench.command_line += (i ? " " : "") + std::string(argv[i]);
+    }
+    return RunBench(bench);
+  }
+  return kExitUsage;
+}
+
+}  // namespace
+}  // namespace refit::cli
+
+int main(int argc, char** argv) {
+  try {
+    return refit::cli::Main(argc, argv);
+  } catch (const std::bad_alloc&) {
+    fmt::print(stderr,
+               "refit: out of memory; free some memory or use fewer "
+               "threads, then retry\n");
+    return refit::cli::kExitIo;
+  } catch (const std::exception& e) {
+    fmt::print(stderr,
+               "refit: internal error: {}; this is a bug in refit, "
+               "please report it\n",
+               e.what());
+    return refit::cli::kExitInternal;
+  }
+}
