@@ -151,7 +151,7 @@ Status ToStatus(const Result<T>& r) {
 // `REFIT_ASSIGN_OR_RETURN(auto x, MakeX());` declares x from a Result's value
 // or returns its error from the enclosing function.
 #define REFIT_ASSIGN_OR_RETURN(lhs, expr) \
-  REFIT_ASSIGN_OR_RETURN_IMPL_(REFIT_CONCAT_(refit_result_, __LINE__), lhs, expr)
+  REFIT_ASSIGN_OR_RETURN_IMPL_(REFIT_CONCAT_(refit_result_, __COUNTER__), lhs, expr)
 #define REFIT_ASSIGN_OR_RETURN_IMPL_(tmp, lhs, expr) \
   auto tmp = (expr);                                 \
   if (!tmp.ok()) return tmp.status();                \

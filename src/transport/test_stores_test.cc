@@ -1,0 +1,225 @@
+// The test doubles and the retrying wrapper, over a directory store.
+#include "transport/test_stores.h"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <thread>
+
+#include "testing.h"
+
+namespace refit {
+namespace {
+
+using ::refit::testing::TempDir;
+using Clock = std::chrono::steady_clock;
+
+std::vector<uint8_t> Bytes(std::string_view s) {
+  return std::vector<uint8_t>(s.begin(), s.end());
+}
+
+std::shared_ptr<ObjectStore> DirStore(const TempDir& dir) {
+  auto s = OpenObjectStore(dir.path() + "/store");
+  EXPECT_TRUE(s.ok()) << s.status().ToString();
+  return std::shared_ptr<ObjectStore>(std::move(*s));
+}
+
+int64_t MsSince(Clock::time_point start) {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() -
+                                                               start)
+      .count();
+}
+
+TEST(ThrottledStoreTest, PutAndGetTakeSizeOverRate) {
+  TempDir dir;
+  ThrottledStore store(DirStore(dir), 10e6);  // 10 MB/s
+  const std::vector<uint8_t> mb(1000000, 0x5a);
+  auto start = Clock::now();
+  ASSERT_OK(store.Put("one-mb", mb));
+  int64_t put_ms = MsSince(start);
+  EXPECT_GE(put_ms, 90);
+  EXPECT_LT(put_ms, 2000);
+  start = Clock::now();
+  auto got = store.Get("one-mb");
+  ASSERT_OK(got);
+  EXPECT_EQ(got->size(), mb.size());
+  EXPECT_GE(MsSince(start), 90);
+  // Small control calls are not charged.
+  start = Clock::now();
+  ASSERT_OK(store.List(""));
+  ASSERT_OK(store.Delete("one-mb"));
+  EXPECT_LT(MsSince(start), 90);
+}
+
+TEST(ThrottledStoreTest, ConcurrentCallsShareTheLink) {
+  TempDir dir;
+  ThrottledStore store(DirStore(dir), 10e6);
+  const std::vector<uint8_t> half(500000, 1);
+  auto start = Clock::now();
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 4; ++i) {
+    threads.emplace_back(
+        [&, i] { EXPECT_OK(store.Put("part-" + std::to_string(i), half)); });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_GE(MsSince(start), 180);  // 2 MB at 10 MB/s, minus slack
+}
+
+TEST(ThrottledStoreTest, BurstIsFree) {
+  TempDir dir;
+  ThrottledStore store(DirStore(dir), 1e6, /*burst_bytes=*/1 << 20);
+  auto start = Clock::now();
+  ASSERT_OK(store.Put("k", std::vector<uint8_t>(500000, 1)));
+  EXPECT_LT(MsSince(start), 400);
+}
+
+TEST(FaultyStoreTest, FailNext) {
+  TempDir dir;
+  FaultyStore store(DirStore(dir), 1);
+  store.FailNext(2);
+  EXPECT_EQ(store.Put("k", Bytes("v")).code(), StatusCode::kUnavailable);
+  EXPECT_EQ(store.Get("k").status().code(), StatusCode::kUnavailable);
+  ASSERT_OK(store.Put("k", Bytes("v")));
+  EXPECT_EQ(*store.Get("k"), Bytes("v"));
+  store.FailNext(1, StatusCode::kPermissionDenied);
+  EXPECT_EQ(store.Delete("k").code(), StatusCode::kPermissionDenied);
+  EXPECT_EQ(store.calls(), 5);
+  EXPECT_EQ(store.injected_failures(), 3);
+}
+
+TEST(FaultyStoreTest, DropPuts) {
+  TempDir dir;
+  auto inner = DirStore(dir);
+  FaultyStore store(inner, 1);
+  store.DropPutsMatching("chunk-7");
+  ASSERT_OK(store.Put("v1/chunk-7", Bytes("lost")));
+  ASSERT_OK(store.PutIfAbsent("v1/chunk-7b", Bytes("lost too")));
+  ASSERT_OK(store.Put("v1/chunk-8", Bytes("kept")));
+  EXPECT_EQ(inner->Get("v1/chunk-7").status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(inner->Get("v1/chunk-7b").status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(*inner->Get("v1/chunk-8"), Bytes("kept"));
+  EXPECT_EQ(store.dropped_puts(), 2);
+  // Dropping still validates keys, as a real store would.
+  EXPECT_EQ(store.Put("chunk-7/../x", Bytes("x")).code(),
+            StatusCode::kInvalidArgument);
+}
+
+TEST(FaultyStoreTest, CorruptGetsFlipOneBit) {
+  TempDir dir;
+  FaultyStore store(DirStore(dir), 42);
+  const std::vector<uint8_t> data(1000, 0);
+  ASSERT_OK(store.Put("v/manifest", data));
+  ASSERT_OK(store.Put("v/empty", {}));
+  store.CorruptGetsMatching("v/");
+  for (int i = 0; i < 10; ++i) {
+    auto got = store.Get("v/manifest");
+    ASSERT_OK(got);
+    ASSERT_EQ(got->size(), data.size());
+    int bits = 0;
+    for (uint8_t b : *got) bits += __builtin_popcount(b);
+    EXPECT_EQ(bits, 1);
+  }
+  EXPECT_NE(*store.Get("v/empty"), std::vector<uint8_t>());
+  store.CorruptGetsMatching("");
+  EXPECT_EQ(*store.Get("v/manifest"), data);
+  EXPECT_EQ(store.corrupted_gets(), 11);
+}
+
+TEST(FaultyStoreTest, RandomFailuresAreSeeded) {
+  auto run = [](uint64_t seed) {
+    TempDir dir;
+    FaultyStore store(DirStore(dir), seed);
+    store.SetFailureRate(0.5);
+    std::string pattern;
+    for (int i = 0; i < 64; ++i) {
+      pattern += store.Put("k", Bytes("v")).ok() ? '.' : 'x';
+    }
+    return pattern;
+  };
+  std::string a = run(7);
+  EXPECT_EQ(a, run(7));
+  EXPECT_NE(a.find('x'), std::string::npos);
+  EXPECT_NE(a.find('.'), std::string::npos);
+}
+
+TEST(FaultyStoreTest, Delay) {
+  TempDir dir;
+  FaultyStore store(DirStore(dir), 1);
+  store.SetDelay(std::chrono::milliseconds(60), "slow");
+  auto start = Clock::now();
+  ASSERT_OK(store.Put("fast", Bytes("x")));
+  EXPECT_LT(MsSince(start), 60);
+  start = Clock::now();
+  ASSERT_OK(store.Put("slow/key", Bytes("x")));
+  EXPECT_GE(MsSince(start), 55);
+}
+
+StoreOptions FastRetries(int attempts) {
+  StoreOptions o;
+  o.max_attempts = attempts;
+  o.backoff_ms = 5;
+  return o;
+}
+
+TEST(RetryingStoreTest, RetriesUnavailableThroughFaults) {
+  TempDir dir;
+  auto faulty = std::make_shared<FaultyStore>(DirStore(dir), 3);
+  auto store = NewRetryingStore(faulty, FastRetries(3));
+  faulty->FailNext(2);
+  ASSERT_OK(store->Put("k", Bytes("v")));
+  EXPECT_EQ(faulty->calls(), 3);
+  faulty->FailNext(2);
+  auto got = store->Get("k");
+  ASSERT_OK(got);
+  EXPECT_EQ(*got, Bytes("v"));
+  faulty->FailNext(2);
+  ASSERT_OK(store->List(""));
+  faulty->FailNext(2);
+  ASSERT_OK(store->Delete("k"));
+}
+
+TEST(RetryingStoreTest, GivesUpAfterMaxAttempts) {
+  TempDir dir;
+  auto faulty = std::make_shared<FaultyStore>(DirStore(dir), 3);
+  auto store = NewRetryingStore(faulty, FastRetries(3));
+  faulty->FailNext(10);
+  Status s = store->Put("k", Bytes("v"));
+  EXPECT_EQ(s.code(), StatusCode::kUnavailable);
+  EXPECT_NE(s.message().find("after 3 attempts"), std::string_view::npos)
+      << s.ToString();
+  EXPECT_EQ(faulty->calls(), 3);
+  EXPECT_EQ(store->Get("k").status().code(), StatusCode::kUnavailable);
+  EXPECT_EQ(faulty->calls(), 6);
+}
+
+TEST(RetryingStoreTest, OtherErrorsAreNotRetried) {
+  TempDir dir;
+  auto faulty = std::make_shared<FaultyStore>(DirStore(dir), 3);
+  auto store = NewRetryingStore(faulty, FastRetries(5));
+  faulty->FailNext(3, StatusCode::kPermissionDenied);
+  EXPECT_EQ(store->Put("k", Bytes("v")).code(), StatusCode::kPermissionDenied);
+  EXPECT_EQ(store->Get("absent").status().code(),
+            StatusCode::kPermissionDenied);
+  EXPECT_EQ(faulty->calls(), 2);
+}
+
+TEST(RetryingStoreTest, LostPutIfAbsentResponseIsResolved) {
+  TempDir dir;
+  auto inner = DirStore(dir);
+  auto faulty = std::make_shared<FaultyStore>(inner, 3);
+  auto store = NewRetryingStore(faulty, FastRetries(3));
+  // Our create lands, its answer is lost, the retry finds our own bytes.
+  faulty->LoseNextResponses(1);
+  ASSERT_OK(store->PutIfAbsent("decision", Bytes("mine")));
+  // A lost answer while someone else holds the key: still lost.
+  ASSERT_OK(inner->Put("decision2", Bytes("theirs")));
+  faulty->LoseNextResponses(1);
+  EXPECT_EQ(store->PutIfAbsent("decision2", Bytes("mine")).code(),
+            StatusCode::kAlreadyExists);
+  // Without ambiguity a plain loser is told so.
+  EXPECT_EQ(store->PutIfAbsent("decision", Bytes("mine")).code(),
+            StatusCode::kAlreadyExists);
+}
+
+}  // namespace
+}  // namespace refit
