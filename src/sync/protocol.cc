@@ -1,0 +1,221 @@
+#include "sync/protocol.h"
+
+#include <cstdio>
+#include <cstring>
+
+#include "base/bytes.h"
+
+namespace refit {
+namespace {
+
+constexpr char kManifestMagic[8] = {'R', 'F', 'M', 'A', 'N', 'I', 'F', '1'};
+constexpr char kVoteMagic[4] = {'R', 'F', 'V', '1'};
+constexpr char kDecisionMagic[4] = {'R', 'F', 'D', '1'};
+constexpr char kRequestMagic[4] = {'R', 'F', 'Q', '1'};
+constexpr char kHeadMagic[4] = {'R', 'F', 'H', '1'};
+constexpr uint64_t kMaxMembers = 1 << 16;
+constexpr uint64_t kMaxMessage = 4096;
+
+bool Magic(ByteReader& r, const char* magic, size_t n) {
+  auto b = r.Bytes(n);
+  return r.ok() && std::memcmp(b.data(), magic, n) == 0;
+}
+
+}  // namespace
+
+std::string VersionPrefix(uint64_t version) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "v/%020llu/", static_cast<unsigned long long>(version));
+  return buf;
+}
+std::string ManifestKey(uint64_t v) { return VersionPrefix(v) + "manifest"; }
+std::string ChunkKey(uint64_t v, uint64_t i) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%08llu", static_cast<unsigned long long>(i));
+  return VersionPrefix(v) + "chunk/" + buf;
+}
+std::string VoteKey(uint64_t v, const std::string& m) { return VersionPrefix(v) + "vote/" + m; }
+std::string DecisionKey(uint64_t v) { return VersionPrefix(v) + "decision"; }
+std::string RequestKey(uint64_t v, const std::string& m) {
+  return VersionPrefix(v) + "request/" + m;
+}
+std::string ResendKey(uint64_t v, const std::string& m, uint64_t i, bool after) {
+  return VersionPrefix(v) + "resend/" + m + "/" + std::to_string(i) + (after ? "-a" : "-b");
+}
+
+Status ValidateMember(const std::string& m) {
+  if (m.empty() || m.size() > 64) {
+    return InvalidArgumentError("member name must be 1..64 characters");
+  }
+  for (char c : m) {
+    bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+              (c >= '0' && c <= '9') || c == '.' || c == '_' || c == '-';
+    if (!ok) {
+      return InvalidArgumentError("member name '" + m +
+                                  "' may only use letters, digits, '.', '_', '-'");
+    }
+  }
+  if (m == "." || m == "..") return InvalidArgumentError("bad member name");
+  return Status();
+}
+
+std::vector<uint8_t> EncodeManifest(const Manifest& m) {
+  std::vector<uint8_t> out;
+  ByteWriter w(&out);
+  w.Bytes(kManifestMagic, 8);
+  w.U64(m.version);
+  w.U64(m.base_version);
+  w.Varint(m.members.size());
+  for (const auto& s : m.members) w.String(s);
+  WriteTensorTable(m.tensors, &out);
+  w.Varint(m.chunks.size());
+  for (const ManifestChunk& c : m.chunks) {
+    w.Varint(c.size);
+    w.Bytes(c.sha256.data(), c.sha256.size());
+    w.Varint(c.tensor_id);
+    w.Varint(c.start);
+    w.Varint(c.count);
+    w.Varint(c.changed);
+    w.U8(c.kind);
+  }
+  return out;
+}
+
+Result<Manifest> DecodeManifest(std::span<const uint8_t> body) {
+  ByteReader r(body);
+  if (!Magic(r, kManifestMagic, 8)) return DataLossError("not a refit manifest");
+  Manifest m;
+  m.version = r.U64();
+  m.base_version = r.U64();
+  uint64_t members = r.Varint();
+  if (members > kMaxMembers || members > r.remaining()) {
+    return DataLossError("manifest lists an implausible number of members");
+  }
+  for (uint64_t i = 0; i < members && r.ok(); ++i) {
+    m.members.push_back(r.String(64));
+    if (r.ok()) REFIT_RETURN_IF_ERROR(ValidateMember(m.members.back()).WithContext("manifest"));
+  }
+  REFIT_RETURN_IF_ERROR(ReadTensorTable(&r, &m.tensors));
+  uint64_t chunks = r.Varint();
+  if (chunks > r.remaining() / 38) {
+    REFIT_RETURN_IF_ERROR(r.status("manifest"));
+    return DataLossError("manifest lists an implausible number of chunks");
+  }
+  m.chunks.resize(chunks);
+  for (uint64_t i = 0; i < chunks && r.ok(); ++i) {
+    ManifestChunk& c = m.chunks[i];
+    c.size = r.Varint();
+    auto h = r.Bytes(32);
+    if (r.ok()) std::memcpy(c.sha256.data(), h.data(), 32);
+    c.tensor_id = r.Varint();
+    c.start = r.Varint();
+    c.count = r.Varint();
+    c.changed = r.Varint();
+    c.kind = r.U8();
+    if (!r.ok()) break;
+    if (c.tensor_id >= m.tensors.size() || c.count == 0 ||
+        !AddWithin(c.start, c.count, m.tensors[c.tensor_id].num_elements) ||
+        c.kind < 1 || c.kind > 4) {
+      return DataLossError("manifest chunk " + std::to_string(i) + " is malformed");
+    }
+  }
+  REFIT_RETURN_IF_ERROR(r.status("manifest"));
+  if (r.remaining() != 0) return DataLossError("manifest has trailing bytes");
+  if (m.version <= m.base_version) {
+    return DataLossError("manifest version is not above its base");
+  }
+  return m;
+}
+
+std::vector<uint8_t> EncodeVote(const Vote& v) {
+  std::vector<uint8_t> out;
+  ByteWriter w(&out);
+  w.Bytes(kVoteMagic, 4);
+  w.U8(v.ready ? 1 : 2);
+  w.String(v.message.substr(0, kMaxMessage));
+  return out;
+}
+
+Result<Vote> DecodeVote(std::span<const uint8_t> body) {
+  ByteReader r(body);
+  if (!Magic(r, kVoteMagic, 4)) return DataLossError("not a refit vote");
+  Vote v;
+  uint8_t s = r.U8();
+  v.message = r.String(kMaxMessage);
+  REFIT_RETURN_IF_ERROR(r.status("vote"));
+  if (s != 1 && s != 2) return DataLossError("vote has unknown state");
+  v.ready = s == 1;
+  return v;
+}
+
+std::vector<uint8_t> EncodeDecision(const Decision& d) {
+  std::vector<uint8_t> out;
+  ByteWriter w(&out);
+  w.Bytes(kDecisionMagic, 4);
+  w.U64(d.version);
+  w.U8(d.commit ? 1 : 2);
+  w.Varint(d.dropped.size());
+  for (const auto& m : d.dropped) w.String(m);
+  w.String(d.reason.substr(0, kMaxMessage));
+  return out;
+}
+
+Result<Decision> DecodeDecision(std::span<const uint8_t> body) {
+  ByteReader r(body);
+  if (!Magic(r, kDecisionMagic, 4)) return DataLossError("not a refit decision");
+  Decision d;
+  d.version = r.U64();
+  uint8_t s = r.U8();
+  uint64_t n = r.Varint();
+  if (n > kMaxMembers || n > r.remaining()) return DataLossError("decision malformed");
+  for (uint64_t i = 0; i < n && r.ok(); ++i) d.dropped.push_back(r.String(64));
+  d.reason = r.String(kMaxMessage);
+  REFIT_RETURN_IF_ERROR(r.status("decision"));
+  if (s != 1 && s != 2) return DataLossError("decision has unknown outcome");
+  d.commit = s == 1;
+  return d;
+}
+
+std::vector<uint8_t> EncodeRequest(const ResendRequest& q) {
+  std::vector<uint8_t> out;
+  ByteWriter w(&out);
+  w.Bytes(kRequestMagic, 4);
+  w.Varint(q.chunks.size());
+  for (size_t i = 0; i < q.chunks.size(); ++i) {
+    w.Varint(q.chunks[i]);
+    w.U8(q.after[i] ? 1 : 0);
+  }
+  return out;
+}
+
+Result<ResendRequest> DecodeRequest(std::span<const uint8_t> body) {
+  ByteReader r(body);
+  if (!Magic(r, kRequestMagic, 4)) return DataLossError("not a refit request");
+  ResendRequest q;
+  uint64_t n = r.Varint();
+  if (n > r.remaining() / 2) return DataLossError("request malformed");
+  for (uint64_t i = 0; i < n && r.ok(); ++i) {
+    q.chunks.push_back(r.Varint());
+    q.after.push_back(r.U8() != 0);
+  }
+  REFIT_RETURN_IF_ERROR(r.status("request"));
+  return q;
+}
+
+std::vector<uint8_t> EncodeHead(uint64_t version) {
+  std::vector<uint8_t> out;
+  ByteWriter w(&out);
+  w.Bytes(kHeadMagic, 4);
+  w.U64(version);
+  return out;
+}
+
+Result<uint64_t> DecodeHead(std::span<const uint8_t> body) {
+  ByteReader r(body);
+  if (!Magic(r, kHeadMagic, 4)) return DataLossError("not a refit head");
+  uint64_t v = r.U64();
+  REFIT_RETURN_IF_ERROR(r.status("head"));
+  return v;
+}
+
+}  // namespace refit

@@ -1,0 +1,91 @@
+// The version protocol's objects and where they live in a store
+// (docs/protocol.md). All objects are sealed by an Authenticator before
+// they are stored, and opened (tag checked) before they are parsed.
+//
+//   head                          u64: the latest committed version
+//   v/<V>/manifest                Manifest of version V
+//   v/<V>/chunk/<i>               chunk i of V (docs/format.md §3)
+//   v/<V>/vote/<member>           Vote of one member for V
+//   v/<V>/decision                Decision for V, written once (PutIfAbsent)
+//   v/<V>/request/<member>        ResendRequest: chunks a member needs again
+//   v/<V>/resend/<member>/<i>-<a|b>  overwrite re-send of chunk i's range
+//                                 at V ("a"fter) or at its base ("b"efore)
+// <V> is the version in 20 decimal digits, so keys sort by version.
+#ifndef REFIT_SYNC_PROTOCOL_H_
+#define REFIT_SYNC_PROTOCOL_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "delta/delta_file.h"
+#include "refit/status.h"
+#include "sync/auth.h"
+
+namespace refit {
+
+std::string VersionPrefix(uint64_t version);  // "v/<V>/"
+std::string ManifestKey(uint64_t version);
+std::string ChunkKey(uint64_t version, uint64_t index);
+std::string VoteKey(uint64_t version, const std::string& member);
+std::string DecisionKey(uint64_t version);
+std::string RequestKey(uint64_t version, const std::string& member);
+std::string ResendKey(uint64_t version, const std::string& member,
+                      uint64_t index, bool after);
+inline constexpr char kHeadKey[] = "head";
+
+// Member names: 1..64 characters of [A-Za-z0-9._-].
+Status ValidateMember(const std::string& member);
+
+struct ManifestChunk {
+  uint64_t size = 0;  // bytes of the stored (sealed) object
+  Sha256 sha256{};    // of the stored object
+  uint64_t tensor_id = 0;
+  uint64_t start = 0;
+  uint64_t count = 0;
+  uint64_t changed = 0;
+  uint8_t kind = 0;
+};
+
+struct Manifest {
+  uint64_t version = 0;
+  uint64_t base_version = 0;
+  std::vector<std::string> members;
+  std::vector<TensorEntry> tensors;
+  std::vector<ManifestChunk> chunks;
+};
+
+std::vector<uint8_t> EncodeManifest(const Manifest& m);
+Result<Manifest> DecodeManifest(std::span<const uint8_t> body);
+
+struct Vote {
+  bool ready = false;
+  std::string message;  // why not ready
+};
+std::vector<uint8_t> EncodeVote(const Vote& v);
+Result<Vote> DecodeVote(std::span<const uint8_t> body);
+
+struct Decision {
+  uint64_t version = 0;
+  bool commit = false;
+  std::vector<std::string> dropped;  // members left out of a commit
+  std::string reason;
+};
+std::vector<uint8_t> EncodeDecision(const Decision& d);
+Result<Decision> DecodeDecision(std::span<const uint8_t> body);
+
+struct ResendRequest {
+  // Chunk indices and, for each, whether the member needs the range at V
+  // (true) or at the base (false).
+  std::vector<uint64_t> chunks;
+  std::vector<bool> after;
+};
+std::vector<uint8_t> EncodeRequest(const ResendRequest& r);
+Result<ResendRequest> DecodeRequest(std::span<const uint8_t> body);
+
+std::vector<uint8_t> EncodeHead(uint64_t version);
+Result<uint64_t> DecodeHead(std::span<const uint8_t> body);
+
+}  // namespace refit
+
+#endif  // REFIT_SYNC_PROTOCOL_H_

@@ -1,0 +1,402 @@
+#include "sync/publisher.h"
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <set>
+#include <thread>
+
+#include "base/bytes.h"
+#include "base/hash.h"
+#include "codec/payload.h"
+#include "delta/chunk.h"
+#include "delta/encoder.h"
+#include "sync/receiver.h"
+
+namespace refit {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+int ElapsedMs(Clock::time_point since) {
+  return static_cast<int>(
+      std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - since).count());
+}
+
+// Seals each chunk and uploads it on a small pool while the encoder goes
+// on; records the manifest entries. The queue is bounded so encoding never
+// runs far ahead of the link.
+class StoreSink : public ChunkSink {
+ public:
+  StoreSink(ObjectStore* store, const Authenticator& auth, uint64_t version,
+            int threads)
+      : store_(store), auth_(auth), version_(version) {
+    for (int i = 0; i < std::max(1, threads); ++i) {
+      pool_.emplace_back([this] { Work(); });
+    }
+  }
+  ~StoreSink() override { Stop(); }
+
+  Status AddChunk(std::span<const uint8_t> chunk, const ChunkHeader& h) override {
+    std::vector<uint8_t> sealed = auth_.Seal(chunk);
+    ManifestChunk mc;
+    mc.size = sealed.size();
+    mc.sha256 = ComputeSha256(sealed);
+    mc.tensor_id = h.tensor_id;
+    mc.start = h.start;
+    mc.count = h.count;
+    mc.changed = h.changed;
+    mc.kind = static_cast<uint8_t>(h.kind);
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return queue_.size() < 2 * pool_.size() || !error_.ok(); });
+    if (!error_.ok()) return error_;
+    bytes_ += sealed.size();
+    queue_.emplace_back(ChunkKey(version_, chunks_.size()), std::move(sealed));
+    chunks_.push_back(mc);
+    cv_.notify_all();
+    return Status();
+  }
+
+  Status Finish(const std::vector<TensorEntry>& tensors) override {
+    tensors_ = tensors;
+    Stop();
+    return error_;
+  }
+
+  std::vector<ManifestChunk> chunks() const { return chunks_; }
+  const std::vector<TensorEntry>& tensors() const { return tensors_; }
+  uint64_t bytes() const { return bytes_; }
+
+ private:
+  void Work() {
+    for (;;) {
+      std::pair<std::string, std::vector<uint8_t>> item;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [&] { return !queue_.empty() || done_; });
+        if (queue_.empty()) return;
+        item = std::move(queue_.front());
+        queue_.pop_front();
+        cv_.notify_all();
+      }
+      Status s = store_->Put(item.first, item.second);
+      if (!s.ok()) {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (error_.ok()) error_ = s.WithContext("uploading " + item.first);
+        cv_.notify_all();
+      }
+    }
+  }
+  void Stop() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      done_ = true;
+    }
+    cv_.notify_all();
+    for (auto& t : pool_) {
+      if (t.joinable()) t.join();
+    }
+  }
+
+  ObjectStore* store_;
+  const Authenticator& auth_;
+  uint64_t version_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::pair<std::string, std::vector<uint8_t>>> queue_;
+  std::vector<std::thread> pool_;
+  bool done_ = false;
+  Status error_;
+  std::vector<ManifestChunk> chunks_;
+  std::vector<TensorEntry> tensors_;
+  uint64_t bytes_ = 0;
+};
+
+// An overwrite re-send of `original`'s range holding `desired` (the
+// range's bytes at V when `after`, else at the base): the changed
+// positions come from the original chunk, the values from `desired`.
+Result<std::vector<uint8_t>> MakeResend(const ParsedChunk& original,
+                                        const uint8_t* desired, bool after) {
+  const ChunkHeader& h = original.header;
+  const int w = h.width;
+  const uint32_t n = static_cast<uint32_t>(h.count);
+  const uint32_t k = static_cast<uint32_t>(h.changed);
+  ChunkHeader r = h;
+  r.before = after ? h.before : h.after;
+  r.after = after ? h.after : h.before;
+  std::vector<uint8_t> payload;
+  codec::EncodeOptions opt;
+  if (h.IsSparse()) {
+    std::vector<uint32_t> pos(k);
+    std::vector<uint8_t> vals(static_cast<size_t>(k) * w);
+    REFIT_RETURN_IF_ERROR(codec::DecodeSparse(original.payload, h.kind, n, w, k,
+                                              pos.data(), vals.data()));
+    for (uint32_t i = 0; i < k; ++i) {
+      std::memcpy(vals.data() + static_cast<size_t>(i) * w,
+                  desired + static_cast<size_t>(pos[i]) * w, static_cast<size_t>(w));
+    }
+    r.kind = codec::ChunkKind::kSparseOverwrite;
+    REFIT_RETURN_IF_ERROR(codec::EncodeSparse(r.kind, n, w, pos, vals.data(), opt, &payload));
+  } else {
+    r.kind = codec::ChunkKind::kRaw;
+    REFIT_RETURN_IF_ERROR(codec::EncodeDense(n, w, desired, opt, &payload));
+  }
+  std::vector<uint8_t> out;
+  SerializeChunk(r, payload, &out);
+  return out;
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Publisher>> Publisher::Open(ObjectStore* store,
+                                                   const std::string& baseline,
+                                                   PublisherOptions options) {
+  if (options.members.empty()) {
+    return InvalidArgumentError("a publisher needs at least one member");
+  }
+  std::set<std::string> unique;
+  for (const auto& m : options.members) {
+    REFIT_RETURN_IF_ERROR(ValidateMember(m));
+    if (!unique.insert(m).second) return InvalidArgumentError("member '" + m + "' listed twice");
+  }
+  std::unique_ptr<Publisher> p(new Publisher(store, std::move(options)));
+  REFIT_ASSIGN_OR_RETURN(Checkpoint ckpt,
+                         Checkpoint::Open(baseline, Checkpoint::Mode::kReadWrite));
+  p->baseline_ = std::make_unique<Checkpoint>(std::move(ckpt));
+  auto head = store->Get(kHeadKey);
+  if (head.ok()) {
+    REFIT_ASSIGN_OR_RETURN(auto body, p->opt_.auth.Open(*head));
+    REFIT_ASSIGN_OR_RETURN(p->committed_, DecodeHead(body));
+  } else if (head.status().code() == StatusCode::kNotFound) {
+    REFIT_RETURN_IF_ERROR(store->Put(kHeadKey, p->opt_.auth.Seal(EncodeHead(0))));
+  } else {
+    return head.status();
+  }
+  return p;
+}
+
+std::vector<TensorView> Publisher::BaselineViews() const {
+  std::vector<TensorView> out;
+  for (size_t i = 0; i < baseline_->tensors().size(); ++i) {
+    const TensorInfo& t = baseline_->tensors()[i];
+    out.push_back(TensorView{t.name, t.dtype, t.element_width, t.shape,
+                             baseline_->Data(i).data()});
+  }
+  return out;
+}
+
+Result<PublishReport> Publisher::PublishCheckpoint(uint64_t version,
+                                                   const std::string& target_path) {
+  REFIT_ASSIGN_OR_RETURN(Checkpoint target,
+                         Checkpoint::Open(target_path, Checkpoint::Mode::kReadOnly));
+  std::vector<TensorView> views;
+  for (size_t i = 0; i < target.tensors().size(); ++i) {
+    const TensorInfo& t = target.tensors()[i];
+    views.push_back(TensorView{t.name, t.dtype, t.element_width, t.shape, target.Data(i).data()});
+  }
+  return Publish(version, views);
+}
+
+Status Publisher::ServeRequests(uint64_t version, const Manifest& m,
+                                const std::vector<TensorView>* target, uint64_t* served) {
+  REFIT_ASSIGN_OR_RETURN(auto requests, store_->List(VersionPrefix(version) + "request/"));
+  for (const ObjectInfo& info : requests) {
+    REFIT_ASSIGN_OR_RETURN(auto bytes, store_->Get(info.key));
+    Sha256 sha = ComputeSha256(bytes);
+    auto it = served_requests_.find(info.key);
+    if (it != served_requests_.end() && it->second == sha) continue;
+    const std::string member = info.key.substr(info.key.find_last_of('/') + 1);
+    auto body = opt_.auth.Open(bytes);
+    if (!body.ok()) continue;  // not from a member holding the key: ignore
+    auto q = DecodeRequest(*body);
+    if (!q.ok()) continue;
+    for (size_t j = 0; j < q->chunks.size(); ++j) {
+      uint64_t i = q->chunks[j];
+      bool after = q->after[j];
+      if (i >= m.chunks.size()) continue;
+      const ManifestChunk& mc = m.chunks[i];
+      const TensorEntry& e = m.tensors[mc.tensor_id];
+      // The desired bytes: before a decision the target holds V and the
+      // baseline the base; after it the baseline holds whichever won.
+      const uint8_t* data = nullptr;
+      if (target && after) {
+        for (const TensorView& v : *target) {
+          if (v.name == e.name) data = v.data;
+        }
+      } else {
+        data = baseline_->Data(*baseline_->IndexOf(e.name)).data();
+      }
+      if (data == nullptr) continue;
+      REFIT_ASSIGN_OR_RETURN(auto object, store_->Get(ChunkKey(version, i)));
+      REFIT_ASSIGN_OR_RETURN(auto chunk_body, opt_.auth.Open(object));
+      REFIT_ASSIGN_OR_RETURN(ParsedChunk original, ParseChunk(chunk_body));
+      REFIT_ASSIGN_OR_RETURN(auto resend,
+                             MakeResend(original, data + mc.start * e.width, after));
+      REFIT_RETURN_IF_ERROR(
+          store_->Put(ResendKey(version, member, i, after), opt_.auth.Seal(resend)));
+      ++*served;
+    }
+    served_requests_[info.key] = sha;
+  }
+  return Status();
+}
+
+Status Publisher::Serve(uint64_t version, int ms) {
+  REFIT_ASSIGN_OR_RETURN(auto bytes, store_->Get(ManifestKey(version)));
+  REFIT_ASSIGN_OR_RETURN(auto body, opt_.auth.Open(bytes));
+  REFIT_ASSIGN_OR_RETURN(Manifest m, DecodeManifest(body));
+  auto start = Clock::now();
+  uint64_t served = 0;
+  do {
+    REFIT_RETURN_IF_ERROR(ServeRequests(version, m, nullptr, &served));
+    std::this_thread::sleep_for(std::chrono::milliseconds(opt_.poll_ms));
+  } while (ElapsedMs(start) < ms);
+  return Status();
+}
+
+Status Publisher::AdvanceBaseline(const Manifest& m, const std::vector<TensorView>& target) {
+  std::map<std::string, const TensorView*> by_name;
+  for (const TensorView& v : target) by_name[v.name] = &v;
+  for (const ManifestChunk& mc : m.chunks) {
+    const TensorEntry& e = m.tensors[mc.tensor_id];
+    auto it = by_name.find(e.name);
+    if (it == by_name.end()) return InternalError("target lost tensor " + e.name);
+    size_t idx = *baseline_->IndexOf(e.name);
+    std::memcpy(baseline_->MutableData(idx).data() + mc.start * e.width,
+                it->second->data + mc.start * e.width, mc.count * e.width);
+  }
+  for (size_t t = 0; t < m.tensors.size(); ++t) {
+    auto d = baseline_->Data(*baseline_->IndexOf(m.tensors[t].name));
+    if (RangeHash(d.data(), d.size()) != m.tensors[t].after) {
+      return DataLossError("baseline tensor '" + m.tensors[t].name +
+                           "' does not match the committed version after advancing");
+    }
+  }
+  return baseline_->Sync();
+}
+
+Result<PublishReport> Publisher::Publish(uint64_t version,
+                                         const std::vector<TensorView>& target) {
+  auto t0 = Clock::now();
+  PublishReport report;
+  report.version = version;
+  report.base_version = committed_;
+  if (version <= committed_) {
+    return InvalidArgumentError("version " + std::to_string(version) +
+                                " is not above the committed version " +
+                                std::to_string(committed_));
+  }
+  Manifest m;
+  m.version = version;
+  m.base_version = committed_;
+  m.members = opt_.members;
+
+  // A decision from an earlier incarnation is final.
+  std::optional<Decision> decision;
+  if (auto d = store_->Get(DecisionKey(version)); d.ok()) {
+    REFIT_ASSIGN_OR_RETURN(auto body, opt_.auth.Open(*d));
+    REFIT_ASSIGN_OR_RETURN(Decision dd, DecodeDecision(body));
+    decision = dd;
+    REFIT_ASSIGN_OR_RETURN(auto mb, store_->Get(ManifestKey(version)));
+    REFIT_ASSIGN_OR_RETURN(auto mbody, opt_.auth.Open(mb));
+    REFIT_ASSIGN_OR_RETURN(m, DecodeManifest(mbody));
+  } else if (d.status().code() != StatusCode::kNotFound) {
+    return d.status();
+  }
+
+  if (!decision) {
+    StoreSink sink(store_, opt_.auth, version, opt_.upload_threads);
+    DiffOptions diff = opt_.diff;
+    diff.version = version;
+    diff.base_version = committed_;
+    REFIT_ASSIGN_OR_RETURN(report.diff, DiffTensorsToSink(BaselineViews(), target, diff, &sink));
+    m.tensors = sink.tensors();
+    m.chunks = sink.chunks();
+    report.bytes_uploaded = sink.bytes();
+    std::vector<uint8_t> manifest = opt_.auth.Seal(EncodeManifest(m));
+    report.bytes_uploaded += manifest.size();
+    REFIT_RETURN_IF_ERROR(store_->Put(ManifestKey(version), manifest));
+    REFIT_RETURN_IF_ERROR(store_->Put(IndexKey(version), opt_.auth.Seal({})));
+    report.encode_upload_seconds =
+        std::chrono::duration<double>(Clock::now() - t0).count();
+
+    // Votes, with re-sends served while we wait.
+    auto t1 = Clock::now();
+    std::map<std::string, Vote> votes;
+    bool any_failed = false;
+    while (votes.size() < opt_.members.size() && !any_failed &&
+           ElapsedMs(t1) <= opt_.vote_timeout_ms) {
+      for (const std::string& member : opt_.members) {
+        if (votes.count(member)) continue;
+        auto v = store_->Get(VoteKey(version, member));
+        if (!v.ok()) {
+          if (v.status().code() != StatusCode::kNotFound) return v.status();
+          continue;
+        }
+        auto body = opt_.auth.Open(*v);
+        if (!body.ok()) continue;  // forged or damaged: not a vote
+        auto vote = DecodeVote(*body);
+        if (!vote.ok()) continue;
+        votes[member] = *vote;
+        any_failed = any_failed || !vote->ready;
+      }
+      REFIT_RETURN_IF_ERROR(ServeRequests(version, m, &target, &report.resends_served));
+      if (votes.size() < opt_.members.size() && !any_failed) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(opt_.poll_ms));
+      }
+    }
+    Decision d;
+    d.version = version;
+    std::vector<std::string> missing, failed;
+    for (const std::string& member : opt_.members) {
+      auto it = votes.find(member);
+      if (it == votes.end()) {
+        missing.push_back(member);
+      } else if (!it->second.ready) {
+        failed.push_back(member + ": " + it->second.message);
+      }
+    }
+    if (missing.empty() && failed.empty()) {
+      d.commit = true;
+    } else if (opt_.policy == DeadlinePolicy::kDrop && failed.empty() &&
+               missing.size() < opt_.members.size()) {
+      d.commit = true;
+      d.dropped = missing;
+      d.reason = "dropped after the vote deadline: " + std::to_string(missing.size()) +
+                 " member(s)";
+    } else {
+      d.commit = false;
+      d.reason = !failed.empty() ? "member failed: " + failed.front()
+                                 : "no vote from " + std::to_string(missing.size()) +
+                                       " member(s) by the deadline, first '" +
+                                       missing.front() + "'";
+    }
+    Status put = store_->PutIfAbsent(DecisionKey(version), opt_.auth.Seal(EncodeDecision(d)));
+    if (put.code() == StatusCode::kAlreadyExists) {
+      REFIT_ASSIGN_OR_RETURN(auto bytes, store_->Get(DecisionKey(version)));
+      REFIT_ASSIGN_OR_RETURN(auto body, opt_.auth.Open(bytes));
+      REFIT_ASSIGN_OR_RETURN(d, DecodeDecision(body));
+    } else {
+      REFIT_RETURN_IF_ERROR(put);
+    }
+    decision = d;
+    report.commit_seconds = std::chrono::duration<double>(Clock::now() - t1).count();
+  }
+
+  report.committed = decision->commit;
+  report.dropped = decision->dropped;
+  report.reason = decision->reason;
+  if (decision->commit) {
+    REFIT_RETURN_IF_ERROR(AdvanceBaseline(m, target));
+    committed_ = version;
+    REFIT_RETURN_IF_ERROR(store_->Put(kHeadKey, opt_.auth.Seal(EncodeHead(version))));
+  }
+  report.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  return report;
+}
+
+}  // namespace refit

@@ -1,0 +1,96 @@
+// Publisher and commit coordinator (docs/protocol.md, "Publisher").
+//
+// Publish() diffs a new version against the committed baseline and streams
+// each chunk to the store as soon as it is encoded (uploads overlap
+// encoding), writes the manifest, then coordinates the joint commit: it
+// waits for every member's vote up to a deadline, serves overwrite
+// re-sends that recovering receivers ask for, and writes the one decision
+// (PutIfAbsent: a restarted coordinator can never write a second one). The
+// baseline advances only on commit. Not thread-safe.
+#ifndef REFIT_SYNC_PUBLISHER_H_
+#define REFIT_SYNC_PUBLISHER_H_
+
+#include <cstdint>
+#include <memory>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "refit/checkpoint.h"
+#include "refit/delta.h"
+#include "refit/status.h"
+#include "sync/auth.h"
+#include "sync/protocol.h"
+#include "transport/object_store.h"
+
+namespace refit {
+
+enum class DeadlinePolicy {
+  kAbort,  // a member that misses the vote deadline aborts the version
+  kDrop,   // commit with the members that voted; the others must resync
+};
+
+struct PublisherOptions {
+  std::vector<std::string> members;
+  Authenticator auth = Authenticator::None();
+  DiffOptions diff;  // version fields are set by Publish()
+  int vote_timeout_ms = 60000;
+  DeadlinePolicy policy = DeadlinePolicy::kAbort;
+  int upload_threads = 4;
+  int poll_ms = 20;
+};
+
+struct PublishReport {
+  uint64_t version = 0;
+  uint64_t base_version = 0;
+  bool committed = false;
+  std::vector<std::string> dropped;
+  std::string reason;  // why aborted or who was dropped
+  DiffReport diff;
+  uint64_t bytes_uploaded = 0;
+  uint64_t resends_served = 0;
+  double encode_upload_seconds = 0;  // until the manifest is stored
+  double commit_seconds = 0;         // votes and decision
+  double seconds = 0;
+};
+
+class Publisher {
+ public:
+  // `baseline` is the publisher's own copy of the committed version (a
+  // checkpoint opened read-write); its version is the store's head (0 when
+  // the store is new, in which case head 0 is written).
+  static Result<std::unique_ptr<Publisher>> Open(ObjectStore* store,
+                                                 const std::string& baseline,
+                                                 PublisherOptions options);
+
+  uint64_t committed_version() const { return committed_; }
+
+  // Publishes `target` (same tensors as the baseline) as `version`
+  // (> committed_version()). Resumes a version a previous publisher
+  // started: re-uploads are byte-identical, and an existing decision is
+  // honoured, never overwritten.
+  Result<PublishReport> Publish(uint64_t version, const std::vector<TensorView>& target);
+  Result<PublishReport> PublishCheckpoint(uint64_t version, const std::string& target_path);
+
+  // Serves re-send requests for `version` from the baseline (after its
+  // decision) for up to `ms` milliseconds.
+  Status Serve(uint64_t version, int ms);
+
+ private:
+  Publisher(ObjectStore* store, PublisherOptions options)
+      : store_(store), opt_(std::move(options)) {}
+  std::vector<TensorView> BaselineViews() const;
+  Status ServeRequests(uint64_t version, const Manifest& m,
+                       const std::vector<TensorView>* target, uint64_t* served);
+  Status AdvanceBaseline(const Manifest& m, const std::vector<TensorView>& target);
+
+  ObjectStore* store_;
+  PublisherOptions opt_;
+  std::unique_ptr<Checkpoint> baseline_;
+  uint64_t committed_ = 0;
+  std::map<std::string, Sha256> served_requests_;
+};
+
+}  // namespace refit
+
+#endif  // REFIT_SYNC_PUBLISHER_H_

@@ -1,0 +1,89 @@
+// Receiver: follows the versions a publisher puts into an ObjectStore and
+// keeps a local canonical checkpoint at exactly one committed version
+// (docs/protocol.md, "Receiver").
+//
+// Per version: apply every chunk in place at most once (range hashes
+// decide), journal it, flush the checkpoint and the journal, vote, wait for
+// the one decision, then activate (pointer file: temp, rename, fsync) or
+// roll back. A receiver killed anywhere resumes from its journal and the
+// range hashes on the next Step(), asking the publisher for overwrite
+// re-sends of only the ranges it finds torn. Not thread-safe.
+#ifndef REFIT_SYNC_RECEIVER_H_
+#define REFIT_SYNC_RECEIVER_H_
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "refit/status.h"
+#include "sync/auth.h"
+#include "sync/protocol.h"
+#include "transport/object_store.h"
+
+namespace refit {
+
+struct ReceiverOptions {
+  std::string member;      // this receiver's name in the membership
+  std::string checkpoint;  // safetensors file or checkpoint directory
+  std::string state_dir;   // holds "active" and "journal"
+  Authenticator auth = Authenticator::None();
+  int threads = 0;
+  int poll_ms = 20;
+  // How long Step() waits for a decision after voting, and for re-sends.
+  int decision_timeout_ms = 60000;
+  int resend_timeout_ms = 30000;
+};
+
+struct StepResult {
+  enum class Outcome { kIdle, kCommitted, kAborted, kCaughtUp };
+  Outcome outcome = Outcome::kIdle;
+  uint64_t version = 0;
+  uint64_t chunks_applied = 0;
+  uint64_t chunks_skipped = 0;  // already applied (at "after")
+  uint64_t chunks_resent = 0;   // repaired from overwrite re-sends
+  uint64_t changed_elements = 0;
+  uint64_t bytes_fetched = 0;
+  double seconds = 0;
+};
+
+class Receiver {
+ public:
+  static Result<std::unique_ptr<Receiver>> Open(ObjectStore* store,
+                                                ReceiverOptions options);
+
+  uint64_t active_version() const { return active_; }
+
+  // Finishes or rolls back an interrupted version first; then handles the
+  // next version whose base is the active one: applies and votes (member)
+  // or applies a committed one (catch-up). kIdle when there is none yet.
+  // kDeadlineExceeded when no decision arrives in time (the journal keeps
+  // the work; the next Step resumes).
+  Result<StepResult> Step();
+
+  // Step() until the active version is at least `version`, polling while
+  // idle, up to timeout_ms (kDeadlineExceeded).
+  Result<StepResult> SyncTo(uint64_t version, int timeout_ms);
+
+ private:
+  Receiver(ObjectStore* store, ReceiverOptions options)
+      : store_(store), opt_(std::move(options)) {}
+  Result<StepResult> ProcessVersion(const Manifest& m, const Sha256& manifest_sha,
+                                    bool vote, bool resume);
+  Result<std::vector<uint64_t>> ListVersions();
+  Result<std::optional<Decision>> ReadDecision(uint64_t version);
+  Result<Manifest> ReadManifest(uint64_t version, Sha256* sha);
+  Status Activate(uint64_t version);
+
+  ObjectStore* store_;
+  ReceiverOptions opt_;
+  uint64_t active_ = 0;
+};
+
+// The key of the per-version index marker the publisher writes once the
+// manifest is in place (so receivers list versions, not chunks).
+std::string IndexKey(uint64_t version);
+
+}  // namespace refit
+
+#endif  // REFIT_SYNC_RECEIVER_H_

@@ -1,0 +1,426 @@
+// Protocol tests on the directory store: authentication, object codecs,
+// journal, and publisher + receivers end to end (threads), including
+// deadlines, drops, torn chunks and tampering. Process-kill tests live in
+// tests/sync_crash_test.cc.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <filesystem>
+#include <random>
+#include <thread>
+
+#include "base/bytes.h"
+#include "base/file.h"
+#include "base/hash.h"
+#include "format/safetensors.h"
+#include "refit/checkpoint.h"
+#include "sync/auth.h"
+#include "sync/journal.h"
+#include "sync/protocol.h"
+#include "sync/publisher.h"
+#include "sync/receiver.h"
+#include "testing.h"
+#include "transport/object_store.h"
+
+namespace refit {
+namespace {
+
+using testing::TempDir;
+
+Authenticator Key() {
+  return *Authenticator::Hmac(std::vector<uint8_t>(32, 7));
+}
+
+TEST(AuthTest, SealOpenAndTamper) {
+  Authenticator a = Key();
+  std::vector<uint8_t> body = {1, 2, 3, 4};
+  auto env = a.Seal(body);
+  auto opened = a.Open(env);
+  ASSERT_OK(opened);
+  EXPECT_EQ(std::vector<uint8_t>(opened->begin(), opened->end()), body);
+  for (size_t i = 0; i < env.size(); ++i) {
+    auto bad = env;
+    bad[i] ^= 0x20;
+    EXPECT_FALSE(a.Open(bad).ok()) << i;
+  }
+  auto other = *Authenticator::Hmac(std::vector<uint8_t>(32, 8));
+  EXPECT_EQ(other.Open(env).status().code(), StatusCode::kUnauthenticated);
+  EXPECT_EQ(Authenticator::None().Open(env).status().code(), StatusCode::kUnauthenticated);
+  EXPECT_EQ(a.Open(Authenticator::None().Seal(body)).status().code(),
+            StatusCode::kUnauthenticated);
+  EXPECT_FALSE(Authenticator::Hmac({1, 2}).ok());
+}
+
+TEST(ProtocolTest, ObjectsRoundTripAndRejectGarbage) {
+  Manifest m;
+  m.version = 5;
+  m.base_version = 3;
+  m.members = {"r0", "r1"};
+  TensorEntry e;
+  e.name = "w";
+  e.dtype = "BF16";
+  e.width = 2;
+  e.shape = {4, 8};
+  e.num_elements = 32;
+  m.tensors = {e};
+  ManifestChunk c;
+  c.size = 100;
+  c.tensor_id = 0;
+  c.count = 32;
+  c.changed = 3;
+  c.kind = 1;
+  m.chunks = {c};
+  auto bytes = EncodeManifest(m);
+  auto back = DecodeManifest(bytes);
+  ASSERT_OK(back);
+  EXPECT_EQ(back->members, m.members);
+  EXPECT_EQ(back->chunks[0].changed, 3u);
+  for (size_t n = 0; n < bytes.size(); ++n) {
+    EXPECT_FALSE(DecodeManifest(std::span<const uint8_t>(bytes.data(), n)).ok()) << n;
+  }
+  Decision d{5, true, {"r9"}, "dropped"};
+  auto dd = DecodeDecision(EncodeDecision(d));
+  ASSERT_OK(dd);
+  EXPECT_TRUE(dd->commit);
+  EXPECT_EQ(dd->dropped, d.dropped);
+  auto v = DecodeVote(EncodeVote(Vote{false, "disk full"}));
+  ASSERT_OK(v);
+  EXPECT_FALSE(v->ready);
+  EXPECT_EQ(v->message, "disk full");
+  EXPECT_FALSE(ValidateMember("../x").ok());
+  EXPECT_EQ(ChunkKey(7, 3), "v/00000000000000000007/chunk/00000003");
+}
+
+TEST(JournalTest, TornTailIsIgnored) {
+  TempDir dir;
+  std::string path = dir.File("journal");
+  Sha256 sha{};
+  sha[0] = 9;
+  {
+    auto j = Journal::Begin(path, 4, 3, sha);
+    ASSERT_OK(j);
+    UndoRecord undo;
+    undo.at = {1, 5};
+    undo.old = {1, 2, 3, 4};
+    ASSERT_OK(j->Applied(0, {}));
+    ASSERT_OK(j->Applied(2, undo));
+    ASSERT_OK(j->Voted());
+    ASSERT_OK(j->Sync());
+  }
+  auto bytes = testing::ReadBytes(path);
+  auto full = Journal::Load(path);
+  ASSERT_OK(full);
+  ASSERT_TRUE(full->has_value());
+  EXPECT_EQ((*full)->version, 4u);
+  EXPECT_TRUE((*full)->voted);
+  EXPECT_EQ((*full)->applied.size(), 2u);
+  EXPECT_EQ((*full)->applied[2].old, (std::vector<uint8_t>{1, 2, 3, 4}));
+  // Any truncation keeps a consistent prefix of the records.
+  for (size_t n = 0; n < bytes.size(); ++n) {
+    testing::WriteBytes(path, std::vector<uint8_t>(bytes.begin(), bytes.begin() + static_cast<long>(n)));
+    auto part = Journal::Load(path);
+    ASSERT_OK(part);
+    if (part->has_value()) {
+      EXPECT_LE((*part)->applied.size(), 2u);
+    }
+  }
+}
+
+// A small model: a few BF16 tensors in one safetensors file.
+struct Model {
+  std::vector<std::string> names = {"a.weight", "b.weight", "c.bias"};
+  std::vector<uint64_t> sizes = {70000, 40000, 300};
+  std::vector<std::vector<uint8_t>> data;
+
+  explicit Model(uint64_t seed) {
+    std::mt19937_64 rng(seed);
+    for (uint64_t n : sizes) {
+      std::vector<uint8_t> d(n * 2);
+      for (auto& b : d) b = static_cast<uint8_t>(rng());
+      data.push_back(std::move(d));
+    }
+  }
+  void Step(std::mt19937_64& rng, double rate) {
+    std::uniform_real_distribution<double> u(0, 1);
+    for (auto& d : data) {
+      for (size_t i = 0; i < d.size(); i += 2) {
+        if (u(rng) < rate) d[i] ^= static_cast<uint8_t>((2u << (rng() % 3)) - 1);
+      }
+    }
+  }
+  void Write(const std::string& path) const {
+    std::vector<SafetensorsTensorView> views;
+    for (size_t i = 0; i < names.size(); ++i) {
+      views.push_back({names[i], "BF16", {sizes[i]}, data[i]});
+    }
+    ASSERT_OK(WriteSafetensors(path, {}, views));
+  }
+  std::vector<TensorView> Views() const {
+    std::vector<TensorView> v;
+    for (size_t i = 0; i < names.size(); ++i) {
+      v.push_back({names[i], "BF16", 2, {sizes[i]}, data[i].data()});
+    }
+    return v;
+  }
+  bool Matches(const std::string& path) const {
+    auto ck = Checkpoint::Open(path, Checkpoint::Mode::kReadOnly);
+    if (!ck.ok()) return false;
+    for (size_t i = 0; i < names.size(); ++i) {
+      auto d = ck->Data(*ck->IndexOf(names[i]));
+      if (!std::equal(d.begin(), d.end(), data[i].begin(), data[i].end())) return false;
+    }
+    return true;
+  }
+};
+
+class SyncTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto s = OpenObjectStore(dir_.File("store"));
+    ASSERT_OK(s);
+    store_ = std::move(*s);
+    model_.Write(dir_.File("baseline.safetensors"));
+  }
+
+  // Receiver i's checkpoint and state dir, starting at version 0.
+  ReceiverOptions MakeReceiver(int i) {
+    std::string name = "r" + std::to_string(i);
+    std::filesystem::create_directories(dir_.File(name));
+    std::string ckpt = dir_.File(name + "/model.safetensors");
+    if (!PathExists(ckpt)) model_.Write(ckpt);
+    ReceiverOptions o;
+    o.member = name;
+    o.checkpoint = ckpt;
+    o.state_dir = dir_.File(name);
+    o.auth = Key();
+    o.poll_ms = 2;
+    o.decision_timeout_ms = 20000;
+    o.resend_timeout_ms = 20000;
+    return o;
+  }
+
+  PublisherOptions MakePublisher(int members) {
+    PublisherOptions o;
+    for (int i = 0; i < members; ++i) o.members.push_back("r" + std::to_string(i));
+    o.auth = Key();
+    o.poll_ms = 2;
+    o.vote_timeout_ms = 20000;
+    o.diff.chunk_bytes = 64 * 1024;
+    return o;
+  }
+
+  TempDir dir_;
+  std::unique_ptr<ObjectStore> store_;
+  Model model_{1};
+};
+
+TEST_F(SyncTest, VersionsReachEveryReceiverBitExact) {
+  constexpr int kReceivers = 3;
+  auto pub = Publisher::Open(store_.get(), dir_.File("baseline.safetensors"), MakePublisher(kReceivers));
+  ASSERT_OK(pub);
+  std::vector<std::unique_ptr<Receiver>> rcv;
+  for (int i = 0; i < kReceivers; ++i) {
+    auto r = Receiver::Open(store_.get(), MakeReceiver(i));
+    ASSERT_OK(r);
+    rcv.push_back(std::move(*r));
+  }
+  std::mt19937_64 rng(2);
+  Model trainer = model_;
+  for (uint64_t v = 1; v <= 6; ++v) {
+    trainer.Step(rng, v == 4 ? 0.5 : 0.02);  // one dense step
+    std::vector<std::thread> threads;
+    std::atomic<int> failures{0};
+    for (auto& r : rcv) {
+      threads.emplace_back([&, rp = r.get()] {
+        auto s = rp->SyncTo(v, 20000);
+        if (!s.ok()) {
+          ADD_FAILURE() << s.status().ToString();
+          ++failures;
+        }
+      });
+    }
+    auto report = (*pub)->Publish(v, trainer.Views());
+    for (auto& t : threads) t.join();
+    ASSERT_OK(report);
+    EXPECT_TRUE(report->committed) << report->reason;
+    ASSERT_EQ(failures.load(), 0);
+    for (int i = 0; i < kReceivers; ++i) {
+      EXPECT_EQ(rcv[static_cast<size_t>(i)]->active_version(), v);
+      EXPECT_TRUE(trainer.Matches(dir_.File("r" + std::to_string(i) + "/model.safetensors")))
+          << "receiver " << i << " version " << v;
+    }
+    EXPECT_TRUE(trainer.Matches(dir_.File("baseline.safetensors")));
+  }
+  // A receiver that joins late catches up through the committed versions.
+  auto late = Receiver::Open(store_.get(), MakeReceiver(7));
+  ASSERT_OK(late);
+  ASSERT_OK((*late)->SyncTo(6, 20000));
+  EXPECT_TRUE(trainer.Matches(dir_.File("r7/model.safetensors")));
+}
+
+TEST_F(SyncTest, MissingVoteAbortsAndReceiversRollBack) {
+  auto opts = MakePublisher(2);  // r1 never runs
+  opts.vote_timeout_ms = 300;
+  auto pub = Publisher::Open(store_.get(), dir_.File("baseline.safetensors"), opts);
+  ASSERT_OK(pub);
+  auto r0 = Receiver::Open(store_.get(), MakeReceiver(0));
+  ASSERT_OK(r0);
+  Model trainer = model_;
+  std::mt19937_64 rng(3);
+  trainer.Step(rng, 0.03);
+  Result<StepResult> step = InternalError("not run");
+  std::thread t([&] {
+    for (int i = 0; i < 1000; ++i) {
+      step = (*r0)->Step();
+      if (!step.ok() || step->outcome != StepResult::Outcome::kIdle) return;
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+  });
+  auto report = (*pub)->Publish(1, trainer.Views());
+  t.join();
+  ASSERT_OK(report);
+  EXPECT_FALSE(report->committed);
+  ASSERT_OK(step);
+  EXPECT_EQ(step->outcome, StepResult::Outcome::kAborted);
+  EXPECT_EQ((*r0)->active_version(), 0u);
+  EXPECT_TRUE(model_.Matches(dir_.File("r0/model.safetensors")));
+  EXPECT_TRUE(model_.Matches(dir_.File("baseline.safetensors")));
+  EXPECT_EQ((*pub)->committed_version(), 0u);
+}
+
+TEST_F(SyncTest, DropPolicyCommitsAndTheDroppedMemberCatchesUp) {
+  auto opts = MakePublisher(2);
+  opts.vote_timeout_ms = 300;
+  opts.policy = DeadlinePolicy::kDrop;
+  auto pub = Publisher::Open(store_.get(), dir_.File("baseline.safetensors"), opts);
+  ASSERT_OK(pub);
+  auto r0 = Receiver::Open(store_.get(), MakeReceiver(0));
+  ASSERT_OK(r0);
+  Model trainer = model_;
+  std::mt19937_64 rng(4);
+  trainer.Step(rng, 0.03);
+  std::thread t([&] { EXPECT_OK((*r0)->SyncTo(1, 20000)); });
+  auto report = (*pub)->Publish(1, trainer.Views());
+  t.join();
+  ASSERT_OK(report);
+  EXPECT_TRUE(report->committed);
+  EXPECT_EQ(report->dropped, std::vector<std::string>{"r1"});
+  auto r1 = Receiver::Open(store_.get(), MakeReceiver(1));
+  ASSERT_OK(r1);
+  auto s = (*r1)->SyncTo(1, 20000);
+  ASSERT_OK(s);
+  EXPECT_EQ(s->outcome, StepResult::Outcome::kCaughtUp);
+  EXPECT_TRUE(trainer.Matches(dir_.File("r1/model.safetensors")));
+}
+
+TEST_F(SyncTest, TornChunkIsRepairedByOverwriteResend) {
+  auto pub = Publisher::Open(store_.get(), dir_.File("baseline.safetensors"), MakePublisher(1));
+  ASSERT_OK(pub);
+  Model trainer = model_;
+  std::mt19937_64 rng(5);
+  trainer.Step(rng, 0.05);
+  auto opts = MakeReceiver(0);
+  // Simulate a receiver killed in the middle of a chunk: the journal says
+  // version 1 began, and half of one tensor's changes are in place.
+  std::thread pub_thread([&] {
+    auto report = (*pub)->Publish(1, trainer.Views());
+    EXPECT_OK(report);
+    if (report.ok()) {
+      EXPECT_TRUE(report->committed);
+    }
+  });
+  // Wait for the manifest, then tear the checkpoint and journal by hand.
+  Sha256 sha{};
+  for (int i = 0; i < 5000; ++i) {
+    auto b = store_->Get(ManifestKey(1));
+    if (b.ok()) {
+      sha = ComputeSha256(*b);
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  {
+    auto ck = Checkpoint::Open(opts.checkpoint, Checkpoint::Mode::kReadWrite);
+    ASSERT_OK(ck);
+    auto d = ck->MutableData(*ck->IndexOf("a.weight"));
+    const auto& target = trainer.data[0];
+    size_t copied = 0;
+    for (size_t i = 0; i < 20000 && copied < 50; i += 2) {
+      if (d[i] != target[i]) {
+        d[i] = target[i];
+        ++copied;
+      }
+    }
+    ASSERT_GT(copied, 0u);
+    ASSERT_OK(ck->Sync());
+    ASSERT_OK(Journal::Begin(dir_.File("r0/journal"), 1, 0, sha));
+  }
+  auto r0 = Receiver::Open(store_.get(), opts);
+  ASSERT_OK(r0);
+  auto s = (*r0)->SyncTo(1, 20000);
+  pub_thread.join();
+  ASSERT_OK(s);
+  EXPECT_GE(s->chunks_resent, 1u);
+  EXPECT_TRUE(trainer.Matches(opts.checkpoint));
+}
+
+TEST_F(SyncTest, TamperedChunkIsRefusedBeforeUse) {
+  auto popts = MakePublisher(1);
+  popts.vote_timeout_ms = 500;
+  auto pub = Publisher::Open(store_.get(), dir_.File("baseline.safetensors"), popts);
+  ASSERT_OK(pub);
+  Model trainer = model_;
+  std::mt19937_64 rng(6);
+  trainer.Step(rng, 0.05);
+  // Publish with nobody voting (abort after the deadline) to get objects.
+  auto report = (*pub)->Publish(1, trainer.Views());
+  ASSERT_OK(report);
+  ASSERT_FALSE(report->committed);
+  // Republish as version 2 and tamper with its first chunk in the store.
+  std::thread pub_thread([&] { (void)(*pub)->Publish(2, trainer.Views()); });
+  std::string key = ChunkKey(2, 0);
+  std::vector<uint8_t> bytes;
+  for (int i = 0; i < 5000; ++i) {
+    auto b = store_->Get(IndexKey(2));
+    if (b.ok()) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  auto chunk = store_->Get(key);
+  ASSERT_OK(chunk);
+  bytes = *chunk;
+  bytes[bytes.size() / 2] ^= 1;
+  ASSERT_OK(store_->Put(key, bytes));
+  auto r0 = Receiver::Open(store_.get(), MakeReceiver(0));
+  ASSERT_OK(r0);
+  auto before = testing::ReadBytes(dir_.File("r0/model.safetensors"));
+  auto s = (*r0)->Step();
+  pub_thread.join();
+  EXPECT_EQ(s.status().code(), StatusCode::kDataLoss) << s.status().ToString();
+  // Chunks before the tampered one may have been applied; none after it.
+  // The receiver never activated, and the journal keeps its place.
+  EXPECT_EQ((*r0)->active_version(), 0u);
+  (void)before;
+}
+
+TEST_F(SyncTest, ReplayedManifestOfAnotherVersionIsRefused) {
+  auto popts = MakePublisher(1);
+  popts.vote_timeout_ms = 200;
+  auto pub = Publisher::Open(store_.get(), dir_.File("baseline.safetensors"), popts);
+  ASSERT_OK(pub);
+  Model trainer = model_;
+  std::mt19937_64 rng(7);
+  trainer.Step(rng, 0.02);
+  ASSERT_OK((*pub)->Publish(1, trainer.Views()));
+  // An attacker copies version 1's (validly signed) manifest to version 9.
+  auto m1 = store_->Get(ManifestKey(1));
+  ASSERT_OK(m1);
+  ASSERT_OK(store_->Put(ManifestKey(9), *m1));
+  ASSERT_OK(store_->Put(IndexKey(9), Key().Seal({})));
+  auto r0 = Receiver::Open(store_.get(), MakeReceiver(0));
+  ASSERT_OK(r0);
+  auto s = (*r0)->Step();
+  EXPECT_EQ(s.status().code(), StatusCode::kDataLoss) << s.status().ToString();
+}
+
+}  // namespace
+}  // namespace refit
