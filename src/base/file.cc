@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <utility>
@@ -138,7 +139,11 @@ Result<std::vector<uint8_t>> ReadFile(const std::string& path) {
 }
 
 Status WriteFileAtomic(const std::string& path, std::span<const uint8_t> data) {
-  std::string tmp = path + ".tmp." + std::to_string(getpid());
+  // Unique per process, thread and call, so concurrent writers of one path
+  // never share a temp file; the last rename wins, whole.
+  static std::atomic<uint64_t> counter{0};
+  std::string tmp = path + ".tmp." + std::to_string(getpid()) + "." +
+                    std::to_string(counter.fetch_add(1));
   int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) return ErrnoStatus("cannot create", tmp);
   size_t off = 0;

@@ -58,7 +58,7 @@ class MappedFile {
 
 Result<std::vector<uint8_t>> ReadFile(const std::string& path);
 
-// Writes `data` to path.tmp.<pid>, fsyncs it, renames it over `path` and
+// Writes `data` to a temp file beside `path` (unique per call), fsyncs it, renames it over `path` and
 // fsyncs the directory: readers see the old file or the new one, whole.
 Status WriteFileAtomic(const std::string& path, std::span<const uint8_t> data);
 
