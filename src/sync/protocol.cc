@@ -93,7 +93,9 @@ Result<Manifest> DecodeManifest(std::span<const uint8_t> body) {
   }
   for (uint64_t i = 0; i < members && r.ok(); ++i) {
     m.members.push_back(r.String(64));
-    if (r.ok()) REFIT_RETURN_IF_ERROR(ValidateMember(m.members.back()).WithContext("manifest"));
+    if (r.ok() && !ValidateMember(m.members.back()).ok()) {
+      return DataLossError("manifest lists a malformed member name");
+    }
   }
   REFIT_RETURN_IF_ERROR(ReadTensorTable(&r, &m.tensors));
   uint64_t chunks = r.Varint();

@@ -336,6 +336,7 @@ Result<StepResult> Receiver::ProcessVersion(const Manifest& m, const Sha256& man
         UndoRecord undo;
         REFIT_RETURN_IF_ERROR(
             ApplyChunkInPlace(c, tensor_data(mc.tensor_id), &scratch, nullptr, &undo));
+        ++chunks_applied_total_;
         REFIT_RETURN_IF_ERROR(journal.Applied(i, undo));
         ++result.chunks_applied;
         result.changed_elements += c.header.changed;

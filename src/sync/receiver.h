@@ -54,6 +54,10 @@ class Receiver {
 
   uint64_t active_version() const { return active_; }
 
+  // Chunks this object applied in place (from the base) since Open, across
+  // failed and successful steps alike; for at-most-once checks.
+  uint64_t chunks_applied_total() const { return chunks_applied_total_; }
+
   // Finishes or rolls back an interrupted version first; then handles the
   // next version whose base is the active one: applies and votes (member)
   // or applies a committed one (catch-up). kIdle when there is none yet.
@@ -78,6 +82,7 @@ class Receiver {
   ObjectStore* store_;
   ReceiverOptions opt_;
   uint64_t active_ = 0;
+  uint64_t chunks_applied_total_ = 0;
 };
 
 // The key of the per-version index marker the publisher writes once the
