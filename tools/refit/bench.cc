@@ -9,6 +9,8 @@
 #include <xxhash.h>
 #include <zstd.h>
 
+#include <nlohmann/json.hpp>
+
 #include <algorithm>
 #include <charconv>
 #include <cstring>
@@ -193,9 +195,129 @@ Result<RateResult> RunRate(const BenchArgs& args, double rate, size_t index,
   return r;
 }
 
+struct PairSizes {
+  std::string pair;
+  uint64_t elements = 0;
+  uint64_t changed = 0;
+  double bound = 0;
+  uint64_t payload = 0;      // ours, XOR kinds
+  uint64_t chunk_bytes = 0;  // ours, with chunk framing
+  uint64_t file_bytes = 0;   // ours, the whole delta file
+  uint64_t overwrite = 0;    // ours, overwrite kinds only
+  uint64_t dense_zstd3 = 0;  // dense XOR mask, zstd -3
+  uint64_t sparse_zstd1 = 0; // 16-bit gaps + XOR values, zstd -1
+  uint64_t full_zstd3 = 0;   // the target checkpoint's tensors, zstd -3
+};
+
+// Payload sizes of one fixture pair: ours (XOR and overwrite-only) and the
+// baselines, all from the same tensors.
+Result<PairSizes> MeasurePair(const std::string& dir, int from, int to,
+                              const ScratchDir& scratch) {
+  PairSizes r;
+  r.pair = fmt::format("step{}->step{}", from, to);
+  const std::string a = fmt::format("{}/step{}.safetensors", dir, from);
+  const std::string b = fmt::format("{}/step{}.safetensors", dir, to);
+  REFIT_ASSIGN_OR_RETURN(Checkpoint base, Checkpoint::Open(a, Checkpoint::Mode::kReadOnly));
+  REFIT_ASSIGN_OR_RETURN(Checkpoint target, Checkpoint::Open(b, Checkpoint::Mode::kReadOnly));
+  std::vector<uint16_t> mask, gaps, values;
+  std::vector<uint8_t> full;
+  uint64_t gap = 0;
+  for (size_t t = 0; t < base.tensors().size(); ++t) {
+    if (base.tensors()[t].element_width != 2) {
+      return InvalidArgumentError("--fixtures expects BF16 step checkpoints");
+    }
+    auto x = base.Data(t);
+    auto y = target.Data(*target.IndexOf(base.tensors()[t].name));
+    full.insert(full.end(), y.begin(), y.end());
+    for (size_t i = 0; i + 1 < x.size(); i += 2) {
+      uint16_t d = static_cast<uint16_t>((x[i] | x[i + 1] << 8) ^ (y[i] | y[i + 1] << 8));
+      mask.push_back(d);
+      if (d == 0) {
+        ++gap;
+        continue;
+      }
+      for (; gap >= 0xFFFF; gap -= 0xFFFF) gaps.push_back(0xFFFF);
+      gaps.push_back(static_cast<uint16_t>(gap));
+      values.push_back(d);
+      gap = 0;
+    }
+  }
+  auto as_bytes = [](const std::vector<uint16_t>& v) {
+    std::vector<uint8_t> out(v.size() * 2);
+    std::memcpy(out.data(), v.data(), out.size());
+    return out;
+  };
+  std::vector<uint8_t> sparse = as_bytes(gaps);
+  std::vector<uint8_t> vals = as_bytes(values);
+  sparse.insert(sparse.end(), vals.begin(), vals.end());
+  REFIT_ASSIGN_OR_RETURN(ZstdResult dz, ZstdSize(as_bytes(mask), 3));
+  REFIT_ASSIGN_OR_RETURN(ZstdResult sz, ZstdSize(sparse, 1));
+  REFIT_ASSIGN_OR_RETURN(ZstdResult fz, ZstdSize(full, 3));
+  r.dense_zstd3 = dz.bytes;
+  r.sparse_zstd1 = sz.bytes;
+  r.full_zstd3 = fz.bytes;
+
+  const std::string delta = scratch.File("pair.rfd");
+  REFIT_ASSIGN_OR_RETURN(DiffReport d, Diff(a, b, delta, {}));
+  REFIT_ASSIGN_OR_RETURN(InspectReport info, Inspect(delta));
+  r.elements = info.total_elements;
+  r.changed = info.changed_elements;
+  r.bound = info.bound_bytes;
+  r.payload = info.payload_bytes;
+  r.chunk_bytes = info.chunk_bytes;
+  r.file_bytes = d.file_bytes;
+  DiffOptions overwrite;
+  overwrite.allow_xor = false;
+  REFIT_ASSIGN_OR_RETURN(DiffReport o, Diff(a, b, scratch.File("ow.rfd"), overwrite));
+  r.overwrite = o.payload_bytes;
+  return r;
+}
+
+int RunFixtureSizes(const BenchArgs& args) {
+  constexpr std::string_view kCmd = "bench";
+  auto dir = ScratchDir::Create("refit-bench-");
+  if (!dir.ok()) return Fail(kCmd, dir.status(), args.json);
+  std::vector<PairSizes> rows;
+  for (int from = 0; from < 3; ++from) {
+    auto r = MeasurePair(args.fixtures, from, from + 1, *dir);
+    if (!r.ok()) return Fail(kCmd, r.status(), args.json);
+    rows.push_back(*r);
+  }
+  auto x = [](uint64_t bytes, double bound) { return static_cast<double>(bytes) / bound; };
+  if (args.json) {
+    nlohmann::json out = nlohmann::json::array();
+    for (const PairSizes& r : rows) {
+      out.push_back({{"pair", r.pair}, {"elements", r.elements}, {"changed", r.changed},
+                     {"bound_bytes", r.bound}, {"payload_bytes", r.payload},
+                     {"chunk_bytes", r.chunk_bytes}, {"file_bytes", r.file_bytes},
+                     {"overwrite_payload_bytes", r.overwrite},
+                     {"dense_xor_zstd3_bytes", r.dense_zstd3},
+                     {"gaps_xor_zstd1_bytes", r.sparse_zstd1},
+                     {"full_zstd3_bytes", r.full_zstd3}});
+    }
+    fmt::print("{}\n", nlohmann::json{{"command", args.command_line}, {"pairs", out}}.dump(2));
+    return 0;
+  }
+  fmt::print("refit bench: {}\n", args.command_line);
+  fmt::print("bytes, and in brackets x the order-0 entropy bound (positions as a uniform "
+             "random subset + empirical entropy of the 16-bit XOR values)\n");
+  fmt::print("{:<14} {:>8} {:>10} {:>18} {:>18} {:>18} {:>18} {:>18} {:>18}\n", "pair",
+             "changed", "bound", "refit payload", "refit file", "refit overwrite",
+             "xor mask+zstd3", "gaps+xor+zstd1", "full+zstd3");
+  for (const PairSizes& r : rows) {
+    auto cell = [&](uint64_t b) { return fmt::format("{} (x{:.3f})", b, x(b, r.bound)); };
+    fmt::print("{:<14} {:>7.2f}% {:>10.0f} {:>18} {:>18} {:>18} {:>18} {:>18} {:>18}\n",
+               r.pair, 100.0 * static_cast<double>(r.changed) / static_cast<double>(r.elements),
+               r.bound, cell(r.payload), cell(r.file_bytes), cell(r.overwrite),
+               cell(r.dense_zstd3), cell(r.sparse_zstd1), cell(r.full_zstd3));
+  }
+  return 0;
+}
+
 }  // namespace
 
 int RunBench(const BenchArgs& args) {
+  if (!args.fixtures.empty()) return RunFixtureSizes(args);
   constexpr std::string_view kCmd = "bench";
   std::vector<double> rates;
   if (args.rates.empty()) {

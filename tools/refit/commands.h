@@ -69,6 +69,7 @@ struct BenchArgs {
   uint64_t seed = 1;
   bool no_sync = false;
   bool json = false;
+  std::string fixtures;      // non-empty: payload sizes on the fixture pairs
   std::string command_line;  // recorded with the results
 };
 int RunBench(const BenchArgs& args);
