@@ -44,7 +44,7 @@ TEST(HashTest, GoldenValues) {
   std::vector<uint8_t> v(100000);
   for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<uint8_t>(i * 7);
   EXPECT_EQ(RangeHash(v.data(), v.size()).Hex(),
-            RangeHash(v.data(), v.size()).Hex());
+            "3b49324677c6ea9b5f8428cf45e0bd64");
   EXPECT_EQ(RangeHash(nullptr, 0), RangeHash(v.data(), 0));
 }
 

@@ -368,3 +368,42 @@ TEST(ChunkTest, HeaderRoundTripAndChecksum) {
 
 }  // namespace
 }  // namespace refit
+
+namespace refit {
+namespace {
+
+// Golden: a fixed input's delta bytes never change within format version 1
+// (docs/format.md). If this fails, the encoder's output drifted: either
+// restore it or bump the format version and freeze a new golden.
+TEST(GoldenTest, FormatVersion1DeltaBytesAreFrozen) {
+  std::vector<Tensor> base, target;
+  for (int t = 0; t < 3; ++t) {
+    const int w = t == 2 ? 4 : 2;
+    Tensor x{"t" + std::to_string(t), w == 2 ? "BF16" : "F32", w, {40000}, {}};
+    x.bytes.resize(40000 * static_cast<size_t>(w));
+    uint32_t s = 12345u + static_cast<uint32_t>(t);
+    for (auto& b : x.bytes) {
+      s = s * 1664525u + 1013904223u;
+      b = static_cast<uint8_t>(s >> 24);
+    }
+    Tensor y = x;
+    for (size_t i = 0; i < 40000; i += 7 + static_cast<size_t>(t)) {
+      y.bytes[i * static_cast<size_t>(w)] ^= static_cast<uint8_t>(1u << (i % 3));
+    }
+    base.push_back(x);
+    target.push_back(y);
+  }
+  TempDir dir;
+  DiffOptions opts;
+  opts.version = 2;
+  opts.base_version = 1;
+  opts.chunk_bytes = 64 * 1024;
+  ASSERT_OK(DiffTensors(Views(base), Views(target), dir.File("g.rfd"), opts));
+  auto bytes = testing::ReadBytes(dir.File("g.rfd"));
+  EXPECT_EQ(bytes.size(), 2954u);
+  EXPECT_EQ(HashBytes(bytes.data(), bytes.size()).Hex(),
+            "8bc701f032de025f5aa7c12b87ea8996");
+}
+
+}  // namespace
+}  // namespace refit
