@@ -1,0 +1,436 @@
+// GPU receiver benchmark (docs/benchmarks.md, "GPU (H200)").
+//
+// Synthesizes a BF16 model of --model-gib GiB in device memory (32 tensors;
+// every 8 MiB chunk range starts from the same random tile, so the host
+// never holds the whole model), encodes a delta at each change rate on the
+// CPU with the reference encoder (changed elements get small XORs, as 1-ulp
+// trainer updates do), and measures, in the same run:
+//   - device-to-device copy bandwidth (the HBM ceiling);
+//   - the receiver: end-to-end Apply from pinned host memory with the
+//     default 256 MiB staging, with and without "after" verification, and
+//     its GPU kernel time (the pause when the payload is already staged);
+//   - the pre-pause "before" check (Classify);
+//   - baselines: a dense XOR-mask apply over the whole model, plain
+//     host-to-device copy of the payload, CPU decode of the payload plus a
+//     host-to-device copy of the whole model;
+//   - the trainer side: GPU detect + encode (EncodeOnDevice) of the applied
+//     model against a device copy of the base, checked byte for byte
+//     against the CPU-encoded delta.
+//
+//   refit_gpu_bench [--model-gib 32] [--rates 0.001,0.01,0.03]
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "base/parallel.h"
+#include "codec/payload.h"
+#include "cuda/encoder.h"
+#include "cuda/pipeline.h"
+#include "delta/chunk.h"
+#include "delta/encoder.h"
+
+namespace refit::cuda {
+namespace {
+
+#define CK(x)                                                          \
+  do {                                                                 \
+    cudaError_t e_ = (x);                                              \
+    if (e_ != cudaSuccess) {                                           \
+      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x,   \
+                   cudaGetErrorString(e_));                            \
+      std::exit(1);                                                    \
+    }                                                                  \
+  } while (0)
+
+constexpr uint64_t kGiB = uint64_t{1} << 30;
+constexpr uint64_t kChunkBytes = 8 << 20;  // the encoder's default
+
+double Now() {
+  return std::chrono::duration<double>(
+             std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+__global__ void XorMaskKernel(uint4* dst, const uint4* mask, uint64_t n) {
+  for (uint64_t i = blockIdx.x * uint64_t{blockDim.x} + threadIdx.x; i < n;
+       i += uint64_t{gridDim.x} * blockDim.x) {
+    uint4 a = dst[i];
+    const uint4 m = mask[i];
+    a.x ^= m.x;
+    a.y ^= m.y;
+    a.z ^= m.z;
+    a.w ^= m.w;
+    dst[i] = a;
+  }
+}
+
+float TimeMs(cudaStream_t s, const std::function<void()>& fn, int reps) {
+  cudaEvent_t a, b;
+  CK(cudaEventCreate(&a));
+  CK(cudaEventCreate(&b));
+  fn();  // warm-up
+  CK(cudaEventRecord(a, s));
+  for (int i = 0; i < reps; ++i) fn();
+  CK(cudaEventRecord(b, s));
+  CK(cudaEventSynchronize(b));
+  float ms = 0;
+  CK(cudaEventElapsedTime(&ms, a, b));
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  return ms / reps;
+}
+
+struct Delta {
+  uint8_t* pinned = nullptr;  // cudaHostAlloc'd chunk bytes
+  uint64_t bytes = 0;
+  std::vector<ChunkSpan> spans;
+  uint64_t records = 0;
+};
+
+// One chunk per 8 MiB range of each tensor; tile is the base of every
+// range (the device model repeats it).
+// With `upload_to` (device), each range's new bytes are also copied there,
+// which makes the device model "after" without the receiver.
+Delta Encode(const std::vector<uint8_t>& tile, int tensors, uint64_t per_tensor,
+             double rate, int threads, uint32_t records_per_lane,
+             uint8_t* upload_to = nullptr) {
+  const uint64_t chunks_per_tensor = per_tensor / kChunkBytes;
+  const uint64_t total = chunks_per_tensor * tensors;
+  std::vector<std::vector<uint8_t>> out(total);
+  std::atomic<uint64_t> records{0};
+  ParallelForEach(total, threads, [&](size_t c, int) {
+    std::vector<uint8_t> b = tile;
+    std::mt19937_64 rng(c * 7919 + static_cast<uint64_t>(rate * 1e6));
+    // Geometric skips reproduce a Bernoulli(rate) change pattern fast.
+    std::geometric_distribution<uint64_t> skip(rate);
+    const uint64_t n = tile.size() / 2;
+    for (uint64_t i = skip(rng); i < n; i += 1 + skip(rng)) {
+      uint16_t v;
+      std::memcpy(&v, &b[2 * i], 2);
+      v ^= static_cast<uint16_t>(1 + rng() % 3);
+      std::memcpy(&b[2 * i], &v, 2);
+    }
+    if (upload_to != nullptr) {
+      CK(cudaMemcpy(upload_to + c * kChunkBytes, b.data(), kChunkBytes,
+                    cudaMemcpyHostToDevice));
+    }
+    ChunkHeader ids;
+    ids.width = 2;
+    ids.version = 2;
+    ids.base_version = 1;
+    ids.tensor_id = c / chunks_per_tensor;
+    ChunkEncodeOptions opt;
+    opt.codec.records_per_lane = records_per_lane;
+    EncodeScratch scratch;
+    ChunkResult r;
+    if (!EncodeChunkRange(ids, tile.data(), b.data(), 0, n, opt, &scratch, &r).ok() ||
+        r.chunk.empty()) {
+      std::fprintf(stderr, "encode failed\n");
+      std::exit(1);
+    }
+    records += r.header.changed;
+    // Re-frame at the chunk's real start in its tensor.
+    auto pc = ParseChunk(r.chunk);
+    ChunkHeader h = pc->header;
+    h.start = (c % chunks_per_tensor) * n;
+    std::vector<uint8_t> payload(pc->payload.begin(), pc->payload.end());
+    SerializeChunk(h, payload, &out[c]);
+  });
+  Delta d;
+  for (auto& c : out) d.bytes += c.size();
+  CK(cudaHostAlloc(reinterpret_cast<void**>(&d.pinned), d.bytes, cudaHostAllocDefault));
+  uint64_t off = 0;
+  for (auto& c : out) {
+    std::memcpy(d.pinned + off, c.data(), c.size());
+    d.spans.push_back({off, c.size()});
+    off += c.size();
+  }
+  d.records = records;
+  return d;
+}
+
+int Main(int argc, char** argv) {
+  double model_gib = 32;
+  uint32_t records_per_lane = 1024;  // the encoder's default
+  bool encode_only = false;  // trainer side only (no receiver)
+  std::vector<double> rates = {0.001, 0.01, 0.03};
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string a = argv[i];
+    if (a == "--model-gib") model_gib = std::atof(argv[i + 1]);
+    if (a == "--encode-only") encode_only = std::atoi(argv[i + 1]) != 0;
+    if (a == "--records-per-lane") {
+      records_per_lane = static_cast<uint32_t>(std::atoi(argv[i + 1]));
+    }
+    if (a == "--rates") {
+      rates.clear();
+      std::string s = argv[i + 1];
+      for (size_t p = 0; p < s.size();) {
+        size_t q = s.find(',', p);
+        if (q == std::string::npos) q = s.size();
+        rates.push_back(std::atof(s.substr(p, q - p).c_str()));
+        p = q + 1;
+      }
+    }
+  }
+  const int threads = DefaultThreads();
+  cudaDeviceProp prop;
+  CK(cudaGetDeviceProperties(&prop, 0));
+  std::printf("device: %s, %d SMs, %.1f GiB; host threads %d; records/lane %u\n",
+              prop.name, prop.multiProcessorCount,
+              static_cast<double>(prop.totalGlobalMem) / kGiB, threads,
+              records_per_lane);
+  cudaStream_t s;
+  CK(cudaStreamCreate(&s));
+
+  // 1. Device-to-device copy bandwidth.
+  double d2d_gbps = 0;
+  {
+    const uint64_t n = 4 * kGiB;
+    void *a, *b;
+    CK(cudaMalloc(&a, n));
+    CK(cudaMalloc(&b, n));
+    CK(cudaMemset(a, 1, n));
+    const float ms = TimeMs(s, [&] { CK(cudaMemcpyAsync(b, a, n, cudaMemcpyDeviceToDevice, s)); }, 5);
+    std::printf("d2d copy 4 GiB: %.3f ms, %.0f GB/s (read+write %.0f GB/s)\n", ms,
+                n / ms / 1e6, 2 * n / ms / 1e6);
+    d2d_gbps = n / ms / 1e6;
+    CK(cudaFree(a));
+    CK(cudaFree(b));
+  }
+
+  // 2. The model: 32 tensors, every 8 MiB range a copy of one random tile.
+  const int tensors = 32;
+  const uint64_t per_tensor =
+      static_cast<uint64_t>(model_gib * kGiB / tensors) / kChunkBytes * kChunkBytes;
+  const uint64_t model_bytes = per_tensor * tensors;
+  std::vector<uint8_t> tile(kChunkBytes);
+  {
+    std::mt19937_64 rng(1);
+    for (size_t i = 0; i < tile.size(); i += 8) {
+      const uint64_t v = rng();
+      std::memcpy(&tile[i], &v, 8);
+    }
+  }
+  uint8_t* model;
+  CK(cudaMalloc(&model, model_bytes));
+  CK(cudaMemcpy(model, tile.data(), kChunkBytes, cudaMemcpyHostToDevice));
+  for (uint64_t off = kChunkBytes; off < model_bytes;) {
+    const uint64_t n = std::min(off, model_bytes - off);
+    CK(cudaMemcpy(model + off, model, n, cudaMemcpyDeviceToDevice));
+    off += n;
+  }
+  // A device copy of the base, for the trainer-side encoder.
+  uint8_t* base_copy;
+  CK(cudaMalloc(&base_copy, model_bytes));
+  CK(cudaMemcpy(base_copy, model, model_bytes, cudaMemcpyDeviceToDevice));
+  std::printf("model: %d BF16 tensors, %.2f GiB resident\n", tensors,
+              static_cast<double>(model_bytes) / kGiB);
+  std::vector<std::string> names;
+  PlacementPlan plan;
+  for (int t = 0; t < tensors; ++t) {
+    names.push_back("layer" + std::to_string(t) + ".weight");
+    if (!plan.Add(WholePlacement(names.back(), 2, per_tensor / 2, 1,
+                                 reinterpret_cast<uintptr_t>(model) + t * per_tensor))
+             .ok()) {
+      return 1;
+    }
+  }
+
+  size_t free0, total0;
+  CK(cudaMemGetInfo(&free0, &total0));
+  // 3. Dense XOR-mask baseline (a full-size mask in HBM).
+  {
+    uint8_t* mask;
+    CK(cudaMalloc(&mask, model_bytes));
+    CK(cudaMemset(mask, 0, model_bytes));
+    const uint64_t n16 = model_bytes / 16;
+    const float ms = TimeMs(s, [&] {
+      XorMaskKernel<<<prop.multiProcessorCount * 8, 512, 0, s>>>(
+          reinterpret_cast<uint4*>(model), reinterpret_cast<const uint4*>(mask), n16);
+    }, 3);
+    std::printf("baseline dense XOR mask apply (%.0f GiB mask): %.2f ms, %.0f GB/s moved\n",
+                static_cast<double>(model_bytes) / kGiB, ms, 3.0 * model_bytes / ms / 1e6);
+    CK(cudaFree(mask));
+  }
+  // Host-to-device bandwidth from pinned memory (for the CPU baseline).
+  double h2d_gbps = 0;
+  {
+    const uint64_t n = 2 * kGiB;
+    void *h, *d;
+    CK(cudaHostAlloc(&h, n, cudaHostAllocDefault));
+    std::memset(h, 3, n);
+    CK(cudaMalloc(&d, n));
+    const float ms = TimeMs(s, [&] { CK(cudaMemcpyAsync(d, h, n, cudaMemcpyHostToDevice, s)); }, 3);
+    h2d_gbps = n / ms / 1e6;
+    std::printf("h2d pinned 2 GiB: %.2f ms, %.1f GB/s; whole model would take %.0f ms\n",
+                ms, h2d_gbps, model_bytes / h2d_gbps / 1e6);
+    CK(cudaFreeHost(h));
+    CK(cudaFree(d));
+  }
+
+  // Trainer side: with the model at "after", encode it against the base on
+  // the GPU and compare with the CPU-encoded delta.
+  auto encode_gpu = [&](const Delta& d, double rate) -> bool {
+      std::vector<DeviceTensorPair> pairs;
+      for (int t = 0; t < tensors; ++t) {
+        DeviceTensorPair p;
+        p.old_data = base_copy + t * per_tensor;
+        p.new_data = model + t * per_tensor;
+        p.elements = per_tensor / 2;
+        p.width = 2;
+        p.tensor_id = static_cast<uint64_t>(t);
+        pairs.push_back(p);
+      }
+      GpuEncodeOptions eo;
+      eo.version = 2;
+      eo.base_version = 1;
+      eo.records_per_lane = records_per_lane;
+      double best = 1e9;
+      GpuEncodeReport er;
+      std::vector<GpuEncodedChunk> chunks;
+      for (int rep = 0; rep < 3; ++rep) {
+        const double e0 = Now();
+        auto r = EncodeOnDevice(pairs, eo, &chunks);
+        const double el = Now() - e0;
+        if (!r.ok()) {
+          std::fprintf(stderr, "gpu encode: %s\n", r.status().ToString().c_str());
+          return false;
+        }
+        if (el < best) {
+          best = el;
+          er = *r;
+        }
+      }
+      uint64_t same = 0;
+      for (size_t c = 0; c < chunks.size() && c < d.spans.size(); ++c) {
+        same += chunks[c].bytes.size() == d.spans[c].size &&
+                std::memcmp(chunks[c].bytes.data(), d.pinned + d.spans[c].offset,
+                            d.spans[c].size) == 0;
+      }
+      std::printf("  gpu encode %.1f%%: %.1f ms (detect+hash kernel %.1f ms), %.0f GB/s of"
+                  " both tensors read (%.0f%% of d2d copy GB/s); %llu chunks, %llu on CPU,"
+                  " %llu groups; identical to CPU chunks: %llu/%zu; peak extra device %.0f MiB\n",
+                  rate * 100, best * 1e3, er.detect_ms, 2.0 * model_bytes / best / 1e9,
+                  100.0 * 2.0 * model_bytes / best / 1e9 / d2d_gbps,
+                  static_cast<unsigned long long>(er.chunks),
+                  static_cast<unsigned long long>(er.cpu_chunks),
+                  static_cast<unsigned long long>(er.groups),
+                  static_cast<unsigned long long>(same), d.spans.size(),
+                  static_cast<double>(er.peak_device_bytes) / (1 << 20));
+        return true;
+  };
+  if (encode_only) {
+    for (double rate : rates) {
+      Delta d = Encode(tile, tensors, per_tensor, rate, threads, records_per_lane, model);
+      if (!encode_gpu(d, rate)) return 1;
+      CK(cudaMemcpy(model, base_copy, model_bytes, cudaMemcpyDeviceToDevice));
+      CK(cudaFreeHost(d.pinned));
+    }
+    return 0;
+  }
+  std::printf("\n| change | chunks | records | payload MB | prepare ms (CPU) | before-check ms |"
+              " pause: kernels ms | pause +verify ms | e2e apply ms | e2e +verify ms |"
+              " H2D payload ms | CPU decode ms | extra device MiB |\n");
+  for (double rate : rates) {
+    const double t0 = Now();
+    Delta d = Encode(tile, tensors, per_tensor, rate, threads, records_per_lane);
+    const double enc_s = Now() - t0;
+    std::span<const uint8_t> payload(d.pinned, d.bytes);
+    ReceiverOptions vo, no;
+    vo.verify = true;
+    no.verify = false;
+    auto rv = Receiver::Create(plan, names, vo);
+    auto rn = Receiver::Create(plan, names, no);
+    if (!rv.ok() || !rn.ok()) return 1;
+    double p0 = Now();
+    auto pv = (*rv)->Prepare(payload, d.spans);
+    const double prep_ms = (Now() - p0) * 1e3;
+    auto pn = (*rn)->Prepare(payload, d.spans);
+    if (!pv.ok() || !pn.ok()) {
+      std::fprintf(stderr, "prepare: %s\n", pv.status().ToString().c_str());
+      return 1;
+    }
+    p0 = Now();
+    auto states = (*rv)->Classify(payload, *pv);
+    const double classify_ms = (Now() - p0) * 1e3;
+    if (!states.ok()) return 1;
+    for (uint8_t st : *states) {
+      if (st != 0) {
+        std::fprintf(stderr, "classify: a range is not at 'before'\n");
+        return 1;
+      }
+    }
+    // base -> after (verified), then toggled back and forth without.
+    auto r1 = (*rv)->Apply(payload, *pv, &*states);
+    if (!r1.ok()) {
+      std::fprintf(stderr, "apply: %s\n", r1.status().ToString().c_str());
+      return 1;
+    }
+    if (!encode_gpu(d, rate)) return 1;
+    GpuApplyReport best_n;
+    best_n.seconds = 1e9;
+    for (int rep = 0; rep < 4; ++rep) {
+      auto r = (*rn)->Apply(payload, *pn);
+      if (!r.ok()) return 1;
+      if (r->seconds < best_n.seconds) best_n = *r;
+    }
+    // Now back at "after" (4 toggles); verified apply again from base needs
+    // one more toggle.
+    auto rb = (*rn)->Apply(payload, *pn);
+    if (!rb.ok()) return 1;
+    auto r2 = (*rv)->Apply(payload, *pv);
+    if (!r2.ok()) {
+      std::fprintf(stderr, "apply 2: %s\n", r2.status().ToString().c_str());
+      return 1;
+    }
+    const GpuApplyReport& bv = r2->seconds < r1->seconds ? *r2 : *r1;
+    // Back to the base for the next rate.
+    if (!(*rn)->Apply(payload, *pn).ok()) return 1;
+    // Baselines: plain H2D of the payload; CPU decode of every chunk.
+    void* dbuf;
+    CK(cudaMalloc(&dbuf, d.bytes));
+    const float h2d_ms = TimeMs(s, [&] { CK(cudaMemcpyAsync(dbuf, d.pinned, d.bytes, cudaMemcpyHostToDevice, s)); }, 3);
+    CK(cudaFree(dbuf));
+    p0 = Now();
+    ParallelForEach(d.spans.size(), threads, [&](size_t i, int) {
+      auto pc = ParseChunk(payload.subspan(d.spans[i].offset, d.spans[i].size));
+      std::vector<uint32_t> pos(pc->header.changed);
+      std::vector<uint8_t> val(pc->header.changed * 2);
+      (void)codec::DecodeSparse(pc->payload, pc->header.kind,
+                                static_cast<uint32_t>(pc->header.count), 2,
+                                static_cast<uint32_t>(pc->header.changed),
+                                pos.data(), val.data());
+    });
+    const double cpu_ms = (Now() - p0) * 1e3;
+    std::printf("| %.1f%% | %zu | %llu | %.1f | %.1f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f |"
+                " %.1f (+%.0f model H2D) | %.0f |\n",
+                rate * 100, d.spans.size(), static_cast<unsigned long long>(d.records),
+                d.bytes / 1e6, prep_ms, classify_ms, best_n.kernel_ms,
+                bv.kernel_ms + bv.verify_ms, best_n.seconds * 1e3, bv.seconds * 1e3,
+                h2d_ms, cpu_ms, model_bytes / h2d_gbps / 1e6,
+                static_cast<double>(bv.device_bytes) / (1 << 20));
+    std::printf("  (CPU encode %.1f s on %d threads; batches %llu; pause = decode %.2f +"
+                " scan/apply %.2f ms; verify kernels %.2f ms; e2e/H2D = %.2f, +verify %.2f)\n",
+                enc_s, threads, static_cast<unsigned long long>(best_n.batches),
+                best_n.decode_ms, best_n.kernel_ms - best_n.decode_ms,
+                bv.verify_ms, best_n.seconds * 1e3 / h2d_ms, bv.seconds * 1e3 / h2d_ms);
+    CK(cudaFreeHost(d.pinned));
+  }
+  size_t free1, total1;
+  CK(cudaMemGetInfo(&free1, &total1));
+  std::printf("device memory in use beyond the model and base copy at the end: %.0f MiB\n",
+              (static_cast<double>(free0) - free1) / (1 << 20));
+  return 0;
+}
+
+}  // namespace
+}  // namespace refit::cuda
+
+int main(int argc, char** argv) { return refit::cuda::Main(argc, argv); }

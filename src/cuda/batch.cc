@@ -1,0 +1,327 @@
+#include "cuda/batch.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "base/bytes.h"
+#include "base/hash.h"
+#include "base/parallel.h"
+#include "codec/payload.h"
+#include "codec/rans.h"
+#include "codec/table.h"
+#include "delta/chunk.h"
+
+namespace refit::cuda {
+namespace {
+
+using codec::ChunkKind;
+
+uint64_t Align8(uint64_t x) { return (x + 7) & ~uint64_t{7}; }
+uint64_t Align16(uint64_t x) { return (x + 15) & ~uint64_t{15}; }
+
+// One chunk as placed on this GPU, before batching. Offsets are relative
+// to the chunk's own bytes (sparse streams) or its decoded dense bytes.
+struct Parsed {
+  DevChunk dev{};
+  std::vector<DevTable> tables;
+  std::vector<uint32_t> lanes;  // offsets relative to the chunk start
+  std::vector<uint8_t> dense;
+  uint64_t scratch = 0;
+  uint32_t chunk_index = 0;
+};
+
+// Sparse payload header (docs/format.md §4.1) and lane framing (§5.3).
+Status ParseSparse(const ParsedChunk& c, uint64_t payload_offset, Parsed* out) {
+  const ChunkHeader& h = c.header;
+  const uint32_t n = static_cast<uint32_t>(h.count);
+  const uint32_t k = static_cast<uint32_t>(h.changed);
+  const int w = h.width;
+  std::span<const uint8_t> p = c.payload;
+  if (p.empty()) return DataLossError("sparse payload is empty");
+  const int gw = p[0];
+  if (gw < 1 || gw > 4) return DataLossError("gap width outside 1..4");
+  size_t off = 1;
+  DevChunk& d = out->dev;
+  d.gw = static_cast<uint8_t>(gw);
+  uint32_t smem = 0;
+  for (int j = 0; j < gw + w; ++j) {
+    const bool is_gap = j < gw;
+    const codec::GapContext ctx{is_gap, n, k, is_gap ? j : 0};
+    codec::Model m;
+    size_t used = 0;
+    Status s = codec::ReadModel(p.subspan(off), ctx, &m, &used);
+    if (!s.ok()) return s.WithContext("plane " + std::to_string(j));
+    off += used;
+    const int shift = is_gap ? 8 * j : 64 + 8 * (j - gw);
+    if (!m.coded()) {
+      if (is_gap) {
+        d.fixed_gap |= uint64_t{m.symbol} << (8 * j);
+      } else {
+        d.fixed_value |= uint64_t{m.symbol} << (8 * (j - gw));
+      }
+      continue;
+    }
+    DevTable t{};
+    t.t = static_cast<uint32_t>(m.t);
+    std::memcpy(t.f, m.f.data(), sizeof(t.f));
+    out->tables.push_back(t);
+    d.coded_shift[d.coded++] = static_cast<uint8_t>(shift);
+    smem += 1024 + (1u << std::min(m.t, kSlotTableBits));
+  }
+  d.smem = smem;
+  // Lane framing; lane bytes must lie inside the payload.
+  ByteReader r(p.subspan(off));
+  const uint32_t L = r.U8();
+  if (!r.ok() || L == 0) return DataLossError("stream lane count missing or 0");
+  std::vector<uint64_t> size(L, 0);
+  for (uint32_t j = 0; j + 1 < L; ++j) size[j] = r.Varint();
+  if (!r.ok()) return DataLossError("stream lane sizes truncated");
+  uint64_t pos = payload_offset + static_cast<uint64_t>(r.position() - p.data());
+  uint64_t left = r.remaining();
+  out->lanes.clear();
+  for (uint32_t j = 0; j < L; ++j) {
+    if (j + 1 == L) size[j] = left;
+    if (size[j] < 4 || size[j] > left) {
+      return DataLossError("lane " + std::to_string(j) +
+                           " is below 4 bytes or past the stream end");
+    }
+    out->lanes.push_back(static_cast<uint32_t>(pos));
+    pos += size[j];
+    left -= size[j];
+  }
+  out->lanes.push_back(static_cast<uint32_t>(pos));
+  d.lanes = static_cast<uint8_t>(L);
+  return Status::Ok();
+}
+
+}  // namespace
+
+uint64_t HostBatch::meta_bytes() const {
+  uint64_t t, l;
+  MetaOffsets(&t, &l);
+  return l + 4 * lanes.size();
+}
+
+void HostBatch::MetaOffsets(uint64_t* t, uint64_t* l) const {
+  *t = Align16(chunks.size() * sizeof(DevChunk));
+  *l = Align16(*t + tables.size() * sizeof(DevTable));
+}
+
+void HostBatch::SerializeMeta(std::vector<uint8_t>* out) const {
+  uint64_t t, l;
+  MetaOffsets(&t, &l);
+  out->assign(meta_bytes(), 0);
+  std::memcpy(out->data(), chunks.data(), chunks.size() * sizeof(DevChunk));
+  std::memcpy(out->data() + t, tables.data(), tables.size() * sizeof(DevTable));
+  std::memcpy(out->data() + l, lanes.data(), lanes.size() * 4);
+}
+
+const char* ChunkStatusName(uint32_t status) {
+  switch (status) {
+    case kStatusOk: return "ok";
+    case kStatusLaneShort: return "a rANS lane ran out of bytes";
+    case kStatusLaneEnd: return "a rANS lane has leftover bytes or ends in a wrong state";
+    case kStatusPosition: return "a decoded position lies past the chunk";
+    case kStatusZeroXor: return "a sparse XOR value is zero";
+    case kStatusAfterMismatch: return "the result does not hash to \"after\"; undone";
+    case kStatusSkipped: return "skipped";
+    default: return "unknown status";
+  }
+}
+
+Result<PreparedDelta> PrepareBatches(std::span<const uint8_t> buffer,
+                                     std::span<const ChunkSpan> chunks,
+                                     std::span<const std::string> tensor_names,
+                                     const PlacementPlan& plan,
+                                     const PrepareOptions& opts) {
+  std::vector<DevicePlacement> placements;
+  std::vector<DevicePiece> pieces;
+  plan.Flatten(&placements, &pieces);
+  if (opts.limits.payload_bytes >= (uint64_t{1} << 32)) {
+    return InvalidArgumentError("staging payload slots must be below 4 GiB");
+  }
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    if (!AddWithin(chunks[i].offset, chunks[i].size, buffer.size())) {
+      return InvalidArgumentError("chunk " + std::to_string(i) +
+                                  " lies outside the payload buffer");
+    }
+    if (i > 0 && chunks[i].offset < chunks[i - 1].offset + chunks[i - 1].size) {
+      return InvalidArgumentError("chunks must be given in buffer order, "
+                                  "without overlap");
+    }
+  }
+  // Parse every chunk in parallel; one chunk may yield several placements.
+  std::vector<std::vector<Parsed>> parsed(chunks.size());
+  std::vector<Status> errors(chunks.size());
+  ParallelForEach(chunks.size(), opts.threads, [&](size_t i, int) {
+    auto pc = ParseChunk(buffer.subspan(chunks[i].offset, chunks[i].size));
+    if (!pc.ok()) {
+      errors[i] = pc.status();
+      return;
+    }
+    if (pc->size != chunks[i].size) {
+      errors[i] = DataLossError("chunk size disagrees with its framing");
+      return;
+    }
+    const ChunkHeader& h = pc->header;
+    if (h.tensor_id >= tensor_names.size()) {
+      errors[i] = DataLossError("chunk names tensor " +
+                                std::to_string(h.tensor_id) +
+                                " outside the tensor table");
+      return;
+    }
+    for (uint32_t pi : plan.Find(tensor_names[h.tensor_id])) {
+      const TensorPlacement& tp = plan.placements()[pi];
+      if (tp.width != h.width || h.start + h.count > tp.rows * tp.cols) {
+        errors[i] = FailedPreconditionError(
+            "chunk of '" + tp.name + "' does not fit its placement (width or "
+            "range); the plan does not match the delta");
+        return;
+      }
+      if (!Intersects(tp, h.start, h.count)) continue;
+      Parsed p;
+      p.chunk_index = static_cast<uint32_t>(i);
+      DevChunk& d = p.dev;
+      d.start = h.start;
+      d.n = static_cast<uint32_t>(h.count);
+      d.k = static_cast<uint32_t>(h.changed);
+      d.kind = static_cast<uint8_t>(h.kind);
+      d.width = h.width;
+      d.placement = pi;
+      d.after_lo = h.after.lo;
+      d.after_hi = h.after.hi;
+      d.before_lo = h.before.lo;
+      d.before_hi = h.before.hi;
+      const uint64_t bytes = h.count * h.width;
+      d.segments = static_cast<uint32_t>((bytes + kRangeHashSegment - 1) /
+                                         kRangeHashSegment);
+      const auto addr = ContiguousAddress(tp, h.start, h.count);
+      d.linear_address = addr ? *addr : 0;
+      if (opts.verify) {
+        if (!addr) {
+          errors[i] = FailedPreconditionError(
+              "chunk of '" + tp.name + "' is not stored contiguously on this "
+              "GPU, so its range hash cannot be checked here; apply with "
+              "verification off (and verify elsewhere)");
+          return;
+        }
+        d.range_address = *addr;
+      }
+      const uint64_t w = h.width;
+      Status st;
+      if (h.IsSparse()) {
+        d.layout = kDevSparse;
+        const uint64_t payload_offset =
+            static_cast<uint64_t>(pc->payload.data() - buffer.data()) -
+            chunks[i].offset;
+        st = ParseSparse(*pc, payload_offset, &p);
+        p.scratch = Align16(4 * uint64_t{d.k}) + Align16(w * d.k);
+        if (h.kind == ChunkKind::kSparseOverwrite) p.scratch += Align16(w * d.k);
+      } else {
+        d.layout = kDevDense;
+        p.dense.resize(bytes);
+        st = codec::DecodeDense(pc->payload, d.n, h.width, p.dense.data());
+        if (h.kind == ChunkKind::kRaw) p.scratch = Align8(bytes);
+      }
+      if (!st.ok()) {
+        errors[i] = st.WithContext("chunk " + std::to_string(i));
+        return;
+      }
+      // Digests sit at the end of the chunk's scratch, 16-byte aligned.
+      p.scratch = Align16(p.scratch);
+      if (opts.verify) p.scratch += 16 * uint64_t{d.segments};
+      parsed[i].push_back(std::move(p));
+    }
+  });
+  for (const Status& s : errors) REFIT_RETURN_IF_ERROR(s);
+
+  PreparedDelta out;
+  HostBatch cur;
+  bool open = false;
+  uint64_t dense_bytes = 0;
+  auto close = [&]() {
+    if (!open) return;
+    // Dense bytes follow the chunk bytes on the device; fix their offsets.
+    cur.dense_offset = Align8(cur.payload_end - cur.payload_begin);
+    for (DevChunk& d : cur.chunks) {
+      if (d.layout == kDevDense) d.data += cur.dense_offset;
+    }
+    out.payload_bytes += cur.device_bytes();
+    out.largest_batch = std::max(out.largest_batch,
+                                 cur.dense_offset + cur.dense.size());
+    out.largest_scratch = std::max(out.largest_scratch, cur.scratch_bytes);
+    out.largest_smem = std::max(out.largest_smem, cur.smem);
+    out.largest_meta = std::max(out.largest_meta, cur.meta_bytes());
+    out.batches.push_back(std::move(cur));
+    cur = HostBatch{};
+    open = false;
+    dense_bytes = 0;
+  };
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    if (parsed[i].empty()) {
+      ++out.chunks_not_here;
+      continue;
+    }
+    const uint64_t chunk_end = chunks[i].offset + chunks[i].size;
+    for (Parsed& p : parsed[i]) {
+      const uint64_t extra_dense = Align8(p.dense.size());
+      if (open) {
+        const uint64_t payload = chunk_end - cur.payload_begin + 8 +
+                                 dense_bytes + extra_dense;
+        const uint64_t meta = cur.meta_bytes() + sizeof(DevChunk) +
+                              p.tables.size() * sizeof(DevTable) +
+                              4 * p.lanes.size() + 32;
+        if (payload > opts.limits.payload_bytes ||
+            cur.scratch_bytes + p.scratch > opts.limits.scratch_bytes ||
+            meta > opts.limits.meta_bytes) {
+          close();
+        }
+      }
+      if (!open) {
+        cur.payload_begin = chunks[i].offset;
+        open = true;
+      }
+      const uint64_t payload = chunk_end - cur.payload_begin + 8 + extra_dense;
+      if (payload > opts.limits.payload_bytes ||
+          p.scratch > opts.limits.scratch_bytes) {
+        return ResourceExhaustedError(
+            "chunk " + std::to_string(i) + " needs " + std::to_string(payload) +
+            " payload and " + std::to_string(p.scratch) +
+            " scratch bytes, more than a staging slot holds");
+      }
+      cur.payload_end = chunk_end;
+      DevChunk d = p.dev;
+      const uint64_t rel = chunks[i].offset - cur.payload_begin;
+      if (d.layout == kDevSparse) {
+        d.lane_first = static_cast<uint32_t>(cur.lanes.size());
+        for (uint32_t lane : p.lanes) {
+          cur.lanes.push_back(static_cast<uint32_t>(rel + lane));
+        }
+        d.table_first = static_cast<uint32_t>(cur.tables.size());
+        cur.tables.insert(cur.tables.end(), p.tables.begin(), p.tables.end());
+        d.records = cur.scratch_bytes;
+        d.values = d.records + Align16(4 * uint64_t{d.k});
+        d.undo = d.values + Align16(uint64_t{d.width} * d.k);
+        cur.records += d.k;
+      } else {
+        d.data = dense_bytes;  // shifted by dense_offset when the batch closes
+        cur.dense.insert(cur.dense.end(), p.dense.begin(), p.dense.end());
+        cur.dense.resize(dense_bytes + extra_dense);
+        dense_bytes += extra_dense;
+        d.undo = cur.scratch_bytes;
+      }
+      const uint64_t digest_bytes = opts.verify ? 16 * uint64_t{d.segments} : 0;
+      d.seg_first = (cur.scratch_bytes + p.scratch - digest_bytes) / 16;
+      cur.scratch_bytes += p.scratch;
+      cur.segments += d.segments;
+      cur.smem = std::max(cur.smem, d.smem);
+      d.status_index = out.status_count++;
+      out.chunk_of_status.push_back(p.chunk_index);
+      cur.chunks.push_back(d);
+    }
+  }
+  close();
+  return out;
+}
+
+}  // namespace refit::cuda

@@ -1,0 +1,156 @@
+// Host-side preparation of chunk batches for the GPU receiver.
+//
+// The CPU parses what is cheap and serial (chunk framing and checksum, the
+// per-plane models of docs/format.md §5.2 through the codec's own parser,
+// lane framing of §5.3) and lays it out as POD descriptors; the GPU does the
+// per-symbol work. Dense payloads (kinds 3, 4) are decoded here, on the CPU,
+// with the codec (their zstd planes could not run on the GPU anyway), and
+// their bytes travel with the batch.
+//
+// A batch is a run of consecutive chunks of the caller's payload buffer,
+// bounded so that its payload, decoded records and digests fit the device
+// staging slots. Everything here is plain C++ with no CUDA dependency, so it
+// is unit-tested on CPU-only machines. PrepareBatches is thread-safe for
+// distinct outputs.
+#ifndef REFIT_CUDA_BATCH_H_
+#define REFIT_CUDA_BATCH_H_
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "cuda/placement.h"
+#include "refit/status.h"
+
+namespace refit::cuda {
+
+inline constexpr int kMaxCodedPlanes = 12;
+// Every coded plane gets a slot -> symbol lookup of min(2^t, 2^kSlotTableBits)
+// entries in shared memory; wider tables look up the symbol of the slot's
+// 2^(t - kSlotTableBits)-slot bucket and step forward from there.
+inline constexpr int kSlotTableBits = 12;
+
+// Per-chunk status written by the kernels (0: applied or pending).
+enum ChunkStatus : uint32_t {
+  kStatusOk = 0,
+  kStatusLaneShort = 1,      // a lane ran out of bytes
+  kStatusLaneEnd = 2,        // leftover bytes or wrong final state
+  kStatusPosition = 3,       // a decoded position past the chunk
+  kStatusZeroXor = 4,        // a zero XOR value
+  kStatusAfterMismatch = 5,  // applied, did not hash to "after", undone
+  kStatusSkipped = 6,        // not applied (Classify said so)
+};
+const char* ChunkStatusName(uint32_t status);
+
+// A plane's frequency table as the kernel reads it.
+struct DevTable {
+  uint32_t t;
+  uint16_t f[256];
+  uint32_t reserved;
+};
+
+enum : uint8_t { kDevSparse = 0, kDevDense = 1 };
+
+struct DevChunk {
+  uint64_t start;          // canonical first element
+  uint64_t data;           // payload-buffer offset: sparse stream / dense bytes
+  uint64_t records;        // scratch offset: u32 gaps, then positions [k]
+                           // (16-byte aligned)
+  uint64_t values;         // scratch offset of the values
+  uint64_t undo;           // scratch offset of replaced bytes (overwrite kinds)
+  uint64_t range_address;  // contiguous device address of the range, or 0
+                           // (0 also when verification is off)
+  uint64_t linear_address;  // same, regardless of verification: records of
+                            // such chunks skip the placement lookup
+  uint64_t seg_first;      // first segment digest (scratch digest array)
+  uint64_t after_lo, after_hi;    // docs/format.md §3 "after"
+  uint64_t before_lo, before_hi;  // and "before"
+  uint64_t fixed_gap;      // constant gap planes' bytes, in place
+  uint64_t fixed_value;    // constant value planes' bytes, in place
+  uint32_t n, k;
+  uint32_t lane_first;     // lane offsets: lanes[lane_first .. + lanes]
+  uint32_t table_first;    // tables[table_first .. + coded]
+  uint32_t placement;      // index into the flattened plan
+  uint32_t status_index;   // index into the status array
+  uint32_t segments;       // 64 KiB segments of the range
+  uint32_t smem;           // shared memory the chunk's tables need
+  uint8_t layout;          // kDevSparse or kDevDense
+  uint8_t kind;            // codec::ChunkKind
+  uint8_t width;
+  uint8_t gw;
+  uint8_t lanes;
+  uint8_t coded;                          // coded planes
+  uint8_t coded_shift[kMaxCodedPlanes];   // bit shift of the plane's byte;
+                                          // +64 for value planes
+  uint8_t reserved[2];
+};
+
+struct BatchLimits {
+  uint64_t payload_bytes = 32 << 20;   // per staging slot
+  uint64_t scratch_bytes = 160 << 20;  // records, undo bytes, digests
+  uint64_t meta_bytes = 16 << 20;      // descriptors, tables, lane offsets
+};
+
+struct PrepareOptions {
+  BatchLimits limits;
+  bool verify = true;  // check "after" range hashes on the device
+  int threads = 0;     // host threads for parsing (0: default)
+};
+
+struct ChunkSpan {
+  uint64_t offset = 0;  // in the payload buffer
+  uint64_t size = 0;
+};
+
+struct HostBatch {
+  uint64_t payload_begin = 0;  // byte range of the caller's buffer to upload
+  uint64_t payload_end = 0;
+  uint64_t dense_offset = 0;   // decoded dense bytes go here on the device
+  std::vector<uint8_t> dense;  // decoded dense payloads (CPU)
+  std::vector<DevChunk> chunks;
+  std::vector<DevTable> tables;
+  std::vector<uint32_t> lanes;  // payload-buffer offsets, per chunk L + 1
+  uint64_t scratch_bytes = 0;
+  uint64_t segments = 0;
+  uint32_t smem = 0;            // largest per-chunk table need
+  uint64_t records = 0;         // changed records (sparse) in the batch
+  uint64_t device_bytes() const {
+    return payload_end - payload_begin + dense.size();
+  }
+  // Descriptor bytes as uploaded: chunks, then tables, then lane offsets,
+  // each 16-byte aligned (MetaLayout gives the offsets).
+  uint64_t meta_bytes() const;
+  void MetaOffsets(uint64_t* tables, uint64_t* lanes) const;
+  void SerializeMeta(std::vector<uint8_t>* out) const;
+};
+
+struct PreparedDelta {
+  std::vector<HostBatch> batches;
+  uint32_t status_count = 0;
+  uint64_t chunks_not_here = 0;  // chunks with no element on this GPU
+  uint64_t payload_bytes = 0;    // bytes uploaded over all batches
+  uint64_t largest_batch = 0;    // device bytes of the largest batch
+  uint64_t largest_scratch = 0;
+  uint64_t largest_meta = 0;
+  uint32_t largest_smem = 0;
+  // For each status index: the caller's chunk index.
+  std::vector<uint32_t> chunk_of_status;
+};
+
+// Parses and batches `chunks` (each a whole chunk, docs/format.md §3, lying
+// in `buffer`), for a receiver whose tensors are `tensor_names` (the
+// delta's tensor table: a chunk's tensor_id indexes it) placed by `plan`.
+// Chunks of tensors the plan does not place here, or whose range has no
+// element here, are skipped. Requires every chunk to parse (checksum
+// included), its width and range to fit its placement, and with
+// opts.verify, its range to be contiguous where placed.
+Result<PreparedDelta> PrepareBatches(std::span<const uint8_t> buffer,
+                                     std::span<const ChunkSpan> chunks,
+                                     std::span<const std::string> tensor_names,
+                                     const PlacementPlan& plan,
+                                     const PrepareOptions& opts);
+
+}  // namespace refit::cuda
+
+#endif  // REFIT_CUDA_BATCH_H_

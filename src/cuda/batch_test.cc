@@ -1,0 +1,120 @@
+#include "cuda/batch.h"
+
+#include <gtest/gtest.h>
+
+#include <random>
+
+#include "delta/encoder.h"
+
+namespace refit::cuda {
+namespace {
+
+// Encodes one chunk of a random tensor with ~rate changed elements.
+std::vector<uint8_t> MakeChunk(int w, uint64_t count, double rate,
+                               uint32_t seed, ChunkHeader* header) {
+  std::mt19937_64 rng(seed);
+  std::vector<uint8_t> a(count * w), b;
+  for (auto& x : a) x = static_cast<uint8_t>(rng());
+  b = a;
+  std::bernoulli_distribution change(rate);
+  for (uint64_t i = 0; i < count; ++i) {
+    if (change(rng)) b[i * w] ^= 1;
+  }
+  ChunkHeader ids;
+  ids.width = static_cast<uint8_t>(w);
+  ids.version = 1;
+  ChunkEncodeOptions opt;
+  EncodeScratch scratch;
+  ChunkResult r;
+  EXPECT_TRUE(EncodeChunkRange(ids, a.data(), b.data(), 0, count, opt,
+                               &scratch, &r).ok());
+  *header = r.header;
+  return r.chunk;
+}
+
+TEST(Batch, PreparesSparseChunkWithLanesAndTables) {
+  ChunkHeader h;
+  auto chunk = MakeChunk(2, 1 << 16, 0.01, 1, &h);
+  ASSERT_FALSE(chunk.empty());
+  PlacementPlan plan;
+  ASSERT_TRUE(plan.Add(WholePlacement("t", 2, 256, 256, 4096)).ok());
+  std::vector<std::string> names = {"t"};
+  ChunkSpan span{0, chunk.size()};
+  auto p = PrepareBatches(chunk, std::span(&span, 1), names, plan, {});
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  ASSERT_EQ(p->batches.size(), 1u);
+  const HostBatch& b = p->batches[0];
+  ASSERT_EQ(b.chunks.size(), 1u);
+  const DevChunk& d = b.chunks[0];
+  EXPECT_EQ(d.layout, kDevSparse);
+  EXPECT_EQ(d.k, h.changed);
+  EXPECT_EQ(d.range_address, 4096u);
+  EXPECT_GE(d.lanes, 1);
+  EXPECT_EQ(b.lanes.size(), d.lanes + 1u);
+  EXPECT_EQ(b.lanes.back(), chunk.size() - 4);  // the stream ends at the checksum
+  EXPECT_EQ(b.tables.size(), d.coded);
+  std::vector<uint8_t> meta;
+  b.SerializeMeta(&meta);
+  EXPECT_EQ(meta.size(), b.meta_bytes());
+}
+
+TEST(Batch, SkipsChunksNotHeldAndRejectsCorruptOnes) {
+  ChunkHeader h;
+  auto chunk = MakeChunk(2, 1 << 16, 0.01, 2, &h);
+  PlacementPlan plan;
+  // Rows [0, 8) of a [512, 256] tensor: the chunk covers rows 0..255.
+  ASSERT_TRUE(plan.Add(RowShardPlacement("t", 2, 512, 256, 300, 512, 0)).ok());
+  std::vector<std::string> names = {"t"};
+  ChunkSpan span{0, chunk.size()};
+  PrepareOptions opt;
+  opt.verify = false;
+  auto p = PrepareBatches(chunk, std::span(&span, 1), names, plan, opt);
+  ASSERT_TRUE(p.ok());
+  EXPECT_EQ(p->chunks_not_here, 1u);
+  EXPECT_TRUE(p->batches.empty());
+
+  PlacementPlan whole;
+  ASSERT_TRUE(whole.Add(WholePlacement("t", 2, 512, 256, 0)).ok());
+  chunk[chunk.size() / 2] ^= 0x40;
+  EXPECT_FALSE(PrepareBatches(chunk, std::span(&span, 1), names, whole, {}).ok());
+}
+
+TEST(Batch, RefusesVerificationOfNonContiguousRanges) {
+  ChunkHeader h;
+  auto chunk = MakeChunk(2, 1 << 16, 0.01, 3, &h);
+  PlacementPlan plan;
+  ASSERT_TRUE(plan.Add(TransposedPlacement("t", 2, 256, 256, 0)).ok());
+  std::vector<std::string> names = {"t"};
+  ChunkSpan span{0, chunk.size()};
+  EXPECT_FALSE(PrepareBatches(chunk, std::span(&span, 1), names, plan, {}).ok());
+  PrepareOptions opt;
+  opt.verify = false;
+  EXPECT_TRUE(PrepareBatches(chunk, std::span(&span, 1), names, plan, opt).ok());
+}
+
+TEST(Batch, SplitsBatchesAtTheStagingLimit) {
+  std::vector<uint8_t> buf;
+  std::vector<ChunkSpan> spans;
+  for (int i = 0; i < 6; ++i) {
+    ChunkHeader h;
+    auto c = MakeChunk(2, 1 << 15, 0.05, 10 + i, &h);
+    spans.push_back({buf.size(), c.size()});
+    buf.insert(buf.end(), c.begin(), c.end());
+  }
+  PlacementPlan plan;
+  ASSERT_TRUE(plan.Add(WholePlacement("t", 2, 1 << 15, 1, 0)).ok());
+  std::vector<std::string> names = {"t"};
+  PrepareOptions opt;
+  opt.limits.payload_bytes = spans[0].size * 2 + 64;
+  auto p = PrepareBatches(buf, spans, names, plan, opt);
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  EXPECT_GE(p->batches.size(), 3u);
+  for (const HostBatch& b : p->batches) {
+    EXPECT_LE(b.device_bytes(), opt.limits.payload_bytes);
+  }
+  opt.limits.payload_bytes = 16;
+  EXPECT_FALSE(PrepareBatches(buf, spans, names, plan, opt).ok());
+}
+
+}  // namespace
+}  // namespace refit::cuda

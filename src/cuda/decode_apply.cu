@@ -1,0 +1,496 @@
+// Receiver kernels: sparse rANS decode (kernel A), gap scan + scatter apply
+// (kernel B), dense apply, range-hash verification (docs/format.md §2-§5). The scalar CPU decoder in
+// src/codec is the reference; these kernels accept and refuse exactly the
+// payloads it does (the host side has already checked models and lane
+// framing, see batch.cc) and produce the same bytes.
+#include <cub/block/block_scan.cuh>
+
+#include "cuda/kernels.h"
+#include "cuda/xxh3.cuh"
+
+namespace refit::cuda::internal {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr uint32_t kRansLow = 1u << 16;
+constexpr uint64_t kSegment = 64 * 1024;
+
+__device__ inline uint64_t LoadW(const uint8_t* p, int w) {
+  switch (w) {
+    case 1: return *p;
+    case 2: return *reinterpret_cast<const uint16_t*>(p);
+    case 4: return *reinterpret_cast<const uint32_t*>(p);
+    default: return *reinterpret_cast<const uint64_t*>(p);
+  }
+}
+__device__ inline void StoreW(uint8_t* p, uint64_t v, int w) {
+  switch (w) {
+    case 1: *p = static_cast<uint8_t>(v); break;
+    case 2: *reinterpret_cast<uint16_t*>(p) = static_cast<uint16_t>(v); break;
+    case 4: *reinterpret_cast<uint32_t*>(p) = static_cast<uint32_t>(v); break;
+    default: *reinterpret_cast<uint64_t*>(p) = v; break;
+  }
+}
+
+__device__ inline uint8_t* Addr(uint64_t a) {
+  return reinterpret_cast<uint8_t*>(static_cast<uintptr_t>(a));
+}
+
+// Stores (or, with undo, reverts) the decoded records of a chunk whose
+// positions and values are in scratch. XOR is its own inverse; overwrite
+// kinds save the bytes they replace and restore them on undo.
+__device__ void StoreSparse(const BatchDevice& b, const DevChunk& c,
+                            bool undo) {
+  const DevicePlacement pl = b.placements[c.placement];
+  const uint32_t* pos = reinterpret_cast<const uint32_t*>(b.scratch + c.records);
+  const uint8_t* vals = b.scratch + c.values;
+  uint8_t* old = b.scratch + c.undo;
+  const int w = c.width;
+  const bool xor_kind = c.kind == 1;
+  for (uint32_t r = threadIdx.x; r < c.k; r += blockDim.x) {
+    uint64_t a;
+    if (!MapElement(pl, b.pieces, c.start + pos[r], &a)) continue;
+    uint8_t* p = Addr(a);
+    if (xor_kind) {
+      StoreW(p, LoadW(p, w) ^ LoadW(vals + uint64_t{r} * w, w), w);
+    } else if (undo) {
+      StoreW(p, LoadW(old + uint64_t{r} * w, w), w);
+    } else {
+      StoreW(old + uint64_t{r} * w, LoadW(p, w), w);
+      StoreW(p, LoadW(vals + uint64_t{r} * w, w), w);
+    }
+  }
+}
+
+__device__ void StoreDense(const BatchDevice& b, const DevChunk& c, bool undo) {
+  const DevicePlacement pl = b.placements[c.placement];
+  const uint8_t* vals = b.payload + c.data;
+  uint8_t* old = b.scratch + c.undo;
+  const int w = c.width;
+  const bool xor_kind = c.kind == 3;
+  for (uint32_t i = threadIdx.x; i < c.n; i += blockDim.x) {
+    uint64_t a;
+    if (!MapElement(pl, b.pieces, c.start + i, &a)) continue;
+    uint8_t* p = Addr(a);
+    const uint64_t off = uint64_t{i} * w;
+    if (xor_kind) {
+      const uint64_t v = LoadW(vals + off, w);
+      if (v != 0) StoreW(p, LoadW(p, w) ^ v, w);
+    } else if (undo) {
+      StoreW(p, LoadW(old + off, w), w);
+    } else {
+      StoreW(old + off, LoadW(p, w), w);
+      StoreW(p, LoadW(vals + off, w), w);
+    }
+  }
+}
+
+// Largest symbol s with c[s] <= slot (fc[s] = f | c << 16, c ascending);
+// it always has f[s] > 0 since a zero-frequency symbol shares its c with
+// the next one.
+__device__ inline uint32_t SearchSymbol(const uint32_t* fc, uint32_t slot) {
+  uint32_t lo = 0;
+  for (uint32_t step = 128; step > 0; step >>= 1) {
+    if ((fc[lo + step] >> 16) <= slot) lo += step;
+  }
+  return lo;
+}
+
+constexpr int kDecodeThreads = 128;  // >= the lanes of most chunks
+constexpr int kApplyThreads = 256;
+constexpr int kApplyItems = 4;       // consecutive records per thread
+constexpr uint32_t kTileRecords = kApplyThreads * kApplyItems;
+
+__device__ inline uint16_t Ld16(const uint8_t* p) {
+  return static_cast<uint16_t>(__ldg(p) | __ldg(p + 1) << 8);
+}
+
+// Kernel A: decodes the lanes of one sparse chunk into scratch. Lane j
+// writes record i = j + m * L to slot i (gaps at c.records, values at
+// c.values), so a warp's stores are coalesced. Checks everything the CPU
+// decoder checks: lane framing and final states, zero XOR values, and that
+// the positions stay below n (sum of (gap + 1) <= n, positions being
+// strictly ascending by construction). Sets the chunk's status on failure;
+// kernel B applies only chunks still kStatusOk.
+__global__ void __launch_bounds__(kDecodeThreads)
+    DecodeLanesKernel(BatchDevice b) {
+  const DevChunk& cg = b.chunks[blockIdx.x];
+  if (cg.layout != kDevSparse || b.status[cg.status_index] != kStatusOk) return;
+  const uint32_t k = cg.k, L = cg.lanes, coded = cg.coded;
+  const uint32_t tid = threadIdx.x;
+  using Scan = cub::BlockScan<uint32_t, kDecodeThreads>;
+  __shared__ typename Scan::TempStorage temp;
+  __shared__ uint32_t s_err;
+  __shared__ unsigned long long s_total;
+  __shared__ uint32_t s_t[kMaxCodedPlanes];
+  __shared__ uint32_t s_shift[kMaxCodedPlanes];
+  __shared__ uint32_t s_tab[kMaxCodedPlanes];  // byte offset of the lookup
+  extern __shared__ __align__(16) uint8_t smem[];
+  uint32_t* fc_all = reinterpret_cast<uint32_t*>(smem);
+  uint8_t* tabs = smem + coded * 1024;
+  if (tid == 0) {
+    s_err = kStatusOk;
+    s_total = 0;
+    uint32_t off = 0;
+    for (uint32_t p = 0; p < coded; ++p) {
+      const uint32_t t = b.tables[cg.table_first + p].t;
+      s_t[p] = t;
+      s_shift[p] = cg.coded_shift[p];
+      s_tab[p] = off;
+      off += 1u << min(t, uint32_t{kSlotTableBits});
+    }
+  }
+  // Cumulative frequencies (two symbols per thread).
+  for (uint32_t p = 0; p < coded; ++p) {
+    const DevTable& tb = b.tables[cg.table_first + p];
+    uint32_t f[2] = {tb.f[2 * tid], tb.f[2 * tid + 1]};
+    uint32_t c[2];
+    Scan(temp).ExclusiveSum(f, c);
+    fc_all[p * 256 + 2 * tid] = f[0] | c[0] << 16;
+    fc_all[p * 256 + 2 * tid + 1] = f[1] | c[1] << 16;
+    __syncthreads();
+  }
+  for (uint32_t p = 0; p < coded; ++p) {
+    const uint32_t t = s_t[p];
+    const uint32_t bits = min(t, uint32_t{kSlotTableBits});
+    const uint32_t* fc = fc_all + p * 256;
+    uint8_t* tab = tabs + s_tab[p];
+    for (uint32_t e = tid; e < (1u << bits); e += kDecodeThreads) {
+      tab[e] = static_cast<uint8_t>(SearchSymbol(fc, e << (t - bits)));
+    }
+  }
+  __syncthreads();
+
+  uint32_t* gaps = reinterpret_cast<uint32_t*>(b.scratch + cg.records);
+  uint8_t* vals = b.scratch + cg.values;
+  const bool xor_kind = cg.kind == 1;
+  const int w = cg.width;
+  const uint64_t fixed_gap = cg.fixed_gap, fixed_value = cg.fixed_value;
+  const uint8_t* payload = b.payload;
+  uint64_t total = 0;
+  uint32_t err = kStatusOk;
+  for (uint32_t lane = tid; lane < L; lane += kDecodeThreads) {
+    const uint32_t beg = b.lanes[cg.lane_first + lane];
+    const uint32_t end = b.lanes[cg.lane_first + lane + 1];
+    uint32_t q = beg + 4;
+    uint32_t x = Rd32(payload + beg);
+    if (x < kRansLow) err = kStatusLaneEnd;
+    // The next 16-bit word is loaded one renormalization ahead, so the
+    // load is off the state's dependency chain.
+    uint32_t next = end - q >= 2 ? Ld16(payload + q) : 0;
+    for (uint32_t i = lane; i < k && err == kStatusOk; i += L) {
+      uint64_t gap = fixed_gap, val = fixed_value;
+      for (uint32_t p = 0; p < coded; ++p) {
+        const uint32_t t = s_t[p];
+        const uint32_t* fc = fc_all + p * 256;
+        const uint32_t slot = x & ((1u << t) - 1);
+        uint32_t s;
+        if (t <= kSlotTableBits) {
+          s = tabs[s_tab[p] + slot];
+        } else {
+          s = tabs[s_tab[p] + (slot >> (t - kSlotTableBits))];
+          while (s < 255 && (fc[s + 1] >> 16) <= slot) ++s;
+        }
+        const uint32_t e = fc[s];
+        x = (e & 0xffff) * (x >> t) + slot - (e >> 16);
+        if (x < kRansLow) {
+          if (end - q < 2) {
+            err = kStatusLaneShort;
+            break;
+          }
+          x = (x << 16) | next;
+          q += 2;
+          next = end - q >= 2 ? Ld16(payload + q) : 0;
+        }
+        const uint32_t sh = s_shift[p];
+        if (sh < 64) {
+          gap |= uint64_t{s} << sh;
+        } else {
+          val |= uint64_t{s} << (sh - 64);
+        }
+      }
+      if (err != kStatusOk) break;
+      if (xor_kind && val == 0) {
+        err = kStatusZeroXor;
+        break;
+      }
+      total += gap + 1;
+      gaps[i] = static_cast<uint32_t>(gap);
+      StoreW(vals + uint64_t{i} * w, val, w);
+    }
+    if (err == kStatusOk && (q != end || x != kRansLow)) err = kStatusLaneEnd;
+  }
+  if (err != kStatusOk) atomicCAS(&s_err, kStatusOk, err);
+  if (total != 0) atomicAdd(&s_total, static_cast<unsigned long long>(total));
+  __syncthreads();
+  if (tid == 0) {
+    if (s_err != kStatusOk) {
+      b.status[cg.status_index] = s_err;
+    } else if (s_total > cg.n) {
+      b.status[cg.status_index] = kStatusPosition;  // p_{k-1} = total - 1
+    }
+  }
+}
+
+// Scatters one thread's kApplyItems consecutive records (positions in
+// pos[], absent ones as ~0u): every load is issued before any store, so
+// the read-modify-writes overlap. linear != 0: the range is contiguous
+// there; otherwise each position goes through the placement.
+__device__ inline void ScatterItems(const BatchDevice& b,
+                                    const DevicePlacement* pl, uint64_t linear,
+                                    uint64_t start, const uint32_t* pos,
+                                    uint32_t first, const uint8_t* vals,
+                                    uint8_t* old, int w, bool xor_kind) {
+  uint8_t* dst[kApplyItems];
+  uint64_t cur[kApplyItems], val[kApplyItems];
+#pragma unroll
+  for (int j = 0; j < kApplyItems; ++j) {
+    dst[j] = nullptr;
+    cur[j] = 0;
+    val[j] = 0;
+    if (pos[j] == ~0u) continue;
+    if (linear != 0) {
+      dst[j] = Addr(linear + uint64_t{pos[j]} * w);
+    } else {
+      uint64_t a = 0;
+      if (MapElement(*pl, b.pieces, start + pos[j], &a)) dst[j] = Addr(a);
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < kApplyItems; ++j) {
+    if (dst[j] == nullptr) continue;
+    cur[j] = LoadW(dst[j], w);
+    val[j] = LoadW(vals + uint64_t{first + j} * w, w);
+  }
+#pragma unroll
+  for (int j = 0; j < kApplyItems; ++j) {
+    if (dst[j] == nullptr) continue;
+    if (xor_kind) {
+      StoreW(dst[j], cur[j] ^ val[j], w);
+    } else {
+      StoreW(old + uint64_t{first + j} * w, cur[j], w);
+      StoreW(dst[j], val[j], w);
+    }
+  }
+}
+
+// Kernel B: one block per chunk. Sparse chunks: tiles of 1024 records, 4
+// consecutive ones per thread; a block scan turns gaps into positions and
+// each thread scatters its records. Positions are written back where
+// "after" verification may need to undo. Dense chunks: one element per
+// thread and step.
+__global__ void __launch_bounds__(kApplyThreads)
+    ScanApplyKernel(BatchDevice b) {
+  const DevChunk& cg = b.chunks[blockIdx.x];
+  if (b.status[cg.status_index] != kStatusOk) return;
+  if (cg.layout == kDevDense) {
+    StoreDense(b, cg, false);
+    return;
+  }
+  using Scan = cub::BlockScan<uint32_t, kApplyThreads>;
+  __shared__ typename Scan::TempStorage temp;
+  const uint32_t k = cg.k;
+  const int w = cg.width;
+  const bool xor_kind = cg.kind == 1;
+  const bool keep_positions = cg.range_address != 0;
+  const uint64_t linear = cg.linear_address;
+  const uint64_t start = cg.start;
+  const DevicePlacement* pl = b.placements + cg.placement;
+  uint32_t* recs = reinterpret_cast<uint32_t*>(b.scratch + cg.records);
+  const uint8_t* vals = b.scratch + cg.values;
+  uint8_t* old = b.scratch + cg.undo;
+  uint32_t carry = 0;  // sum of (gap + 1) so far; <= n (checked by kernel A)
+  for (uint32_t base = 0; base < k; base += kTileRecords) {
+    const uint32_t first = base + threadIdx.x * kApplyItems;
+    uint32_t g[kApplyItems];
+    const bool full = first + kApplyItems <= k;
+    if (full) {
+      const uint4 v = *reinterpret_cast<const uint4*>(recs + first);
+      g[0] = v.x; g[1] = v.y; g[2] = v.z; g[3] = v.w;
+    } else {
+#pragma unroll
+      for (int j = 0; j < kApplyItems; ++j) {
+        g[j] = first + j < k ? recs[first + j] : 0;
+      }
+    }
+    uint32_t local = 0;
+#pragma unroll
+    for (int j = 0; j < kApplyItems; ++j) {
+      if (first + j < k) local += g[j] + 1;
+    }
+    uint32_t excl, tile_total;
+    Scan(temp).ExclusiveSum(local, excl, tile_total);
+    uint32_t run = carry + excl;
+#pragma unroll
+    for (int j = 0; j < kApplyItems; ++j) {
+      if (first + j < k) {
+        run += g[j] + 1;
+        g[j] = run - 1;
+      } else {
+        g[j] = ~0u;
+      }
+    }
+    if (keep_positions) {
+      if (full) {
+        *reinterpret_cast<uint4*>(recs + first) = make_uint4(g[0], g[1], g[2], g[3]);
+      } else {
+#pragma unroll
+        for (int j = 0; j < kApplyItems; ++j) {
+          if (first + j < k) recs[first + j] = g[j];
+        }
+      }
+    }
+    ScatterItems(b, pl, linear, start, g, first, vals, old, w, xor_kind);
+    carry += tile_total;
+    __syncthreads();  // temp is reused by the next tile's scan
+  }
+}
+
+// One block per chunk, 8 warps over its 64 KiB segments.
+__global__ void __launch_bounds__(kThreads) SegmentDigestKernel(BatchDevice b) {
+  const DevChunk& c = b.chunks[blockIdx.x];
+  if (c.range_address == 0 || b.status[c.status_index] != kStatusOk) return;
+  const uint64_t bytes = uint64_t{c.n} * c.width;
+  const uint8_t* base = Addr(c.range_address);
+  uint64_t* dig = reinterpret_cast<uint64_t*>(b.scratch) + 2 * c.seg_first;
+  const uint32_t warp = threadIdx.x / 32, warps = blockDim.x / 32;
+  for (uint32_t s = warp; s < c.segments; s += warps) {
+    const uint64_t off = uint64_t{s} * kSegment;
+    const uint64_t len = bytes - off < kSegment ? bytes - off : kSegment;
+    const H128 h = Xxh3Warp(base + off, len);
+    if ((threadIdx.x & 31) == 0) {
+      dig[2 * s] = h.lo;
+      dig[2 * s + 1] = h.hi;
+    }
+  }
+}
+
+// mode 0: verify "after" and undo on mismatch; mode 1: classify.
+__global__ void __launch_bounds__(kThreads)
+    CheckKernel(BatchDevice b, int mode, uint8_t* state) {
+  const DevChunk& c = b.chunks[blockIdx.x];
+  if (c.range_address == 0) {
+    if (mode == 1 && threadIdx.x == 0) state[c.status_index] = 3;
+    return;
+  }
+  if (b.status[c.status_index] != kStatusOk) return;
+  __shared__ uint64_t s_h[2];
+  if (threadIdx.x < 32) {
+    const uint8_t* dig = b.scratch + 16 * c.seg_first;
+    const H128 h = Xxh3Warp(dig, 16 * uint64_t{c.segments});
+    if (threadIdx.x == 0) {
+      s_h[0] = h.lo;
+      s_h[1] = h.hi;
+    }
+  }
+  __syncthreads();
+  const bool is_after = s_h[0] == c.after_lo && s_h[1] == c.after_hi;
+  if (mode == 1) {
+    if (threadIdx.x == 0) {
+      const bool is_before = s_h[0] == c.before_lo && s_h[1] == c.before_hi;
+      state[c.status_index] = is_after ? 1 : is_before ? 0 : 2;
+    }
+    return;
+  }
+  if (is_after) return;
+  if (c.layout == kDevDense) {
+    StoreDense(b, c, true);
+  } else {
+    StoreSparse(b, c, true);
+  }
+  if (threadIdx.x == 0) b.status[c.status_index] = kStatusAfterMismatch;
+}
+
+__global__ void HashSpansKernel(const uint8_t* data, const uint64_t* offsets,
+                                const uint64_t* lens, uint32_t n,
+                                uint64_t* out) {
+  const uint32_t item = (blockIdx.x * blockDim.x + threadIdx.x) / 32;
+  if (item >= n) return;  // whole warps leave together
+  const H128 h = Xxh3Warp(data + offsets[item], lens[item]);
+  if ((threadIdx.x & 31) == 0) {
+    out[2 * item] = h.lo;
+    out[2 * item + 1] = h.hi;
+  }
+}
+
+__global__ void RangeDigestKernel(const uint8_t* data, uint64_t len,
+                                  uint64_t segments, uint64_t* dig) {
+  const uint64_t s = (uint64_t{blockIdx.x} * blockDim.x + threadIdx.x) / 32;
+  if (s >= segments) return;
+  const uint64_t off = s * kSegment;
+  const uint64_t l = len - off < kSegment ? len - off : kSegment;
+  const H128 h = Xxh3Warp(data + off, len == 0 ? 0 : l);
+  if ((threadIdx.x & 31) == 0) {
+    dig[2 * s] = h.lo;
+    dig[2 * s + 1] = h.hi;
+  }
+}
+
+__global__ void RangeCombineKernel(const uint8_t* dig, uint64_t segments,
+                                   uint64_t* out) {
+  const H128 h = Xxh3Warp(dig, 16 * segments);
+  if (threadIdx.x == 0) {
+    out[0] = h.lo;
+    out[1] = h.hi;
+  }
+}
+
+}  // namespace
+
+cudaError_t LaunchDecode(const BatchDevice& b, cudaStream_t stream) {
+  if (b.num_chunks == 0) return cudaSuccess;
+  if (b.smem > kMaxDecodeSmem) return cudaErrorInvalidValue;
+  static bool attr_set = false;  // first call raises the dynamic limit
+  if (!attr_set) {
+    const cudaError_t e = cudaFuncSetAttribute(
+        DecodeLanesKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+        static_cast<int>(kMaxDecodeSmem));
+    if (e != cudaSuccess) return e;
+    attr_set = true;
+  }
+  DecodeLanesKernel<<<b.num_chunks, kDecodeThreads, b.smem, stream>>>(b);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchApply(const BatchDevice& b, cudaStream_t stream) {
+  if (b.num_chunks == 0) return cudaSuccess;
+  ScanApplyKernel<<<b.num_chunks, kApplyThreads, 0, stream>>>(b);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchVerifyAfter(const BatchDevice& b, cudaStream_t stream) {
+  if (b.num_chunks == 0) return cudaSuccess;
+  SegmentDigestKernel<<<b.num_chunks, kThreads, 0, stream>>>(b);
+  CheckKernel<<<b.num_chunks, kThreads, 0, stream>>>(b, 0, nullptr);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchClassify(const BatchDevice& b, uint8_t* state,
+                           cudaStream_t stream) {
+  if (b.num_chunks == 0) return cudaSuccess;
+  SegmentDigestKernel<<<b.num_chunks, kThreads, 0, stream>>>(b);
+  CheckKernel<<<b.num_chunks, kThreads, 0, stream>>>(b, 1, state);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchHashSpans(const uint8_t* data, const uint64_t* offsets,
+                            const uint64_t* lens, uint32_t n, uint64_t* out,
+                            cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  const uint32_t blocks = (n + 7) / 8;
+  HashSpansKernel<<<blocks, 256, 0, stream>>>(data, offsets, lens, n, out);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchRangeHash(const uint8_t* data, uint64_t len,
+                            uint8_t* digests, uint64_t* out,
+                            cudaStream_t stream) {
+  const uint64_t segments = len == 0 ? 1 : (len + kSegment - 1) / kSegment;
+  const uint64_t blocks = (segments + 7) / 8;
+  RangeDigestKernel<<<static_cast<unsigned>(blocks), 256, 0, stream>>>(
+      data, len, segments, reinterpret_cast<uint64_t*>(digests));
+  RangeCombineKernel<<<1, 32, 0, stream>>>(digests, segments, out);
+  return cudaGetLastError();
+}
+
+}  // namespace refit::cuda::internal

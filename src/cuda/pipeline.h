@@ -1,0 +1,119 @@
+// The GPU receiver: applies delta chunks to tensors resident in device
+// memory, placed by a PlacementPlan (placement.h).
+//
+// Flow (docs/format.md §3 "Apply rule", per chunk):
+//   Prepare   (CPU, before the pause) parses and checksums every chunk,
+//             reads its models, decodes dense payloads, and cuts batches
+//             that fit the staging budget.
+//   Classify  (GPU, optional, before the pause) hashes each chunk's range:
+//             "before", "after" (already applied: skipped) or neither
+//             (refused: Apply writes nothing).
+//   Apply     (GPU, the pause) per batch: the payload is copied from host
+//             memory on a copy stream into one of two staging slots while
+//             the previous batch is decoded and applied on the compute
+//             stream; then each applied range is re-hashed and, if it is
+//             not "after", the chunk's stores are undone.
+//
+// Guarantee: every chunk's range ends either untouched or exactly "after"
+// (at most once). Chunks are independent: a corrupt chunk is refused and
+// reported while the others apply; callers that need all-or-nothing undo
+// the XOR chunks by applying them again. Range hashes need the range stored
+// contiguously on this GPU; shards and interleaved layouts must run with
+// verify = false (their canonical bytes are not all here).
+//
+// Device memory: two payload slots, two metadata slots and one scratch
+// area (decoded gaps/positions and values of one batch), together at most
+// ReceiverOptions::staging_bytes, plus the plan's small arrays and one
+// status word per chunk; host memory: two pinned metadata slots. The engine's own buffers
+// (KV cache) are never touched. A Receiver is single-caller.
+#ifndef REFIT_CUDA_PIPELINE_H_
+#define REFIT_CUDA_PIPELINE_H_
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "base/hash.h"
+#include "cuda/batch.h"
+#include "cuda/placement.h"
+#include "refit/status.h"
+
+namespace refit::cuda {
+
+struct ReceiverOptions {
+  uint64_t staging_bytes = uint64_t{256} << 20;
+  bool verify = true;    // check "after" on the device (needs contiguity)
+  int host_threads = 0;  // Prepare's parsing threads (0: default)
+  int device = 0;        // CUDA device ordinal
+};
+
+struct GpuApplyReport {
+  uint64_t chunks = 0;           // chunks prepared for this GPU
+  uint64_t chunks_applied = 0;
+  uint64_t chunks_skipped = 0;   // already "after" (Classify)
+  uint64_t chunks_not_here = 0;  // no element placed on this GPU
+  uint64_t records = 0;          // sparse records decoded
+  uint64_t batches = 0;
+  uint64_t payload_bytes = 0;    // bytes copied host -> device
+  uint64_t device_bytes = 0;     // staging and status memory held
+  double seconds = 0;            // wall time of Apply
+  double kernel_ms = 0;          // decode + apply kernels (GPU events)
+  double decode_ms = 0;          //   of which lane decoding (kernel A)
+  double verify_ms = 0;          // range-hash verification kernels
+};
+
+class Receiver {
+ public:
+  // `tensor_names` is the delta's tensor table (a chunk's tensor_id indexes
+  // it). Pointers in `plan` are device addresses on options.device.
+  static Result<std::unique_ptr<Receiver>> Create(
+      PlacementPlan plan, std::vector<std::string> tensor_names,
+      const ReceiverOptions& options);
+  ~Receiver();
+  Receiver(const Receiver&) = delete;
+  Receiver& operator=(const Receiver&) = delete;
+
+  // CPU side. `payload` holds the chunks (docs/format.md §3) at `chunks`;
+  // for copies that overlap with kernels it should be pinned
+  // (cudaHostAlloc / cudaHostRegister). It must stay unchanged until
+  // Apply returns.
+  Result<PreparedDelta> Prepare(std::span<const uint8_t> payload,
+                                std::span<const ChunkSpan> chunks);
+
+  // Device range check before applying: per status index, 0 "before",
+  // 1 "after", 2 neither, 3 not hashable here.
+  Result<std::vector<uint8_t>> Classify(std::span<const uint8_t> payload,
+                                        const PreparedDelta& prepared);
+
+  // Applies the prepared chunks. With `states` (from Classify), chunks
+  // already "after" are skipped and any chunk in neither state makes Apply
+  // refuse before writing. Returns kDataLoss naming the first refused chunk
+  // (corrupt payload or wrong "after" hash); the rest are applied.
+  Result<GpuApplyReport> Apply(std::span<const uint8_t> payload,
+                               const PreparedDelta& prepared,
+                               const std::vector<uint8_t>* states = nullptr);
+
+  // Statuses (ChunkStatus) of the last Apply, by status index.
+  const std::vector<uint32_t>& last_status() const { return last_status_; }
+
+ private:
+  struct Impl;
+  explicit Receiver(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+  std::vector<uint32_t> last_status_;
+};
+
+// Range hash (docs/format.md §2) of `len` bytes of device memory; a
+// synchronous helper for tests and the pre-pause check of whole tensors.
+Result<Hash128> RangeHashDevice(const void* data, uint64_t len);
+
+// XXH3-128 of spans of one device buffer (tests).
+Result<std::vector<Hash128>> HashSpansDevice(const void* data,
+                                             std::span<const uint64_t> offsets,
+                                             std::span<const uint64_t> lens);
+
+}  // namespace refit::cuda
+
+#endif  // REFIT_CUDA_PIPELINE_H_

@@ -1,0 +1,474 @@
+// GPU receiver tests: the CPU codec and apply are the oracle; the GPU path
+// must produce the same bytes and refuse the same chunks. Needs a CUDA GPU;
+// run by hand (tests/gpu/README.md), never under ctest.
+//
+// REFIT_GPU_FIXTURES names a folder with qwen2-tiny step0..3.safetensors.
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+#include <xxhash.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <random>
+
+#include "base/bytes.h"
+#include "base/hash.h"
+#include "codec/payload.h"
+#include "cuda/encoder.h"
+#include "cuda/pipeline.h"
+#include "delta/apply.h"
+#include "delta/encoder.h"
+#include "format/safetensors.h"
+
+namespace refit::cuda {
+namespace {
+
+struct DeviceMem {
+  void* p = nullptr;
+  explicit DeviceMem(size_t n) { EXPECT_EQ(cudaMalloc(&p, n ? n : 1), cudaSuccess); }
+  ~DeviceMem() { cudaFree(p); }
+  uint8_t* get() const { return static_cast<uint8_t*>(p); }
+  uintptr_t addr() const { return reinterpret_cast<uintptr_t>(p); }
+};
+
+void Upload(DeviceMem& d, const std::vector<uint8_t>& h) {
+  ASSERT_EQ(cudaMemcpy(d.p, h.data(), h.size(), cudaMemcpyHostToDevice), cudaSuccess);
+}
+std::vector<uint8_t> Download(const DeviceMem& d, size_t n) {
+  std::vector<uint8_t> h(n);
+  EXPECT_EQ(cudaMemcpy(h.data(), d.p, n, cudaMemcpyDeviceToHost), cudaSuccess);
+  return h;
+}
+
+std::vector<uint8_t> RandomBytes(size_t n, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<uint8_t> v(n);
+  for (auto& x : v) x = static_cast<uint8_t>(rng());
+  return v;
+}
+
+// Changes ~rate of the elements of `a` by small XORs (1-ulp-like), as a
+// trainer step does; overwrite-style rewrites when `wide`.
+std::vector<uint8_t> Perturb(const std::vector<uint8_t>& a, int w, double rate,
+                             uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::bernoulli_distribution change(rate);
+  std::vector<uint8_t> b = a;
+  const size_t n = a.size() / w;
+  for (size_t i = 0; i < n; ++i) {
+    if (!change(rng)) continue;
+    const uint64_t v = LoadLE(&b[i * w], w);
+    StoreLE(&b[i * w], v ^ (1 + rng() % 3), w);
+  }
+  return b;
+}
+
+struct Encoded {
+  std::vector<uint8_t> buf;
+  std::vector<ChunkSpan> spans;
+  std::vector<ChunkHeader> headers;
+};
+
+// Encodes the difference of a tensor pair in chunks of chunk_bytes.
+Encoded EncodeTensor(const std::vector<uint8_t>& a, const std::vector<uint8_t>& b,
+                     int w, uint64_t chunk_bytes, bool allow_xor,
+                     uint64_t tensor_id = 0, Encoded* into = nullptr) {
+  Encoded local;
+  Encoded& e = into ? *into : local;
+  const uint64_t n = a.size() / w;
+  const uint64_t per = chunk_bytes / w;
+  ChunkHeader ids;
+  ids.width = static_cast<uint8_t>(w);
+  ids.version = 2;
+  ids.base_version = 1;
+  ids.tensor_id = tensor_id;
+  ChunkEncodeOptions opt;
+  opt.allow_xor = allow_xor;
+  opt.codec.records_per_lane = 256;
+  EncodeScratch scratch;
+  for (uint64_t s = 0; s < n; s += per) {
+    ChunkResult r;
+    const uint64_t count = std::min(per, n - s);
+    EXPECT_TRUE(EncodeChunkRange(ids, a.data(), b.data(), s, count, opt,
+                                 &scratch, &r).ok());
+    if (r.chunk.empty()) continue;
+    e.spans.push_back({e.buf.size(), r.chunk.size()});
+    e.headers.push_back(r.header);
+    e.buf.insert(e.buf.end(), r.chunk.begin(), r.chunk.end());
+  }
+  return local;
+}
+
+TEST(GpuHash, Xxh3EqualsLibxxhashForEveryLength) {
+  const size_t kMax = 64 * 1024;
+  auto data = RandomBytes(kMax + 64, 7);
+  DeviceMem d(data.size());
+  Upload(d, data);
+  std::vector<uint64_t> off, len;
+  for (uint64_t l = 0; l <= kMax; ++l) {
+    off.push_back(0);
+    len.push_back(l);
+  }
+  // Unaligned starts exercise the byte-wise load path.
+  for (uint64_t o = 1; o < 16; ++o) {
+    for (uint64_t l : std::initializer_list<uint64_t>{0, 1, 3, 4, 8, 9, 16, 17, 128, 129, 240, 241, 1024,
+                       1025, 4096 + 7, 65536 - o}) {
+      off.push_back(o);
+      len.push_back(l);
+    }
+  }
+  auto got = HashSpansDevice(d.p, off, len);
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  size_t bad = 0;
+  for (size_t i = 0; i < off.size(); ++i) {
+    const XXH128_hash_t want = XXH3_128bits(data.data() + off[i], len[i]);
+    if ((*got)[i].lo != want.low64 || (*got)[i].hi != want.high64) {
+      if (++bad < 10) ADD_FAILURE() << "offset " << off[i] << " length " << len[i];
+    }
+  }
+  EXPECT_EQ(bad, 0u);
+}
+
+TEST(GpuHash, RangeHashEqualsCpu) {
+  auto data = RandomBytes((10 << 20) + 77, 8);
+  DeviceMem d(data.size());
+  Upload(d, data);
+  for (uint64_t n : {uint64_t{0}, uint64_t{1}, uint64_t{240}, uint64_t{65536},
+                     uint64_t{65537}, uint64_t{3 * 65536 + 5},
+                     uint64_t{data.size()}}) {
+    auto h = RangeHashDevice(d.p, n);
+    ASSERT_TRUE(h.ok());
+    EXPECT_EQ(*h, RangeHash(data.data(), n)) << n;
+  }
+}
+
+// Applies `e` on the GPU into a whole-tensor placement and compares with
+// the CPU apply. Returns the GPU result.
+void CheckWholeTensor(int w, double rate, bool allow_xor, uint64_t seed) {
+  const uint64_t n = (3 << 20) / w + 123;
+  auto a = RandomBytes(n * w, seed);
+  auto b = Perturb(a, w, rate, seed + 1);
+  Encoded e = EncodeTensor(a, b, w, 1 << 20, allow_xor);
+  ASSERT_FALSE(e.spans.empty());
+  // CPU reference.
+  std::vector<uint8_t> cpu = a;
+  ApplyScratch scratch;
+  for (size_t i = 0; i < e.spans.size(); ++i) {
+    auto pc = ParseChunk(std::span(e.buf).subspan(e.spans[i].offset, e.spans[i].size));
+    ASSERT_TRUE(pc.ok());
+    ASSERT_TRUE(ApplyChunkInPlace(*pc, cpu.data(), &scratch, nullptr, nullptr).ok());
+  }
+  ASSERT_EQ(cpu, b);
+
+  DeviceMem d(a.size());
+  Upload(d, a);
+  PlacementPlan plan;
+  ASSERT_TRUE(plan.Add(WholePlacement("t", w, n, 1, d.addr())).ok());
+  ReceiverOptions opt;
+  opt.staging_bytes = 32 << 20;  // several batches
+  auto rx = Receiver::Create(std::move(plan), {"t"}, opt);
+  ASSERT_TRUE(rx.ok());
+  auto prep = (*rx)->Prepare(e.buf, e.spans);
+  ASSERT_TRUE(prep.ok()) << prep.status().ToString();
+  auto states = (*rx)->Classify(e.buf, *prep);
+  ASSERT_TRUE(states.ok());
+  for (uint8_t s : *states) ASSERT_EQ(s, 0);
+  auto rep = (*rx)->Apply(e.buf, *prep, &*states);
+  ASSERT_TRUE(rep.ok()) << rep.status().ToString();
+  EXPECT_EQ(rep->chunks_applied, e.spans.size());
+  EXPECT_EQ(Download(d, a.size()), b) << "w=" << w << " rate=" << rate;
+  // At most once: a second apply finds every range at "after".
+  states = (*rx)->Classify(e.buf, *prep);
+  ASSERT_TRUE(states.ok());
+  for (uint8_t s : *states) ASSERT_EQ(s, 1);
+  rep = (*rx)->Apply(e.buf, *prep, &*states);
+  ASSERT_TRUE(rep.ok());
+  EXPECT_EQ(rep->chunks_skipped, e.spans.size());
+  EXPECT_EQ(Download(d, a.size()), b);
+}
+
+TEST(GpuApply, RandomWidthsRatesAndKinds) {
+  uint64_t seed = 100;
+  for (int w : {1, 2, 4, 8}) {
+    for (double rate : {0.0005, 0.01, 0.03, 0.2, 0.8}) {
+      for (bool allow_xor : {true, false}) {
+        SCOPED_TRACE(testing::Message() << "w=" << w << " rate=" << rate
+                                        << " xor=" << allow_xor);
+        CheckWholeTensor(w, rate, allow_xor, seed += 10);
+      }
+    }
+  }
+}
+
+// Layouts: GPU apply through a placement == CPU ApplyPlacementCpu.
+TEST(GpuApply, PlacementsMatchCpuReference) {
+  const int w = 2;
+  const uint64_t rows = 768, cols = 640;  // 480 KiB per tensor
+  std::vector<TensorPlacement> layouts;
+  layouts.push_back(WholePlacement("t", w, rows, cols, 0));
+  layouts.push_back(TransposedPlacement("t", w, rows, cols, 0));
+  layouts.push_back(RowShardPlacement("t", w, rows, cols, 100, 333, 0));
+  layouts.push_back(ColShardPlacement("t", w, rows, cols, 0, 213, 0));
+  layouts.push_back(*FusedQkvPlacement("t", w, {32, 8, 96, 2, 6}, 'k', cols, 0));
+  layouts.push_back(*FusedQkvPlacement("t", w, {4, 4, 192, 0, 2}, 'q', cols, 0));
+  layouts.push_back(*FusedGateUpPlacement("t", w, rows, cols, 64, 512, 0, 'u', 0));
+  layouts.push_back(*FusedGateUpPlacement("t", w, rows, cols, 64, 512, 32, 'g', 0));
+  uint64_t seed = 900;
+  for (size_t li = 0; li < layouts.size(); ++li) {
+    for (bool allow_xor : {true, false}) {
+      SCOPED_TRACE(testing::Message() << "layout " << li << " xor " << allow_xor);
+      auto a = RandomBytes(rows * cols * w, ++seed);
+      auto b = Perturb(a, w, 0.02, ++seed);
+      Encoded e = EncodeTensor(a, b, w, 128 << 10, allow_xor);
+      TensorPlacement lay = layouts[li];
+      auto dst0 = RandomBytes(lay.dst_elements * w, ++seed);
+      // CPU reference through the placement.
+      std::vector<uint8_t> cpu = dst0;
+      lay.base = reinterpret_cast<uintptr_t>(cpu.data());
+      for (size_t i = 0; i < e.spans.size(); ++i) {
+        auto pc = ParseChunk(std::span(e.buf).subspan(e.spans[i].offset, e.spans[i].size));
+        ASSERT_TRUE(pc.ok());
+        const ChunkHeader& h = pc->header;
+        std::vector<uint32_t> pos;
+        std::vector<uint8_t> val;
+        if (h.IsSparse()) {
+          pos.resize(h.changed);
+          val.resize(h.changed * w);
+          ASSERT_TRUE(codec::DecodeSparse(pc->payload, h.kind, static_cast<uint32_t>(h.count),
+                                          w, static_cast<uint32_t>(h.changed),
+                                          pos.data(), val.data()).ok());
+        } else {
+          val.resize(h.count * w);
+          ASSERT_TRUE(codec::DecodeDense(pc->payload, static_cast<uint32_t>(h.count), w,
+                                         val.data()).ok());
+          for (uint32_t j = 0; j < h.count; ++j) pos.push_back(j);
+        }
+        ApplyPlacementCpu(lay, h.start, pos, val.data(), h.IsXor());
+      }
+      DeviceMem d(dst0.size());
+      Upload(d, dst0);
+      lay.base = d.addr();
+      PlacementPlan plan;
+      ASSERT_TRUE(plan.Add(lay).ok());
+      ReceiverOptions opt;
+      opt.verify = false;
+      opt.staging_bytes = 4 << 20;
+      auto rx = Receiver::Create(std::move(plan), {"t"}, opt);
+      ASSERT_TRUE(rx.ok());
+      auto prep = (*rx)->Prepare(e.buf, e.spans);
+      ASSERT_TRUE(prep.ok()) << prep.status().ToString();
+      auto rep = (*rx)->Apply(e.buf, *prep);
+      ASSERT_TRUE(rep.ok()) << rep.status().ToString();
+      EXPECT_EQ(Download(d, dst0.size()), cpu);
+    }
+  }
+}
+
+// Recomputes a chunk's checksum after a deliberate edit, so that the
+// corruption reaches the decoder instead of the framing check.
+void FixChecksum(uint8_t* chunk, size_t size) {
+  const uint32_t c = static_cast<uint32_t>(XXH3_64bits(chunk, size - 4));
+  std::memcpy(chunk + size - 4, &c, 4);
+}
+
+TEST(GpuApply, CorruptChunksAreRefusedLikeOnTheCpu) {
+  const int w = 2;
+  const uint64_t n = 1 << 18;
+  auto a = RandomBytes(n * w, 31);
+  auto b = Perturb(a, w, 0.01, 32);
+  Encoded e = EncodeTensor(a, b, w, n * w, true);
+  ASSERT_EQ(e.spans.size(), 1u);
+  std::mt19937_64 rng(33);
+  int refused = 0, trials = 0;
+  for (int t = 0; t < 60; ++t) {
+    std::vector<uint8_t> bad = e.buf;
+    const size_t size = bad.size();
+    // Corrupt the payload's tail (lanes), past the header and models.
+    const size_t at = size - 5 - rng() % std::min<size_t>(size / 2, 2000);
+    bad[at] ^= static_cast<uint8_t>(1 + rng() % 255);
+    FixChecksum(bad.data(), size);
+    auto pc = ParseChunk(bad);
+    ASSERT_TRUE(pc.ok());
+    std::vector<uint8_t> cpu = a;
+    ApplyScratch scratch;
+    const bool cpu_ok =
+        ApplyChunkInPlace(*pc, cpu.data(), &scratch, nullptr, nullptr).ok();
+    DeviceMem d(a.size());
+    Upload(d, a);
+    PlacementPlan plan;
+    ASSERT_TRUE(plan.Add(WholePlacement("t", w, n, 1, d.addr())).ok());
+    auto rx = Receiver::Create(std::move(plan), {"t"}, {});
+    ASSERT_TRUE(rx.ok());
+    ChunkSpan span{0, size};
+    auto prep = (*rx)->Prepare(bad, std::span(&span, 1));
+    ++trials;
+    if (!prep.ok()) {
+      EXPECT_FALSE(cpu_ok) << "host refused what the CPU applies";
+      ++refused;
+      continue;
+    }
+    auto rep = (*rx)->Apply(bad, *prep);
+    EXPECT_EQ(rep.ok(), cpu_ok);
+    EXPECT_EQ(Download(d, a.size()), cpu_ok ? b : a);
+    refused += !rep.ok();
+  }
+  EXPECT_GT(refused, trials / 2);
+  // Truncated chunks never get past Prepare.
+  auto rx = Receiver::Create(PlacementPlan{}, {"t"}, {});
+  ASSERT_TRUE(rx.ok());
+  for (size_t cut : {size_t{1}, size_t{10}, e.buf.size() / 2}) {
+    ChunkSpan span{0, e.buf.size() - cut};
+    EXPECT_FALSE((*rx)->Prepare(e.buf, std::span(&span, 1)).ok());
+  }
+}
+
+TEST(GpuApply, FixtureStepsMatchCpu) {
+  const char* dir = std::getenv("REFIT_GPU_FIXTURES");
+  if (dir == nullptr) GTEST_SKIP() << "set REFIT_GPU_FIXTURES";
+  for (int step = 0; step < 3; ++step) {
+    auto fa = SafetensorsFile::Open(std::string(dir) + "/step" + std::to_string(step) +
+                                        ".safetensors", MappedFile::Mode::kReadOnly);
+    auto fb = SafetensorsFile::Open(std::string(dir) + "/step" + std::to_string(step + 1) +
+                                        ".safetensors", MappedFile::Mode::kReadOnly);
+    ASSERT_TRUE(fa.ok() && fb.ok());
+    Encoded e;
+    std::vector<std::string> names;
+    std::vector<std::unique_ptr<DeviceMem>> mem;
+    std::vector<std::vector<uint8_t>> want;
+    PlacementPlan plan;
+    for (size_t t = 0; t < fa->tensors().size(); ++t) {
+      const auto& ta = fa->tensors()[t];
+      const SafetensorsTensor* tb = fb->Find(ta.name);
+      ASSERT_NE(tb, nullptr);
+      std::vector<uint8_t> a(fa->Data(t).begin(), fa->Data(t).end());
+      std::vector<uint8_t> b(tb->byte_size);
+      std::memcpy(b.data(), fb->bytes().data() + tb->offset, tb->byte_size);
+      if (a.empty()) continue;
+      names.push_back(ta.name);
+      EncodeTensor(a, b, ta.element_width, 64 << 10, true, names.size() - 1, &e);
+      mem.push_back(std::make_unique<DeviceMem>(a.size()));
+      Upload(*mem.back(), a);
+      ASSERT_TRUE(plan.Add(WholePlacement(ta.name, ta.element_width, ta.num_elements,
+                                          1, mem.back()->addr())).ok());
+      want.push_back(std::move(b));
+    }
+    auto rx = Receiver::Create(std::move(plan), names, {});
+    ASSERT_TRUE(rx.ok());
+    auto prep = (*rx)->Prepare(e.buf, e.spans);
+    ASSERT_TRUE(prep.ok()) << prep.status().ToString();
+    auto rep = (*rx)->Apply(e.buf, *prep);
+    ASSERT_TRUE(rep.ok()) << rep.status().ToString();
+    for (size_t t = 0; t < mem.size(); ++t) {
+      EXPECT_EQ(Download(*mem[t], want[t].size()), want[t]) << names[t];
+    }
+    std::printf("fixture step%d->%d: %zu chunks, %llu records\n", step, step + 1,
+                e.spans.size(), static_cast<unsigned long long>(rep->records));
+  }
+}
+
+// Trainer side: EncodeOnDevice's chunks must be the CPU encoder's chunks,
+// byte for byte, over the same ranges.
+void CheckGpuEncode(const std::vector<std::vector<uint8_t>>& olds,
+                    const std::vector<std::vector<uint8_t>>& news,
+                    const std::vector<int>& widths, uint64_t chunk_bytes,
+                    uint32_t records_per_lane, const std::string& what) {
+  SCOPED_TRACE(what);
+  std::vector<std::unique_ptr<DeviceMem>> mem;
+  std::vector<DeviceTensorPair> pairs;
+  std::vector<std::vector<uint8_t>> want;  // CPU chunks in order
+  for (size_t t = 0; t < olds.size(); ++t) {
+    const int w = widths[t];
+    mem.push_back(std::make_unique<DeviceMem>(olds[t].size()));
+    Upload(*mem.back(), olds[t]);
+    mem.push_back(std::make_unique<DeviceMem>(news[t].size()));
+    Upload(*mem.back(), news[t]);
+    DeviceTensorPair p;
+    p.old_data = mem[mem.size() - 2]->p;
+    p.new_data = mem.back()->p;
+    p.elements = olds[t].size() / w;
+    p.width = w;
+    p.tensor_id = t;
+    pairs.push_back(p);
+    ChunkHeader ids;
+    ids.width = static_cast<uint8_t>(w);
+    ids.version = 5;
+    ids.base_version = 4;
+    ids.tensor_id = t;
+    ChunkEncodeOptions opt;
+    opt.codec.records_per_lane = records_per_lane;
+    EncodeScratch scratch;
+    const uint64_t per = chunk_bytes / w;
+    for (uint64_t s = 0; s < p.elements; s += per) {
+      ChunkResult r;
+      ASSERT_TRUE(EncodeChunkRange(ids, olds[t].data(), news[t].data(), s,
+                                   std::min(per, p.elements - s), opt, &scratch,
+                                   &r).ok());
+      if (!r.chunk.empty()) want.push_back(r.chunk);
+    }
+  }
+  GpuEncodeOptions eo;
+  eo.version = 5;
+  eo.base_version = 4;
+  eo.chunk_bytes = chunk_bytes;
+  eo.records_per_lane = records_per_lane;
+  eo.staging_bytes = 1 << 20;  // several groups
+  std::vector<GpuEncodedChunk> got;
+  auto rep = EncodeOnDevice(pairs, eo, &got);
+  ASSERT_TRUE(rep.ok()) << rep.status().ToString();
+  ASSERT_EQ(got.size(), want.size());
+  size_t bad = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    if (got[i].bytes != want[i] && ++bad < 5) {
+      ADD_FAILURE() << "chunk " << i << ": " << got[i].bytes.size() << " vs "
+                    << want[i].size() << " bytes";
+    }
+  }
+  EXPECT_EQ(bad, 0u);
+}
+
+TEST(GpuEncode, RandomChunksEqualCpu) {
+  uint64_t seed = 5000;
+  for (int w : {2, 4}) {
+    for (double rate : {0.0002, 0.003, 0.01, 0.05, 0.3}) {
+      for (uint32_t rpl : {1024u, 64u}) {
+        const uint64_t n = (3 << 20) / w + 123;
+        auto a = RandomBytes(n * w, ++seed);
+        auto b = Perturb(a, w, rate, ++seed);
+        auto a2 = RandomBytes(4099 * w, ++seed);  // a small tensor too
+        auto b2 = Perturb(a2, w, rate * 4, ++seed);
+        CheckGpuEncode({a, a2}, {b, b2}, {w, w}, 1 << 20, rpl,
+                       "w=" + std::to_string(w) + " rate=" + std::to_string(rate) +
+                           " rpl=" + std::to_string(rpl));
+      }
+    }
+  }
+}
+
+TEST(GpuEncode, FixtureStepsEqualCpu) {
+  const char* dir = std::getenv("REFIT_GPU_FIXTURES");
+  if (dir == nullptr) GTEST_SKIP() << "set REFIT_GPU_FIXTURES";
+  for (int step = 0; step < 3; ++step) {
+    auto fa = SafetensorsFile::Open(std::string(dir) + "/step" + std::to_string(step) +
+                                        ".safetensors", MappedFile::Mode::kReadOnly);
+    auto fb = SafetensorsFile::Open(std::string(dir) + "/step" + std::to_string(step + 1) +
+                                        ".safetensors", MappedFile::Mode::kReadOnly);
+    ASSERT_TRUE(fa.ok() && fb.ok());
+    std::vector<std::vector<uint8_t>> olds, news;
+    std::vector<int> widths;
+    for (size_t t = 0; t < fa->tensors().size(); ++t) {
+      const auto& ta = fa->tensors()[t];
+      const SafetensorsTensor* tb = fb->Find(ta.name);
+      ASSERT_NE(tb, nullptr);
+      if (fa->Data(t).empty()) continue;
+      olds.emplace_back(fa->Data(t).begin(), fa->Data(t).end());
+      news.emplace_back(tb->byte_size);
+      std::memcpy(news.back().data(), fb->bytes().data() + tb->offset, tb->byte_size);
+      widths.push_back(ta.element_width);
+    }
+    CheckGpuEncode(olds, news, widths, 64 << 10, 1024, "step" + std::to_string(step));
+    CheckGpuEncode(olds, news, widths, 1 << 20, 1024, "step" + std::to_string(step) + " 1 MiB");
+  }
+}
+
+}  // namespace
+}  // namespace refit::cuda
