@@ -1,0 +1,93 @@
+// End-to-end delta encode and decode+apply in host memory, one thread:
+// the per-core throughput of the CPU path without file-system costs
+// (page faults of MAP_SHARED stores are measured by `refit bench`).
+// Checkpoint bytes/s = bytes of the model processed per second.
+#include <benchmark/benchmark.h>
+
+#include <cstring>
+#include <map>
+#include <string>
+#include <random>
+#include <vector>
+
+#include "refit/delta.h"
+
+namespace refit {
+namespace {
+
+constexpr uint64_t kElements = uint64_t{128} << 20;  // 256 MiB of BF16
+
+struct Pair {
+  std::vector<uint16_t> base, target;
+  std::string delta;
+};
+
+// BF16-looking weights and a step moving `rate` of them by 1-3 ulps.
+const Pair& MakePair(double rate) {
+  static std::map<double, Pair> cache;
+  auto it = cache.find(rate);
+  if (it != cache.end()) return it->second;
+  Pair& p = cache[rate];
+  std::mt19937_64 rng(1);
+  std::normal_distribution<float> w(0.f, 0.02f);
+  p.base.resize(kElements);
+  for (auto& v : p.base) {
+    float f = w(rng);
+    uint32_t bits;
+    std::memcpy(&bits, &f, 4);
+    v = static_cast<uint16_t>(bits >> 16);
+  }
+  p.target = p.base;
+  std::bernoulli_distribution change(rate);
+  for (auto& v : p.target) {
+    if (change(rng)) v = static_cast<uint16_t>(v + 1 + (rng() % 8 == 0));
+  }
+  p.delta = "/tmp/refit_delta_bench_" + std::to_string(rate) + ".rfd";
+  DiffOptions opts;
+  opts.threads = 1;
+  (void)DiffTensors({{"w", "BF16", 2, {kElements}, reinterpret_cast<uint8_t*>(p.base.data())}},
+                    {{"w", "BF16", 2, {kElements}, reinterpret_cast<uint8_t*>(p.target.data())}},
+                    p.delta, opts);
+  return p;
+}
+
+void BM_Encode(benchmark::State& state) {
+  const double rate = static_cast<double>(state.range(0)) / 1000.0;
+  const Pair& p = MakePair(rate);
+  DiffOptions opts;
+  opts.threads = 1;
+  for (auto _ : state) {
+    auto r = DiffTensors(
+        {{"w", "BF16", 2, {kElements}, reinterpret_cast<const uint8_t*>(p.base.data())}},
+        {{"w", "BF16", 2, {kElements}, reinterpret_cast<const uint8_t*>(p.target.data())}},
+        "/tmp/refit_delta_bench_out.rfd", opts);
+    if (!r.ok()) state.SkipWithError(r.status().ToString().c_str());
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * kElements * 2));
+}
+
+void BM_DecodeApply(benchmark::State& state) {
+  const double rate = static_cast<double>(state.range(0)) / 1000.0;
+  const Pair& p = MakePair(rate);
+  std::vector<uint16_t> work = p.base;
+  ApplyOptions opts;
+  opts.threads = 1;
+  opts.sync = false;
+  for (auto _ : state) {
+    state.PauseTiming();
+    std::memcpy(work.data(), p.base.data(), kElements * 2);
+    state.ResumeTiming();
+    auto r = ApplyToTensors(p.delta,
+                            {{"w", "BF16", 2, {kElements}, reinterpret_cast<uint8_t*>(work.data())}},
+                            opts);
+    if (!r.ok()) state.SkipWithError(r.status().ToString().c_str());
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * kElements * 2));
+}
+
+// Rates in thousandths: 1 = 0.1%, 10 = 1%, 30 = 3%.
+BENCHMARK(BM_Encode)->Arg(1)->Arg(10)->Arg(30)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_DecodeApply)->Arg(1)->Arg(10)->Arg(30)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+}  // namespace
+}  // namespace refit
