@@ -1,24 +1,48 @@
-// `refit demo`: walks a trajectory of checkpoints (the qwen2-tiny fixtures,
-// or a synthetic one) the way an inference engine would follow an RL
-// trainer: a scratch copy of step 0 is patched in place by the delta of
-// every step, and after each step every tensor of the scratch copy must
-// hash (SHA-256, independently of refit's own XXH3 hashes) to the same
-// digest as the trainer's checkpoint for that step.
+// `refit demo`, the end-to-end main job, in two sections over one
+// trajectory of checkpoints (the qwen2-tiny fixtures, or a synthetic one):
+//
+// 1. codec: a scratch copy of step 0 is patched in place by the delta of
+//    every step, and after each step every tensor of the scratch copy must
+//    hash (SHA-256, independently of refit's own XXH3 hashes) to the same
+//    digest as the trainer's checkpoint for that step.
+// 2. distribution: this process publishes every step as a version through
+//    an ObjectStore (a directory by default; any OpenObjectStore URL) to N
+//    `refit receive` processes (this executable, run again), one of which
+//    is SIGKILLed in the middle of a version and restarted. Every version
+//    must commit, and every receiver must hash to the trainer's tensors.
+//    Times are measured; link transfer times are computed and labelled so.
+#include <fcntl.h>
 #include <fmt/format.h>
 #include <openssl/evp.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
+#include <atomic>
+#include <chrono>
+#include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <map>
+#include <optional>
+#include <random>
+#include <thread>
 
+#include "base/file.h"
 #include "cli_util.h"
 #include "commands.h"
 #include "refit/checkpoint.h"
 #include "refit/delta.h"
 #include "scratch_dir.h"
+#include "sync/auth.h"
+#include "sync/publisher.h"
+#include "sync_commands.h"
 #include "synth.h"
+#include "transport/object_store.h"
 
 namespace refit::cli {
 namespace {
@@ -93,7 +117,7 @@ struct Trajectory {
   std::vector<std::string> steps;
 };
 
-struct StepResult {
+struct CodecStep {
   int from = 0;
   DiffReport diff;
   InspectReport inspect;
@@ -138,10 +162,10 @@ Result<Trajectory> SyntheticTrajectory(const DemoArgs& args,
   return t;
 }
 
-Result<StepResult> RunStep(const Trajectory& t, int from,
-                           const std::string& scratch, const ScratchDir& dir,
-                           const DemoArgs& args, ProgressBar* bar) {
-  StepResult s;
+Result<CodecStep> RunStep(const Trajectory& t, int from,
+                          const std::string& scratch, const ScratchDir& dir,
+                          const DemoArgs& args, ProgressBar* bar) {
+  CodecStep s;
   s.from = from;
   const std::string& base = t.steps[static_cast<size_t>(from)];
   const std::string& target = t.steps[static_cast<size_t>(from) + 1];
@@ -182,31 +206,25 @@ Result<StepResult> RunStep(const Trajectory& t, int from,
   return s;
 }
 
-}  // namespace
-
-int RunDemo(const DemoArgs& args) {
-  constexpr std::string_view kCmd = "demo";
-  ProgressBar bar;
-  Result<ScratchDir> dir = ScratchDir::Create("refit-demo");
-  if (!dir.ok()) return Fail(kCmd, dir.status(), args.json);
-
-  Trajectory trajectory;
+// Where the trajectory comes from: --fixtures, the usual places, or a
+// generated one. `notice` is set when fixtures were wanted but not found.
+Result<Trajectory> LoadTrajectory(const DemoArgs& args, const ScratchDir& dir,
+                                  ProgressBar* bar, bool* notice) {
   std::string fixtures;
   if (!args.synthetic) {
     if (!args.fixtures.empty()) {
       fixtures = QwenDirIn(args.fixtures);
       if (fixtures.empty()) {
-        return Fail(kCmd,
-                    NotFoundError(fmt::format(
-                        "no qwen2-tiny/step0.safetensors or step0.safetensors "
-                        "under --fixtures '{}'",
-                        args.fixtures)),
-                    args.json);
+        return NotFoundError(fmt::format(
+            "no qwen2-tiny/step0.safetensors or step0.safetensors under "
+            "--fixtures '{}'",
+            args.fixtures));
       }
     } else {
       fixtures = FindFixtures();
     }
   }
+  Trajectory trajectory;
   if (!fixtures.empty()) {
     trajectory.source = "fixtures";
     for (int step = 0;; ++step) {
@@ -218,29 +236,25 @@ int RunDemo(const DemoArgs& args) {
         "qwen2-tiny fixtures in {} ({} checkpoints from real RL steps)",
         fixtures, trajectory.steps.size());
   } else {
-    if (!args.synthetic && !args.json) {
-      fmt::print(
-          "fixtures not found (looked in $REFIT_FIXTURES_DIR and "
-          "../shared/fixtures); using a synthetic trajectory\n");
-    }
-    Result<Trajectory> t = SyntheticTrajectory(args, *dir, &bar);
-    if (!t.ok()) return Fail(kCmd, t.status(), args.json);
-    trajectory = std::move(*t);
+    *notice = !args.synthetic;
+    REFIT_ASSIGN_OR_RETURN(trajectory, SyntheticTrajectory(args, dir, bar));
   }
   if (trajectory.steps.size() < 2) {
-    return Fail(kCmd,
-                NotFoundError("the trajectory needs step0 and step1 at least"),
-                args.json);
+    return NotFoundError("the trajectory needs step0 and step1 at least");
   }
+  return trajectory;
+}
 
+// Section 1: every step's delta applied to a scratch copy of step 0,
+// checked by SHA-256 and by `Verify`. Prints the table unless args.json.
+Result<std::vector<CodecStep>> RunCodecSection(const DemoArgs& args,
+                                               const Trajectory& trajectory,
+                                               const ScratchDir& dir,
+                                               ProgressBar* bar, bool* all_ok) {
   // The "inference engine": a scratch copy of step 0, patched in place.
-  std::string scratch = dir->File("engine.safetensors");
-  if (Status s = CopyCheckpoint(trajectory.steps[0], scratch); !s.ok()) {
-    return Fail(kCmd, s, args.json);
-  }
-
+  std::string scratch = dir.File("engine.safetensors");
+  REFIT_RETURN_IF_ERROR(CopyCheckpoint(trajectory.steps[0], scratch));
   if (!args.json) {
-    fmt::print("refit demo: {}\n", trajectory.description);
     fmt::print(
         "a copy of step0 (the engine) is patched in place by each "
         "step's delta ({}), then compared by SHA-256 per tensor\n\n",
@@ -249,20 +263,18 @@ int RunDemo(const DemoArgs& args) {
                "step", "changed", "full", "delta", "ratio",
                "payload / entropy bound", "encode", "apply", "bit-exact");
   }
-  std::vector<StepResult> results;
-  bool all_ok = true;
+  std::vector<CodecStep> results;
+  *all_ok = true;
   for (size_t from = 0; from + 1 < trajectory.steps.size(); ++from) {
-    Result<StepResult> r =
-        RunStep(trajectory, static_cast<int>(from), scratch, *dir, args, &bar);
+    Result<CodecStep> r =
+        RunStep(trajectory, static_cast<int>(from), scratch, dir, args, bar);
     if (!r.ok()) {
-      return Fail(
-          kCmd,
-          r.status().WithContext(fmt::format("step {} -> {}", from, from + 1)),
-          args.json);
+      return r.status().WithContext(
+          fmt::format("step {} -> {}", from, from + 1));
     }
-    const StepResult& s = *r;
+    const CodecStep& s = *r;
     bool ok = s.bit_exact && s.verified;
-    all_ok = all_ok && ok;
+    *all_ok = *all_ok && ok;
     if (!args.json) {
       double rate = s.diff.total_elements == 0
                         ? 0.0
@@ -288,40 +300,655 @@ int RunDemo(const DemoArgs& args) {
     }
     results.push_back(s);
   }
+  return results;
+}
+
+Json CodecStepsJson(const std::vector<CodecStep>& results) {
+  Json steps = Json::array();
+  for (const CodecStep& s : results) {
+    steps.push_back({{"from", s.from},
+                     {"to", s.from + 1},
+                     {"tensors", s.diff.tensors},
+                     {"total_elements", s.diff.total_elements},
+                     {"changed_elements", s.diff.changed_elements},
+                     {"full_bytes", s.diff.full_bytes},
+                     {"delta_bytes", s.diff.file_bytes},
+                     {"payload_bytes", s.inspect.payload_bytes},
+                     {"bound_bytes", s.inspect.bound_bytes},
+                     {"bound_valid", s.inspect.bound_valid},
+                     {"chunks_by_kind", s.diff.chunks_by_kind},
+                     {"encode_seconds", s.encode_seconds},
+                     {"apply_seconds", s.apply_seconds},
+                     {"pages_written", s.apply.pages_written},
+                     {"tensors_equal", s.tensors_equal},
+                     {"tensors_total", s.tensors_total},
+                     {"bit_exact", s.bit_exact},
+                     {"verified", s.verified}});
+  }
+  return steps;
+}
+
+// ------------------------------------------------- distribution section
+//
+// The trainer (this process) publishes every step through an ObjectStore
+// opened by URL to N `refit receive` processes (this executable, run
+// again), each patching its own copy of step 0. One receiver is SIGKILLed
+// in the middle of one version and restarted; the version must still
+// commit everywhere, and every receiver must hash to the trainer's tensors.
+
+// A `refit receive` child process and how to start it again.
+struct ReceiverProcess {
+  std::string member;
+  std::string checkpoint;
+  std::string state;
+  std::string log;  // stdout: JSON Lines, appended across restarts
+  std::string err;  // stderr
+  pid_t pid = -1;
+  int starts = 0;
+};
+
+class ReceiverFleet {
+ public:
+  ReceiverFleet(std::string exe, std::string store, std::string key_file,
+                int64_t until)
+      : exe_(std::move(exe)),
+        store_(std::move(store)),
+        key_file_(std::move(key_file)),
+        until_(until) {}
+  ReceiverFleet(const ReceiverFleet&) = delete;
+  ReceiverFleet& operator=(const ReceiverFleet&) = delete;
+  // Kills what is still running: the demo failed or is done.
+  ~ReceiverFleet() {
+    for (ReceiverProcess& r : receivers_) {
+      if (r.pid > 0) {
+        kill(r.pid, SIGKILL);
+        waitpid(r.pid, nullptr, 0);
+      }
+    }
+  }
+
+  Status Add(const std::string& member, const std::string& base,
+             const std::string& dir) {
+    ReceiverProcess r;
+    r.member = member;
+    r.checkpoint = dir + "/model.safetensors";
+    r.state = dir + "/state";
+    r.log = dir + "/receive.jsonl";
+    r.err = dir + "/receive.err";
+    std::error_code ec;
+    fs::create_directories(r.state, ec);
+    if (ec) return UnavailableError("cannot create " + r.state);
+    REFIT_RETURN_IF_ERROR(CopyCheckpoint(base, r.checkpoint));
+    receivers_.push_back(std::move(r));
+    return Status();
+  }
+
+  size_t size() const { return receivers_.size(); }
+  ReceiverProcess& at(size_t i) { return receivers_[i]; }
+
+  // Starts receiver i running until `until` (-1: the fleet's), with
+  // REFIT_CRASH_AT=crash_at when not empty (and never otherwise).
+  Status Start(size_t i, int64_t until = -1, const std::string& crash_at = "") {
+    ReceiverProcess& r = receivers_[i];
+    std::vector<std::string> args = {
+        exe_,           "receive",
+        "--store",      store_,
+        "--member",     r.member,
+        "--checkpoint", r.checkpoint,
+        "--state",      r.state,
+        "--until",      std::to_string(until >= 0 ? until : until_),
+        "--poll-ms",    "2",
+        "--threads",    "1",
+        "--json"};
+    if (!key_file_.empty()) {
+      args.push_back("--key-file");
+      args.push_back(key_file_);
+    }
+    std::vector<char*> argv;
+    for (std::string& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    std::vector<std::string> env;
+    for (char** e = environ; *e != nullptr; ++e) {
+      if (std::string_view(*e).starts_with("REFIT_CRASH_AT=")) continue;
+      env.emplace_back(*e);
+    }
+    if (!crash_at.empty()) env.push_back("REFIT_CRASH_AT=" + crash_at);
+    std::vector<char*> envp;
+    for (std::string& e : env) envp.push_back(e.data());
+    envp.push_back(nullptr);
+
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
+    posix_spawn_file_actions_addopen(&actions, 1, r.log.c_str(),
+                                     O_WRONLY | O_CREAT | O_APPEND, 0644);
+    posix_spawn_file_actions_addopen(&actions, 2, r.err.c_str(),
+                                     O_WRONLY | O_CREAT | O_APPEND, 0644);
+    pid_t pid = -1;
+    int rc = posix_spawn(&pid, exe_.c_str(), &actions, nullptr, argv.data(),
+                         envp.data());
+    posix_spawn_file_actions_destroy(&actions);
+    if (rc != 0) {
+      return UnavailableError(
+          fmt::format("cannot start {} receive: {}", exe_, std::strerror(rc)));
+    }
+    r.pid = pid;
+    ++r.starts;
+    return Status();
+  }
+
+  // Receiver i's active version, from its state directory.
+  uint64_t Active(size_t i) const {
+    Result<std::vector<uint8_t>> text =
+        ReadFile(receivers_[i].state + "/active");
+    if (!text.ok()) return 0;
+    return std::strtoull(std::string(text->begin(), text->end()).c_str(),
+                         nullptr, 10);
+  }
+
+  // Collects children that ended: (index, wait status).
+  std::vector<std::pair<size_t, int>> Reap() {
+    std::vector<std::pair<size_t, int>> ended;
+    for (size_t i = 0; i < receivers_.size(); ++i) {
+      ReceiverProcess& r = receivers_[i];
+      if (r.pid <= 0) continue;
+      int status = 0;
+      if (waitpid(r.pid, &status, WNOHANG) == r.pid) {
+        r.pid = -1;
+        ended.emplace_back(i, status);
+      }
+    }
+    return ended;
+  }
+
+ private:
+  std::string exe_;
+  std::string store_;
+  std::string key_file_;
+  int64_t until_;
+  std::vector<ReceiverProcess> receivers_;
+};
+
+std::string LastLine(const std::string& path) {
+  Result<std::vector<uint8_t>> bytes = ReadFile(path);
+  if (!bytes.ok()) return "";
+  std::string text(bytes->begin(), bytes->end());
+  while (!text.empty() && text.back() == '\n') text.pop_back();
+  size_t nl = text.rfind('\n');
+  return nl == std::string::npos ? text : text.substr(nl + 1);
+}
+
+// The JSON Lines a receiver printed, across its restarts.
+std::vector<Json> ReadEvents(const std::string& path) {
+  std::vector<Json> events;
+  Result<std::vector<uint8_t>> bytes = ReadFile(path);
+  if (!bytes.ok()) return events;
+  std::string text(bytes->begin(), bytes->end());
+  size_t pos = 0;
+  while (pos < text.size()) {
+    size_t nl = text.find('\n', pos);
+    if (nl == std::string::npos) nl = text.size();
+    Json j = Json::parse(text.begin() + static_cast<long>(pos),
+                         text.begin() + static_cast<long>(nl), nullptr, false);
+    if (!j.is_discarded()) events.push_back(std::move(j));
+    pos = nl + 1;
+  }
+  return events;
+}
+
+struct VersionRow {
+  uint64_t version = 0;
+  PublishReport publish;
+  double refit_seconds = 0;  // publish start -> every receiver active
+  size_t receivers_exact = 0;
+  bool baseline_exact = false;
+  std::vector<std::string> events;
+};
+
+struct Distribution {
+  std::string store;
+  int receivers = 0;
+  double link_gbit = 0;
+  std::string crash;  // what was done, or ""
+  std::vector<VersionRow> rows;
+  bool all_ok = true;
+};
+
+// A random 32-byte HMAC key in hex, so the demo runs authenticated.
+Status WriteKeyFile(const std::string& path) {
+  std::random_device rd;
+  std::string hex;
+  for (int i = 0; i < 32; ++i) {
+    hex += fmt::format("{:02x}", static_cast<unsigned>(rd() & 0xFF));
+  }
+  hex += "\n";
+  return WriteFileAtomic(
+      path, std::span<const uint8_t>(
+                reinterpret_cast<const uint8_t*>(hex.data()), hex.size()));
+}
+
+Result<size_t> CountExact(const std::vector<std::string>& paths,
+                          const std::map<std::string, Digest>& want) {
+  size_t exact = 0;
+  for (const std::string& path : paths) {
+    REFIT_ASSIGN_OR_RETURN(auto got, Sha256Tensors(path));
+    if (got == want) ++exact;
+  }
+  return exact;
+}
+
+Result<Distribution> RunDistribution(const DemoArgs& args,
+                                     const SyncDemoArgs& sync,
+                                     const Trajectory& trajectory,
+                                     const ScratchDir& dir) {
+  using Clock = std::chrono::steady_clock;
+  const uint64_t versions = trajectory.steps.size() - 1;
+  Distribution out;
+  out.receivers = sync.receivers;
+  out.link_gbit = sync.link_gbit;
+  out.store = sync.store.empty() ? dir.File("store") : sync.store;
+  int64_t crash_version = sync.crash_version < 0
+                              ? static_cast<int64_t>((versions + 1) / 2)
+                              : sync.crash_version;
+  if (crash_version > static_cast<int64_t>(versions)) crash_version = 0;
+
+  std::error_code ec;
+  fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  if (ec)
+    return UnavailableError("cannot find this executable: " + ec.message());
+  std::string key_file = dir.File("hmac.key");
+  REFIT_RETURN_IF_ERROR(WriteKeyFile(key_file));
+  REFIT_ASSIGN_OR_RETURN(Authenticator auth,
+                         Authenticator::FromKeyFile(key_file));
+  REFIT_ASSIGN_OR_RETURN(std::unique_ptr<ObjectStore> store,
+                         OpenObjectStore(out.store));
+  REFIT_ASSIGN_OR_RETURN(auto existing, store->List(""));
+  if (!existing.empty()) {
+    return FailedPreconditionError("--store '" + out.store +
+                                   "' is not empty; give the demo a new one");
+  }
+
+  std::string baseline = dir.File("publisher.safetensors");
+  REFIT_RETURN_IF_ERROR(CopyCheckpoint(trajectory.steps[0], baseline));
+  PublisherOptions popt;
+  for (int i = 0; i < sync.receivers; ++i)
+    popt.members.push_back(fmt::format("r{}", i));
+  popt.auth = auth;
+  REFIT_ASSIGN_OR_RETURN(uint64_t chunk_bytes, [&]() -> Result<uint64_t> {
+    if (!(sync.chunk_mib > 0) || sync.chunk_mib > 1024) {
+      return InvalidArgumentError("--chunk-mib is out of range");
+    }
+    return static_cast<uint64_t>(std::llround(sync.chunk_mib * (1 << 20)));
+  }());
+  popt.diff.chunk_bytes = chunk_bytes;
+  popt.diff.threads = args.threads;
+  popt.vote_timeout_ms = 60000;
+  popt.poll_ms = 2;
+  REFIT_ASSIGN_OR_RETURN(std::unique_ptr<Publisher> publisher,
+                         Publisher::Open(store.get(), baseline, popt));
+
+  ReceiverFleet fleet(exe.string(), out.store, key_file,
+                      static_cast<int64_t>(versions));
+  std::vector<std::string> checkpoints;
+  for (int i = 0; i < sync.receivers; ++i) {
+    std::string rdir = dir.File(fmt::format("r{}", i));
+    REFIT_RETURN_IF_ERROR(fleet.Add(popt.members[static_cast<size_t>(i)],
+                                    trajectory.steps[0], rdir));
+    checkpoints.push_back(fleet.at(static_cast<size_t>(i)).checkpoint);
+  }
+  // The victim is the last receiver. It runs up to the version before the
+  // crash, then again with REFIT_CRASH_AT for the crash version (crash
+  // points count hits per process), then once more without it.
+  const size_t victim = fleet.size() - 1;
+#ifdef REFIT_CRASH_POINTS
+  const bool crash_points = sync.crash_at != "parent";
+#else
+  const bool crash_points = false;
+#endif
+  // Whether the victim runs armed for the crash version already.
+  bool armed = false;
+  for (size_t i = 0; i < fleet.size(); ++i) {
+    if (crash_version > 0 && i == victim) {
+      if (crash_version == 1) {
+        REFIT_RETURN_IF_ERROR(
+            fleet.Start(i, -1, crash_points ? sync.crash_at : ""));
+        armed = true;
+      } else {
+        REFIT_RETURN_IF_ERROR(fleet.Start(i, crash_version - 1));
+      }
+    } else {
+      REFIT_RETURN_IF_ERROR(fleet.Start(i));
+    }
+  }
+  if (crash_version > 0) {
+    out.crash = crash_points
+                    ? fmt::format(
+                          "{} dies by SIGKILL at crash point {} "
+                          "(REFIT_CRASH_AT) in version {}",
+                          fleet.at(victim).member, sync.crash_at, crash_version)
+                    : fmt::format(
+                          "{} is SIGKILLed by the demo once its "
+                          "journal of version {} exists{}",
+                          fleet.at(victim).member, crash_version,
+                          sync.crash_at == "parent"
+                              ? ""
+                              : " (this build has no crash points)");
+  }
+
+  for (uint64_t v = 1; v <= versions; ++v) {
+    VersionRow row;
+    row.version = v;
+    bool parent_kill = false;
+    if (static_cast<int64_t>(v) == crash_version && !armed) {
+      // The victim stopped at v-1 (--until); wait for it, then restart it
+      // armed for this version.
+      ReceiverProcess& r = fleet.at(victim);
+      auto deadline = Clock::now() + std::chrono::seconds(60);
+      while (r.pid > 0 && Clock::now() < deadline) {
+        for (auto [i, status] : fleet.Reap()) {
+          if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+            return InternalError(
+                fmt::format("receiver {} failed before version {}: {}",
+                            fleet.at(i).member, v, LastLine(fleet.at(i).err)));
+          }
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      }
+      if (r.pid > 0) {
+        return InternalError(
+            fmt::format("{} did not stop at version {}", r.member, v - 1));
+      }
+      REFIT_RETURN_IF_ERROR(
+          fleet.Start(victim, -1, crash_points ? sync.crash_at : ""));
+      armed = true;
+    }
+    if (static_cast<int64_t>(v) == crash_version) parent_kill = !crash_points;
+
+    auto t0 = Clock::now();
+    Result<PublishReport> report = InternalError("not run");
+    std::atomic<bool> published{false};
+    std::thread trainer([&] {
+      report = publisher->PublishCheckpoint(v, trajectory.steps[v]);
+      published = true;
+    });
+    std::optional<double> all_active;
+    Status failure;
+    auto deadline = t0 + std::chrono::seconds(120);
+    for (;;) {
+      for (auto [i, status] : fleet.Reap()) {
+        ReceiverProcess& r = fleet.at(i);
+        if (WIFSIGNALED(status)) {
+          row.events.push_back(fmt::format(
+              "{} was killed by signal {}{} in the middle of version {} "
+              "(active {}); restarted",
+              r.member, WTERMSIG(status),
+              WTERMSIG(status) == SIGKILL ? " (SIGKILL)" : "", v,
+              fleet.Active(i)));
+          if (Status s = fleet.Start(i); !s.ok()) failure = s;
+          continue;
+        }
+        // A clean exit is expected at --until: the last version, or the
+        // victim's stop before the crash version.
+        uint64_t active = fleet.Active(i);
+        bool expected = WEXITSTATUS(status) == 0 &&
+                        (active >= versions ||
+                         (i == victim &&
+                          static_cast<int64_t>(active) + 1 == crash_version));
+        if (!expected) {
+          failure = InternalError(fmt::format(
+              "receiver {} exited with code {} at version {}: {}", r.member,
+              WEXITSTATUS(status), active, LastLine(r.err)));
+        }
+      }
+      if (parent_kill && fleet.at(victim).pid > 0 &&
+          PathExists(fleet.at(victim).state + "/journal") &&
+          fleet.Active(victim) < v) {
+        kill(fleet.at(victim).pid, SIGKILL);
+        parent_kill = false;
+      }
+      if (!all_active) {
+        bool all = true;
+        for (size_t i = 0; i < fleet.size() && all; ++i) {
+          all = fleet.Active(i) >= v;
+        }
+        if (all) {
+          all_active = std::chrono::duration<double>(Clock::now() - t0).count();
+        }
+      }
+      if (!failure.ok()) break;
+      if (published && (all_active || !report.ok() || !report->committed)) {
+        break;
+      }
+      if (Clock::now() > deadline) {
+        failure = DeadlineExceededError(fmt::format(
+            "version {} did not reach every receiver within 120 s", v));
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    trainer.join();
+    REFIT_RETURN_IF_ERROR(failure);
+    if (!report.ok()) {
+      return report.status().WithContext(
+          fmt::format("publishing version {}", v));
+    }
+    row.publish = *report;
+    if (!report->committed) {
+      return AbortedError(
+          fmt::format("version {} was aborted: {}", v, report->reason));
+    }
+    row.refit_seconds = *all_active;
+
+    // Every receiver and the publisher's baseline against the trainer.
+    REFIT_ASSIGN_OR_RETURN(auto want, Sha256Tensors(trajectory.steps[v]));
+    REFIT_ASSIGN_OR_RETURN(row.receivers_exact, CountExact(checkpoints, want));
+    REFIT_ASSIGN_OR_RETURN(size_t b, CountExact({baseline}, want));
+    row.baseline_exact = b == 1;
+    out.all_ok = out.all_ok && row.baseline_exact &&
+                 row.receivers_exact == checkpoints.size();
+    out.rows.push_back(std::move(row));
+  }
+
+  // What the restarted victim says it did with the crash version.
+  if (crash_version > 0) {
+    for (const Json& e : ReadEvents(fleet.at(victim).log)) {
+      if (e.value("event", "") == "start" && e.contains("resume")) {
+        out.rows[static_cast<size_t>(crash_version - 1)].events.push_back(
+            fmt::format("{} restarted from its journal of version {}: {} "
+                        "chunk(s) journaled applied before the kill",
+                        fleet.at(victim).member,
+                        e["resume"].value("version", uint64_t{0}),
+                        e["resume"].value("chunks_journaled", uint64_t{0})));
+      }
+      if (e.value("event", "") == "version" &&
+          e.value("version", int64_t{0}) == crash_version) {
+        // At most once: what the restarted run applied, skipped (found in
+        // place) and had re-sent (torn) adds up to the version's chunks.
+        VersionRow& row = out.rows[static_cast<size_t>(crash_version - 1)];
+        uint64_t skipped = e.value("chunks_skipped", uint64_t{0});
+        uint64_t applied = e.value("chunks_applied", uint64_t{0});
+        uint64_t resent = e.value("chunks_resent", uint64_t{0});
+        bool once = skipped + applied + resent == row.publish.diff.chunks;
+        out.all_ok = out.all_ok && once;
+        row.events.push_back(fmt::format(
+            "{} finished version {} after the restart: {} chunk(s) skipped "
+            "(already applied), {} applied, {} re-sent{}",
+            fleet.at(victim).member, crash_version, skipped, applied, resent,
+            once ? fmt::format(" = all {} chunks, none applied twice",
+                               row.publish.diff.chunks)
+                 : fmt::format(" != {} chunks: AT-MOST-ONCE VIOLATED",
+                               row.publish.diff.chunks)));
+      }
+    }
+  }
+  // Every receiver runs until the last version and exits by itself.
+  auto deadline = Clock::now() + std::chrono::seconds(30);
+  size_t running = fleet.size();
+  while (running > 0 && Clock::now() < deadline) {
+    running = 0;
+    fleet.Reap();
+    for (size_t i = 0; i < fleet.size(); ++i) running += fleet.at(i).pid > 0;
+    if (running > 0) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  return out;
+}
+
+double Seconds(double bytes, double gbit) { return bytes * 8 / (gbit * 1e9); }
+
+void PrintDistribution(const Distribution& d) {
+  fmt::print(
+      "trainer (this process) -> {} `refit receive` processes through the "
+      "store {} (HMAC-SHA256 authenticated); each receiver patches its own "
+      "copy of step0 in place, votes, and activates after the joint commit\n",
+      d.receivers, d.store);
+  if (!d.crash.empty()) fmt::print("crash: {}, then restarted\n", d.crash);
+  fmt::print(
+      "measured: refit = publish start -> every receiver's `active` file "
+      "names the version (encode, upload, apply, fsync, vote, decision, "
+      "activate), on this machine's local store.\n"
+      "computed at {} Gbit/s: full = full bytes / link; refit@link = "
+      "max(measured "
+      "refit, payload / link); speedup = full / refit@link.\n\n",
+      d.link_gbit);
+  fmt::print(
+      "{:<7} {:>8} {:>10} {:>10} {:>7} {:>9} {:>9} {:>9} {:>10} {:>10} "
+      "{:>8}  {}\n",
+      "version", "changed", "payload", "full", "ratio", "enc+upl", "commit",
+      "refit", "full@link", "refit@link", "speedup", "SHA-256 = trainer");
+  for (const VersionRow& r : d.rows) {
+    const DiffReport& diff = r.publish.diff;
+    double rate = diff.total_elements == 0
+                      ? 0.0
+                      : static_cast<double>(diff.changed_elements) /
+                            static_cast<double>(diff.total_elements);
+    double full = Seconds(static_cast<double>(diff.full_bytes), d.link_gbit);
+    double at_link = std::max(
+        r.refit_seconds,
+        Seconds(static_cast<double>(r.publish.bytes_uploaded), d.link_gbit));
+    fmt::print(
+        "{:<7} {:>8} {:>10} {:>10} {:>7} {:>9} {:>9} {:>9} {:>10} {:>10} "
+        "{:>8}  {}/{} receivers{}\n",
+        r.version, Percent(rate),
+        HumanBytes(static_cast<double>(r.publish.bytes_uploaded)),
+        HumanBytes(static_cast<double>(diff.full_bytes)),
+        Ratio(static_cast<double>(diff.full_bytes),
+              static_cast<double>(r.publish.bytes_uploaded)),
+        HumanSeconds(r.publish.encode_upload_seconds),
+        HumanSeconds(r.publish.commit_seconds), HumanSeconds(r.refit_seconds),
+        HumanSeconds(full), HumanSeconds(at_link), Ratio(full, at_link, 2),
+        r.receivers_exact, d.receivers,
+        r.baseline_exact ? ", publisher too" : ", PUBLISHER DIFFERS");
+    for (const std::string& e : r.events) fmt::print("        - {}\n", e);
+  }
+  bool slower = false;
+  for (const VersionRow& r : d.rows) {
+    slower =
+        slower || r.refit_seconds >
+                      Seconds(static_cast<double>(r.publish.diff.full_bytes),
+                              d.link_gbit);
+  }
+  if (slower) {
+    fmt::print(
+        "note: where speedup < 1x the measured refit time is mostly a fixed "
+        "cost per version (fsync of every stored object, msync + fsync of "
+        "each checkpoint, vote and decision polling), not bytes; it does not "
+        "grow with the model, while full@link does (column ratio).\n");
+  }
+}
+
+Json DistributionJson(const Distribution& d) {
+  Json versions = Json::array();
+  for (const VersionRow& r : d.rows) {
+    const DiffReport& diff = r.publish.diff;
+    double full = Seconds(static_cast<double>(diff.full_bytes), d.link_gbit);
+    double at_link = std::max(
+        r.refit_seconds,
+        Seconds(static_cast<double>(r.publish.bytes_uploaded), d.link_gbit));
+    versions.push_back(
+        {{"version", r.version},
+         {"total_elements", diff.total_elements},
+         {"changed_elements", diff.changed_elements},
+         {"chunks", diff.chunks},
+         {"payload_bytes", r.publish.bytes_uploaded},
+         {"full_bytes", diff.full_bytes},
+         {"encode_upload_seconds", r.publish.encode_upload_seconds},
+         {"commit_seconds", r.publish.commit_seconds},
+         {"refit_seconds_measured", r.refit_seconds},
+         {"full_seconds_at_link_computed", full},
+         {"refit_seconds_at_link_computed", at_link},
+         {"speedup_at_link_computed", at_link > 0 ? full / at_link : 0.0},
+         {"committed", r.publish.committed},
+         {"receivers_bit_exact", r.receivers_exact},
+         {"publisher_bit_exact", r.baseline_exact},
+         {"events", r.events}});
+  }
+  return {{"store", d.store},         {"receivers", d.receivers},
+          {"link_gbit", d.link_gbit}, {"crash", d.crash},
+          {"ok", d.all_ok},           {"versions", versions}};
+}
+
+}  // namespace
+
+int RunDemo(const DemoArgs& args) {
+  SyncDemoArgs codec_only;
+  codec_only.codec_only = true;
+  return RunSyncDemo(args, codec_only);
+}
+
+int RunSyncDemo(const DemoArgs& args, const SyncDemoArgs& sync) {
+  constexpr std::string_view kCmd = "demo";
+  ProgressBar bar;
+  Result<ScratchDir> dir = ScratchDir::Create("refit-demo");
+  if (!dir.ok()) return Fail(kCmd, dir.status(), args.json);
+  bool notice = false;
+  Result<Trajectory> trajectory = LoadTrajectory(args, *dir, &bar, &notice);
+  if (!trajectory.ok()) return Fail(kCmd, trajectory.status(), args.json);
+  if (notice && !args.json) {
+    fmt::print(
+        "fixtures not found (looked in $REFIT_FIXTURES_DIR and "
+        "../shared/fixtures); using a synthetic trajectory\n");
+  }
+  if (!args.json) {
+    fmt::print("refit demo: {}\n", trajectory->description);
+    if (!sync.codec_only)
+      fmt::print("\n1. codec: diff, apply in place, check\n");
+  }
+  bool codec_ok = false;
+  Result<std::vector<CodecStep>> codec =
+      RunCodecSection(args, *trajectory, *dir, &bar, &codec_ok);
+  if (!codec.ok()) return Fail(kCmd, codec.status(), args.json);
+
+  std::optional<Distribution> dist;
+  if (!sync.codec_only) {
+    if (!args.json) {
+      fmt::print("\n2. distribution: publish, joint commit, crash, check\n");
+      std::fflush(stdout);
+    }
+    Result<Distribution> d = RunDistribution(args, sync, *trajectory, *dir);
+    if (!d.ok()) {
+      return Fail(kCmd, d.status().WithContext("distribution"), args.json);
+    }
+    dist = std::move(*d);
+    if (!args.json) PrintDistribution(*dist);
+  }
+  bool all_ok = codec_ok && (!dist || dist->all_ok);
 
   if (args.json) {
     Json j;
     j["ok"] = all_ok;
     j["command"] = "demo";
-    j["source"] = trajectory.source;
-    j["description"] = trajectory.description;
-    Json steps = Json::array();
-    for (const StepResult& s : results) {
-      steps.push_back({{"from", s.from},
-                       {"to", s.from + 1},
-                       {"tensors", s.diff.tensors},
-                       {"total_elements", s.diff.total_elements},
-                       {"changed_elements", s.diff.changed_elements},
-                       {"full_bytes", s.diff.full_bytes},
-                       {"delta_bytes", s.diff.file_bytes},
-                       {"payload_bytes", s.inspect.payload_bytes},
-                       {"bound_bytes", s.inspect.bound_bytes},
-                       {"bound_valid", s.inspect.bound_valid},
-                       {"chunks_by_kind", s.diff.chunks_by_kind},
-                       {"encode_seconds", s.encode_seconds},
-                       {"apply_seconds", s.apply_seconds},
-                       {"pages_written", s.apply.pages_written},
-                       {"tensors_equal", s.tensors_equal},
-                       {"tensors_total", s.tensors_total},
-                       {"bit_exact", s.bit_exact},
-                       {"verified", s.verified}});
-    }
-    j["steps"] = steps;
+    j["source"] = trajectory->source;
+    j["description"] = trajectory->description;
+    j["steps"] = CodecStepsJson(*codec);
+    if (dist) j["distribution"] = DistributionJson(*dist);
     PrintJson(j);
   } else {
-    fmt::print("\n{}\n", all_ok ? "all steps bit-exact and verified"
-                                : "FAILED: the patched copy differs from the "
-                                  "trainer's checkpoint");
+    fmt::print("\n{}\n",
+               all_ok ? (dist ? "all steps bit-exact and verified; every "
+                                "receiver bit-exact at every version"
+                              : "all steps bit-exact and verified")
+                      : "FAILED: a patched copy differs from the trainer's "
+                        "checkpoint");
   }
   if (!all_ok) {
     fmt::print(stderr,

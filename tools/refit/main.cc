@@ -11,6 +11,7 @@
 
 #include "cli_util.h"
 #include "commands.h"
+#include "sync_commands.h"
 
 namespace refit::cli {
 namespace {
@@ -33,7 +34,8 @@ int Main(int argc, char** argv) {
       "checkpoint directory) into a compact delta, applies it in place, and "
       "checks the result bit for bit.",
       "refit");
-  app.footer(ExitCodesHelp());
+  app.footer(ExitCodesHelp() +
+             "\nrefit publish exits 8 when the version was aborted.");
   app.require_subcommand(1);
   bool global_json = false;
   app.add_flag("--json", global_json,
@@ -122,7 +124,9 @@ int Main(int argc, char** argv) {
       "demo",
       "Follow a trajectory of checkpoints (the qwen2-tiny fixtures, or a "
       "synthetic one): diff each step, patch a copy of step0 in place, and "
-      "check every tensor by SHA-256.");
+      "check every tensor by SHA-256; then publish every step through a "
+      "store to receiver processes (one killed and restarted mid-version), "
+      "with timings and SHA-256 checks of every receiver.");
   demo_cmd->add_option("--fixtures", demo.fixtures,
                        "folder holding qwen2-tiny/ (or step0.safetensors, "
                        "...); default: $REFIT_FIXTURES_DIR, then "
@@ -144,6 +148,8 @@ int Main(int argc, char** argv) {
   demo_cmd->add_flag("--no-sync", demo.no_sync,
                      "apply without msync/fsync (time the patching alone)");
   AddJson(demo_cmd, &demo.json);
+  SyncCommandArgs sync;
+  RegisterSyncDemoOptions(demo_cmd, &demo, &sync.demo);
 
   BenchArgs bench;
   CLI::App* bench_cmd = app.add_subcommand(
@@ -162,7 +168,13 @@ int Main(int argc, char** argv) {
   bench_cmd->add_option("--seed", bench.seed, "generator seed")
       ->capture_default_str();
   bench_cmd->add_flag("--no-sync", bench.no_sync, "apply without msync/fsync");
+  bench_cmd->add_option(
+      "--fixtures", bench.fixtures,
+      "instead: payload sizes on the BF16 step pairs of this "
+      "fixture folder (qwen2-tiny), against the entropy bound "
+      "and the zstd and overwrite baselines");
   AddJson(bench_cmd, &bench.json);
+  RegisterSyncCommands(&app, &sync);
 
   if (argc <= 1) {
     fmt::print(stderr, "{}", app.help());
@@ -193,7 +205,10 @@ int Main(int argc, char** argv) {
   }
   if (*demo_cmd) {
     demo.json |= global_json;
-    return RunDemo(demo);
+    return RunSyncDemo(demo, sync.demo);
+  }
+  if (std::optional<int> code = RunSyncCommand(&sync, global_json)) {
+    return *code;
   }
   if (*bench_cmd) {
     bench.json |= global_json;

@@ -1,0 +1,849 @@
+// Crash tests of the version protocol (docs/protocol.md) with real
+// processes: the built `refit` binary (REFIT_CLI_PATH) runs as publisher
+// and receivers on a directory store, and receivers or the publisher are
+// SIGKILLed, at the receiver's named crash points (REFIT_CRASH_AT) or at
+// random times, then restarted. After every trial:
+//
+//   - there is one decision, and every receiver followed it: all active at
+//     the version (commit) or all at the base (abort);
+//   - no mixed-version state: every receiver's checkpoint hashes (SHA-256
+//     per tensor) to the trainer's files of the version its `active` names,
+//     and so does the publisher's baseline for the committed version;
+//   - at most once: a restarted receiver reports chunks already in place as
+//     skipped; applied + skipped + re-sent add up to the version's chunks.
+//
+// Models are small synthetic BF16/F32 files (~2.7 MB, 64 KiB chunks) so a
+// trial takes well under two seconds.
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <ostream>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "refit/checkpoint.h"
+#include "sync/auth.h"
+#include "sync/journal.h"
+#include "sync/protocol.h"
+#include "testing.h"
+#include "transport/object_store.h"
+
+#ifndef REFIT_CLI_PATH
+#error "REFIT_CLI_PATH must name the refit binary"
+#endif
+
+namespace refit {
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+using Json = nlohmann::json;
+using ::refit::testing::ReadBytes;
+using ::refit::testing::TempDir;
+using ::refit::testing::WriteBytes;
+
+constexpr int kExitAborted = 8;
+constexpr char kMembers[] = "r0,r1,r2";
+constexpr int kReceivers = 3;
+
+double SecondsSince(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+// ------------------------------------------------------------ processes
+
+// A child process running `refit ARGS`, stdout and stderr appended to files.
+class Proc {
+ public:
+  Proc() = default;
+  Proc(const Proc&) = delete;
+  Proc& operator=(const Proc&) = delete;
+  ~Proc() {
+    if (pid_ > 0) {
+      kill(pid_, SIGKILL);
+      waitpid(pid_, nullptr, 0);
+    }
+  }
+
+  void Start(const std::vector<std::string>& args, const std::string& out,
+             const std::string& err, const std::string& crash_at = "") {
+    ASSERT_LE(pid_, 0) << "already running";
+    std::vector<std::string> all = {REFIT_CLI_PATH};
+    all.insert(all.end(), args.begin(), args.end());
+    std::vector<char*> argv;
+    for (std::string& a : all) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    std::vector<std::string> env;
+    for (char** e = environ; *e != nullptr; ++e) {
+      if (std::string_view(*e).starts_with("REFIT_CRASH_AT=")) continue;
+      env.emplace_back(*e);
+    }
+    if (!crash_at.empty()) env.push_back("REFIT_CRASH_AT=" + crash_at);
+    std::vector<char*> envp;
+    for (std::string& e : env) envp.push_back(e.data());
+    envp.push_back(nullptr);
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
+    posix_spawn_file_actions_addopen(&fa, 1, out.c_str(),
+                                     O_WRONLY | O_CREAT | O_APPEND, 0644);
+    posix_spawn_file_actions_addopen(&fa, 2, err.c_str(),
+                                     O_WRONLY | O_CREAT | O_APPEND, 0644);
+    int rc =
+        posix_spawn(&pid_, argv[0], &fa, nullptr, argv.data(), envp.data());
+    posix_spawn_file_actions_destroy(&fa);
+    ASSERT_EQ(rc, 0) << std::strerror(rc);
+    status_.reset();
+    started_ = Clock::now();
+  }
+
+  bool running() {
+    Poll();
+    return pid_ > 0;
+  }
+  // The wait status once ended.
+  std::optional<int> status() {
+    Poll();
+    return status_;
+  }
+  bool killed_by_signal() {
+    Poll();
+    return status_ && WIFSIGNALED(*status_);
+  }
+  // The exit code, or -1 when killed or still running.
+  int exit_code() {
+    Poll();
+    return status_ && WIFEXITED(*status_) ? WEXITSTATUS(*status_) : -1;
+  }
+  void Kill() {
+    if (pid_ > 0) kill(pid_, SIGKILL);
+  }
+  void Signal(int sig) {
+    if (pid_ > 0) kill(pid_, sig);
+  }
+  // Waits up to `seconds` for the end; kills on timeout (and returns false).
+  bool Wait(double seconds) {
+    auto t0 = Clock::now();
+    while (running()) {
+      if (SecondsSince(t0) > seconds) {
+        Kill();
+        waitpid(pid_, nullptr, 0);
+        pid_ = -1;
+        return false;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    return true;
+  }
+  double seconds_since_start() const { return SecondsSince(started_); }
+
+ private:
+  void Poll() {
+    if (pid_ <= 0) return;
+    int st = 0;
+    if (waitpid(pid_, &st, WNOHANG) == pid_) {
+      status_ = st;
+      pid_ = -1;
+    }
+  }
+  pid_t pid_ = -1;
+  std::optional<int> status_;
+  Clock::time_point started_;
+};
+
+std::string ReadText(const std::string& path) {
+  std::vector<uint8_t> b = ReadBytes(path);
+  return std::string(b.begin(), b.end());
+}
+
+std::vector<Json> JsonLines(const std::string& path) {
+  std::vector<Json> out;
+  std::string text = ReadText(path);
+  size_t pos = 0;
+  while (pos < text.size()) {
+    size_t nl = text.find('\n', pos);
+    if (nl == std::string::npos) nl = text.size();
+    Json j = Json::parse(text.substr(pos, nl - pos), nullptr, false);
+    if (!j.is_discarded() && j.is_object()) out.push_back(j);
+    pos = nl + 1;
+  }
+  return out;
+}
+
+// ------------------------------------------------------------ models
+
+struct Tensor {
+  std::string name;
+  std::string dtype;
+  int width;
+  std::vector<uint64_t> shape;
+  std::vector<uint8_t> data;
+};
+
+void WriteSafetensors(const std::string& path, const std::vector<Tensor>& ts) {
+  std::string header = "{";
+  uint64_t offset = 0;
+  for (size_t i = 0; i < ts.size(); ++i) {
+    std::string shape;
+    for (size_t d = 0; d < ts[i].shape.size(); ++d) {
+      shape += (d ? "," : "") + std::to_string(ts[i].shape[d]);
+    }
+    header += (i ? "," : "") + std::string("\"") + ts[i].name +
+              "\":{\"dtype\":\"" + ts[i].dtype + "\",\"shape\":[" + shape +
+              "],\"data_offsets\":[" + std::to_string(offset) + "," +
+              std::to_string(offset + ts[i].data.size()) + "]}";
+    offset += ts[i].data.size();
+  }
+  header += "}";
+  header.append((8 - header.size() % 8) % 8, ' ');
+  std::vector<uint8_t> file(8);
+  for (int i = 0; i < 8; ++i) {
+    file[static_cast<size_t>(i)] =
+        static_cast<uint8_t>(static_cast<uint64_t>(header.size()) >> (8 * i));
+  }
+  file.insert(file.end(), header.begin(), header.end());
+  for (const Tensor& t : ts)
+    file.insert(file.end(), t.data.begin(), t.data.end());
+  WriteBytes(path, file);
+}
+
+// ~2.7 MB: sparse changes in the BF16 weights (sparse XOR chunks), dense
+// ones in the F32 scale (dense chunks).
+std::vector<Tensor> BaseModel() {
+  std::mt19937_64 rng(42);
+  auto make = [&](std::string name, std::string dtype, int width,
+                  std::vector<uint64_t> shape) {
+    Tensor t{std::move(name), std::move(dtype), width, std::move(shape), {}};
+    uint64_t n = 1;
+    for (uint64_t d : t.shape) n *= d;
+    t.data.resize(n * static_cast<uint64_t>(width));
+    for (uint8_t& b : t.data) b = static_cast<uint8_t>(rng());
+    return t;
+  };
+  return {make("a.weight", "BF16", 2, {1024, 1024}),
+          make("b.weight", "BF16", 2, {256, 1024}),
+          make("c.bias", "BF16", 2, {1000}),
+          make("d.scale", "F32", 4, {16384})};
+}
+
+std::vector<Tensor> NextVersion(std::vector<Tensor> m, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<double> u(0, 1);
+  for (Tensor& t : m) {
+    double rate = t.dtype == "F32" ? 0.5 : 0.02;
+    for (size_t i = 0; i < t.data.size(); i += static_cast<size_t>(t.width)) {
+      if (u(rng) < rate) t.data[i] ^= static_cast<uint8_t>(1 + rng() % 7);
+    }
+  }
+  return m;
+}
+
+using Digests = std::map<std::string, Sha256>;
+
+Digests TensorDigests(const std::string& path) {
+  Digests d;
+  auto ck = Checkpoint::Open(path, Checkpoint::Mode::kReadOnly);
+  if (!ck.ok()) return d;
+  for (size_t i = 0; i < ck->tensors().size(); ++i) {
+    d[ck->tensors()[i].name] = ComputeSha256(ck->Data(i));
+  }
+  return d;
+}
+
+// ------------------------------------------------------------ one trial
+
+// Shared inputs: version 0 (the base) and version 1 of the trainer, and
+// the HMAC key every node uses.
+class Inputs {
+ public:
+  static const Inputs& Get() {
+    static const Inputs* inputs = new Inputs();
+    return *inputs;
+  }
+  std::string base, v1, key;
+  Digests digests[2];
+  TempDir dir;
+
+ private:
+  Inputs() {
+    base = dir.File("v0.safetensors");
+    v1 = dir.File("v1.safetensors");
+    key = dir.File("hmac.key");
+    std::vector<Tensor> m0 = BaseModel();
+    WriteSafetensors(base, m0);
+    WriteSafetensors(v1, NextVersion(m0, 7));
+    std::string hex(64, '5');
+    hex += "\n";
+    WriteBytes(key, std::vector<uint8_t>(hex.begin(), hex.end()));
+    digests[0] = TensorDigests(base);
+    digests[1] = TensorDigests(v1);
+  }
+};
+
+// A store, a publisher baseline and three receivers, all at version 0.
+class Cluster {
+ public:
+  Cluster() : in_(Inputs::Get()) {
+    store_ = dir_.File("store");
+    baseline_ = dir_.File("publisher.safetensors");
+    fs::copy_file(in_.base, baseline_);
+    for (int i = 0; i < kReceivers; ++i) {
+      std::string r = Member(i);
+      fs::create_directories(dir_.File(r + "/state"));
+      fs::copy_file(in_.base, CheckpointPath(i));
+    }
+  }
+
+  static std::string Member(int i) { return "r" + std::to_string(i); }
+  std::string CheckpointPath(int i) const {
+    return dir_.File(Member(i) + "/model.safetensors");
+  }
+  std::string State(int i) const { return dir_.File(Member(i) + "/state"); }
+  std::string Log(int i) const { return dir_.File(Member(i) + "/out.jsonl"); }
+  std::string Err(int i) const { return dir_.File(Member(i) + "/err.txt"); }
+  std::string PubLog() const { return dir_.File("publish.json"); }
+  std::string PubErr() const { return dir_.File("publish.err"); }
+  const std::string& store() const { return store_; }
+
+  void StartReceiver(Proc* p, int i, const std::string& crash_at = "") {
+    p->Start({"receive",
+              "--store",
+              store_,
+              "--member",
+              Member(i),
+              "--checkpoint",
+              CheckpointPath(i),
+              "--state",
+              State(i),
+              "--key-file",
+              in_.key,
+              "--until",
+              "1",
+              "--once",
+              "--poll-ms",
+              "2",
+              "--decision-timeout-ms",
+              "20000",
+              "--resend-timeout-ms",
+              "20000",
+              "--threads",
+              "1",
+              "--json"},
+             Log(i), Err(i), crash_at);
+  }
+
+  void StartPublisher(Proc* p, int vote_timeout_ms,
+                      const std::string& policy = "abort", int serve_ms = 0) {
+    p->Start({"publish",
+              "--store",
+              store_,
+              "--baseline",
+              baseline_,
+              "--members",
+              kMembers,
+              "--version",
+              "1",
+              in_.v1,
+              "--key-file",
+              in_.key,
+              "--vote-timeout-ms",
+              std::to_string(vote_timeout_ms),
+              "--policy",
+              policy,
+              "--chunk-mib",
+              "0.0625",
+              "--threads",
+              "1",
+              "--poll-ms",
+              "2",
+              "--serve-ms",
+              std::to_string(serve_ms),
+              "--json"},
+             PubLog(), PubErr());
+  }
+
+  uint64_t Active(int i) const {
+    std::string text = ReadText(State(i) + "/active");
+    return text.empty() ? 0 : std::strtoull(text.c_str(), nullptr, 10);
+  }
+
+  bool HasObject(const std::string& key) const {
+    return fs::exists(store_ + "/" + key);
+  }
+
+  // The one decision of version 1, or nullopt.
+  std::optional<Decision> ReadDecision() const {
+    auto store = OpenObjectStore(store_);
+    if (!store.ok()) return std::nullopt;
+    auto bytes = (*store)->Get(DecisionKey(1));
+    if (!bytes.ok()) return std::nullopt;
+    auto auth = Authenticator::FromKeyFile(in_.key);
+    if (!auth.ok()) return std::nullopt;
+    auto body = auth->Open(*bytes);
+    if (!body.ok()) return std::nullopt;
+    auto d = DecodeDecision(*body);
+    if (!d.ok()) return std::nullopt;
+    return *d;
+  }
+
+  uint64_t ManifestChunks() const {
+    auto store = OpenObjectStore(store_);
+    auto bytes = (*store)->Get(ManifestKey(1));
+    if (!bytes.ok()) return 0;
+    auto body = Authenticator::FromKeyFile(in_.key)->Open(*bytes);
+    if (!body.ok()) return 0;
+    auto m = DecodeManifest(*body);
+    return m.ok() ? m->chunks.size() : 0;
+  }
+
+  // The invariants every trial ends with; returns the decision.
+  Decision CheckConsistent() {
+    std::optional<Decision> d = ReadDecision();
+    EXPECT_TRUE(d.has_value()) << "no decision for version 1";
+    if (!d) return {};
+    uint64_t want = d->commit ? 1 : 0;
+    for (int i = 0; i < kReceivers; ++i) {
+      EXPECT_EQ(Active(i), want) << Member(i) << " did not follow the "
+                                 << (d->commit ? "commit" : "abort");
+      uint64_t active = Active(i) > 1 ? 1 : Active(i);
+      EXPECT_EQ(TensorDigests(CheckpointPath(i)), in_.digests[active])
+          << Member(i) << ": checkpoint does not hash to version " << active
+          << " (mixed-version state)";
+      // A journal may outlive its activation (a kill right after it); it
+      // must never be in progress.
+      auto journal = Journal::Load(State(i) + "/journal");
+      EXPECT_TRUE(journal.ok()) << journal.status().ToString();
+      if (journal.ok() && journal->has_value()) {
+        EXPECT_LE((*journal)->version, Active(i))
+            << Member(i) << " left a version in progress";
+      }
+    }
+    EXPECT_EQ(TensorDigests(baseline_), in_.digests[want])
+        << "the publisher's baseline is not the committed version";
+    return *d;
+  }
+
+  // The "version" events receiver i printed (over all its runs).
+  std::vector<Json> VersionEvents(int i) const {
+    std::vector<Json> out;
+    for (const Json& e : JsonLines(Log(i))) {
+      if (e.value("event", "") == "version") out.push_back(e);
+    }
+    return out;
+  }
+
+ private:
+  const Inputs& in_;
+  TempDir dir_;
+  std::string store_;
+  std::string baseline_;
+};
+
+// Sums over a receiver's reports of version 1.
+struct Counts {
+  uint64_t applied = 0, skipped = 0, resent = 0, reports = 0;
+  std::string outcome;
+};
+
+Counts CountsOf(const std::vector<Json>& events) {
+  Counts c;
+  for (const Json& e : events) {
+    if (e.value("version", 0) != 1) continue;
+    c.applied += e.value("chunks_applied", uint64_t{0});
+    c.skipped += e.value("chunks_skipped", uint64_t{0});
+    c.resent += e.value("chunks_resent", uint64_t{0});
+    c.outcome = e.value("outcome", "");
+    ++c.reports;
+  }
+  return c;
+}
+
+// ------------------------------------------------------------ (a) named
+
+struct CrashCase {
+  std::string point;  // REFIT_CRASH_AT
+  bool late;          // restart only after the publisher decided
+};
+
+void PrintTo(const CrashCase& c, std::ostream* os) {
+  *os << c.point << (c.late ? " (restart after the decision)" : "");
+}
+
+std::string CaseName(const ::testing::TestParamInfo<CrashCase>& info) {
+  std::string s = info.param.point + (info.param.late ? "_late" : "_now");
+  for (char& c : s) {
+    if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
+  }
+  return s;
+}
+
+class CrashPointTest : public ::testing::TestWithParam<CrashCase> {};
+
+// Receiver r0 dies at the named point while publishing version 1 to three
+// receivers. Restarted at once, it finishes the version, which commits.
+// Restarted only after a short vote deadline (late), it finds an abort if
+// it died before voting and rolls back; a commit if it had voted.
+TEST_P(CrashPointTest, OneVersionThreeReceivers) {
+#ifndef REFIT_CRASH_POINTS
+  GTEST_SKIP() << "crash points are compiled out of Release builds";
+#endif
+  const CrashCase& c = GetParam();
+  auto t0 = Clock::now();
+  Cluster cl;
+  Proc receivers[kReceivers];
+  Proc publisher;
+  cl.StartReceiver(&receivers[0], 0, c.point);
+  for (int i = 1; i < kReceivers; ++i) cl.StartReceiver(&receivers[i], i);
+  cl.StartPublisher(&publisher, c.late ? 300 : 20000);
+
+  // Wait for the kill (every point is reached in this scenario).
+  auto deadline = Clock::now() + std::chrono::seconds(20);
+  while (receivers[0].running() && Clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  ASSERT_TRUE(receivers[0].killed_by_signal())
+      << "r0 was not killed at " << c.point << "; exit "
+      << receivers[0].exit_code() << ": " << ReadText(cl.Err(0));
+  if (c.late) {
+    ASSERT_TRUE(publisher.Wait(20)) << "publisher hangs";
+  }
+  cl.StartReceiver(&receivers[0], 0);
+
+  for (int i = 0; i < kReceivers; ++i) {
+    ASSERT_TRUE(receivers[i].Wait(30))
+        << "r" << i << " hangs: " << ReadText(cl.Log(i)) << ReadText(cl.Err(i));
+    EXPECT_EQ(receivers[i].exit_code(), 0) << ReadText(cl.Err(i));
+  }
+  ASSERT_TRUE(publisher.Wait(30)) << "publisher hangs";
+  Decision d = cl.CheckConsistent();
+  EXPECT_EQ(publisher.exit_code(), d.commit ? 0 : kExitAborted)
+      << ReadText(cl.PubErr());
+
+  bool voted_before_kill = c.point == "receiver.after-vote" ||
+                           c.point == "receiver.before-activate" ||
+                           c.point == "receiver.after-activate";
+  EXPECT_EQ(d.commit, !c.late || voted_before_kill) << d.reason;
+
+  // At most once: r0's restarted run skips what the killed run applied.
+  const uint64_t n = cl.ManifestChunks();
+  ASSERT_GT(n, 9u);
+  Counts r0 = CountsOf(cl.VersionEvents(0));
+  if (c.point == "receiver.after-activate") {
+    EXPECT_EQ(r0.reports, 0u) << "already active: nothing left to do";
+  } else if (!d.commit) {
+    EXPECT_EQ(r0.outcome, "aborted");
+    EXPECT_EQ(r0.applied, 0u) << "a rollback applies nothing";
+  } else {
+    ASSERT_EQ(r0.reports, 1u);
+    EXPECT_EQ(r0.outcome, "committed");
+    EXPECT_EQ(r0.applied + r0.skipped + r0.resent, n);
+    EXPECT_EQ(r0.resent, 0u) << "named points never tear a chunk";
+    uint64_t skipped = c.point == "receiver.before-apply" ? 0
+                       : c.point.starts_with("receiver.after-chunk:")
+                           ? std::stoull(c.point.substr(21))
+                           : n;
+    EXPECT_EQ(r0.skipped, skipped) << c.point;
+  }
+  for (int i = 1; i < kReceivers; ++i) {
+    Counts r = CountsOf(cl.VersionEvents(i));
+    ASSERT_EQ(r.reports, 1u) << "r" << i;
+    EXPECT_EQ(r.skipped, 0u);
+    EXPECT_EQ(r.applied, n);
+    EXPECT_EQ(r.outcome, d.commit ? "committed" : "aborted");
+  }
+  RecordProperty("seconds", std::to_string(SecondsSince(t0)));
+}
+
+std::vector<CrashCase> CrashCases() {
+  std::vector<CrashCase> out;
+  for (bool late : {false, true}) {
+    for (const char* p :
+         {"receiver.before-apply", "receiver.after-chunk:2",
+          "receiver.after-apply", "receiver.after-flush",
+          "receiver.after-journal", "receiver.after-vote",
+          "receiver.before-activate", "receiver.after-activate"}) {
+      out.push_back({p, late});
+    }
+  }
+  out.push_back({"receiver.after-chunk:1", false});
+  out.push_back({"receiver.after-chunk:9", false});
+  out.push_back({"receiver.after-chunk:9", true});
+  return out;
+}
+
+INSTANTIATE_TEST_SUITE_P(Named, CrashPointTest,
+                         ::testing::ValuesIn(CrashCases()), CaseName);
+
+// ------------------------------------------------------------ (a) random
+
+class RandomKillTest : public ::testing::TestWithParam<int> {};
+
+// Receiver r0 is SIGKILLed after a random delay: from the start of the
+// trial (often before or after the version), or from the moment its
+// journal appears (in the middle of applying, possibly inside a chunk).
+// Every fourth trial restarts it only after the decision, while the
+// publisher keeps serving re-sends (--serve-ms) for torn ranges.
+TEST_P(RandomKillTest, KillReceiverAtRandom) {
+  const int seed = GetParam();
+  std::mt19937 rng(static_cast<unsigned>(seed) * 7919u + 1);
+  const bool from_journal = seed % 2 == 1;
+  const bool late = seed % 4 == 3;
+  // A version takes ~0.1 s here, applying its 42 chunks a few ms of it.
+  const int delay_us =
+      from_journal ? static_cast<int>(rng() % (seed % 3 == 0 ? 20000 : 3000))
+                   : static_cast<int>(rng() % 120000);
+  Cluster cl;
+  Proc receivers[kReceivers];
+  Proc publisher;
+  for (int i = 0; i < kReceivers; ++i) cl.StartReceiver(&receivers[i], i);
+  cl.StartPublisher(&publisher, late ? 400 : 20000, "abort", late ? 1500 : 0);
+  auto t0 = Clock::now();
+  if (from_journal) {
+    while (!fs::exists(cl.State(0) + "/journal") && receivers[0].running() &&
+           SecondsSince(t0) < 20) {
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+  }
+  std::this_thread::sleep_for(std::chrono::microseconds(delay_us));
+  bool journal_at_kill = fs::exists(cl.State(0) + "/journal");
+  receivers[0].Kill();
+  ASSERT_TRUE(receivers[0].Wait(10));
+  bool killed = receivers[0].killed_by_signal();
+  if (killed) {
+    if (late) {
+      while (!cl.ReadDecision() && SecondsSince(t0) < 20) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+    }
+    // Without a journal record r0 never began the version (a kill inside
+    // Journal::Begin leaves an empty file); after an abort it has nothing
+    // to do and idles (--once counts versions handled), so it is stopped
+    // with SIGTERM below.
+    auto journal = Journal::Load(cl.State(0) + "/journal");
+    bool began = journal.ok() && journal->has_value();
+    bool idle_after_abort =
+        late && !began && cl.Active(0) == 0 && !cl.ReadDecision()->commit;
+    cl.StartReceiver(&receivers[0], 0);
+    if (idle_after_abort) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      receivers[0].Signal(SIGTERM);
+    }
+  }
+  for (int i = 0; i < kReceivers; ++i) {
+    ASSERT_TRUE(receivers[i].Wait(30))
+        << "r" << i << " hangs: " << ReadText(cl.Log(i)) << ReadText(cl.Err(i));
+    EXPECT_EQ(receivers[i].exit_code(), 0) << ReadText(cl.Err(i));
+  }
+  ASSERT_TRUE(publisher.Wait(30)) << "publisher hangs";
+  Decision d = cl.CheckConsistent();
+  EXPECT_EQ(publisher.exit_code(), d.commit ? 0 : kExitAborted)
+      << ReadText(cl.PubErr());
+  if (!late) {
+    EXPECT_TRUE(d.commit) << d.reason;
+  }
+
+  const uint64_t n = cl.ManifestChunks();
+  Counts r0 = CountsOf(cl.VersionEvents(0));
+  if (d.commit && r0.reports == 1 && r0.outcome == "committed") {
+    // Chunks in place before the kill are skipped, torn ones re-sent;
+    // none is applied twice (which would also fail the hash checks).
+    EXPECT_EQ(r0.applied + r0.skipped + r0.resent, n);
+  }
+  EXPECT_LE(r0.reports, 1u);
+  RecordProperty("killed", killed ? "yes" : "no (already done)");
+  RecordProperty("journal_at_kill", journal_at_kill ? "yes" : "no");
+  RecordProperty("skipped", std::to_string(r0.skipped));
+  RecordProperty("resent", std::to_string(r0.resent));
+  RecordProperty("decision", d.commit ? "commit" : "abort");
+}
+
+INSTANTIATE_TEST_SUITE_P(Seeds, RandomKillTest, ::testing::Range(0, 36));
+
+// ------------------------------------------------------------ (b) publisher
+
+// The publisher dies while two receivers have voted and wait for the
+// decision (the third is not up yet). A new `refit publish` with the same
+// version and target re-uploads byte-identical objects, collects the votes
+// already there, and decides once.
+TEST(PublisherCrashTest, KilledWhileReceiversWaitForTheDecision) {
+  Cluster cl;
+  Proc receivers[kReceivers];
+  Proc publisher;
+  cl.StartReceiver(&receivers[0], 0);
+  cl.StartReceiver(&receivers[1], 1);
+  cl.StartPublisher(&publisher, 20000);
+  auto t0 = Clock::now();
+  while (!(cl.HasObject(VoteKey(1, "r0")) && cl.HasObject(VoteKey(1, "r1"))) &&
+         SecondsSince(t0) < 20) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  ASSERT_TRUE(publisher.running()) << ReadText(cl.PubErr());
+  publisher.Kill();
+  ASSERT_TRUE(publisher.Wait(10));
+  ASSERT_TRUE(publisher.killed_by_signal());
+  EXPECT_FALSE(cl.ReadDecision().has_value());
+  EXPECT_TRUE(receivers[0].running());  // still waiting for the decision
+
+  cl.StartPublisher(&publisher, 20000);
+  cl.StartReceiver(&receivers[2], 2);
+  ASSERT_TRUE(publisher.Wait(30));
+  EXPECT_EQ(publisher.exit_code(), 0) << ReadText(cl.PubErr());
+  for (int i = 0; i < kReceivers; ++i) {
+    ASSERT_TRUE(receivers[i].Wait(30));
+    EXPECT_EQ(receivers[i].exit_code(), 0) << ReadText(cl.Err(i));
+  }
+  Decision d = cl.CheckConsistent();
+  EXPECT_TRUE(d.commit) << d.reason;
+  for (int i = 0; i < kReceivers; ++i) {
+    Counts r = CountsOf(cl.VersionEvents(i));
+    EXPECT_EQ(r.reports, 1u);
+    EXPECT_EQ(r.applied, cl.ManifestChunks()) << "r" << i;
+  }
+}
+
+class PublisherRandomKillTest : public ::testing::TestWithParam<int> {};
+
+// The publisher is SIGKILLed at a random time (encoding, uploading,
+// waiting, deciding, advancing its baseline, moving head) and restarted
+// until it exits; the version is decided exactly once and everyone
+// follows it. A rerun after completion reports the recorded decision.
+TEST_P(PublisherRandomKillTest, RestartResumesAndDecidesOnce) {
+  std::mt19937 rng(static_cast<unsigned>(GetParam()) * 104729u + 3);
+  Cluster cl;
+  Proc receivers[kReceivers];
+  Proc publisher;
+  for (int i = 0; i < kReceivers; ++i) cl.StartReceiver(&receivers[i], i);
+  cl.StartPublisher(&publisher, 20000);
+  std::this_thread::sleep_for(std::chrono::microseconds(rng() % 200000));
+  publisher.Kill();
+  int votes_at_kill = 0;
+  for (int i = 0; i < kReceivers; ++i) {
+    votes_at_kill += cl.HasObject(VoteKey(1, Cluster::Member(i)));
+  }
+  bool decided_at_kill = cl.HasObject(DecisionKey(1));
+  ASSERT_TRUE(publisher.Wait(10));
+  bool killed = publisher.killed_by_signal();
+  cl.StartPublisher(&publisher, 20000);
+  ASSERT_TRUE(publisher.Wait(30));
+  EXPECT_EQ(publisher.exit_code(), 0) << ReadText(cl.PubErr());
+  for (int i = 0; i < kReceivers; ++i) {
+    ASSERT_TRUE(receivers[i].Wait(30));
+    EXPECT_EQ(receivers[i].exit_code(), 0) << ReadText(cl.Err(i));
+  }
+  Decision d = cl.CheckConsistent();
+  EXPECT_TRUE(d.commit) << d.reason;
+  // Once more: the version is done; the same command reports it.
+  cl.StartPublisher(&publisher, 20000);
+  ASSERT_TRUE(publisher.Wait(30));
+  EXPECT_EQ(publisher.exit_code(), 0) << ReadText(cl.PubErr());
+  EXPECT_EQ(cl.ReadDecision()->reason, d.reason);
+  RecordProperty("killed", killed ? "yes" : "no (already done)");
+  RecordProperty("votes_at_kill", std::to_string(votes_at_kill));
+  RecordProperty("decided_at_kill", decided_at_kill ? "yes" : "no");
+}
+
+INSTANTIATE_TEST_SUITE_P(Seeds, PublisherRandomKillTest,
+                         ::testing::Range(0, 8));
+
+// ------------------------------------------------------------ (c) deadline
+
+class DeadlineTest : public ::testing::TestWithParam<std::string> {};
+
+// r2 never runs. Publish returns soon after the vote deadline: abort
+// (exit 8, r0 and r1 roll back) or drop (exit 0, r2 listed as dropped,
+// catches up later).
+TEST_P(DeadlineTest, SilentReceiverCostsOnlyTheDeadline) {
+  const std::string policy = GetParam();
+  constexpr int kDeadlineMs = 800;
+  Cluster cl;
+  Proc receivers[kReceivers];
+  Proc publisher;
+  cl.StartReceiver(&receivers[0], 0);
+  cl.StartReceiver(&receivers[1], 1);
+  cl.StartPublisher(&publisher, kDeadlineMs, policy);
+  ASSERT_TRUE(publisher.Wait(30));
+  double seconds = publisher.seconds_since_start();
+  Json report = Json::parse(ReadText(cl.PubLog()), nullptr, false);
+  ASSERT_FALSE(report.is_discarded()) << ReadText(cl.PubLog());
+  // The whole process: start, encode, upload, the deadline, the decision.
+  EXPECT_GE(seconds, kDeadlineMs / 1000.0);
+  EXPECT_LT(seconds, kDeadlineMs / 1000.0 + 1.0) << "waited past the deadline";
+  EXPECT_LT(report["commit_seconds"].get<double>(), kDeadlineMs / 1000.0 + 0.3);
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_TRUE(receivers[i].Wait(30));
+    EXPECT_EQ(receivers[i].exit_code(), 0) << ReadText(cl.Err(i));
+  }
+  std::optional<Decision> d = cl.ReadDecision();
+  ASSERT_TRUE(d.has_value());
+  if (policy == "abort") {
+    EXPECT_EQ(publisher.exit_code(), kExitAborted);
+    EXPECT_FALSE(d->commit);
+    EXPECT_EQ(report["decision"], "abort");
+  } else {
+    EXPECT_EQ(publisher.exit_code(), 0) << ReadText(cl.PubErr());
+    EXPECT_TRUE(d->commit);
+    EXPECT_EQ(d->dropped, std::vector<std::string>{"r2"});
+    // The dropped member catches up from the committed version.
+    cl.StartReceiver(&receivers[2], 2);
+    ASSERT_TRUE(receivers[2].Wait(30));
+    EXPECT_EQ(receivers[2].exit_code(), 0) << ReadText(cl.Err(2));
+    EXPECT_EQ(CountsOf(cl.VersionEvents(2)).outcome, "caught-up");
+  }
+  cl.CheckConsistent();
+
+  // `refit status` reports the same.
+  Proc status;
+  std::string out = cl.PubLog() + ".status";
+  status.Start(
+      {"status", "--store", cl.store(), "--key-file", Inputs::Get().key,
+       "--state", cl.State(0), "--state", cl.State(2), "--json"},
+      out, out + ".err");
+  ASSERT_TRUE(status.Wait(10));
+  ASSERT_EQ(status.exit_code(), 0) << ReadText(out + ".err");
+  Json s = Json::parse(ReadText(out), nullptr, false);
+  ASSERT_FALSE(s.is_discarded()) << ReadText(out);
+  EXPECT_EQ(s["head"], policy == "abort" ? 0 : 1);
+  EXPECT_EQ(s["versions"][0]["decision"],
+            policy == "abort" ? "abort" : "commit");
+  EXPECT_EQ(s["versions"][0]["votes"]["r0"], "ready");
+  EXPECT_EQ(s["versions"][0]["votes"]["r2"], "missing");
+  EXPECT_EQ(s["receivers"][0]["lag"], 0);
+  EXPECT_EQ(s["receivers"][0]["journal_in_progress"], false);
+}
+
+INSTANTIATE_TEST_SUITE_P(Policies, DeadlineTest,
+                         ::testing::Values("abort", "drop"));
+
+// SIGTERM stops an idle receiver cleanly between steps.
+TEST(ReceiveTest, SigtermStopsBetweenSteps) {
+  Cluster cl;
+  Proc r;
+  cl.StartReceiver(&r, 0);
+  auto t0 = Clock::now();
+  while (JsonLines(cl.Log(0)).empty() && SecondsSince(t0) < 10) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  r.Signal(SIGTERM);
+  ASSERT_TRUE(r.Wait(5));
+  EXPECT_EQ(r.exit_code(), 0);
+  std::vector<Json> events = JsonLines(cl.Log(0));
+  ASSERT_FALSE(events.empty());
+  EXPECT_EQ(events.back().value("event", ""), "exit");
+  EXPECT_NE(events.back().value("reason", "").find("signal 15"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace refit

@@ -1,0 +1,107 @@
+// The distribution subcommands of `refit` (docs/protocol.md): `publish`
+// (the trainer side and commit coordinator of one version), `receive` (a
+// long-running receiver that follows versions and applies them in place)
+// and `status` (the store's versions, decisions and votes, and receivers'
+// local state), plus the options of `refit demo`'s distribution section.
+//
+// These commands link the internal refit_sync library (src/sync), which is
+// accepted for the CLI's distribution commands; the codec commands
+// (commands.h) use only the public headers. Every store is opened by URL
+// through OpenObjectStore, so whatever transport it learns (a relay tree,
+// later) works here unchanged.
+//
+// Exit codes: cli_util.h's map, plus kExitAborted (8) for a version that
+// was decided abort. Nothing here is thread-safe.
+#ifndef REFIT_TOOLS_REFIT_SYNC_COMMANDS_H_
+#define REFIT_TOOLS_REFIT_SYNC_COMMANDS_H_
+
+#include <CLI/CLI.hpp>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "commands.h"
+
+namespace refit::cli {
+
+// `refit publish` decided abort (distinct from every error code).
+inline constexpr int kExitAborted = 8;
+
+struct PublishArgs {
+  std::string store;
+  std::string baseline;  // the publisher's copy of the committed version
+  std::vector<std::string> members;
+  uint64_t version = 0;
+  std::string target;
+  std::string key_file;  // empty: unauthenticated (scheme 0)
+  int vote_timeout_ms = 60000;
+  std::string policy = "abort";  // or "drop"
+  double chunk_mib = 8;
+  int threads = 0;
+  int upload_threads = 4;
+  int serve_ms = 0;
+  int poll_ms = 10;
+  bool json = false;
+};
+int RunPublish(const PublishArgs& args);
+
+struct ReceiveArgs {
+  std::string store;
+  std::string member;
+  std::string checkpoint;
+  std::string state;
+  std::string key_file;
+  int64_t until = -1;  // -1: run until stopped
+  bool once = false;
+  int poll_ms = 50;
+  int decision_timeout_ms = 60000;
+  int resend_timeout_ms = 30000;
+  int threads = 0;
+  bool json = false;
+};
+int RunReceive(const ReceiveArgs& args);
+
+struct StatusArgs {
+  std::string store;
+  std::string key_file;
+  std::vector<std::string> states;
+  int recent = 10;  // versions listed, newest first
+  bool json = false;
+};
+int RunSyncStatus(const StatusArgs& args);
+
+// `refit demo`'s distribution section (demo.cc); the trajectory options
+// stay in DemoArgs.
+struct SyncDemoArgs {
+  bool codec_only = false;  // only the codec table (the old `refit demo`)
+  int receivers = 4;        // receiver processes
+  std::string store;        // empty: a directory in the scratch dir
+  double link_gbit = 1.0;   // link speed for the computed transfer times
+  int crash_version = -1;   // -1: the middle version; 0: no crash
+  std::string crash_at = "receiver.after-chunk:3";
+  double chunk_mib = 1;
+};
+int RunSyncDemo(const DemoArgs& demo, const SyncDemoArgs& sync);
+
+// Command-line plumbing for main.cc: registers publish, receive and status
+// on `app` (binding to `args`) and the distribution options on `demo`.
+struct SyncCommandArgs {
+  PublishArgs publish;
+  ReceiveArgs receive;
+  StatusArgs status;
+  SyncDemoArgs demo;
+  CLI::App* publish_cmd = nullptr;
+  CLI::App* receive_cmd = nullptr;
+  CLI::App* status_cmd = nullptr;
+};
+void RegisterSyncCommands(CLI::App* app, SyncCommandArgs* args);
+void RegisterSyncDemoOptions(CLI::App* demo_cmd, DemoArgs* demo,
+                             SyncDemoArgs* sync);
+// The exit code of the distribution subcommand that was parsed, or nullopt
+// when another one was.
+std::optional<int> RunSyncCommand(SyncCommandArgs* args, bool global_json);
+
+}  // namespace refit::cli
+
+#endif  // REFIT_TOOLS_REFIT_SYNC_COMMANDS_H_
