@@ -13,6 +13,7 @@ PACKAGES=(
   libfmt-dev           # formatting
   libssl-dev           # SHA-256 in the demo's bit-exact check
   libcurl4-openssl-dev # S3-compatible object stores
+  libasio-dev          # relay tree over TCP (standalone, header-only)
   libgtest-dev libgmock-dev  # unit tests
   libbenchmark-dev     # micro-benchmarks
   python3              # test helpers
