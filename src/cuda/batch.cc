@@ -215,8 +215,11 @@ Result<PreparedDelta> PrepareBatches(std::span<const uint8_t> buffer,
             static_cast<uint64_t>(pc->payload.data() - buffer.data()) -
             chunks[i].offset;
         st = ParseSparse(*pc, payload_offset, &p);
-        p.scratch = Align16(4 * uint64_t{d.k}) + Align16(w * d.k);
-        if (h.kind == ChunkKind::kSparseOverwrite) p.scratch += Align16(w * d.k);
+        if (h.kind == ChunkKind::kSparseXor) {
+          d.fused = 1;  // no staged records (decode_apply.cu, fused kernel)
+        } else {
+          p.scratch = Align16(4 * uint64_t{d.k}) + 2 * Align16(w * d.k);
+        }
       } else {
         d.layout = kDevDense;
         p.dense.resize(bytes);
@@ -234,6 +237,35 @@ Result<PreparedDelta> PrepareBatches(std::span<const uint8_t> buffer,
     }
   });
   for (const Status& s : errors) REFIT_RETURN_IF_ERROR(s);
+
+  BatchLimits limits = opts.limits;
+  if (opts.staging_total != 0) {
+    // Payload P (chunk bytes and decoded dense bytes, double-buffered) and
+    // scratch S of the whole delta; slots sized so that P / payload slot
+    // ~= S / scratch. Each side keeps at least 1/16 so that a lone large
+    // chunk still fits.
+    const uint64_t total = opts.staging_total;
+    uint64_t need_p = 0, need_s = 0;
+    for (size_t i = 0; i < chunks.size(); ++i) {
+      for (const Parsed& q : parsed[i]) {
+        need_p += chunks[i].size + Align8(q.dense.size()) + 8;
+        need_s += q.scratch;
+      }
+    }
+    limits.meta_bytes = total / 16;
+    const uint64_t avail = total - 2 * limits.meta_bytes;
+    const uint64_t min_side = total / 16;
+    const long double share =
+        need_p + need_s == 0
+            ? 0.5L
+            : static_cast<long double>(need_p) /
+                  static_cast<long double>(2 * need_p + need_s);
+    uint64_t slot = static_cast<uint64_t>(share * static_cast<long double>(avail));
+    slot = std::clamp<uint64_t>(slot, min_side, (avail - min_side) / 2);
+    slot = std::min<uint64_t>(slot, (uint64_t{1} << 32) - 1);
+    limits.payload_bytes = slot;
+    limits.scratch_bytes = avail - 2 * slot;
+  }
 
   PreparedDelta out;
   HostBatch cur;
@@ -271,9 +303,9 @@ Result<PreparedDelta> PrepareBatches(std::span<const uint8_t> buffer,
         const uint64_t meta = cur.meta_bytes() + sizeof(DevChunk) +
                               p.tables.size() * sizeof(DevTable) +
                               4 * p.lanes.size() + 32;
-        if (payload > opts.limits.payload_bytes ||
-            cur.scratch_bytes + p.scratch > opts.limits.scratch_bytes ||
-            meta > opts.limits.meta_bytes) {
+        if (payload > limits.payload_bytes ||
+            cur.scratch_bytes + p.scratch > limits.scratch_bytes ||
+            meta > limits.meta_bytes) {
           close();
         }
       }
@@ -282,8 +314,8 @@ Result<PreparedDelta> PrepareBatches(std::span<const uint8_t> buffer,
         open = true;
       }
       const uint64_t payload = chunk_end - cur.payload_begin + 8 + extra_dense;
-      if (payload > opts.limits.payload_bytes ||
-          p.scratch > opts.limits.scratch_bytes) {
+      if (payload > limits.payload_bytes ||
+          p.scratch > limits.scratch_bytes) {
         return ResourceExhaustedError(
             "chunk " + std::to_string(i) + " needs " + std::to_string(payload) +
             " payload and " + std::to_string(p.scratch) +
@@ -315,6 +347,9 @@ Result<PreparedDelta> PrepareBatches(std::span<const uint8_t> buffer,
       cur.scratch_bytes += p.scratch;
       cur.segments += d.segments;
       cur.smem = std::max(cur.smem, d.smem);
+      if (d.fused) {
+        cur.max_fused_lanes = std::max<uint32_t>(cur.max_fused_lanes, d.lanes);
+      }
       d.status_index = out.status_count++;
       out.chunk_of_status.push_back(p.chunk_index);
       cur.chunks.push_back(d);

@@ -29,7 +29,8 @@ inline constexpr int kMaxCodedPlanes = 12;
 // Every coded plane gets a slot -> symbol lookup of min(2^t, 2^kSlotTableBits)
 // entries in shared memory; wider tables look up the symbol of the slot's
 // 2^(t - kSlotTableBits)-slot bucket and step forward from there.
-inline constexpr int kSlotTableBits = 12;
+inline constexpr int kSlotTableBits = 11;  // 11: ~10 KB a chunk at 3 planes,
+                                          // so ~2.7 K chunks are resident
 
 // Per-chunk status written by the kernels (0: applied or pending).
 enum ChunkStatus : uint32_t {
@@ -83,7 +84,9 @@ struct DevChunk {
   uint8_t coded;                          // coded planes
   uint8_t coded_shift[kMaxCodedPlanes];   // bit shift of the plane's byte;
                                           // +64 for value planes
-  uint8_t reserved[2];
+  uint8_t fused;           // sparse XOR: decoded and applied in one kernel,
+                           // no record staging (records/values unused)
+  uint8_t reserved[1];
 };
 
 struct BatchLimits {
@@ -94,6 +97,11 @@ struct BatchLimits {
 
 struct PrepareOptions {
   BatchLimits limits;
+  // When nonzero, `limits` is ignored: the payload slots, metadata slots and
+  // scratch area share this many bytes (2 * payload + 2 * meta + scratch),
+  // split in proportion to what the whole delta needs of each, so that
+  // neither bound cuts many more batches than the other.
+  uint64_t staging_total = 0;
   bool verify = true;  // check "after" range hashes on the device
   int threads = 0;     // host threads for parsing (0: default)
 };
@@ -114,6 +122,7 @@ struct HostBatch {
   uint64_t scratch_bytes = 0;
   uint64_t segments = 0;
   uint32_t smem = 0;            // largest per-chunk table need
+  uint32_t max_fused_lanes = 0;  // widest fused chunk (lanes), 0 if none
   uint64_t records = 0;         // changed records (sparse) in the batch
   uint64_t device_bytes() const {
     return payload_end - payload_begin + dense.size();

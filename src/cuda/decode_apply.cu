@@ -1,4 +1,5 @@
-// Receiver kernels: sparse rANS decode (kernel A), gap scan + scatter apply
+// Receiver kernels: fused decode + apply of sparse XOR chunks, sparse rANS
+// decode of other sparse chunks (kernel A), gap scan + scatter apply
 // (kernel B), dense apply, range-hash verification (docs/format.md §2-§5). The scalar CPU decoder in
 // src/codec is the reference; these kernels accept and refuse exactly the
 // payloads it does (the host side has already checked models and lane
@@ -115,7 +116,10 @@ __device__ inline uint16_t Ld16(const uint8_t* p) {
 __global__ void __launch_bounds__(kDecodeThreads)
     DecodeLanesKernel(BatchDevice b) {
   const DevChunk& cg = b.chunks[blockIdx.x];
-  if (cg.layout != kDevSparse || b.status[cg.status_index] != kStatusOk) return;
+  if (cg.layout != kDevSparse || cg.fused ||
+      b.status[cg.status_index] != kStatusOk) {
+    return;
+  }
   const uint32_t k = cg.k, L = cg.lanes, coded = cg.coded;
   const uint32_t tid = threadIdx.x;
   using Scan = cub::BlockScan<uint32_t, kDecodeThreads>;
@@ -232,6 +236,248 @@ __global__ void __launch_bounds__(kDecodeThreads)
   }
 }
 
+// ---------------------------------------------------------------------------
+// Fused decode + apply for sparse XOR chunks (DevChunk::fused). One block per
+// chunk, one thread per rANS lane (blockDim = the batch's widest chunk,
+// rounded up to a warp). The lanes advance in lockstep over "rows": row m
+// holds records m * L .. m * L + L - 1, one per lane (docs/format.md §5.3
+// deals record i to lane i mod L), so one block scan of (gap + 1) per row
+// turns the row's gaps into positions, and each thread scatters its record
+// at once. No record ever goes to staging memory, which is what bounded the
+// two-kernel path (kernels A and B) to a few chunks per batch.
+//
+// A chunk that turns out corrupt (any check of kernel A: lane framing and
+// final state, zero XOR value, position >= n) may already have applied some
+// rows; the block then replays the same rows and XORs them again (XOR is
+// its own inverse), so a refused chunk's range ends untouched, as on the
+// two-kernel path. The replay decodes exactly the rows that were scattered
+// and skips exactly the records that were skipped, so it restores every
+// byte. "After" mismatches are undone the same way by a second launch.
+constexpr int kFusedMaxThreads = 256;  // lanes <= 255
+constexpr int kFusedMaxWarps = kFusedMaxThreads / 32;
+constexpr uint32_t kScanSat = (1u << 31) - 1;  // a + b fits in 32 bits
+
+// XORs v into the w-byte element at p as a fire-and-forget reduction
+// (RED.XOR at L2): the thread never waits for the element's old value,
+// which is what bounded a load-then-store scatter to one DRAM latency per
+// row. Widths 1 and 2 XOR the aligned 32-bit word holding the element,
+// with zeros elsewhere; every other access to such a word during this
+// kernel is another atomic, and other kernels touch it only before or
+// after (stream order), so no neighbouring byte is lost.
+__device__ inline void XorRed(uint8_t* p, uint64_t v, int w) {
+  if (w == 8) {
+    atomicXor(reinterpret_cast<unsigned long long*>(p),
+              static_cast<unsigned long long>(v));
+  } else if (w == 4) {
+    atomicXor(reinterpret_cast<unsigned int*>(p), static_cast<unsigned int>(v));
+  } else {
+    const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+    atomicXor(reinterpret_cast<unsigned int*>(a & ~uintptr_t{3}),
+              static_cast<unsigned int>(v) << (8 * (a & 3)));
+  }
+}
+
+struct FusedShared {
+  uint32_t tot[2][kFusedMaxWarps];  // per-warp row sums, by parity
+  uint32_t err[2][kFusedMaxWarps];
+  uint32_t code;
+  uint32_t t[kMaxCodedPlanes];
+  uint32_t shift[kMaxCodedPlanes];
+  uint32_t tab[kMaxCodedPlanes];
+};
+
+// Builds the chunk's per-plane tables in shared memory (any block size that
+// is a multiple of 32): fc = f | c << 16, then the slot -> symbol lookup.
+__device__ void BuildTablesAnyBlock(const BatchDevice& b, const DevChunk& cg,
+                                    FusedShared& sh, uint8_t* smem) {
+  const uint32_t coded = cg.coded, tid = threadIdx.x;
+  const uint32_t warp = tid / 32, lane = tid % 32, warps = blockDim.x / 32;
+  uint32_t* fc_all = reinterpret_cast<uint32_t*>(smem);
+  if (tid == 0) {
+    uint32_t off = coded * 1024;
+    for (uint32_t p = 0; p < coded; ++p) {
+      const uint32_t t = b.tables[cg.table_first + p].t;
+      sh.t[p] = t;
+      sh.shift[p] = cg.coded_shift[p];
+      sh.tab[p] = off;
+      off += 1u << min(t, uint32_t{kSlotTableBits});
+    }
+    sh.code = kStatusOk;
+  }
+  for (uint32_t p = warp; p < coded; p += warps) {
+    const DevTable& tb = b.tables[cg.table_first + p];
+    uint32_t f[8], sum = 0;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      f[j] = tb.f[lane * 8 + j];
+      sum += f[j];
+    }
+    uint32_t incl = sum;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const uint32_t v = __shfl_up_sync(0xffffffffu, incl, o);
+      if (lane >= static_cast<uint32_t>(o)) incl += v;
+    }
+    uint32_t c = incl - sum;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      fc_all[p * 256 + lane * 8 + j] = f[j] | c << 16;
+      c += f[j];
+    }
+  }
+  __syncthreads();
+  for (uint32_t p = 0; p < coded; ++p) {
+    const uint32_t t = sh.t[p];
+    const uint32_t bits = min(t, uint32_t{kSlotTableBits});
+    const uint32_t* fc = fc_all + p * 256;
+    uint8_t* tab = smem + sh.tab[p];
+    for (uint32_t e = tid; e < (1u << bits); e += blockDim.x) {
+      tab[e] = static_cast<uint8_t>(SearchSymbol(fc, e << (t - bits)));
+    }
+  }
+  __syncthreads();
+}
+
+// One pass over the chunk's rows. check: verify everything and stop at the
+// first row in which any check fails (that row is not scattered); returns
+// the number of rows scattered and leaves the failure in sh.code. Replay
+// (check == false): decode and scatter `row_limit` rows, the same records a
+// checking pass scattered.
+__device__ uint32_t FusedPass(const BatchDevice& b, const DevChunk& cg,
+                              FusedShared& sh, const uint8_t* smem, bool check,
+                              uint32_t row_limit) {
+  const uint32_t k = cg.k, L = cg.lanes, coded = cg.coded;
+  const uint32_t tid = threadIdx.x, warp = tid / 32, wl = tid % 32;
+  const uint32_t warps = blockDim.x / 32;
+  const uint32_t* fc_all = reinterpret_cast<const uint32_t*>(smem);
+  const uint8_t* payload = b.payload;
+  const int w = cg.width;
+  const uint64_t n = cg.n, start = cg.start, linear = cg.linear_address;
+  const DevicePlacement* pl = b.placements + cg.placement;
+  const bool has_lane = tid < L;
+  uint32_t beg = 0, end = 0;
+  if (has_lane) {
+    beg = b.lanes[cg.lane_first + tid];
+    end = b.lanes[cg.lane_first + tid + 1];
+  }
+  uint32_t q = beg + 4;
+  uint32_t x = has_lane ? Rd32(payload + beg) : kRansLow;
+  uint32_t err = kStatusOk;
+  if (check && x < kRansLow) err = kStatusLaneEnd;
+  uint32_t next = has_lane && end - q >= 2 ? Ld16(payload + q) : 0;
+  uint64_t carry = 0;
+  uint32_t m = 0;
+  for (; m < row_limit; ++m) {
+    const uint32_t i = tid + m * L;
+    const bool has = has_lane && i < k && err == kStatusOk;
+    uint64_t gap = cg.fixed_gap, val = cg.fixed_value;
+    if (has) {
+      for (uint32_t p = 0; p < coded; ++p) {
+        const uint32_t t = sh.t[p];
+        const uint32_t* fc = fc_all + p * 256;
+        const uint32_t slot = x & ((1u << t) - 1);
+        uint32_t s;
+        if (t <= kSlotTableBits) {
+          s = smem[sh.tab[p] + slot];
+        } else {
+          s = smem[sh.tab[p] + (slot >> (t - kSlotTableBits))];
+          while (s < 255 && (fc[s + 1] >> 16) <= slot) ++s;
+        }
+        const uint32_t e = fc[s];
+        x = (e & 0xffff) * (x >> t) + slot - (e >> 16);
+        if (x < kRansLow) {
+          if (end - q < 2) {
+            err = kStatusLaneShort;
+            break;
+          }
+          x = (x << 16) | next;
+          q += 2;
+          next = end - q >= 2 ? Ld16(payload + q) : 0;
+        }
+        const uint32_t shv = sh.shift[p];
+        if (shv < 64) {
+          gap |= uint64_t{s} << shv;
+        } else {
+          val |= uint64_t{s} << (shv - 64);
+        }
+      }
+      if (err == kStatusOk && val == 0) err = kStatusZeroXor;
+    }
+    const bool ok_rec = has && err == kStatusOk;
+    // 32-bit scan, saturating at kScanSat > n (n <= 2^28, docs/format.md
+    // §7): a saturated sum can only give a position >= n, which is refused.
+    uint32_t incl = ok_rec ? static_cast<uint32_t>(min(gap + 1, uint64_t{kScanSat}))
+                           : 0;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const uint32_t v = __shfl_up_sync(0xffffffffu, incl, o);
+      if (wl >= static_cast<uint32_t>(o)) incl = min(incl + v, kScanSat);
+    }
+    const bool warp_err = __any_sync(0xffffffffu, err != kStatusOk);
+    const uint32_t par = m & 1;
+    if (wl == 31) {
+      sh.tot[par][warp] = incl;
+      sh.err[par][warp] = warp_err;
+    }
+    __syncthreads();
+    uint64_t before = 0, row_total = 0;
+    bool any_err = false;
+    for (uint32_t v = 0; v < warps; ++v) {
+      const uint64_t tv = sh.tot[par][v];
+      if (v < warp) before += tv;
+      row_total += tv;
+      any_err |= sh.err[par][v] != 0;
+    }
+    if (check && any_err) break;
+    if (ok_rec) {
+      const uint64_t pos = carry + before + uint64_t{incl} - 1;
+      if (pos >= n) {
+        if (check) err = kStatusPosition;
+      } else if (linear != 0) {
+        XorRed(Addr(linear + pos * w), val, w);
+      } else {
+        uint64_t a = 0;
+        if (MapElement(*pl, b.pieces, start + pos, &a)) XorRed(Addr(a), val, w);
+      }
+    }
+    carry += row_total;
+  }
+  if (check) {
+    if (m == row_limit && has_lane && err == kStatusOk &&
+        (q != end || x != kRansLow)) {
+      err = kStatusLaneEnd;
+    }
+    if (err != kStatusOk) atomicCAS(&sh.code, kStatusOk, err);
+  }
+  return m;
+}
+
+__global__ void __launch_bounds__(kFusedMaxThreads)
+    FusedXorKernel(BatchDevice b, int undo) {
+  const DevChunk& cg = b.chunks[blockIdx.x];
+  if (!cg.fused) return;
+  const uint32_t st = b.status[cg.status_index];
+  if (undo ? st != kStatusAfterMismatch : st != kStatusOk) return;
+  __shared__ FusedShared sh;
+  extern __shared__ __align__(16) uint8_t smem[];
+  if (cg.lanes > blockDim.x) {  // the launch is sized from the batch
+    if (threadIdx.x == 0 && !undo) b.status[cg.status_index] = kStatusLaneEnd;
+    return;
+  }
+  BuildTablesAnyBlock(b, cg, sh, smem);
+  const uint32_t rows = cg.k == 0 ? 0 : (cg.k - 1) / cg.lanes + 1;
+  if (undo) {
+    FusedPass(b, cg, sh, smem, false, rows);
+    return;
+  }
+  const uint32_t done = FusedPass(b, cg, sh, smem, true, rows);
+  __syncthreads();
+  if (sh.code == kStatusOk) return;
+  // Corrupt: put back the rows already scattered, then report.
+  FusedPass(b, cg, sh, smem, false, done);
+  if (threadIdx.x == 0) b.status[cg.status_index] = sh.code;
+}
+
 // Scatters one thread's kApplyItems consecutive records (positions in
 // pos[], absent ones as ~0u): every load is issued before any store, so
 // the read-modify-writes overlap. linear != 0: the range is contiguous
@@ -282,7 +528,7 @@ __device__ inline void ScatterItems(const BatchDevice& b,
 __global__ void __launch_bounds__(kApplyThreads)
     ScanApplyKernel(BatchDevice b) {
   const DevChunk& cg = b.chunks[blockIdx.x];
-  if (b.status[cg.status_index] != kStatusOk) return;
+  if (cg.fused || b.status[cg.status_index] != kStatusOk) return;
   if (cg.layout == kDevDense) {
     StoreDense(b, cg, false);
     return;
@@ -393,7 +639,9 @@ __global__ void __launch_bounds__(kThreads)
     return;
   }
   if (is_after) return;
-  if (c.layout == kDevDense) {
+  if (c.fused) {
+    // FusedXorKernel's undo launch decodes and XORs the chunk again.
+  } else if (c.layout == kDevDense) {
     StoreDense(b, c, true);
   } else {
     StoreSparse(b, c, true);
@@ -442,11 +690,19 @@ cudaError_t LaunchDecode(const BatchDevice& b, cudaStream_t stream) {
   if (b.smem > kMaxDecodeSmem) return cudaErrorInvalidValue;
   static bool attr_set = false;  // first call raises the dynamic limit
   if (!attr_set) {
-    const cudaError_t e = cudaFuncSetAttribute(
+    cudaError_t e = cudaFuncSetAttribute(
         DecodeLanesKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
         static_cast<int>(kMaxDecodeSmem));
     if (e != cudaSuccess) return e;
+    e = cudaFuncSetAttribute(FusedXorKernel,
+                             cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             static_cast<int>(kMaxDecodeSmem));
+    if (e != cudaSuccess) return e;
     attr_set = true;
+  }
+  if (b.fused_threads > kFusedMaxThreads) return cudaErrorInvalidValue;
+  if (b.fused_threads != 0) {
+    FusedXorKernel<<<b.num_chunks, b.fused_threads, b.smem, stream>>>(b, 0);
   }
   DecodeLanesKernel<<<b.num_chunks, kDecodeThreads, b.smem, stream>>>(b);
   return cudaGetLastError();
@@ -462,6 +718,9 @@ cudaError_t LaunchVerifyAfter(const BatchDevice& b, cudaStream_t stream) {
   if (b.num_chunks == 0) return cudaSuccess;
   SegmentDigestKernel<<<b.num_chunks, kThreads, 0, stream>>>(b);
   CheckKernel<<<b.num_chunks, kThreads, 0, stream>>>(b, 0, nullptr);
+  if (b.fused_threads != 0) {
+    FusedXorKernel<<<b.num_chunks, b.fused_threads, b.smem, stream>>>(b, 1);
+  }
   return cudaGetLastError();
 }
 

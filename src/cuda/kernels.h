@@ -27,19 +27,24 @@ struct BatchDevice {
   const DevicePlacement* placements = nullptr;
   const DevicePiece* pieces = nullptr;
   uint32_t* status = nullptr;
-  uint32_t smem = 0;  // dynamic shared memory for the decode kernel
+  uint32_t smem = 0;  // dynamic shared memory for the decode kernels
+  uint32_t fused_threads = 0;  // block size of the fused kernel (0: none)
 };
 
 // Largest dynamic shared memory the decode kernel accepts (per block).
 inline constexpr uint32_t kMaxDecodeSmem = 96 * 1024;
 
-// Kernel A: decodes every sparse chunk's lanes (one block per chunk, one
-// thread per rANS lane) into gaps and values in scratch and checks the
+// Sparse XOR chunks (DevChunk::fused): one kernel decodes, checks and
+// applies them (one block per chunk, one thread per rANS lane, positions
+// by a block scan per row of records); a chunk found corrupt is put back
+// before its status is set, so its range ends untouched.
+// Other sparse chunks, kernel A: decodes their lanes (one block per chunk,
+// one thread per rANS lane) into gaps and values in scratch and checks the
 // payload (lane framing and ends, positions < n, zero XOR values), setting
-// the chunk's status on failure. Writes nothing outside scratch.
+// the chunk's status on failure; writes nothing outside scratch.
 cudaError_t LaunchDecode(const BatchDevice& b, cudaStream_t stream);
 
-// Kernel B: for chunks still kStatusOk, turns gaps into positions (block
+// Kernel B: for non-fused chunks still kStatusOk, turns gaps into positions (block
 // scan per chunk) and applies the records through the placement, one
 // thread per 8 consecutive records (XOR, or overwrite saving the replaced
 // bytes for undo); dense chunks are applied from their CPU-decoded bytes.
@@ -48,7 +53,8 @@ cudaError_t LaunchApply(const BatchDevice& b, cudaStream_t stream);
 
 // Hashes each applied chunk's range (64 KiB segment digests, then the
 // digest of digests) and compares it with "after"; a mismatch undoes the
-// chunk's stores and sets kStatusAfterMismatch. Chunks without a
+// chunk's stores (fused chunks: by decoding and XORing them again) and sets
+// kStatusAfterMismatch. Chunks without a
 // contiguous range (range_address == 0) are not checked.
 cudaError_t LaunchVerifyAfter(const BatchDevice& b, cudaStream_t stream);
 

@@ -142,6 +142,7 @@ struct Receiver::Impl {
     d.pieces = static_cast<const DevicePiece*>(pieces.p);
     d.status = static_cast<uint32_t*>(status.p);
     d.smem = hb.smem;
+    d.fused_threads = (hb.max_fused_lanes + 31) / 32 * 32;
     return d;
   }
 };
@@ -188,13 +189,14 @@ Result<std::unique_ptr<Receiver>> Receiver::Create(
 
 Result<PreparedDelta> Receiver::Prepare(std::span<const uint8_t> payload,
                                         std::span<const ChunkSpan> chunks) {
-  // Budget: two payload slots of 1/8 each, two metadata slots of 1/16
-  // each, and the rest (5/8) for decoded records, undo bytes and digests.
-  const uint64_t s = impl_->opt.staging_bytes;
+  // Budget: two metadata slots of 1/16 each; the rest is split between the
+  // two payload slots and the scratch area (decoded records of overwrite
+  // chunks, undo bytes, digests) in proportion to the delta's needs
+  // (PrepareOptions::staging_total). Sparse XOR chunks need no scratch
+  // beyond their digests, so a typical delta gets large payload slots and
+  // few batches.
   PrepareOptions po;
-  po.limits.payload_bytes = std::min<uint64_t>(s / 8, (uint64_t{1} << 32) - 1);
-  po.limits.meta_bytes = s / 16;
-  po.limits.scratch_bytes = s - 2 * (s / 8) - 2 * (s / 16);
+  po.staging_total = impl_->opt.staging_bytes;
   po.verify = impl_->opt.verify;
   po.threads = impl_->opt.host_threads;
   auto prepared = PrepareBatches(payload, chunks, impl_->names, impl_->plan, po);

@@ -22,7 +22,8 @@
 // verify = false (their canonical bytes are not all here).
 //
 // Device memory: two payload slots, two metadata slots and one scratch
-// area (decoded gaps/positions and values of one batch), together at most
+// area (digests, and decoded records and undo bytes of non-XOR chunks;
+// sparse XOR chunks are decoded straight into the weights), together at most
 // ReceiverOptions::staging_bytes, plus the plan's small arrays and one
 // status word per chunk; host memory: two pinned metadata slots. The engine's own buffers
 // (KV cache) are never touched. A Receiver is single-caller.

@@ -313,6 +313,41 @@ TEST(GpuApply, CorruptChunksAreRefusedLikeOnTheCpu) {
     refused += !rep.ok();
   }
   EXPECT_GT(refused, trials / 2);
+  // Anywhere in the lanes: the fused XOR kernel (decode_apply.cu) meets
+  // most of these errors after it has scattered some rows, which it must
+  // put back (lane underruns, positions past n, zero values, wrong ends).
+  auto good = ParseChunk(e.buf);
+  ASSERT_TRUE(good.ok());
+  const size_t payload_at =
+      static_cast<size_t>(good->payload.data() - e.buf.data());
+  for (int t = 0; t < 60; ++t) {
+    std::vector<uint8_t> bad = e.buf;
+    const size_t size = bad.size();
+    const size_t at = payload_at + rng() % good->payload.size();
+    bad[at] ^= static_cast<uint8_t>(1 + rng() % 255);
+    FixChecksum(bad.data(), size);
+    auto pc = ParseChunk(bad);
+    ASSERT_TRUE(pc.ok());
+    std::vector<uint8_t> cpu = a;
+    ApplyScratch scratch;
+    const bool cpu_ok =
+        ApplyChunkInPlace(*pc, cpu.data(), &scratch, nullptr, nullptr).ok();
+    DeviceMem d(a.size());
+    Upload(d, a);
+    PlacementPlan plan;
+    ASSERT_TRUE(plan.Add(WholePlacement("t", w, n, 1, d.addr())).ok());
+    auto rx = Receiver::Create(std::move(plan), {"t"}, {});
+    ASSERT_TRUE(rx.ok());
+    ChunkSpan span{0, size};
+    auto prep = (*rx)->Prepare(bad, std::span(&span, 1));
+    if (!prep.ok()) {
+      EXPECT_FALSE(cpu_ok) << "host refused what the CPU applies";
+      continue;
+    }
+    auto rep = (*rx)->Apply(bad, *prep);
+    EXPECT_EQ(rep.ok(), cpu_ok);
+    EXPECT_EQ(Download(d, a.size()), cpu_ok ? b : a);
+  }
   // Truncated chunks never get past Prepare.
   auto rx = Receiver::Create(PlacementPlan{}, {"t"}, {});
   ASSERT_TRUE(rx.ok());
