@@ -3,6 +3,8 @@
 #include <cstdio>
 #include <cstring>
 
+#include <xxhash.h>
+
 #include "base/bytes.h"
 
 namespace refit {
@@ -15,6 +17,24 @@ constexpr char kRequestMagic[4] = {'R', 'F', 'Q', '1'};
 constexpr char kHeadMagic[4] = {'R', 'F', 'H', '1'};
 constexpr uint64_t kMaxMembers = 1 << 16;
 constexpr uint64_t kMaxMessage = 4096;
+
+// Every protocol object ends in the XXH3-64 of the bytes before it, so a
+// damaged object is refused even where no key authenticates the links.
+std::vector<uint8_t> Sealed(std::vector<uint8_t> body) {
+  uint64_t h = XXH3_64bits(body.data(), body.size());
+  ByteWriter(&body).U64(h);
+  return body;
+}
+
+Result<std::span<const uint8_t>> Checked(std::span<const uint8_t> bytes, const char* what) {
+  if (bytes.size() < 8) return DataLossError(std::string(what) + " truncated");
+  auto body = bytes.first(bytes.size() - 8);
+  uint64_t want = LoadLE(bytes.data() + body.size(), 8);
+  if (XXH3_64bits(body.data(), body.size()) != want) {
+    return DataLossError(std::string(what) + " checksum mismatch (damaged in transit?)");
+  }
+  return body;
+}
 
 bool Magic(ByteReader& r, const char* magic, size_t n) {
   auto b = r.Bytes(n);
@@ -78,11 +98,12 @@ std::vector<uint8_t> EncodeManifest(const Manifest& m) {
     w.Varint(c.changed);
     w.U8(c.kind);
   }
-  return out;
+  return Sealed(std::move(out));
 }
 
 Result<Manifest> DecodeManifest(std::span<const uint8_t> body) {
-  ByteReader r(body);
+  REFIT_ASSIGN_OR_RETURN(auto checked, Checked(body, "manifest"));
+  ByteReader r(checked);
   if (!Magic(r, kManifestMagic, 8)) return DataLossError("not a refit manifest");
   Manifest m;
   m.version = r.U64();
@@ -135,11 +156,12 @@ std::vector<uint8_t> EncodeVote(const Vote& v) {
   w.Bytes(kVoteMagic, 4);
   w.U8(v.ready ? 1 : 2);
   w.String(v.message.substr(0, kMaxMessage));
-  return out;
+  return Sealed(std::move(out));
 }
 
 Result<Vote> DecodeVote(std::span<const uint8_t> body) {
-  ByteReader r(body);
+  REFIT_ASSIGN_OR_RETURN(auto checked, Checked(body, "vote"));
+  ByteReader r(checked);
   if (!Magic(r, kVoteMagic, 4)) return DataLossError("not a refit vote");
   Vote v;
   uint8_t s = r.U8();
@@ -159,11 +181,12 @@ std::vector<uint8_t> EncodeDecision(const Decision& d) {
   w.Varint(d.dropped.size());
   for (const auto& m : d.dropped) w.String(m);
   w.String(d.reason.substr(0, kMaxMessage));
-  return out;
+  return Sealed(std::move(out));
 }
 
 Result<Decision> DecodeDecision(std::span<const uint8_t> body) {
-  ByteReader r(body);
+  REFIT_ASSIGN_OR_RETURN(auto checked, Checked(body, "decision"));
+  ByteReader r(checked);
   if (!Magic(r, kDecisionMagic, 4)) return DataLossError("not a refit decision");
   Decision d;
   d.version = r.U64();
@@ -187,11 +210,12 @@ std::vector<uint8_t> EncodeRequest(const ResendRequest& q) {
     w.Varint(q.chunks[i]);
     w.U8(q.after[i] ? 1 : 0);
   }
-  return out;
+  return Sealed(std::move(out));
 }
 
 Result<ResendRequest> DecodeRequest(std::span<const uint8_t> body) {
-  ByteReader r(body);
+  REFIT_ASSIGN_OR_RETURN(auto checked, Checked(body, "request"));
+  ByteReader r(checked);
   if (!Magic(r, kRequestMagic, 4)) return DataLossError("not a refit request");
   ResendRequest q;
   uint64_t n = r.Varint();
@@ -209,11 +233,12 @@ std::vector<uint8_t> EncodeHead(uint64_t version) {
   ByteWriter w(&out);
   w.Bytes(kHeadMagic, 4);
   w.U64(version);
-  return out;
+  return Sealed(std::move(out));
 }
 
 Result<uint64_t> DecodeHead(std::span<const uint8_t> body) {
-  ByteReader r(body);
+  REFIT_ASSIGN_OR_RETURN(auto checked, Checked(body, "head"));
+  ByteReader r(checked);
   if (!Magic(r, kHeadMagic, 4)) return DataLossError("not a refit head");
   uint64_t v = r.U64();
   REFIT_RETURN_IF_ERROR(r.status("head"));

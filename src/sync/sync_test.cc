@@ -4,6 +4,8 @@
 // tests/sync_crash_test.cc.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <atomic>
 #include <filesystem>
 #include <random>
@@ -20,6 +22,7 @@
 #include "sync/publisher.h"
 #include "sync/receiver.h"
 #include "testing.h"
+#include "transport/moto_testing.h"
 #include "transport/object_store.h"
 
 namespace refit {
@@ -173,14 +176,42 @@ struct Model {
   }
 };
 
-class SyncTest : public ::testing::Test {
+// Every protocol test runs against the directory store and against an
+// S3-compatible store (a moto_server the suite starts on 127.0.0.1).
+class SyncTest : public ::testing::TestWithParam<std::string> {
  protected:
+  static void SetUpTestSuite() {
+    auto moto = testing::MotoServer::Start();
+    if (moto.ok()) moto_ = std::move(*moto).release();
+  }
+  static void TearDownTestSuite() {
+    delete moto_;
+    moto_ = nullptr;
+  }
+
   void SetUp() override {
-    auto s = OpenObjectStore(dir_.File("store"));
-    ASSERT_OK(s);
-    store_ = std::move(*s);
+    if (GetParam() == "s3" && moto_ == nullptr) {
+      GTEST_SKIP() << "moto_server is not on PATH: the S3 protocol tests "
+                      "did not run";
+    }
+    store_ = NewStore();
+    ASSERT_NE(store_, nullptr);
     model_.Write(dir_.File("baseline.safetensors"));
   }
+
+  // A fresh, empty store of this test's kind.
+  std::unique_ptr<ObjectStore> NewStore() {
+    static int counter = 0;
+    const std::string name = "store" + std::to_string(++counter);
+    auto s = GetParam() == "s3"
+                 ? OpenObjectStore(std::string("s3://") + testing::MotoServer::kBucket +
+                                       "/" + std::to_string(getpid()) + "-" + name,
+                                   moto_->Options())
+                 : OpenObjectStore(dir_.File(name));
+    EXPECT_TRUE(s.ok()) << s.status().ToString();
+    return s.ok() ? std::move(*s) : nullptr;
+  }
+  int PollMs() const { return GetParam() == "s3" ? 10 : 2; }
 
   // Receiver i's checkpoint and state dir, starting at version 0.
   ReceiverOptions MakeReceiver(int i) {
@@ -193,7 +224,7 @@ class SyncTest : public ::testing::Test {
     o.checkpoint = ckpt;
     o.state_dir = dir_.File(name);
     o.auth = Key();
-    o.poll_ms = 2;
+    o.poll_ms = PollMs();
     o.decision_timeout_ms = 20000;
     o.resend_timeout_ms = 20000;
     return o;
@@ -203,19 +234,22 @@ class SyncTest : public ::testing::Test {
     PublisherOptions o;
     for (int i = 0; i < members; ++i) o.members.push_back("r" + std::to_string(i));
     o.auth = Key();
-    o.poll_ms = 2;
+    o.poll_ms = PollMs();
     o.vote_timeout_ms = 20000;
     o.diff.chunk_bytes = 64 * 1024;
     return o;
   }
 
+  static testing::MotoServer* moto_;
   TempDir dir_;
   std::unique_ptr<ObjectStore> store_;
   Model model_{1};
 };
 
-TEST_F(SyncTest, VersionsReachEveryReceiverBitExact) {
-  constexpr int kReceivers = 3;
+testing::MotoServer* SyncTest::moto_ = nullptr;
+
+TEST_P(SyncTest, VersionsReachEveryReceiverBitExact) {
+  constexpr int kReceivers = 8;
   auto pub = Publisher::Open(store_.get(), dir_.File("baseline.safetensors"), MakePublisher(kReceivers));
   ASSERT_OK(pub);
   std::vector<std::unique_ptr<Receiver>> rcv;
@@ -226,7 +260,7 @@ TEST_F(SyncTest, VersionsReachEveryReceiverBitExact) {
   }
   std::mt19937_64 rng(2);
   Model trainer = model_;
-  for (uint64_t v = 1; v <= 6; ++v) {
+  for (uint64_t v = 1; v <= 20; ++v) {
     trainer.Step(rng, v == 4 ? 0.5 : 0.02);  // one dense step
     std::vector<std::thread> threads;
     std::atomic<int> failures{0};
@@ -254,11 +288,11 @@ TEST_F(SyncTest, VersionsReachEveryReceiverBitExact) {
   // A receiver that joins late catches up through the committed versions.
   auto late = Receiver::Open(store_.get(), MakeReceiver(7));
   ASSERT_OK(late);
-  ASSERT_OK((*late)->SyncTo(6, 20000));
+  ASSERT_OK((*late)->SyncTo(20, 20000));
   EXPECT_TRUE(trainer.Matches(dir_.File("r7/model.safetensors")));
 }
 
-TEST_F(SyncTest, MissingVoteAbortsAndReceiversRollBack) {
+TEST_P(SyncTest, MissingVoteAbortsAndReceiversRollBack) {
   auto opts = MakePublisher(2);  // r1 never runs
   opts.vote_timeout_ms = 300;
   auto pub = Publisher::Open(store_.get(), dir_.File("baseline.safetensors"), opts);
@@ -288,7 +322,7 @@ TEST_F(SyncTest, MissingVoteAbortsAndReceiversRollBack) {
   EXPECT_EQ((*pub)->committed_version(), 0u);
 }
 
-TEST_F(SyncTest, DropPolicyCommitsAndTheDroppedMemberCatchesUp) {
+TEST_P(SyncTest, DropPolicyCommitsAndTheDroppedMemberCatchesUp) {
   auto opts = MakePublisher(2);
   opts.vote_timeout_ms = 300;
   opts.policy = DeadlinePolicy::kDrop;
@@ -313,7 +347,7 @@ TEST_F(SyncTest, DropPolicyCommitsAndTheDroppedMemberCatchesUp) {
   EXPECT_TRUE(trainer.Matches(dir_.File("r1/model.safetensors")));
 }
 
-TEST_F(SyncTest, TornChunkIsRepairedByOverwriteResend) {
+TEST_P(SyncTest, TornChunkIsRepairedByOverwriteResend) {
   auto pub = Publisher::Open(store_.get(), dir_.File("baseline.safetensors"), MakePublisher(1));
   ASSERT_OK(pub);
   Model trainer = model_;
@@ -364,7 +398,7 @@ TEST_F(SyncTest, TornChunkIsRepairedByOverwriteResend) {
   EXPECT_TRUE(trainer.Matches(opts.checkpoint));
 }
 
-TEST_F(SyncTest, TamperedChunkIsRefusedBeforeUse) {
+TEST_P(SyncTest, TamperedChunkIsRefusedBeforeUse) {
   auto popts = MakePublisher(1);
   popts.vote_timeout_ms = 500;
   auto pub = Publisher::Open(store_.get(), dir_.File("baseline.safetensors"), popts);
@@ -402,7 +436,7 @@ TEST_F(SyncTest, TamperedChunkIsRefusedBeforeUse) {
   (void)before;
 }
 
-TEST_F(SyncTest, ReplayedManifestOfAnotherVersionIsRefused) {
+TEST_P(SyncTest, ReplayedManifestOfAnotherVersionIsRefused) {
   auto popts = MakePublisher(1);
   popts.vote_timeout_ms = 200;
   auto pub = Publisher::Open(store_.get(), dir_.File("baseline.safetensors"), popts);
@@ -486,21 +520,21 @@ class TamperStore final : public ObjectStore {
   int injected_ = 0;
 };
 
-TEST_F(SyncTest, InjectedFaultsAreAllDetectedAndNothingAppliesTwice) {
+TEST_P(SyncTest, InjectedFaultsAreAllDetectedAndNothingAppliesTwice) {
   for (bool keyed : {true, false}) {
     SCOPED_TRACE(keyed ? "HMAC" : "no key");
     TempDir dir;
-    auto store = OpenObjectStore(dir.File("store"));
-    ASSERT_OK(store);
+    auto store = NewStore();
+    ASSERT_NE(store, nullptr);
     Model base(11);
     base.Write(dir.File("baseline.safetensors"));
     base.Write(dir.File("r0.safetensors"));
     std::filesystem::create_directories(dir.File("r0"));
     auto popts = MakePublisher(1);
     if (!keyed) popts.auth = Authenticator::None();
-    auto pub = Publisher::Open(store->get(), dir.File("baseline.safetensors"), popts);
+    auto pub = Publisher::Open(store.get(), dir.File("baseline.safetensors"), popts);
     ASSERT_OK(pub);
-    TamperStore tamper(store->get(), keyed ? 1 : 2, 0.3);
+    TamperStore tamper(store.get(), keyed ? 1 : 2, 0.3);
     ReceiverOptions ropts = MakeReceiver(0);
     ropts.checkpoint = dir.File("r0.safetensors");
     ropts.state_dir = dir.File("r0");
@@ -540,5 +574,63 @@ TEST_F(SyncTest, InjectedFaultsAreAllDetectedAndNothingAppliesTwice) {
   }
 }
 
+}  // namespace
+}  // namespace refit
+
+namespace refit {
+namespace {
+
+// The real fixture steps as a trajectory of 21 versions (0->1->2->3->0...),
+// one receiver and then four, every version bit-exact on every receiver.
+TEST_P(SyncTest, FixtureTrajectoryOfTwentyVersions) {
+  REFIT_REQUIRE_FIXTURES();
+  const std::string fx = testing::FixturesDir();
+  ASSERT_OK(CopyCheckpoint(fx + "/step0.safetensors", dir_.File("pub.safetensors")));
+  auto popts = MakePublisher(4);
+  popts.diff.chunk_bytes = 1 << 20;
+  auto pub = Publisher::Open(store_.get(), dir_.File("pub.safetensors"), popts);
+  ASSERT_OK(pub);
+  std::vector<std::unique_ptr<Receiver>> rcv;
+  for (int i = 0; i < 4; ++i) {
+    auto o = MakeReceiver(i);
+    o.checkpoint = dir_.File("r" + std::to_string(i) + "/fx.safetensors");
+    ASSERT_OK(CopyCheckpoint(fx + "/step0.safetensors", o.checkpoint));
+    auto r = Receiver::Open(store_.get(), o);
+    ASSERT_OK(r);
+    rcv.push_back(std::move(*r));
+  }
+  for (uint64_t v = 1; v <= 21; ++v) {
+    const std::string step = fx + "/step" + std::to_string(v % 4) + ".safetensors";
+    std::vector<std::thread> threads;
+    for (auto& r : rcv) {
+      threads.emplace_back([&, rp = r.get()] { EXPECT_OK(rp->SyncTo(v, 30000)); });
+    }
+    auto report = (*pub)->PublishCheckpoint(v, step);
+    for (auto& t : threads) t.join();
+    ASSERT_OK(report);
+    ASSERT_TRUE(report->committed) << report->reason;
+    for (int i = 0; i < 4; ++i) {
+      auto a = Checkpoint::Open(dir_.File("r" + std::to_string(i) + "/fx.safetensors"),
+                                Checkpoint::Mode::kReadOnly);
+      auto b = Checkpoint::Open(step, Checkpoint::Mode::kReadOnly);
+      ASSERT_OK(a);
+      ASSERT_OK(b);
+      for (size_t t = 0; t < b->tensors().size(); ++t) {
+        auto x = a->Data(*a->IndexOf(b->tensors()[t].name));
+        auto y = b->Data(t);
+        ASSERT_TRUE(std::equal(x.begin(), x.end(), y.begin(), y.end()))
+            << "receiver " << i << " version " << v << " " << b->tensors()[t].name;
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace refit
+
+namespace refit {
+namespace {
+INSTANTIATE_TEST_SUITE_P(Stores, SyncTest, ::testing::Values("dir", "s3"),
+                         [](const auto& param_info) { return param_info.param; });
 }  // namespace
 }  // namespace refit
