@@ -1,7 +1,7 @@
 # refit_module(NAME name SOURCES ... DEPS ... [TESTS ...])
 #
 # Declares one layer of the library as a static target `refit_<name>` that
-# may use exactly the targets listed in DEPS (see docs/design.md, Layering).
+# may use exactly the targets listed in DEPS (see README.md, Layout).
 # Unit tests listed in TESTS sit next to the code and are linked into one
 # test binary per module.
 function(refit_module)
