@@ -16,18 +16,6 @@ uint32_t Checksum(const uint8_t* p, size_t n) {
   return static_cast<uint32_t>(XXH3_64bits(p, n));
 }
 
-void PutHash(ByteWriter& w, const Hash128& h) {
-  w.U64(h.lo);
-  w.U64(h.hi);
-}
-
-Hash128 GetHash(ByteReader& r) {
-  Hash128 h;
-  h.lo = r.U64();
-  h.hi = r.U64();
-  return h;
-}
-
 }  // namespace
 
 const char* ChunkKindName(codec::ChunkKind kind) {

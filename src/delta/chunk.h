@@ -11,6 +11,7 @@
 #include <span>
 #include <vector>
 
+#include "base/bytes.h"
 #include "base/hash.h"
 #include "codec/payload.h"
 #include "refit/status.h"
@@ -59,6 +60,18 @@ struct ParsedChunk {
 Result<ParsedChunk> ParseChunk(std::span<const uint8_t> bytes);
 
 const char* ChunkKindName(codec::ChunkKind kind);
+
+// hash128 fields (docs/format.md §1): low half, then high half.
+inline void PutHash(ByteWriter& w, const Hash128& h) {
+  w.U64(h.lo);
+  w.U64(h.hi);
+}
+inline Hash128 GetHash(ByteReader& r) {
+  Hash128 h;
+  h.lo = r.U64();
+  h.hi = r.U64();
+  return h;
+}
 
 }  // namespace refit
 

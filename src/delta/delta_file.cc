@@ -15,18 +15,6 @@ namespace {
 constexpr char kHeaderMagic[8] = {'R', 'E', 'F', 'I', 'T', 'D', 'L', 'T'};
 constexpr char kFooterMagic[8] = {'R', 'E', 'F', 'I', 'T', 'E', 'N', 'D'};
 
-void PutHash(ByteWriter& w, const Hash128& h) {
-  w.U64(h.lo);
-  w.U64(h.hi);
-}
-
-Hash128 GetHash(ByteReader& r) {
-  Hash128 h;
-  h.lo = r.U64();
-  h.hi = r.U64();
-  return h;
-}
-
 uint64_t TrailerChecksum(std::span<const uint8_t> header,
                          std::span<const uint8_t> trailer) {
   XXH3_state_t* st = XXH3_createState();

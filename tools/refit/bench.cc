@@ -86,36 +86,50 @@ Result<ZstdResult> ZstdSize(const std::vector<uint8_t>& input, int level) {
 // The baseline streams for base -> target: the dense XOR mask (one 16-bit
 // word per element, canonical order) and "16-bit gaps then XOR values",
 // where a gap of 0xFFFF means "skip 65,535 elements, no record".
+class XorStreams {
+ public:
+  void Add(uint16_t d) {
+    mask_.push_back(d);
+    if (d == 0) {
+      ++gap_;
+      return;
+    }
+    for (; gap_ >= 0xFFFF; gap_ -= 0xFFFF) gaps_.push_back(0xFFFF);
+    gaps_.push_back(static_cast<uint16_t>(gap_));
+    values_.push_back(d);
+    gap_ = 0;
+  }
+  std::vector<uint8_t> Dense() const { return Bytes(mask_); }
+  std::vector<uint8_t> Sparse() const {
+    std::vector<uint8_t> out = Bytes(gaps_);
+    std::vector<uint8_t> v = Bytes(values_);
+    out.insert(out.end(), v.begin(), v.end());
+    return out;
+  }
+
+ private:
+  static std::vector<uint8_t> Bytes(const std::vector<uint16_t>& v) {
+    std::vector<uint8_t> out(v.size() * 2);
+    if (!v.empty()) std::memcpy(out.data(), v.data(), out.size());
+    return out;
+  }
+  std::vector<uint16_t> mask_, gaps_, values_;
+  uint64_t gap_ = 0;
+};
+
 void BaselineStreams(const SynthModel& base, const SynthModel& target,
                      std::vector<uint8_t>* dense,
                      std::vector<uint8_t>* sparse) {
-  std::vector<uint16_t> x(base.elements());
-  std::vector<uint16_t> gaps;
-  std::vector<uint16_t> values;
-  size_t k = 0;
-  uint64_t gap = 0;
+  XorStreams streams;
   for (size_t t = 0; t < base.tensors.size(); ++t) {
     const std::vector<uint16_t>& a = base.tensors[t].data;
     const std::vector<uint16_t>& b = target.tensors[t].data;
-    for (size_t i = 0; i < a.size(); ++i, ++k) {
-      uint16_t d = static_cast<uint16_t>(a[i] ^ b[i]);
-      x[k] = d;
-      if (d == 0) {
-        ++gap;
-        continue;
-      }
-      for (; gap >= 0xFFFF; gap -= 0xFFFF) gaps.push_back(0xFFFF);
-      gaps.push_back(static_cast<uint16_t>(gap));
-      values.push_back(d);
-      gap = 0;
+    for (size_t i = 0; i < a.size(); ++i) {
+      streams.Add(static_cast<uint16_t>(a[i] ^ b[i]));
     }
   }
-  dense->resize(x.size() * 2);
-  std::memcpy(dense->data(), x.data(), dense->size());
-  sparse->resize((gaps.size() + values.size()) * 2);
-  std::memcpy(sparse->data(), gaps.data(), gaps.size() * 2);
-  std::memcpy(sparse->data() + gaps.size() * 2, values.data(),
-              values.size() * 2);
+  *dense = streams.Dense();
+  *sparse = streams.Sparse();
 }
 
 struct RateResult {
@@ -219,9 +233,8 @@ Result<PairSizes> MeasurePair(const std::string& dir, int from, int to,
   const std::string b = fmt::format("{}/step{}.safetensors", dir, to);
   REFIT_ASSIGN_OR_RETURN(Checkpoint base, Checkpoint::Open(a, Checkpoint::Mode::kReadOnly));
   REFIT_ASSIGN_OR_RETURN(Checkpoint target, Checkpoint::Open(b, Checkpoint::Mode::kReadOnly));
-  std::vector<uint16_t> mask, gaps, values;
+  XorStreams streams;
   std::vector<uint8_t> full;
-  uint64_t gap = 0;
   for (size_t t = 0; t < base.tensors().size(); ++t) {
     if (base.tensors()[t].element_width != 2) {
       return InvalidArgumentError("--fixtures expects BF16 step checkpoints");
@@ -230,28 +243,11 @@ Result<PairSizes> MeasurePair(const std::string& dir, int from, int to,
     auto y = target.Data(*target.IndexOf(base.tensors()[t].name));
     full.insert(full.end(), y.begin(), y.end());
     for (size_t i = 0; i + 1 < x.size(); i += 2) {
-      uint16_t d = static_cast<uint16_t>((x[i] | x[i + 1] << 8) ^ (y[i] | y[i + 1] << 8));
-      mask.push_back(d);
-      if (d == 0) {
-        ++gap;
-        continue;
-      }
-      for (; gap >= 0xFFFF; gap -= 0xFFFF) gaps.push_back(0xFFFF);
-      gaps.push_back(static_cast<uint16_t>(gap));
-      values.push_back(d);
-      gap = 0;
+      streams.Add(static_cast<uint16_t>((x[i] | x[i + 1] << 8) ^ (y[i] | y[i + 1] << 8)));
     }
   }
-  auto as_bytes = [](const std::vector<uint16_t>& v) {
-    std::vector<uint8_t> out(v.size() * 2);
-    std::memcpy(out.data(), v.data(), out.size());
-    return out;
-  };
-  std::vector<uint8_t> sparse = as_bytes(gaps);
-  std::vector<uint8_t> vals = as_bytes(values);
-  sparse.insert(sparse.end(), vals.begin(), vals.end());
-  REFIT_ASSIGN_OR_RETURN(ZstdResult dz, ZstdSize(as_bytes(mask), 3));
-  REFIT_ASSIGN_OR_RETURN(ZstdResult sz, ZstdSize(sparse, 1));
+  REFIT_ASSIGN_OR_RETURN(ZstdResult dz, ZstdSize(streams.Dense(), 3));
+  REFIT_ASSIGN_OR_RETURN(ZstdResult sz, ZstdSize(streams.Sparse(), 1));
   REFIT_ASSIGN_OR_RETURN(ZstdResult fz, ZstdSize(full, 3));
   r.dense_zstd3 = dz.bytes;
   r.sparse_zstd1 = sz.bytes;
