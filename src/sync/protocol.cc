@@ -2,6 +2,7 @@
 
 #include <cstdio>
 #include <cstring>
+#include <set>
 
 #include <xxhash.h>
 
@@ -15,6 +16,9 @@ constexpr char kVoteMagic[4] = {'R', 'F', 'V', '1'};
 constexpr char kDecisionMagic[4] = {'R', 'F', 'D', '1'};
 constexpr char kRequestMagic[4] = {'R', 'F', 'Q', '1'};
 constexpr char kHeadMagic[4] = {'R', 'F', 'H', '1'};
+constexpr char kSnapshotMagic[8] = {'R', 'F', 'S', 'N', 'A', 'P', 'I', '1'};
+constexpr uint64_t kMaxSnapshotFiles = 1 << 16;
+constexpr uint64_t kMaxFileName = 1024;
 constexpr uint64_t kMaxMembers = 1 << 16;
 constexpr uint64_t kMaxMessage = 4096;
 
@@ -61,6 +65,32 @@ std::string RequestKey(uint64_t v, const std::string& m) {
 }
 std::string ResendKey(uint64_t v, const std::string& m, uint64_t i, bool after) {
   return VersionPrefix(v) + "resend/" + m + "/" + std::to_string(i) + (after ? "-a" : "-b");
+}
+
+std::string SnapshotPrefix(uint64_t version) {
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "snap/%020llu/", static_cast<unsigned long long>(version));
+  return buf;
+}
+std::string SnapshotIndexKey(uint64_t v) { return SnapshotPrefix(v) + "index"; }
+std::string SnapshotFileKey(uint64_t v, uint64_t i) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%08llu", static_cast<unsigned long long>(i));
+  return SnapshotPrefix(v) + "file/" + buf;
+}
+
+std::optional<uint64_t> ParseSnapshotIndexKey(const std::string& key) {
+  // "snap/" + 20 digits + "/index"
+  if (key.size() != 5 + 20 + 6 || key.compare(0, 5, "snap/") != 0 ||
+      key.compare(25, 6, "/index") != 0) {
+    return std::nullopt;
+  }
+  uint64_t v = 0;
+  for (size_t i = 5; i < 25; ++i) {
+    if (key[i] < '0' || key[i] > '9') return std::nullopt;
+    v = v * 10 + static_cast<uint64_t>(key[i] - '0');
+  }
+  return v;
 }
 
 Status ValidateMember(const std::string& m) {
@@ -226,6 +256,73 @@ Result<ResendRequest> DecodeRequest(std::span<const uint8_t> body) {
   }
   REFIT_RETURN_IF_ERROR(r.status("request"));
   return q;
+}
+
+std::vector<uint8_t> EncodeSnapshotIndex(const SnapshotIndex& s) {
+  std::vector<uint8_t> out;
+  ByteWriter w(&out);
+  w.Bytes(kSnapshotMagic, 8);
+  w.U64(s.version);
+  w.Varint(s.files.size());
+  for (const SnapshotFile& f : s.files) {
+    w.String(f.name);
+    w.Varint(f.size);
+    w.Bytes(f.sha256.data(), f.sha256.size());
+  }
+  WriteTensorTable(s.tensors, &out);
+  return Sealed(std::move(out));
+}
+
+namespace {
+// A relative path that stays inside the checkpoint directory.
+bool SafeRelativeName(const std::string& name) {
+  if (name.empty() || name.size() > kMaxFileName) return false;
+  size_t start = 0;
+  for (;;) {
+    size_t slash = name.find('/', start);
+    std::string seg = name.substr(start, slash == std::string::npos ? slash : slash - start);
+    if (seg.empty() || seg == "." || seg == ".." || seg.find('\0') != std::string::npos) {
+      return false;
+    }
+    if (slash == std::string::npos) return true;
+    start = slash + 1;
+  }
+}
+}  // namespace
+
+Result<SnapshotIndex> DecodeSnapshotIndex(std::span<const uint8_t> body) {
+  REFIT_ASSIGN_OR_RETURN(auto checked, Checked(body, "snapshot index"));
+  ByteReader r(checked);
+  if (!Magic(r, kSnapshotMagic, 8)) return DataLossError("not a refit snapshot index");
+  SnapshotIndex s;
+  s.version = r.U64();
+  uint64_t files = r.Varint();
+  if (files > kMaxSnapshotFiles || files > r.remaining() / 34) {
+    REFIT_RETURN_IF_ERROR(r.status("snapshot index"));
+    return DataLossError("snapshot index lists an implausible number of files");
+  }
+  std::set<std::string> names;
+  for (uint64_t i = 0; i < files && r.ok(); ++i) {
+    SnapshotFile f;
+    f.name = r.String(kMaxFileName);
+    f.size = r.Varint();
+    auto h = r.Bytes(32);
+    if (!r.ok()) break;
+    std::memcpy(f.sha256.data(), h.data(), 32);
+    if (!SafeRelativeName(f.name)) {
+      return DataLossError("snapshot index names an unsafe file path");
+    }
+    if (!names.insert(f.name).second) {
+      return DataLossError("snapshot index lists a file twice");
+    }
+    s.files.push_back(std::move(f));
+  }
+  REFIT_RETURN_IF_ERROR(r.status("snapshot index"));
+  REFIT_RETURN_IF_ERROR(ReadTensorTable(&r, &s.tensors));
+  REFIT_RETURN_IF_ERROR(r.status("snapshot index"));
+  if (r.remaining() != 0) return DataLossError("snapshot index has trailing bytes");
+  if (s.files.empty()) return DataLossError("snapshot index lists no files");
+  return s;
 }
 
 std::vector<uint8_t> EncodeHead(uint64_t version) {

@@ -10,11 +10,15 @@
 //   v/<V>/request/<member>        ResendRequest: chunks a member needs again
 //   v/<V>/resend/<member>/<i>-<a|b>  overwrite re-send of chunk i's range
 //                                 at V ("a"fter) or at its base ("b"efore)
+//   snap/<V>/index                SnapshotIndex: the files of committed V
+//   snap/<V>/file/<i>             file i's bytes, raw (bound by the index's
+//                                 SHA-256; docs/protocol.md, "Snapshots")
 // <V> is the version in 20 decimal digits, so keys sort by version.
 #ifndef REFIT_SYNC_PROTOCOL_H_
 #define REFIT_SYNC_PROTOCOL_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -33,6 +37,13 @@ std::string RequestKey(uint64_t version, const std::string& member);
 std::string ResendKey(uint64_t version, const std::string& member,
                       uint64_t index, bool after);
 inline constexpr char kHeadKey[] = "head";
+std::string SnapshotPrefix(uint64_t version);  // "snap/<V>/"
+std::string SnapshotIndexKey(uint64_t version);
+std::string SnapshotFileKey(uint64_t version, uint64_t index);
+inline constexpr char kSnapshotsPrefix[] = "snap/";
+// The version of a snapshot index key ("snap/<V>/index"), or nullopt for
+// any other key (snapshot file objects, junk).
+std::optional<uint64_t> ParseSnapshotIndexKey(const std::string& key);
 
 // Member names: 1..64 characters of [A-Za-z0-9._-].
 Status ValidateMember(const std::string& member);
@@ -82,6 +93,25 @@ struct ResendRequest {
 };
 std::vector<uint8_t> EncodeRequest(const ResendRequest& r);
 Result<ResendRequest> DecodeRequest(std::span<const uint8_t> body);
+
+// A full copy of a committed version's checkpoint (docs/protocol.md,
+// "Snapshots and retention"). File names are relative paths as in the
+// checkpoint directory (or the single file's name); tensors carry
+// before == after == the version's tensor hashes.
+struct SnapshotFile {
+  std::string name;
+  uint64_t size = 0;
+  Sha256 sha256{};
+};
+struct SnapshotIndex {
+  uint64_t version = 0;
+  std::vector<SnapshotFile> files;
+  std::vector<TensorEntry> tensors;
+};
+std::vector<uint8_t> EncodeSnapshotIndex(const SnapshotIndex& s);
+// Caps: at most 65536 files; names 1..1024 bytes of relative path
+// segments, none empty, "." or "..".
+Result<SnapshotIndex> DecodeSnapshotIndex(std::span<const uint8_t> body);
 
 std::vector<uint8_t> EncodeHead(uint64_t version);
 Result<uint64_t> DecodeHead(std::span<const uint8_t> body);

@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "base/bytes.h"
+#include "base/file.h"
 #include "base/hash.h"
 #include "codec/payload.h"
 #include "delta/chunk.h"
@@ -172,6 +173,9 @@ Result<std::unique_ptr<Publisher>> Publisher::Open(ObjectStore* store,
     REFIT_ASSIGN_OR_RETURN(auto body, p->opt_.auth.Open(*head));
     REFIT_ASSIGN_OR_RETURN(p->committed_, DecodeHead(body));
   } else if (head.status().code() == StatusCode::kNotFound) {
+    // The snapshot goes first: a publisher that dies in between finds no
+    // head and starts the store over.
+    if (p->opt_.snapshot_every > 0) REFIT_RETURN_IF_ERROR(p->WriteSnapshot(0));
     REFIT_RETURN_IF_ERROR(store->Put(kHeadKey, p->opt_.auth.Seal(EncodeHead(0))));
   } else {
     return head.status();
@@ -277,6 +281,91 @@ Status Publisher::AdvanceBaseline(const Manifest& m, const std::vector<TensorVie
     }
   }
   return baseline_->Sync();
+}
+
+Status Publisher::WriteSnapshot(uint64_t version) {
+  REFIT_RETURN_IF_ERROR(baseline_->Sync());
+  SnapshotIndex index;
+  index.version = version;
+  // Names are relative to the checkpoint directory, or the file's own name.
+  std::string root = baseline_->path();
+  while (root.size() > 1 && root.back() == '/') root.pop_back();
+  const bool dir = IsDirectory(root);
+  std::vector<std::pair<std::string, std::string>> files;  // name, path
+  for (const CheckpointFile& f : baseline_->files()) {
+    std::string name = dir ? f.path.substr(root.size()) : f.path.substr(f.path.rfind('/') + 1);
+    while (!name.empty() && name.front() == '/') name.erase(0, 1);
+    files.emplace_back(name, f.path);
+  }
+  if (baseline_->sharded()) {
+    // Without its index a sharded directory does not open.
+    files.emplace_back("model.safetensors.index.json", root + "/model.safetensors.index.json");
+  }
+  for (size_t i = 0; i < files.size(); ++i) {
+    REFIT_ASSIGN_OR_RETURN(MappedFile file,
+                           MappedFile::Open(files[i].second, MappedFile::Mode::kReadOnly));
+    index.files.push_back(SnapshotFile{files[i].first, file.size(), ComputeSha256(file.bytes())});
+    REFIT_RETURN_IF_ERROR(store_->Put(SnapshotFileKey(version, i), file.bytes())
+                              .WithContext("storing snapshot file " + files[i].second));
+  }
+  for (size_t t = 0; t < baseline_->tensors().size(); ++t) {
+    const TensorInfo& info = baseline_->tensors()[t];
+    auto d = baseline_->Data(t);
+    TensorEntry e;
+    e.name = info.name;
+    e.dtype = info.dtype;
+    e.width = static_cast<uint8_t>(info.element_width);
+    e.shape = info.shape;
+    e.num_elements = info.num_elements;
+    e.before = e.after = RangeHash(d.data(), d.size());
+    index.tensors.push_back(std::move(e));
+  }
+  return store_->Put(SnapshotIndexKey(version), opt_.auth.Seal(EncodeSnapshotIndex(index)));
+}
+
+Status Publisher::DeletePrefix(const std::string& prefix) {
+  REFIT_ASSIGN_OR_RETURN(auto objects, store_->List(prefix));
+  for (const ObjectInfo& o : objects) REFIT_RETURN_IF_ERROR(store_->Delete(o.key));
+  return Status();
+}
+
+Status Publisher::Retain(PublishReport* report) {
+  REFIT_ASSIGN_OR_RETURN(auto objects, store_->List(kSnapshotsPrefix));
+  std::vector<uint64_t> snaps;  // sorted: keys sort by version
+  for (const ObjectInfo& o : objects) {
+    auto v = ParseSnapshotIndexKey(o.key);
+    if (v && *v <= committed_) snaps.push_back(*v);
+  }
+  // Without a snapshot a deleted version could never be caught up with.
+  if (snaps.empty()) return Status();
+  const uint64_t newest = snaps.back();
+  REFIT_ASSIGN_OR_RETURN(auto indexes, store_->List("index/"));
+  std::vector<uint64_t> versions;
+  for (const ObjectInfo& o : indexes) versions.push_back(std::strtoull(o.key.c_str() + 6, nullptr, 10));
+  if (versions.size() > opt_.keep_versions) {
+    const uint64_t keep_from = versions[versions.size() - opt_.keep_versions];
+    for (uint64_t w : versions) {
+      // Versions above the newest snapshot are how receivers get from it to
+      // head; undecided ones may still be voted on.
+      if (w >= keep_from || w > newest) break;
+      auto d = store_->Get(DecisionKey(w));
+      if (!d.ok()) {
+        if (d.status().code() == StatusCode::kNotFound) continue;
+        return d.status();
+      }
+      // The marker goes first, so receivers stop considering the version
+      // before its objects disappear.
+      REFIT_RETURN_IF_ERROR(store_->Delete(IndexKey(w)));
+      REFIT_RETURN_IF_ERROR(DeletePrefix(VersionPrefix(w)));
+      ++report->versions_deleted;
+    }
+  }
+  for (size_t i = 0; i + 2 < snaps.size(); ++i) {
+    REFIT_RETURN_IF_ERROR(store_->Delete(SnapshotIndexKey(snaps[i])));
+    REFIT_RETURN_IF_ERROR(DeletePrefix(SnapshotPrefix(snaps[i])));
+    ++report->snapshots_deleted;
+  }
+  return Status();
 }
 
 Result<PublishReport> Publisher::Publish(uint64_t version,
@@ -393,7 +482,18 @@ Result<PublishReport> Publisher::Publish(uint64_t version,
   if (decision->commit) {
     REFIT_RETURN_IF_ERROR(AdvanceBaseline(m, target));
     committed_ = version;
+    // The snapshot is stored before head names the version, so receivers
+    // (which take snapshots at or below head) never see a partial one, and
+    // a failed upload is redone when Publish(version) is run again.
+    if (opt_.snapshot_every > 0 && version % opt_.snapshot_every == 0) {
+      REFIT_RETURN_IF_ERROR(WriteSnapshot(version));
+      report.snapshot = true;
+    }
     REFIT_RETURN_IF_ERROR(store_->Put(kHeadKey, opt_.auth.Seal(EncodeHead(version))));
+    if (opt_.keep_versions > 0) {
+      Status s = Retain(&report);
+      if (!s.ok()) report.retention_error = s.ToString();
+    }
   }
   report.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   return report;

@@ -38,6 +38,15 @@ struct PublisherOptions {
   DeadlinePolicy policy = DeadlinePolicy::kAbort;
   int upload_threads = 4;
   int poll_ms = 20;
+  // Snapshots and retention (docs/protocol.md, "Snapshots and retention").
+  // snapshot_every N: after version V commits with V % N == 0, store a full
+  // copy of the committed baseline under snap/<V>/; with N > 0 version 0 is
+  // also snapshotted when Open creates the store. 0 = never.
+  uint64_t snapshot_every = 0;
+  // keep_versions K: after each commit, delete decided versions older than
+  // the K newest that are not newer than the newest snapshot, and snapshots
+  // older than the newest two. 0 = keep everything.
+  uint64_t keep_versions = 0;
 };
 
 struct PublishReport {
@@ -52,6 +61,12 @@ struct PublishReport {
   double encode_upload_seconds = 0;  // until the manifest is stored
   double commit_seconds = 0;         // votes and decision
   double seconds = 0;
+  bool snapshot = false;             // a snapshot of this version was stored
+  uint64_t versions_deleted = 0;     // by retention after this commit
+  uint64_t snapshots_deleted = 0;
+  // Retention is best effort (the commit stands; the next commit retries):
+  // why it stopped, empty when it ran to the end.
+  std::string retention_error;
 };
 
 class Publisher {
@@ -83,6 +98,11 @@ class Publisher {
   Status ServeRequests(uint64_t version, const Manifest& m,
                        const std::vector<TensorView>* target, uint64_t* served);
   Status AdvanceBaseline(const Manifest& m, const std::vector<TensorView>& target);
+  // Stores snap/<version>/ from the baseline, which must hold that version.
+  Status WriteSnapshot(uint64_t version);
+  // Applies the retention rule after a commit; counts into `report`.
+  Status Retain(PublishReport* report);
+  Status DeletePrefix(const std::string& prefix);
 
   ObjectStore* store_;
   PublisherOptions opt_;

@@ -4,9 +4,13 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <map>
 #include <optional>
 #include <thread>
+
+#include <fcntl.h>
+#include <unistd.h>
 
 #include "base/file.h"
 #include "base/hash.h"
@@ -68,6 +72,35 @@ Hash128 TensorHash(Bound& b, size_t tensor_id) {
 
 std::string StatePath(const ReceiverOptions& o, const char* name) {
   return o.state_dir + "/" + name;
+}
+
+std::string Parent(const std::string& path) {
+  auto slash = path.find_last_of('/');
+  if (slash == std::string::npos) return ".";
+  return slash == 0 ? "/" : path.substr(0, slash);
+}
+
+Status SyncDirectory(const std::string& dir) {
+  int fd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return UnavailableError("cannot open directory '" + dir + "' to fsync it");
+  int rc = fsync(fd);
+  close(fd);
+  if (rc != 0) return UnavailableError("fsync failed on directory '" + dir + "'");
+  return Status();
+}
+
+// A single-file checkpoint is a path that is a file, or names a
+// .safetensors file that does not exist yet; anything else is a directory.
+bool IsSingleFile(const std::string& path) {
+  if (PathExists(path)) return !IsDirectory(path);
+  return path.size() > 12 && path.compare(path.size() - 12, 12, ".safetensors") == 0;
+}
+
+bool CheckpointPresent(const std::string& path) {
+  if (!PathExists(path)) return false;
+  if (!IsDirectory(path)) return true;
+  return PathExists(path + "/model.safetensors") ||
+         PathExists(path + "/model.safetensors.index.json");
 }
 
 }  // namespace
@@ -141,11 +174,28 @@ Result<Manifest> Receiver::ReadManifest(uint64_t version, Sha256* sha) {
 }
 
 Result<StepResult> Receiver::Step() {
-  // An interrupted version comes first.
+  // A snapshot that was being put in place comes first: until it is
+  // active, the checkpoint may be any mix of old and new files.
+  if (PathExists(StatePath(opt_, "snapshot"))) {
+    REFIT_ASSIGN_OR_RETURN(auto snap, NewestSnapshot());
+    if (!snap || *snap < active_) {
+      return FailedPreconditionError("a snapshot was being installed but the store holds "
+                                     "none at or above the active version");
+    }
+    return CatchUpFromSnapshot(*snap);
+  }
+  // Then an interrupted version.
   REFIT_ASSIGN_OR_RETURN(auto journal, Journal::Load(StatePath(opt_, "journal")));
   if (journal && journal->version > active_) {
     Sha256 sha;
-    REFIT_ASSIGN_OR_RETURN(Manifest m, ReadManifest(journal->version, &sha));
+    auto manifest = ReadManifest(journal->version, &sha);
+    if (!manifest.ok() && manifest.status().code() == StatusCode::kNotFound) {
+      // Retention deleted the version while this receiver was inside it. A
+      // snapshot at or above it replaces every file, torn or not.
+      REFIT_ASSIGN_OR_RETURN(auto snap, NewestSnapshot());
+      if (snap && *snap >= journal->version) return CatchUpFromSnapshot(*snap);
+    }
+    REFIT_ASSIGN_OR_RETURN(Manifest m, std::move(manifest));
     if (sha != journal->manifest_sha256) {
       return DataLossError("the stored manifest of version " +
                            std::to_string(journal->version) +
@@ -155,6 +205,19 @@ Result<StepResult> Receiver::Step() {
     return ProcessVersion(m, sha, member, /*resume=*/true);
   }
   REFIT_ASSIGN_OR_RETURN(auto versions, ListVersions());
+  REFIT_ASSIGN_OR_RETURN(bool broken, ChainBroken(versions));
+  if (broken) {
+    REFIT_ASSIGN_OR_RETURN(auto snap, NewestSnapshot());
+    if (snap && (*snap > active_ || !CheckpointPresent(opt_.checkpoint))) {
+      return CatchUpFromSnapshot(*snap);
+    }
+    if (!snap && !CheckpointPresent(opt_.checkpoint)) {
+      return StepResult{};  // the publisher has not stored a snapshot yet
+    }
+    return FailedPreconditionError(
+        "receiver '" + opt_.member + "' at version " + std::to_string(active_) +
+        " has no chain of versions to follow and no newer snapshot to take");
+  }
   for (uint64_t v : versions) {
     if (v <= active_) continue;
     Sha256 sha;
@@ -174,6 +237,123 @@ Result<StepResult> Receiver::Step() {
     return ProcessVersion(m, sha, member && !decision, /*resume=*/false);
   }
   return StepResult{};
+}
+
+Result<bool> Receiver::ChainBroken(const std::vector<uint64_t>& versions) {
+  if (!CheckpointPresent(opt_.checkpoint)) return true;
+  // Retention deletes the oldest versions first, so the chain from the
+  // active version exists iff the first version above it builds on it (or
+  // on an older one: a version whose base we skipped is passed over).
+  auto next = std::upper_bound(versions.begin(), versions.end(), active_);
+  if (next == versions.end()) return false;
+  Sha256 sha;
+  REFIT_ASSIGN_OR_RETURN(Manifest m, ReadManifest(*next, &sha));
+  return m.base_version > active_;
+}
+
+Result<std::optional<uint64_t>> Receiver::NewestSnapshot() {
+  auto head_bytes = store_->Get(kHeadKey);
+  if (!head_bytes.ok()) {
+    if (head_bytes.status().code() == StatusCode::kNotFound) return std::optional<uint64_t>();
+    return head_bytes.status();
+  }
+  REFIT_ASSIGN_OR_RETURN(auto body, opt_.auth.Open(*head_bytes));
+  REFIT_ASSIGN_OR_RETURN(uint64_t head, DecodeHead(body));
+  REFIT_ASSIGN_OR_RETURN(auto objects, store_->List(kSnapshotsPrefix));
+  std::optional<uint64_t> best;
+  for (const ObjectInfo& o : objects) {
+    auto v = ParseSnapshotIndexKey(o.key);
+    if (v && *v <= head && (!best || *v > *best)) best = v;
+  }
+  return best;
+}
+
+Result<StepResult> Receiver::CatchUpFromSnapshot(uint64_t version) {
+  auto t0 = Clock::now();
+  StepResult result;
+  result.version = version;
+  REFIT_ASSIGN_OR_RETURN(auto index_bytes, store_->Get(SnapshotIndexKey(version)));
+  result.bytes_fetched += index_bytes.size();
+  REFIT_ASSIGN_OR_RETURN(auto body, opt_.auth.Open(index_bytes));
+  REFIT_ASSIGN_OR_RETURN(SnapshotIndex index, DecodeSnapshotIndex(body));
+  if (index.version != version) return DataLossError("snapshot index names another version");
+
+  std::string ckpt = opt_.checkpoint;
+  while (ckpt.size() > 1 && ckpt.back() == '/') ckpt.pop_back();
+  const bool single = IsSingleFile(ckpt);
+  if (single && index.files.size() != 1) {
+    return FailedPreconditionError("snapshot " + std::to_string(version) + " has " +
+                                   std::to_string(index.files.size()) +
+                                   " files but checkpoint '" + ckpt + "' is a single file");
+  }
+  auto destination = [&](size_t i) {
+    if (single) return ckpt;
+    // A single-file snapshot becomes the directory's model.safetensors.
+    return ckpt + "/" + (index.files.size() == 1 ? "model.safetensors" : index.files[i].name);
+  };
+
+  // Download and check every file into a directory beside the checkpoint
+  // (same file system, so the renames below are atomic per file).
+  const std::string tmp = ckpt + ".refit-snapshot";
+  std::error_code ec;
+  std::filesystem::remove_all(tmp, ec);
+  std::filesystem::create_directories(tmp, ec);
+  if (ec) return UnavailableError("cannot create '" + tmp + "': " + ec.message());
+  for (size_t i = 0; i < index.files.size(); ++i) {
+    const SnapshotFile& f = index.files[i];
+    REFIT_ASSIGN_OR_RETURN(auto bytes, store_->Get(SnapshotFileKey(version, i)));
+    result.bytes_fetched += bytes.size();
+    if (bytes.size() != f.size || ComputeSha256(bytes) != f.sha256) {
+      return DataLossError("snapshot " + std::to_string(version) + " file '" + f.name +
+                           "' does not match its SHA-256 in the index");
+    }
+    REFIT_RETURN_IF_ERROR(WriteFileAtomic(tmp + "/" + std::to_string(i), bytes));
+  }
+
+  // From here until activation the checkpoint is a mix; the marker makes a
+  // restarted receiver finish the job before anything else.
+  const std::string marker = StatePath(opt_, "snapshot");
+  std::string text = std::to_string(version) + "\n";
+  REFIT_RETURN_IF_ERROR(WriteFileAtomic(
+      marker, std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(text.data()), text.size())));
+  for (size_t i = 0; i < index.files.size(); ++i) {
+    const std::string dst = destination(i);
+    std::filesystem::create_directories(Parent(dst), ec);
+    if (ec) return UnavailableError("cannot create '" + Parent(dst) + "': " + ec.message());
+    if (std::rename((tmp + "/" + std::to_string(i)).c_str(), dst.c_str()) != 0) {
+      return UnavailableError("cannot rename a snapshot file over '" + dst + "'");
+    }
+    REFIT_RETURN_IF_ERROR(SyncDirectory(Parent(dst)));
+  }
+  std::filesystem::remove_all(tmp, ec);
+
+  // Every tensor must be the snapshot's version, bit for bit.
+  {
+    REFIT_ASSIGN_OR_RETURN(Checkpoint ck, Checkpoint::Open(ckpt, Checkpoint::Mode::kReadOnly));
+    if (ck.tensors().size() != index.tensors.size()) {
+      return DataLossError("checkpoint from snapshot " + std::to_string(version) + " has " +
+                           std::to_string(ck.tensors().size()) + " tensors, the index " +
+                           std::to_string(index.tensors.size()));
+    }
+    for (const TensorEntry& e : index.tensors) {
+      const TensorInfo* t = ck.Find(e.name);
+      if (t == nullptr || t->dtype != e.dtype || t->shape != e.shape ||
+          t->element_width != e.width) {
+        return DataLossError("checkpoint from snapshot " + std::to_string(version) +
+                             " lacks tensor '" + e.name + "' as the index describes it");
+      }
+      auto d = ck.Data(*ck.IndexOf(e.name));
+      if (RangeHash(d.data(), d.size()) != e.after) {
+        return DataLossError("tensor '" + e.name + "' from snapshot " +
+                             std::to_string(version) + " does not hash to the index");
+      }
+    }
+  }
+  REFIT_RETURN_IF_ERROR(Activate(version));
+  std::filesystem::remove(marker, ec);
+  result.outcome = StepResult::Outcome::kSnapshot;
+  result.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  return result;
 }
 
 Result<StepResult> Receiver::SyncTo(uint64_t version, int timeout_ms) {

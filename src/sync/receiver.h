@@ -36,7 +36,9 @@ struct ReceiverOptions {
 };
 
 struct StepResult {
-  enum class Outcome { kIdle, kCommitted, kAborted, kCaughtUp };
+  // kSnapshot: the checkpoint was replaced by the snapshot of `version`
+  // (docs/protocol.md, "Snapshots and retention").
+  enum class Outcome { kIdle, kCommitted, kAborted, kCaughtUp, kSnapshot };
   Outcome outcome = Outcome::kIdle;
   uint64_t version = 0;
   uint64_t chunks_applied = 0;
@@ -60,7 +62,11 @@ class Receiver {
 
   // Finishes or rolls back an interrupted version first; then handles the
   // next version whose base is the active one: applies and votes (member)
-  // or applies a committed one (catch-up). kIdle when there is none yet.
+  // or applies a committed one (catch-up). When no chain of versions leads
+  // from the active version (they were deleted by retention, or the
+  // checkpoint is absent) and no journal is in progress, replaces the
+  // checkpoint with the newest snapshot at or below head instead
+  // (kSnapshot). kIdle when there is nothing to do yet.
   // kDeadlineExceeded when no decision arrives in time (the journal keeps
   // the work; the next Step resumes).
   Result<StepResult> Step();
@@ -78,6 +84,11 @@ class Receiver {
   Result<std::optional<Decision>> ReadDecision(uint64_t version);
   Result<Manifest> ReadManifest(uint64_t version, Sha256* sha);
   Status Activate(uint64_t version);
+  // True when the checkpoint cannot be brought forward by deltas.
+  Result<bool> ChainBroken(const std::vector<uint64_t>& versions);
+  // The newest snapshot at or below head; nullopt when there is none.
+  Result<std::optional<uint64_t>> NewestSnapshot();
+  Result<StepResult> CatchUpFromSnapshot(uint64_t version);
 
   ObjectStore* store_;
   ReceiverOptions opt_;

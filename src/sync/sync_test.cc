@@ -630,6 +630,179 @@ TEST_P(SyncTest, FixtureTrajectoryOfTwentyVersions) {
 
 namespace refit {
 namespace {
+
+TEST(ProtocolTest, SnapshotIndexRoundTripsAndRefusesUnsafeNames) {
+  SnapshotIndex s;
+  s.version = 10;
+  s.files = {{"model-00001-of-00002.safetensors", 123, {}}, {"sub/b.safetensors", 7, {}}};
+  s.files[0].sha256[3] = 9;
+  TensorEntry e;
+  e.name = "w";
+  e.dtype = "BF16";
+  e.width = 2;
+  e.shape = {4};
+  e.num_elements = 4;
+  s.tensors = {e};
+  auto bytes = EncodeSnapshotIndex(s);
+  auto back = DecodeSnapshotIndex(bytes);
+  ASSERT_OK(back);
+  EXPECT_EQ(back->version, 10u);
+  ASSERT_EQ(back->files.size(), 2u);
+  EXPECT_EQ(back->files[1].name, "sub/b.safetensors");
+  EXPECT_EQ(back->files[0].sha256, s.files[0].sha256);
+  EXPECT_EQ(back->tensors.size(), 1u);
+  for (size_t n = 0; n < bytes.size(); ++n) {
+    EXPECT_FALSE(DecodeSnapshotIndex(std::span<const uint8_t>(bytes.data(), n)).ok()) << n;
+  }
+  for (const char* bad : {"../x", "/abs", "a//b", "a/./b", "", "a/"}) {
+    SnapshotIndex u = s;
+    u.files[0].name = bad;
+    EXPECT_FALSE(DecodeSnapshotIndex(EncodeSnapshotIndex(u)).ok()) << bad;
+  }
+  EXPECT_EQ(SnapshotFileKey(10, 2), "snap/00000000000000000010/file/00000002");
+  EXPECT_EQ(ParseSnapshotIndexKey(SnapshotIndexKey(10)), std::optional<uint64_t>(10));
+  EXPECT_FALSE(ParseSnapshotIndexKey(SnapshotFileKey(10, 0)).has_value());
+}
+
+// Publishes versions first..last with r0 (the only member) following.
+void PublishFollowed(Publisher* pub, Receiver* r0, Model* trainer, std::mt19937_64* rng,
+                     uint64_t first, uint64_t last) {
+  for (uint64_t v = first; v <= last; ++v) {
+    trainer->Step(*rng, 0.02);
+    std::thread t([&] { EXPECT_OK(r0->SyncTo(v, 20000)); });
+    auto report = pub->Publish(v, trainer->Views());
+    t.join();
+    ASSERT_OK(report);
+    ASSERT_TRUE(report->committed) << report->reason;
+    EXPECT_EQ(report->snapshot, v % 5 == 0) << v;
+    EXPECT_EQ(report->retention_error, "");
+  }
+}
+
+std::vector<std::string> Keys(ObjectStore* store, const std::string& prefix) {
+  auto list = store->List(prefix);
+  EXPECT_TRUE(list.ok()) << list.status().ToString();
+  std::vector<std::string> out;
+  if (list.ok()) {
+    for (const ObjectInfo& o : *list) out.push_back(o.key);
+  }
+  return out;
+}
+
+TEST_P(SyncTest, NewReceiverCatchesUpFromSnapshotAfterRetention) {
+  auto popts = MakePublisher(1);
+  popts.snapshot_every = 5;
+  popts.keep_versions = 3;
+  auto pub = Publisher::Open(store_.get(), dir_.File("baseline.safetensors"), popts);
+  ASSERT_OK(pub);
+  EXPECT_EQ(Keys(store_.get(), SnapshotPrefix(0)).size(), 2u);  // index + the one file
+  auto r0 = Receiver::Open(store_.get(), MakeReceiver(0));
+  ASSERT_OK(r0);
+  Model trainer = model_;
+  std::mt19937_64 rng(21);
+  PublishFollowed(pub->get(), r0->get(), &trainer, &rng, 1, 12);
+  ASSERT_FALSE(HasFailure());
+  EXPECT_TRUE(trainer.Matches(dir_.File("r0/model.safetensors")));
+
+  // Versions 1..9 are gone (10 is the newest snapshot; 10..12 are the 3
+  // newest), and so is snapshot 0 (older than the newest two).
+  std::vector<std::string> index_keys = Keys(store_.get(), "index/");
+  EXPECT_EQ(index_keys, (std::vector<std::string>{IndexKey(10), IndexKey(11), IndexKey(12)}));
+  for (const std::string& k : Keys(store_.get(), "v/")) {
+    EXPECT_TRUE(k.starts_with(VersionPrefix(10)) || k.starts_with(VersionPrefix(11)) ||
+                k.starts_with(VersionPrefix(12)))
+        << k;
+  }
+  for (uint64_t v = 1; v < 10; ++v) EXPECT_TRUE(Keys(store_.get(), VersionPrefix(v)).empty()) << v;
+  EXPECT_TRUE(Keys(store_.get(), SnapshotPrefix(0)).empty());
+  EXPECT_EQ(Keys(store_.get(), SnapshotPrefix(5)),
+            (std::vector<std::string>{SnapshotFileKey(5, 0), SnapshotIndexKey(5)}));
+  EXPECT_EQ(Keys(store_.get(), SnapshotPrefix(10)),
+            (std::vector<std::string>{SnapshotFileKey(10, 0), SnapshotIndexKey(10)}));
+
+  // A new receiver holding version 0, whose next versions were deleted:
+  // the snapshot at 10, then deltas 11 and 12.
+  auto late = Receiver::Open(store_.get(), MakeReceiver(5));
+  ASSERT_OK(late);
+  auto step = (*late)->Step();
+  ASSERT_OK(step);
+  EXPECT_EQ(step->outcome, StepResult::Outcome::kSnapshot);
+  EXPECT_EQ(step->version, 10u);
+  EXPECT_EQ((*late)->active_version(), 10u);
+  step = (*late)->Step();
+  ASSERT_OK(step);
+  EXPECT_EQ(step->outcome, StepResult::Outcome::kCaughtUp);
+  EXPECT_EQ(step->version, 11u);
+  ASSERT_OK((*late)->SyncTo(12, 20000));
+  EXPECT_TRUE(trainer.Matches(dir_.File("r5/model.safetensors")));
+  EXPECT_FALSE(PathExists(dir_.File("r5/model.safetensors.refit-snapshot")));
+
+  // A brand-new receiver with no checkpoint at all, into a directory.
+  auto opts = MakeReceiver(6);
+  opts.checkpoint = dir_.File("r6/ckpt");
+  auto fresh = Receiver::Open(store_.get(), opts);
+  ASSERT_OK(fresh);
+  ASSERT_OK((*fresh)->SyncTo(12, 20000));
+  EXPECT_TRUE(trainer.Matches(opts.checkpoint));
+  EXPECT_TRUE(PathExists(opts.checkpoint + "/model.safetensors"));
+}
+
+TEST_P(SyncTest, LaggingReceiverRecoversViaSnapshot) {
+  auto popts = MakePublisher(1);
+  popts.snapshot_every = 5;
+  popts.keep_versions = 3;
+  auto pub = Publisher::Open(store_.get(), dir_.File("baseline.safetensors"), popts);
+  ASSERT_OK(pub);
+  auto r0 = Receiver::Open(store_.get(), MakeReceiver(0));
+  ASSERT_OK(r0);
+  auto r1 = Receiver::Open(store_.get(), MakeReceiver(1));  // not a member
+  ASSERT_OK(r1);
+  Model trainer = model_;
+  std::mt19937_64 rng(22);
+  PublishFollowed(pub->get(), r0->get(), &trainer, &rng, 1, 3);
+  ASSERT_FALSE(HasFailure());
+  ASSERT_OK((*r1)->SyncTo(3, 20000));
+  EXPECT_TRUE(trainer.Matches(dir_.File("r1/model.safetensors")));
+  PublishFollowed(pub->get(), r0->get(), &trainer, &rng, 4, 12);
+  ASSERT_FALSE(HasFailure());
+  ASSERT_TRUE(Keys(store_.get(), VersionPrefix(4)).empty());
+
+  // r1 (active 3, a valid state) restarts: versions 4..9 are gone.
+  r1 = Receiver::Open(store_.get(), MakeReceiver(1));
+  ASSERT_OK(r1);
+  EXPECT_EQ((*r1)->active_version(), 3u);
+  auto step = (*r1)->Step();
+  ASSERT_OK(step);
+  EXPECT_EQ(step->outcome, StepResult::Outcome::kSnapshot);
+  EXPECT_EQ(step->version, 10u);
+  ASSERT_OK((*r1)->SyncTo(12, 20000));
+  EXPECT_TRUE(trainer.Matches(dir_.File("r1/model.safetensors")));
+  EXPECT_EQ(testing::ReadBytes(dir_.File("r1/active")),
+            (std::vector<uint8_t>{'1', '2', '\n'}));
+
+  // A receiver killed while putting a snapshot in place (marker written,
+  // files partly replaced, active still the old version) finishes it on
+  // the next step, although deltas from its active version (9 -> 10) exist.
+  ASSERT_OK(WriteFileAtomic(dir_.File("r0/snapshot"), std::vector<uint8_t>{'1', '0'}));
+  ASSERT_OK(WriteFileAtomic(dir_.File("r0/active"), std::vector<uint8_t>{'9', '\n'}));
+  {
+    auto ck = Checkpoint::Open(dir_.File("r0/model.safetensors"), Checkpoint::Mode::kReadWrite);
+    ASSERT_OK(ck);
+    ck->MutableData(0)[0] ^= 1;
+    ASSERT_OK(ck->Sync());
+  }
+  r0 = Receiver::Open(store_.get(), MakeReceiver(0));
+  ASSERT_OK(r0);
+  EXPECT_EQ((*r0)->active_version(), 9u);
+  step = (*r0)->Step();
+  ASSERT_OK(step);
+  EXPECT_EQ(step->outcome, StepResult::Outcome::kSnapshot);
+  EXPECT_EQ(step->version, 10u);
+  EXPECT_FALSE(PathExists(dir_.File("r0/snapshot")));
+  ASSERT_OK((*r0)->SyncTo(12, 20000));
+  EXPECT_TRUE(trainer.Matches(dir_.File("r0/model.safetensors")));
+}
+
 INSTANTIATE_TEST_SUITE_P(Stores, SyncTest, ::testing::Values("dir", "s3"),
                          [](const auto& param_info) { return param_info.param; });
 }  // namespace
