@@ -6,8 +6,13 @@
 #define REFIT_TOOLS_REFIT_COMMANDS_H_
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
+
+namespace CLI {
+class App;
+}  // namespace CLI
 
 namespace refit::cli {
 
@@ -73,6 +78,12 @@ struct BenchArgs {
   std::string command_line;  // recorded with the results
 };
 int RunBench(const BenchArgs& args);
+
+// `refit bench sync` (sync_bench.cc): registers the subcommand and its
+// options under `bench_cmd`; main() calls the returned function (with the
+// global --json and the command line to record) when it was given.
+std::function<int(bool json, const std::string& command_line)>
+RegisterBenchSync(CLI::App* bench_cmd);
 
 }  // namespace refit::cli
 

@@ -5,17 +5,23 @@
 //    every step, and after each step every tensor of the scratch copy must
 //    hash (SHA-256, independently of refit's own XXH3 hashes) to the same
 //    digest as the trainer's checkpoint for that step.
-// 2. distribution: this process publishes every step as a version through
-//    an ObjectStore (a directory by default; any OpenObjectStore URL) to N
+// 2. distribution: this process publishes every step as a version to N
 //    `refit receive` processes (this executable, run again), one of which
-//    is SIGKILLed in the middle of a version and restarted. Every version
-//    must commit, and every receiver must hash to the trainer's tensors.
-//    Times are measured; link transfer times are computed and labelled so.
+//    is SIGKILLed in the middle of a version and restarted. By default the
+//    receivers form a relay tree on 127.0.0.1 (fan-out --fanout) under
+//    this process as its root, and every object is also written through
+//    to a directory store (any OpenObjectStore URL with --store); with
+//    --transport dir they read that store instead. Every version must
+//    commit, and every receiver must hash to the trainer's tensors. Times
+//    are measured; link transfer times are computed and labelled so.
+#include <arpa/inet.h>
 #include <fcntl.h>
 #include <fmt/format.h>
+#include <netinet/in.h>
 #include <openssl/evp.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -43,6 +49,7 @@
 #include "sync_commands.h"
 #include "synth.h"
 #include "transport/object_store.h"
+#include "transport/relay_store.h"
 
 namespace refit::cli {
 namespace {
@@ -339,6 +346,8 @@ Json CodecStepsJson(const std::vector<CodecStep>& results) {
 // A `refit receive` child process and how to start it again.
 struct ReceiverProcess {
   std::string member;
+  // Where it reads versions: {"--store", URL} or the relay flags.
+  std::vector<std::string> transport;
   std::string checkpoint;
   std::string state;
   std::string log;  // stdout: JSON Lines, appended across restarts
@@ -349,12 +358,8 @@ struct ReceiverProcess {
 
 class ReceiverFleet {
  public:
-  ReceiverFleet(std::string exe, std::string store, std::string key_file,
-                int64_t until)
-      : exe_(std::move(exe)),
-        store_(std::move(store)),
-        key_file_(std::move(key_file)),
-        until_(until) {}
+  ReceiverFleet(std::string exe, std::string key_file, int64_t until)
+      : exe_(std::move(exe)), key_file_(std::move(key_file)), until_(until) {}
   ReceiverFleet(const ReceiverFleet&) = delete;
   ReceiverFleet& operator=(const ReceiverFleet&) = delete;
   // Kills what is still running: the demo failed or is done.
@@ -367,10 +372,11 @@ class ReceiverFleet {
     }
   }
 
-  Status Add(const std::string& member, const std::string& base,
-             const std::string& dir) {
+  Status Add(const std::string& member, std::vector<std::string> transport,
+             const std::string& base, const std::string& dir) {
     ReceiverProcess r;
     r.member = member;
+    r.transport = std::move(transport);
     r.checkpoint = dir + "/model.safetensors";
     r.state = dir + "/state";
     r.log = dir + "/receive.jsonl";
@@ -390,16 +396,12 @@ class ReceiverFleet {
   // REFIT_CRASH_AT=crash_at when not empty (and never otherwise).
   Status Start(size_t i, int64_t until = -1, const std::string& crash_at = "") {
     ReceiverProcess& r = receivers_[i];
-    std::vector<std::string> args = {
-        exe_,           "receive",
-        "--store",      store_,
-        "--member",     r.member,
-        "--checkpoint", r.checkpoint,
-        "--state",      r.state,
-        "--until",      std::to_string(until >= 0 ? until : until_),
-        "--poll-ms",    "2",
-        "--threads",    "1",
-        "--json"};
+    std::vector<std::string> args = {exe_, "receive"};
+    args.insert(args.end(), r.transport.begin(), r.transport.end());
+    args.insert(args.end(), {"--member", r.member, "--checkpoint", r.checkpoint,
+                             "--state", r.state, "--until",
+                             std::to_string(until >= 0 ? until : until_),
+                             "--poll-ms", "2", "--threads", "1", "--json"});
     if (!key_file_.empty()) {
       args.push_back("--key-file");
       args.push_back(key_file_);
@@ -463,7 +465,6 @@ class ReceiverFleet {
 
  private:
   std::string exe_;
-  std::string store_;
   std::string key_file_;
   int64_t until_;
   std::vector<ReceiverProcess> receivers_;
@@ -506,7 +507,10 @@ struct VersionRow {
 };
 
 struct Distribution {
-  std::string store;
+  std::string store;      // what the publisher writes to, described
+  std::string transport;  // "relay" or "dir"
+  int fanout = 0;
+  std::string tree;  // "r0,r1 <- root; r2,r3 <- r0" for relay
   int receivers = 0;
   double link_gbit = 0;
   std::string crash;  // what was done, or ""
@@ -525,6 +529,26 @@ Status WriteKeyFile(const std::string& path) {
   return WriteFileAtomic(
       path, std::span<const uint8_t>(
                 reinterpret_cast<const uint8_t*>(hex.data()), hex.size()));
+}
+
+// A TCP port on 127.0.0.1 that was free a moment ago (bound, read, closed),
+// for relay endpoints that must keep their address across restarts.
+Result<int> FreeLoopbackPort() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0)
+    return UnavailableError("socket: " + std::string(strerror(errno)));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  socklen_t len = sizeof addr;
+  bool ok = bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 &&
+            getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0;
+  int err = errno;
+  close(fd);
+  if (!ok)
+    return UnavailableError("bind 127.0.0.1:0: " + std::string(strerror(err)));
+  return static_cast<int>(ntohs(addr.sin_port));
 }
 
 Result<size_t> CountExact(const std::vector<std::string>& paths,
@@ -546,7 +570,11 @@ Result<Distribution> RunDistribution(const DemoArgs& args,
   Distribution out;
   out.receivers = sync.receivers;
   out.link_gbit = sync.link_gbit;
-  out.store = sync.store.empty() ? dir.File("store") : sync.store;
+  const std::string store_url =
+      sync.store.empty() ? dir.File("store") : sync.store;
+  const bool relay = sync.transport == "relay";
+  out.transport = relay ? "relay" : "dir";
+  out.fanout = relay ? sync.fanout : 0;
   int64_t crash_version = sync.crash_version < 0
                               ? static_cast<int64_t>((versions + 1) / 2)
                               : sync.crash_version;
@@ -560,13 +588,28 @@ Result<Distribution> RunDistribution(const DemoArgs& args,
   REFIT_RETURN_IF_ERROR(WriteKeyFile(key_file));
   REFIT_ASSIGN_OR_RETURN(Authenticator auth,
                          Authenticator::FromKeyFile(key_file));
-  REFIT_ASSIGN_OR_RETURN(std::unique_ptr<ObjectStore> store,
-                         OpenObjectStore(out.store));
-  REFIT_ASSIGN_OR_RETURN(auto existing, store->List(""));
+  // The publisher's store: the relay root (written through to the
+  // directory store), or the directory store itself.
+  std::unique_ptr<ObjectStore> store;
+  RelayRootStore* root = nullptr;
+  if (relay) {
+    RelayOptions root_options;
+    root_options.log_to_stderr = false;  // a killed child is expected
+    REFIT_ASSIGN_OR_RETURN(
+        std::unique_ptr<RelayRootStore> r,
+        RelayRootStore::Open("127.0.0.1:0", store_url, root_options));
+    root = r.get();
+    store = std::move(r);
+  } else {
+    REFIT_ASSIGN_OR_RETURN(store, OpenObjectStore(store_url));
+  }
+  ObjectStore* durable = root ? root->durable() : store.get();
+  REFIT_ASSIGN_OR_RETURN(auto existing, durable->List(""));
   if (!existing.empty()) {
-    return FailedPreconditionError("--store '" + out.store +
+    return FailedPreconditionError("--store '" + store_url +
                                    "' is not empty; give the demo a new one");
   }
+  out.store = store->Describe();
 
   std::string baseline = dir.File("publisher.safetensors");
   REFIT_RETURN_IF_ERROR(CopyCheckpoint(trajectory.steps[0], baseline));
@@ -587,12 +630,49 @@ Result<Distribution> RunDistribution(const DemoArgs& args,
   REFIT_ASSIGN_OR_RETURN(std::unique_ptr<Publisher> publisher,
                          Publisher::Open(store.get(), baseline, popt));
 
-  ReceiverFleet fleet(exe.string(), out.store, key_file,
-                      static_cast<int64_t>(versions));
+  // Each receiver's transport flags. In the tree, members with children
+  // listen on a fixed free port, so a restarted member keeps its address;
+  // leaves listen on nothing. The victim (the last member) is a leaf.
+  std::vector<std::vector<std::string>> transport(
+      static_cast<size_t>(sync.receivers));
+  std::vector<int> parents;
+  if (relay) {
+    REFIT_ASSIGN_OR_RETURN(parents,
+                           RelayTreeParents(sync.receivers, sync.fanout));
+    std::vector<std::string> listen(parents.size());
+    for (int p : parents) {
+      if (p >= 0 && listen[static_cast<size_t>(p)].empty()) {
+        REFIT_ASSIGN_OR_RETURN(int port, FreeLoopbackPort());
+        listen[static_cast<size_t>(p)] = fmt::format("127.0.0.1:{}", port);
+      }
+    }
+    std::map<int, std::string> under;  // parent -> "r2,r3"
+    for (size_t i = 0; i < parents.size(); ++i) {
+      const int p = parents[i];
+      std::string& names = under[p];
+      names += (names.empty() ? "" : ",") + popt.members[i];
+      transport[i] = {"--relay-parent",
+                      p < 0 ? root->root()->listen_address()
+                            : listen[static_cast<size_t>(p)],
+                      "--relay-parent-timeout-ms", "30000"};
+      if (!listen[i].empty()) {
+        transport[i].insert(transport[i].end(), {"--relay-listen", listen[i]});
+      }
+    }
+    for (const auto& [p, names] : under) {
+      out.tree += fmt::format(
+          "{}{} <- {}", out.tree.empty() ? "" : "; ", names,
+          p < 0 ? std::string("root") : popt.members[static_cast<size_t>(p)]);
+    }
+  } else {
+    for (auto& t : transport) t = {"--store", store_url};
+  }
+  ReceiverFleet fleet(exe.string(), key_file, static_cast<int64_t>(versions));
   std::vector<std::string> checkpoints;
   for (int i = 0; i < sync.receivers; ++i) {
     std::string rdir = dir.File(fmt::format("r{}", i));
     REFIT_RETURN_IF_ERROR(fleet.Add(popt.members[static_cast<size_t>(i)],
+                                    transport[static_cast<size_t>(i)],
                                     trajectory.steps[0], rdir));
     checkpoints.push_back(fleet.at(static_cast<size_t>(i)).checkpoint);
   }
@@ -678,12 +758,20 @@ Result<Distribution> RunDistribution(const DemoArgs& args,
       for (auto [i, status] : fleet.Reap()) {
         ReceiverProcess& r = fleet.at(i);
         if (WIFSIGNALED(status)) {
+          std::string rejoin;
+          if (relay) {
+            const int p = parents[i];
+            rejoin =
+                fmt::format("; it reconnects to its parent {} for a replay",
+                            p < 0 ? std::string("(the root)")
+                                  : fleet.at(static_cast<size_t>(p)).member);
+          }
           row.events.push_back(fmt::format(
               "{} was killed by signal {}{} in the middle of version {} "
-              "(active {}); restarted",
+              "(active {}); restarted{}",
               r.member, WTERMSIG(status),
               WTERMSIG(status) == SIGKILL ? " (SIGKILL)" : "", v,
-              fleet.Active(i)));
+              fleet.Active(i), rejoin));
           if (Status s = fleet.Start(i); !s.ok()) failure = s;
           continue;
         }
@@ -796,19 +884,30 @@ Result<Distribution> RunDistribution(const DemoArgs& args,
 double Seconds(double bytes, double gbit) { return bytes * 8 / (gbit * 1e9); }
 
 void PrintDistribution(const Distribution& d) {
-  fmt::print(
-      "trainer (this process) -> {} `refit receive` processes through the "
-      "store {} (HMAC-SHA256 authenticated); each receiver patches its own "
-      "copy of step0 in place, votes, and activates after the joint commit\n",
-      d.receivers, d.store);
+  if (d.transport == "relay") {
+    fmt::print(
+        "trainer (this process, the {}) -> {} `refit receive` processes in "
+        "a relay tree on loopback, fan-out {}: {} (HMAC-SHA256 "
+        "authenticated); each receiver patches its own copy of step0 in "
+        "place, votes, and activates after the joint commit\n",
+        d.store, d.receivers, d.fanout, d.tree);
+  } else {
+    fmt::print(
+        "trainer (this process) -> {} `refit receive` processes through the "
+        "store {} (HMAC-SHA256 authenticated); each receiver patches its own "
+        "copy of step0 in place, votes, and activates after the joint "
+        "commit\n",
+        d.receivers, d.store);
+  }
   if (!d.crash.empty()) fmt::print("crash: {}, then restarted\n", d.crash);
   fmt::print(
       "measured: refit = publish start -> every receiver's `active` file "
       "names the version (encode, upload, apply, fsync, vote, decision, "
-      "activate), on this machine's local store.\n"
+      "activate), on this machine ({}).\n"
       "computed at {} Gbit/s: full = full bytes / link; refit@link = "
       "max(measured "
       "refit, payload / link); speedup = full / refit@link.\n\n",
+      d.transport == "relay" ? "relay tree over loopback TCP" : "local store",
       d.link_gbit);
   fmt::print(
       "{:<7} {:>8} {:>10} {:>10} {:>7} {:>9} {:>9} {:>9} {:>10} {:>10} "
@@ -882,9 +981,11 @@ Json DistributionJson(const Distribution& d) {
          {"publisher_bit_exact", r.baseline_exact},
          {"events", r.events}});
   }
-  return {{"store", d.store},         {"receivers", d.receivers},
-          {"link_gbit", d.link_gbit}, {"crash", d.crash},
-          {"ok", d.all_ok},           {"versions", versions}};
+  return {{"store", d.store},         {"transport", d.transport},
+          {"fanout", d.fanout},       {"tree", d.tree},
+          {"receivers", d.receivers}, {"link_gbit", d.link_gbit},
+          {"crash", d.crash},         {"ok", d.all_ok},
+          {"versions", versions}};
 }
 
 }  // namespace

@@ -174,6 +174,7 @@ int Main(int argc, char** argv) {
       "fixture folder (qwen2-tiny), against the entropy bound "
       "and the zstd and overwrite baselines");
   AddJson(bench_cmd, &bench.json);
+  auto run_bench_sync = RegisterBenchSync(bench_cmd);
   RegisterSyncCommands(&app, &sync);
 
   if (argc <= 1) {
@@ -214,6 +215,9 @@ int Main(int argc, char** argv) {
     bench.json |= global_json;
     for (int i = 0; i < argc; ++i) {
       bench.command_line += (i ? " " : "") + std::string(argv[i]);
+    }
+    if (bench_cmd->got_subcommand("sync")) {
+      return run_bench_sync(bench.json, bench.command_line);
     }
     return RunBench(bench);
   }

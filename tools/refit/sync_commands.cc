@@ -6,6 +6,7 @@
 #include <signal.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <csignal>
@@ -25,8 +26,135 @@
 #include "sync/publisher.h"
 #include "sync/receiver.h"
 #include "transport/object_store.h"
+#include "transport/relay_store.h"
 
 namespace refit::cli {
+
+// ---------------------------------------------------------------- relay
+
+std::string RelayDoneKey(uint64_t version, const std::string& member) {
+  return VoteKey(version, member) + "/done";
+}
+
+Result<std::unique_ptr<RelayRootStore>> RelayRootStore::Open(
+    const std::string& listen, const std::string& durable_url,
+    RelayOptions options) {
+  std::unique_ptr<ObjectStore> durable;
+  if (!durable_url.empty()) {
+    REFIT_ASSIGN_OR_RETURN(durable, OpenObjectStore(durable_url));
+  }
+  REFIT_ASSIGN_OR_RETURN(std::unique_ptr<RelayStore> root,
+                         RelayStore::Root(listen, std::move(options)));
+  return std::unique_ptr<RelayRootStore>(
+      new RelayRootStore(std::move(root), std::move(durable)));
+}
+
+Status RelayRootStore::Seed(int versions) {
+  if (!durable_) return Status();
+  auto copy = [&](const std::string& key, bool once) -> Status {
+    REFIT_ASSIGN_OR_RETURN(std::vector<uint8_t> bytes, durable_->Get(key));
+    Status s = once ? root_->PutIfAbsent(key, bytes) : root_->Put(key, bytes);
+    return s.code() == StatusCode::kAlreadyExists ? Status() : s;
+  };
+  if (Status s = copy(kHeadKey, false);
+      !s.ok() && s.code() != StatusCode::kNotFound) {
+    return s;
+  }
+  REFIT_ASSIGN_OR_RETURN(std::vector<ObjectInfo> index,
+                         durable_->List("index/"));
+  std::vector<uint64_t> listed;
+  for (const ObjectInfo& o : index) {
+    listed.push_back(std::strtoull(o.key.c_str() + 6, nullptr, 10));
+  }
+  std::sort(listed.begin(), listed.end());
+  size_t first = listed.size() > static_cast<size_t>(std::max(versions, 0))
+                     ? listed.size() - static_cast<size_t>(versions)
+                     : 0;
+  for (size_t i = first; i < listed.size(); ++i) {
+    const uint64_t v = listed[i];
+    const std::string prefix = VersionPrefix(v);
+    REFIT_ASSIGN_OR_RETURN(std::vector<ObjectInfo> objects,
+                           durable_->List(prefix));
+    // Receivers rely on the order: chunks (and re-sends) before the
+    // manifest, the manifest before index/<V>, the decision last.
+    for (const ObjectInfo& o : objects) {
+      std::string_view rest = std::string_view(o.key).substr(prefix.size());
+      if (rest.starts_with("chunk/") || rest.starts_with("resend/")) {
+        REFIT_RETURN_IF_ERROR(copy(o.key, false));
+      }
+    }
+    REFIT_RETURN_IF_ERROR(copy(ManifestKey(v), false));
+    REFIT_RETURN_IF_ERROR(copy(IndexKey(v), false));
+    if (Status s = copy(DecisionKey(v), true);
+        !s.ok() && s.code() != StatusCode::kNotFound) {
+      return s;
+    }
+  }
+  return Status();
+}
+
+Status RelayRootStore::MirrorUpward(uint64_t version) {
+  if (!durable_) return Status();
+  for (const char* kind : {"vote/", "request/"}) {
+    const std::string prefix = VersionPrefix(version) + kind;
+    REFIT_ASSIGN_OR_RETURN(std::vector<ObjectInfo> objects,
+                           root_->List(prefix));
+    for (const ObjectInfo& o : objects) {
+      // One segment after the prefix: a vote or request, not a done report.
+      if (o.key.find('/', prefix.size()) != std::string::npos) continue;
+      Result<std::vector<uint8_t>> bytes = root_->Get(o.key);
+      if (!bytes.ok()) continue;  // evicted meanwhile
+      REFIT_RETURN_IF_ERROR(durable_->Put(o.key, *bytes));
+    }
+  }
+  return Status();
+}
+
+std::string RelayRootStore::Describe() const {
+  std::string d = "relay root " + root_->listen_address();
+  if (durable_) d += " (written through to " + durable_->Describe() + ")";
+  return d;
+}
+
+Status RelayRootStore::Put(std::string_view key,
+                           std::span<const uint8_t> data) {
+  if (durable_) REFIT_RETURN_IF_ERROR(durable_->Put(key, data));
+  return root_->Put(key, data);
+}
+
+Status RelayRootStore::PutIfAbsent(std::string_view key,
+                                   std::span<const uint8_t> data) {
+  if (!durable_) return root_->PutIfAbsent(key, data);
+  Status decided = durable_->PutIfAbsent(key, data);
+  if (decided.ok()) {
+    Status s = root_->PutIfAbsent(key, data);
+    return s.code() == StatusCode::kAlreadyExists ? Status() : s;
+  }
+  if (decided.code() != StatusCode::kAlreadyExists) return decided;
+  // Lost to an earlier writer: the tree gets the winner's bytes.
+  REFIT_ASSIGN_OR_RETURN(std::vector<uint8_t> winner, durable_->Get(key));
+  Status s = root_->PutIfAbsent(key, winner);
+  if (!s.ok() && s.code() != StatusCode::kAlreadyExists) return s;
+  return decided;
+}
+
+Result<std::vector<uint8_t>> RelayRootStore::Get(std::string_view key) {
+  Result<std::vector<uint8_t>> r = root_->Get(key);
+  if (r.ok() || !durable_ || r.status().code() != StatusCode::kNotFound) {
+    return r;
+  }
+  return durable_->Get(key);
+}
+
+Result<std::vector<ObjectInfo>> RelayRootStore::List(std::string_view prefix) {
+  return root_->List(prefix);
+}
+
+Status RelayRootStore::Delete(std::string_view key) {
+  if (durable_) REFIT_RETURN_IF_ERROR(durable_->Delete(key));
+  return root_->Delete(key);
+}
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -48,10 +176,10 @@ Result<uint64_t> ChunkBytes(double chunk_mib) {
 // One compact JSON object per line (JSON Lines), flushed at once so a
 // reader following the output (or a crash right after) sees whole lines.
 void PrintJsonLine(const Json& j) {
+  // One fwrite per line: the relay watcher thread prints lines too.
   std::string text =
-      j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+      j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
   std::fwrite(text.data(), 1, text.size(), stdout);
-  std::fputc('\n', stdout);
   std::fflush(stdout);
 }
 
@@ -144,6 +272,94 @@ void PrintPublishText(const PublishArgs& args, const std::string& where,
   fmt::print("  total         {}\n", HumanSeconds(r.seconds));
 }
 
+// The root of `publish --relay-listen`: seeded from the durable store when
+// there is one; otherwise it starts empty, and its head is the committed
+// version the caller says the baseline holds.
+Result<std::unique_ptr<RelayRootStore>> OpenRelayRoot(
+    const std::string& listen, const std::string& durable_url,
+    const Authenticator& auth, uint64_t base_version) {
+  RelayOptions options;
+  REFIT_ASSIGN_OR_RETURN(std::unique_ptr<RelayRootStore> relay,
+                         RelayRootStore::Open(listen, durable_url, options));
+  if (relay->durable() != nullptr) {
+    REFIT_RETURN_IF_ERROR(relay->Seed(options.keep_versions)
+                              .WithContext("seeding the relay root from " +
+                                           relay->durable()->Describe()));
+  } else {
+    REFIT_RETURN_IF_ERROR(
+        relay->Put(kHeadKey, auth.Seal(EncodeHead(base_version))));
+  }
+  return relay;
+}
+
+struct TreeWait {
+  std::vector<std::string> done;     // members that reported the version
+  std::vector<std::string> missing;  // not by the deadline (dropped excepted)
+  double seconds = 0;
+};
+
+// Serves re-sends and the tree until every member not in `dropped` put its
+// RelayDoneKey for `version` (sealed with the store's key), at most
+// `wait_ms`.
+Result<TreeWait> WaitForTree(RelayRootStore* relay, Publisher* publisher,
+                             const Authenticator& auth, uint64_t version,
+                             const std::vector<std::string>& members,
+                             const std::vector<std::string>& dropped,
+                             int wait_ms) {
+  Stopwatch clock;
+  TreeWait w;
+  std::vector<std::string> waiting;
+  for (const std::string& m : members) {
+    if (std::find(dropped.begin(), dropped.end(), m) == dropped.end()) {
+      waiting.push_back(m);
+    }
+  }
+  for (;;) {
+    for (auto it = waiting.begin(); it != waiting.end();) {
+      Result<std::vector<uint8_t>> b =
+          relay->root()->Get(RelayDoneKey(version, *it));
+      if (b.ok() && auth.Open(*b).ok()) {
+        w.done.push_back(*it);
+        it = waiting.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    if (waiting.empty() || clock.Seconds() * 1000 >= wait_ms) break;
+    REFIT_RETURN_IF_ERROR(publisher->Serve(version, 20));
+  }
+  w.missing = waiting;
+  w.seconds = clock.Seconds();
+  return w;
+}
+
+Json TreeJson(const RelayRootStore& relay, const TreeWait& w) {
+  RelayStatus st = relay.root()->status();
+  return {{"listen", st.listen_address},
+          {"durable", relay.durable() ? relay.durable()->Describe() : ""},
+          {"children", st.children},
+          {"members_done", w.done},
+          {"members_missing", w.missing},
+          {"wait_seconds", w.seconds},
+          {"last_error", st.last_error.ok() ? "" : st.last_error.ToString()}};
+}
+
+void PrintTreeText(const RelayRootStore& relay, const TreeWait& w) {
+  RelayStatus st = relay.root()->status();
+  std::string missing;
+  for (const std::string& m : w.missing) {
+    missing += (missing.empty() ? "" : ",") + m;
+  }
+  fmt::print(
+      "  relay tree    root {}, {} child link(s); {} member(s) done in {}{}\n",
+      st.listen_address, st.children, w.done.size(), HumanSeconds(w.seconds),
+      missing.empty()
+          ? ""
+          : fmt::format("; NOT CONFIRMED by the deadline: {} (they "
+                        "catch up from the next root{})",
+                        missing, relay.durable() ? "" : " only with --store"));
+}
+
 }  // namespace
 
 int RunPublish(const PublishArgs& args) {
@@ -166,7 +382,26 @@ int RunPublish(const PublishArgs& args) {
   if (Status s = CheckExists(args.target, "TARGET"); !s.ok()) return fail(s);
   Result<Authenticator> auth = LoadAuth(args.key_file);
   if (!auth.ok()) return fail(auth.status());
-  Result<std::unique_ptr<ObjectStore>> store = OpenObjectStore(args.store);
+  if (args.store.empty() && args.relay_listen.empty()) {
+    return fail(InvalidArgumentError("give --store, --relay-listen, or both"));
+  }
+  if (args.base_version != 0 &&
+      (args.relay_listen.empty() || !args.store.empty())) {
+    return fail(InvalidArgumentError(
+        "--base-version is for --relay-listen without --store only (a "
+        "store records the committed version itself)"));
+  }
+  Result<std::unique_ptr<ObjectStore>> store = InternalError("not opened");
+  RelayRootStore* relay = nullptr;
+  if (args.relay_listen.empty()) {
+    store = OpenObjectStore(args.store);
+  } else {
+    Result<std::unique_ptr<RelayRootStore>> r =
+        OpenRelayRoot(args.relay_listen, args.store, *auth, args.base_version);
+    if (!r.ok()) return fail(r.status());
+    relay = r->get();
+    store = std::unique_ptr<ObjectStore>(std::move(*r));
+  }
   if (!store.ok()) return fail(store.status());
 
   PublisherOptions options;
@@ -223,7 +458,20 @@ int RunPublish(const PublishArgs& args) {
     // Publish() reports no encoding when it followed an earlier decision.
     already_decided = report.diff.tensors == 0;
   }
-  if (args.serve_ms > 0) {
+  std::optional<TreeWait> tree;
+  if (relay != nullptr) {
+    // Objects flow only while this process (the root) lives: serve until
+    // every member has finished the version, or the deadline.
+    int wait_ms = args.serve_ms > 0 ? args.serve_ms : args.vote_timeout_ms;
+    Result<TreeWait> w =
+        WaitForTree(relay, publisher->get(), *auth, args.version, args.members,
+                    report.dropped, wait_ms);
+    if (!w.ok()) return fail(w.status().WithContext("serving the relay tree"));
+    tree = *w;
+    if (Status s = relay->MirrorUpward(args.version); !s.ok()) {
+      return fail(s.WithContext("copying votes to the durable store"));
+    }
+  } else if (args.serve_ms > 0) {
     if (Status s = (*publisher)->Serve(args.version, args.serve_ms); !s.ok()) {
       return fail(s.WithContext("serving re-sends"));
     }
@@ -234,10 +482,13 @@ int RunPublish(const PublishArgs& args) {
     resend_objects = listed->size();
   }
   if (args.json) {
-    PrintJson(PublishJson(args, report, already_decided, resend_objects));
+    Json j = PublishJson(args, report, already_decided, resend_objects);
+    if (tree) j["relay"] = TreeJson(*relay, *tree);
+    PrintJson(j);
   } else {
     PrintPublishText(args, (*store)->Describe(), report, already_decided,
                      resend_objects);
+    if (tree) PrintTreeText(*relay, *tree);
   }
   if (!report.committed) {
     fmt::print(stderr,
@@ -291,6 +542,8 @@ const char* OutcomeName(StepResult::Outcome o) {
       return "aborted";
     case StepResult::Outcome::kCaughtUp:
       return "caught-up";
+    case StepResult::Outcome::kSnapshot:
+      return "snapshot";
   }
   return "?";
 }
@@ -316,6 +569,118 @@ void ClearLastError(const std::string& state_dir) {
   fs::remove(state_dir + "/last_error", ec);
 }
 
+// Watches a relay node's parent link on its own thread: a parent not
+// connected for RelayOptions::dead_after_ms is reported (stderr or a JSON
+// "relay" event, and STATE/last_error), its return too; after `give_up_ms`
+// (0 = never) gave_up() turns true and the receiver exits.
+class ParentWatch {
+ public:
+  ParentWatch(RelayStore* node, std::string parent, std::string state,
+              int give_up_ms, bool json)
+      : node_(node),
+        parent_(std::move(parent)),
+        state_(std::move(state)),
+        give_up_ms_(give_up_ms),
+        json_(json),
+        thread_([this] { Run(); }) {}
+  ~ParentWatch() {
+    stop_ = true;
+    thread_.join();
+  }
+  ParentWatch(const ParentWatch&) = delete;
+  ParentWatch& operator=(const ParentWatch&) = delete;
+
+  bool gave_up() const { return gave_up_; }
+  std::string why() const {
+    Status last = node_->last_error();
+    return fmt::format("relay parent {} unreachable for {} ms, giving up{}",
+                       parent_, give_up_ms_,
+                       last.ok() ? "" : " (" + last.ToString() + ")");
+  }
+
+ private:
+  void Report(bool up, double seconds, const Status& last) {
+    std::string what =
+        up ? fmt::format("relay parent {} reachable again", parent_)
+           : fmt::format("relay parent {} unreachable for {:.1f} s{}", parent_,
+                         seconds, last.ok() ? "" : ": " + last.ToString());
+    if (!up) RecordLastError(state_, UnavailableError(what), true);
+    if (json_) {
+      PrintJsonLine({{"event", "relay"},
+                     {"parent", parent_},
+                     {"parent_connected", up},
+                     {"message", what}});
+    } else {
+      fmt::print(stderr, "refit: receive: {}\n", what);
+    }
+  }
+
+  void Run() {
+    using Clock = std::chrono::steady_clock;
+    const int dead_ms = RelayOptions().dead_after_ms;
+    bool lost = false;
+    Clock::time_point lost_at;  // since when the parent is not connected
+    bool reported = false;
+    while (!stop_) {
+      RelayStatus st = node_->status();
+      if (st.parent_connected) {
+        if (reported) Report(true, 0, Status());
+        lost = false;
+        reported = false;
+      } else {
+        if (!lost) lost_at = Clock::now();
+        lost = true;
+        double ms =
+            std::chrono::duration<double, std::milli>(Clock::now() - lost_at)
+                .count();
+        if (!reported && ms >= dead_ms) {
+          Report(false, ms / 1000, st.last_error);
+          reported = true;
+        }
+        if (give_up_ms_ > 0 && ms >= give_up_ms_) gave_up_ = true;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+  }
+
+  RelayStore* node_;
+  std::string parent_;
+  std::string state_;
+  int give_up_ms_;
+  bool json_;
+  std::atomic<bool> stop_{false};
+  std::atomic<bool> gave_up_{false};
+  std::thread thread_;  // last: starts after the members above
+};
+
+// Before a relay node's process ends: waits until the last done report
+// has likely left (a frame went out after it), and, for a node
+// that accepts children, until none has been connected for a second (a
+// restarting child reconnects well within that), at most `linger_ms`.
+void LingerForTree(RelayStore* node, bool has_listener, uint64_t done_frames,
+                   int linger_ms) {
+  using Clock = std::chrono::steady_clock;
+  constexpr auto kQuiet = std::chrono::seconds(1);
+  Stopwatch clock;
+  bool quiet = false;
+  Clock::time_point quiet_since;  // no child connected since then
+  while (clock.Seconds() * 1000 < linger_ms && g_stop_signal == 0) {
+    RelayStatus st = node->status();
+    // frames_out counts every link's frames: a heuristic, bounded below.
+    bool sent = st.frames_out > done_frames;
+    if (st.children > 0) {
+      quiet = false;
+    } else if (!quiet) {
+      quiet = true;
+      quiet_since = Clock::now();
+    }
+    bool children_done =
+        !has_listener || (quiet && Clock::now() - quiet_since >= kQuiet);
+    if (sent && children_done) return;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+}
+
 }  // namespace
 
 int RunReceive(const ReceiveArgs& args) {
@@ -339,7 +704,31 @@ int RunReceive(const ReceiveArgs& args) {
   }
   Result<Authenticator> auth = LoadAuth(args.key_file);
   if (!auth.ok()) return fail(auth.status());
-  Result<std::unique_ptr<ObjectStore>> store = OpenObjectStore(args.store);
+  if (args.store.empty() == args.relay_parent.empty()) {
+    return fail(
+        InvalidArgumentError("give exactly one of --store and --relay-parent"));
+  }
+  if (args.relay_parent.empty() && !args.relay_listen.empty()) {
+    return fail(InvalidArgumentError("--relay-listen needs --relay-parent"));
+  }
+  if (args.relay_parent_timeout_ms < 0 || args.relay_linger_ms < 0) {
+    return fail(InvalidArgumentError("timeouts must not be negative"));
+  }
+  Result<std::unique_ptr<ObjectStore>> store = InternalError("not opened");
+  RelayStore* node = nullptr;
+  if (args.relay_parent.empty()) {
+    store = OpenObjectStore(args.store);
+  } else {
+    RelayOptions relay_options;
+    // Publisher processes come and go (one root per `publish`): find the
+    // next one soon after it binds.
+    relay_options.reconnect_max_ms = 500;
+    Result<std::unique_ptr<RelayStore>> n = RelayStore::Node(
+        args.member, args.relay_parent, args.relay_listen, relay_options);
+    if (!n.ok()) return fail(n.status());
+    node = n->get();
+    store = std::unique_ptr<ObjectStore>(std::move(*n));
+  }
   if (!store.ok()) return fail(store.status());
 
   ReceiverOptions options;
@@ -374,6 +763,10 @@ int RunReceive(const ReceiveArgs& args) {
                      {"chunks_journaled", journal->applied.size()},
                      {"voted", journal->voted}};
     }
+    if (node != nullptr) {
+      j["relay"] = {{"parent", args.relay_parent},
+                    {"listen", node->listen_address()}};
+    }
     PrintJsonLine(j);
   } else {
     fmt::print("refit receive: member {} at version {}, following {}\n",
@@ -385,10 +778,47 @@ int RunReceive(const ReceiveArgs& args) {
           journal->version, journal->applied.size(),
           journal->voted ? ", voted" : "");
     }
+    if (node != nullptr) {
+      fmt::print("  relay node: parent {}, {}\n", args.relay_parent,
+                 node->listen_address().empty()
+                     ? std::string("a leaf (no listener)")
+                     : "children connect to " + node->listen_address());
+    }
     std::fflush(stdout);
   }
 
+  // On a relay node: report each finished version up the tree (publish
+  // serves the tree until every member did), and watch the parent link.
+  uint64_t done_frames = 0;  // frames_out just before the last report
+  auto report_done = [&](uint64_t version) {
+    if (node == nullptr || version == 0) return;
+    std::string body = fmt::format("done {}", version);
+    done_frames = node->status().frames_out;  // before: the send is async
+    Status s = node->Put(
+        RelayDoneKey(version, args.member),
+        auth->Seal(std::span<const uint8_t>(
+            reinterpret_cast<const uint8_t*>(body.data()), body.size())));
+    if (!s.ok()) {
+      fmt::print(stderr, "refit: receive: reporting version {}: {}\n", version,
+                 s.ToString());
+    }
+  };
+  // A restarted member reports where it is, in case its last report was
+  // lost with the process.
+  report_done(receiver.active_version());
+  std::optional<ParentWatch> watch;
+  if (node != nullptr) {
+    watch.emplace(node, args.relay_parent, args.state,
+                  args.relay_parent_timeout_ms, args.json);
+  }
+
   auto finish = [&](std::string_view why) {
+    if (node != nullptr && why.find("signal") == std::string_view::npos) {
+      // Children may still need what this node forwards, and the last
+      // report must leave before the process (and the node) ends.
+      LingerForTree(node, !args.relay_listen.empty(), done_frames,
+                    args.relay_linger_ms);
+    }
     if (args.json) {
       PrintJsonLine({{"event", "exit"},
                      {"reason", std::string(why)},
@@ -403,6 +833,11 @@ int RunReceive(const ReceiveArgs& args) {
 
   int backoff_ms = 0;
   for (;;) {
+    if (watch && watch->gave_up()) {
+      Status s = UnavailableError(watch->why());
+      RecordLastError(args.state, s, false);
+      return fail(s);
+    }
     if (g_stop_signal != 0) {
       return finish(fmt::format("stopped by signal {}", int{g_stop_signal}));
     }
@@ -413,7 +848,11 @@ int RunReceive(const ReceiveArgs& args) {
     Result<StepResult> step = receiver.Step();
     if (!step.ok()) {
       const Status& s = step.status();
-      bool transient = IsTransient(s.code());
+      // On a relay node an object can be missing only for now: a node that
+      // just (re)started resumes its journaled version before its parent's
+      // replay has delivered the manifest.
+      bool transient = IsTransient(s.code()) ||
+                       (node != nullptr && s.code() == StatusCode::kNotFound);
       RecordLastError(args.state, s, transient);
       if (!transient) return fail(s);
       // Exponential backoff: poll interval doubling up to 5 s.
@@ -437,6 +876,7 @@ int RunReceive(const ReceiveArgs& args) {
       continue;
     }
     ClearLastError(args.state);
+    report_done(r.version);
     if (args.json) {
       PrintJsonLine({{"event", "version"},
                      {"version", r.version},
@@ -720,8 +1160,19 @@ void RegisterSyncCommands(CLI::App* app, SyncCommandArgs* args) {
       "already made.");
   args->publish_cmd = pub;
   pub->add_option("--store", p.store,
-                  "store URL: a directory, file:///dir or s3://bucket/prefix")
-      ->required();
+                  "store URL: a directory, file:///dir or s3://bucket/prefix; "
+                  "with --relay-listen, the durable copy every object is "
+                  "also written to (and the new root is seeded from)");
+  pub->add_option("--relay-listen", p.relay_listen,
+                  "HOST:PORT: publish as the root of a relay tree listening "
+                  "there (receivers use --relay-parent). The root lives in "
+                  "this process only: publish serves the tree until every "
+                  "member finished the version, at most --serve-ms (default "
+                  "then: --vote-timeout-ms)");
+  pub->add_option("--base-version", p.base_version,
+                  "--relay-listen without --store only: the committed "
+                  "version --baseline holds (a bare root records none)")
+      ->capture_default_str();
   pub->add_option("--baseline", p.baseline,
                   "the publisher's own copy of the committed version; "
                   "advanced in place on commit")
@@ -755,7 +1206,8 @@ void RegisterSyncCommands(CLI::App* app, SyncCommandArgs* args) {
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
   pub->add_option("--serve-ms", p.serve_ms,
-                  "after the decision, keep serving re-send requests this long")
+                  "after the decision, keep serving re-send requests this "
+                  "long; with --relay-listen, the most to wait for members")
       ->capture_default_str();
   pub->add_option("--poll-ms", p.poll_ms, "how often to look for votes")
       ->capture_default_str();
@@ -766,7 +1218,11 @@ void RegisterSyncCommands(CLI::App* app, SyncCommandArgs* args) {
       "codes as in `refit --help`.\nExample: refit publish --store "
       "/shared/run7 "
       "--baseline pub/model.safetensors --members r0,r1 --version 1 "
-      "step1.safetensors",
+      "step1.safetensors\nRelay tree: refit publish --relay-listen "
+      "0.0.0.0:7070 --store /shared/run7 ... (receivers: refit receive "
+      "--relay-parent trainer:7070 ...). Objects flow only while a publish "
+      "runs; with --store a later publish seeds its root from the store, "
+      "so the tree resumes where it was.",
       kExitAborted));
 
   ReceiveArgs& r = args->receive;
@@ -778,7 +1234,23 @@ void RegisterSyncCommands(CLI::App* app, SyncCommandArgs* args) {
       "between versions; a second signal stops it at once, safely), until "
       "--until, or after one version with --once.");
   args->receive_cmd = rcv;
-  rcv->add_option("--store", r.store, "store URL (as for publish)")->required();
+  rcv->add_option("--store", r.store, "store URL (as for publish)");
+  rcv->add_option("--relay-parent", r.relay_parent,
+                  "HOST:PORT of the parent in a relay tree (publish's "
+                  "--relay-listen, or another receiver's); instead of "
+                  "--store. Reconnects with backoff while it is down");
+  rcv->add_option("--relay-listen", r.relay_listen,
+                  "HOST:PORT where this node's children connect (port 0: "
+                  "any, printed at start); none: a leaf");
+  rcv->add_option("--relay-parent-timeout-ms", r.relay_parent_timeout_ms,
+                  "exit (code of UNAVAILABLE) after the parent was "
+                  "unreachable this long; 0 = keep retrying (it is reported "
+                  "after 5 s either way)")
+      ->capture_default_str();
+  rcv->add_option("--relay-linger-ms", r.relay_linger_ms,
+                  "on --until/--once, keep forwarding to children until "
+                  "none is connected, at most this long")
+      ->capture_default_str();
   rcv->add_option("--member", r.member, "this receiver's name")->required();
   rcv->add_option("--checkpoint", r.checkpoint,
                   "the checkpoint to keep in sync, patched in place")
@@ -840,7 +1312,20 @@ void RegisterSyncDemoOptions(CLI::App* demo_cmd, DemoArgs* demo,
       ->check(CLI::Range(1, 64));
   demo_cmd->add_option("--store", sync->store,
                        "store URL for the distribution section (must be "
-                       "empty); default: a directory in the scratch dir");
+                       "empty); default: a directory in the scratch dir. "
+                       "With --transport relay every object is written "
+                       "through to it");
+  demo_cmd
+      ->add_option("--transport", sync->transport,
+                   "relay: receivers form a relay tree on 127.0.0.1 under "
+                   "this process (the root); dir: they read the store")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"relay", "dir"}));
+  demo_cmd
+      ->add_option("--fanout", sync->fanout,
+                   "children per endpoint of the relay tree")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 64));
   demo_cmd
       ->add_option("--link-gbit", sync->link_gbit,
                    "link speed in Gbit/s for the computed transfer times")

@@ -7,8 +7,11 @@
 // These commands link the internal refit_sync library (src/sync), which is
 // accepted for the CLI's distribution commands; the codec commands
 // (commands.h) use only the public headers. Every store is opened by URL
-// through OpenObjectStore, so whatever transport it learns (a relay tree,
-// later) works here unchanged.
+// through OpenObjectStore, or is one endpoint of a relay tree
+// (transport/relay_store.h, docs/protocol.md "Relay tree"): `publish
+// --relay-listen` makes the publisher's store the tree's root (written
+// through to a durable --store when one is given, see RelayRootStore),
+// `receive --relay-parent` makes the receiver's store a node.
 //
 // Exit codes: cli_util.h's map, plus kExitAborted (8) for a version that
 // was decided abort. Nothing here is thread-safe.
@@ -22,6 +25,9 @@
 #include <vector>
 
 #include "commands.h"
+#include "sync/auth.h"
+#include "transport/object_store.h"
+#include "transport/relay_store.h"
 
 namespace refit::cli {
 
@@ -29,8 +35,10 @@ namespace refit::cli {
 inline constexpr int kExitAborted = 8;
 
 struct PublishArgs {
-  std::string store;
-  std::string baseline;  // the publisher's copy of the committed version
+  std::string store;  // with relay_listen: the durable write-through copy
+  std::string relay_listen;   // non-empty: publish as a relay tree's root
+  uint64_t base_version = 0;  // relay without --store: what baseline holds
+  std::string baseline;       // the publisher's copy of the committed version
   std::vector<std::string> members;
   uint64_t version = 0;
   std::string target;
@@ -47,7 +55,11 @@ struct PublishArgs {
 int RunPublish(const PublishArgs& args);
 
 struct ReceiveArgs {
-  std::string store;
+  std::string store;                // exclusive with relay_parent
+  std::string relay_parent;         // non-empty: this store is a relay node
+  std::string relay_listen;         // where its children connect ("" = a leaf)
+  int relay_parent_timeout_ms = 0;  // give up on a dead parent; 0 = never
+  int relay_linger_ms = 10000;      // after --until: serve the children
   std::string member;
   std::string checkpoint;
   std::string state;
@@ -77,12 +89,74 @@ struct SyncDemoArgs {
   bool codec_only = false;  // only the codec table (the old `refit demo`)
   int receivers = 4;        // receiver processes
   std::string store;        // empty: a directory in the scratch dir
-  double link_gbit = 1.0;   // link speed for the computed transfer times
-  int crash_version = -1;   // -1: the middle version; 0: no crash
+  std::string transport = "relay";  // relay: a tree on loopback; dir
+  int fanout = 2;                   // of the relay tree
+  double link_gbit = 1.0;  // link speed for the computed transfer times
+  int crash_version = -1;  // -1: the middle version; 0: no crash
   std::string crash_at = "receiver.after-chunk:3";
   double chunk_mib = 1;
 };
 int RunSyncDemo(const DemoArgs& demo, const SyncDemoArgs& sync);
+
+// ------------------------------------------------------------ relay tree
+
+// The publisher's store on a relay tree: a RelayStore root, optionally
+// written through to a durable store (a directory or S3 URL).
+//   - Put / PutIfAbsent go to the durable store first, then to the root
+//     (so a decision's one authority is the durable store when there is
+//     one: its PutIfAbsent decides, and the winner's bytes are put once-only
+//     at the root).
+//   - Get / List answer from the root (votes and re-send requests arrive
+//     there only); a Get the root answers kNotFound falls back to the
+//     durable store (versions older than the root's window).
+//   - Delete acts on both.
+// The root lives in memory only, in the publishing process: Seed() puts
+// the durable store's head and newest versions into a fresh root, so a
+// new publisher process serves the same tree again (replay included).
+// Thread-safe, as its parts are.
+class RelayRootStore final : public ObjectStore {
+ public:
+  // `durable_url` empty: the root alone.
+  static Result<std::unique_ptr<RelayRootStore>> Open(
+      const std::string& listen, const std::string& durable_url,
+      RelayOptions options);
+
+  RelayStore* root() const { return root_.get(); }
+  ObjectStore* durable() const { return durable_.get(); }
+
+  // Copies into the root, oldest first and in the order a publisher writes
+  // them (chunks and re-sends, manifest, index, decision once-only), the
+  // head and the objects of the newest `versions` versions of the durable
+  // store. Upward objects (votes, requests) are not copied. A no-op
+  // without a durable store.
+  Status Seed(int versions);
+  // Copies the votes and re-send requests of `version` that reached the
+  // root to the durable store (for `refit status` there). Activation
+  // reports (RelayDoneKey) stay at the root.
+  Status MirrorUpward(uint64_t version);
+
+  std::string Describe() const override;
+  Status Put(std::string_view key, std::span<const uint8_t> data) override;
+  Status PutIfAbsent(std::string_view key,
+                     std::span<const uint8_t> data) override;
+  Result<std::vector<uint8_t>> Get(std::string_view key) override;
+  Result<std::vector<ObjectInfo>> List(std::string_view prefix) override;
+  Status Delete(std::string_view key) override;
+
+ private:
+  RelayRootStore(std::unique_ptr<RelayStore> root,
+                 std::unique_ptr<ObjectStore> durable)
+      : root_(std::move(root)), durable_(std::move(durable)) {}
+  std::unique_ptr<RelayStore> root_;
+  std::unique_ptr<ObjectStore> durable_;
+};
+
+// The key under which `receive` on a relay node reports that it finished
+// `version` (activated it, or rolled it back): "v/<V>/vote/<member>/done",
+// an upward key, so it reaches the root, where `publish` waits for every
+// member's before it stops serving the tree. Only relay stores hold it
+// (a directory store cannot: the vote is a file there).
+std::string RelayDoneKey(uint64_t version, const std::string& member);
 
 // Command-line plumbing for main.cc: registers publish, receive and status
 // on `app` (binding to `args`) and the distribution options on `demo`.

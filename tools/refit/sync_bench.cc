@@ -1,0 +1,802 @@
+// `refit bench sync`: end-to-end distribution over a bandwidth-limited link
+// (docs/benchmarks.md, "Distribution"). For each link rate and change rate
+// it publishes one version with the real Publisher to in-process Receivers
+// (threads) and measures the refit time, from the start of Publish() until
+// every receiver has activated the version, against the ideal time of the
+// bytes that crossed the link, and against sending the full checkpoint over
+// the same link.
+//
+// The link is a ThrottledStore (a token bucket with no burst) on the path
+// that crosses the cluster boundary: the publisher's store calls (its chunk,
+// manifest, index, decision and head Puts, and its reads of the votes). With
+// --throttle up (the default) the receivers read the store directly: it sits
+// on their side of the boundary. With --throttle both, the receivers' reads
+// share one more bucket at the same rate (the other direction of a
+// full-duplex link). With --relay the store is a relay tree on loopback
+// (RelayStore, root in the publisher); the link sits between the publisher
+// and the root, and the run is made with 1 receiver and with N, in the same
+// process, for the comparison.
+//
+// Versions are chained like an RL trajectory: version k is version k-1
+// evolved (synth.h, EvolveModel) at the run's change rate, and the
+// publisher's baseline and every receiver's checkpoint advance with each
+// commit, so no checkpoint is copied between runs. Objects are sealed with
+// HMAC-SHA256 as in a real deployment. Nothing here is shared between
+// threads except the stores (thread-safe) and the receivers' finish times.
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <atomic>
+#include <charconv>
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cli_util.h"
+#include "commands.h"
+#include "refit/checkpoint.h"
+#include "scratch_dir.h"
+#include "sync/auth.h"
+#include "sync/publisher.h"
+#include "sync/receiver.h"
+#include "synth.h"
+#include "transport/object_store.h"
+#include "transport/relay_store.h"
+#include "transport/test_stores.h"
+
+namespace refit::cli {
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+constexpr std::string_view kCmd = "bench sync";
+
+struct SyncBenchArgs {
+  double size_mib = 1024;
+  std::vector<std::string> rates = {"1%", "3%", "5%"};
+  std::vector<double> link_mbit = {1000, 100};
+  int receivers = 0;  // 0: 1, or 16 with --relay
+  bool relay = false;
+  int fanout = 4;
+  std::string throttle = "up";
+  std::string fixtures;  // a folder with step0/step1.safetensors
+  double chunk_mib = 8;
+  int threads = 0;
+  int upload_threads = 4;
+  int poll_ms = 20;
+  double full_measure_max_s = 40;
+  uint64_t seed = 1;
+  bool json = false;
+};
+
+double Seconds(Clock::duration d) {
+  return std::chrono::duration<double>(d).count();
+}
+
+// "1%" -> 0.01, "0.01" -> 0.01; in (0, 1].
+Result<double> ParseFraction(const std::string& text) {
+  std::string s = text;
+  bool percent = !s.empty() && s.back() == '%';
+  if (percent) s.pop_back();
+  double value = 0;
+  auto [ptr, ec] = std::from_chars(s.data(), s.data() + s.size(), value);
+  if (ec != std::errc() || ptr != s.data() + s.size()) {
+    return InvalidArgumentError(
+        fmt::format("--rates '{}' is not a number; write 1% or 0.01", text));
+  }
+  if (percent) value /= 100.0;
+  if (!(value > 0) || value > 1) {
+    return InvalidArgumentError(
+        fmt::format("--rates '{}' must be in (0, 100%]", text));
+  }
+  return value;
+}
+
+std::string CpuName() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("model name", 0) == 0) {
+      size_t colon = line.find(':');
+      size_t start = line.find_first_not_of(' ', colon + 1);
+      if (colon != std::string::npos && start != std::string::npos) {
+        return line.substr(start);
+      }
+    }
+  }
+  return "unknown CPU";
+}
+
+// Counts the payload bytes of the calls that pass through it (the bytes a
+// ThrottledStore below it charges). Thread-safe.
+class CountingStore final : public ObjectStore {
+ public:
+  explicit CountingStore(std::shared_ptr<ObjectStore> inner)
+      : inner_(std::move(inner)) {}
+  uint64_t put_bytes() const { return put_.load(); }
+  uint64_t get_bytes() const { return get_.load(); }
+
+  std::string Describe() const override { return inner_->Describe(); }
+  Status Put(std::string_view key, std::span<const uint8_t> data) override {
+    put_ += data.size();
+    return inner_->Put(key, data);
+  }
+  Status PutIfAbsent(std::string_view key,
+                     std::span<const uint8_t> data) override {
+    put_ += data.size();
+    return inner_->PutIfAbsent(key, data);
+  }
+  Result<std::vector<uint8_t>> Get(std::string_view key) override {
+    Result<std::vector<uint8_t>> r = inner_->Get(key);
+    if (r.ok()) get_ += r->size();
+    return r;
+  }
+  Result<std::vector<ObjectInfo>> List(std::string_view prefix) override {
+    return inner_->List(prefix);
+  }
+  Status Delete(std::string_view key) override { return inner_->Delete(key); }
+
+ private:
+  std::shared_ptr<ObjectStore> inner_;
+  std::atomic<uint64_t> put_{0};
+  std::atomic<uint64_t> get_{0};
+};
+
+// A read-only mapping of a whole file (the full checkpoint to send).
+class MappedFile {
+ public:
+  static Result<std::unique_ptr<MappedFile>> Open(const std::string& path) {
+    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return UnavailableError("cannot open '" + path + "'");
+    struct stat st {};
+    if (::fstat(fd, &st) != 0 || st.st_size <= 0) {
+      ::close(fd);
+      return UnavailableError("cannot stat '" + path + "'");
+    }
+    void* p = ::mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ,
+                     MAP_SHARED, fd, 0);
+    ::close(fd);
+    if (p == MAP_FAILED) return UnavailableError("cannot map '" + path + "'");
+    return std::unique_ptr<MappedFile>(new MappedFile(
+        static_cast<uint8_t*>(p), static_cast<size_t>(st.st_size)));
+  }
+  ~MappedFile() { ::munmap(data_, size_); }
+  std::span<const uint8_t> bytes() const { return {data_, size_}; }
+
+ private:
+  MappedFile(uint8_t* data, size_t size) : data_(data), size_(size) {}
+  uint8_t* data_;
+  size_t size_;
+};
+
+// One publisher and its receivers over one store (a directory, or a relay
+// tree on loopback), with their checkpoints in a scratch directory. The
+// link stores are made per version (a fresh token bucket each time).
+class Fleet {
+ public:
+  static Result<std::unique_ptr<Fleet>> Create(const SyncBenchArgs& args,
+                                               const std::string& base_path,
+                                               int receivers, bool relay) {
+    std::unique_ptr<Fleet> f(new Fleet());
+    f->args_ = &args;
+    REFIT_ASSIGN_OR_RETURN(ScratchDir dir,
+                           ScratchDir::Create("refit-syncbench"));
+    f->dir_.emplace(std::move(dir));
+    std::vector<uint8_t> key(32);
+    for (size_t i = 0; i < key.size(); ++i)
+      key[i] = static_cast<uint8_t>(i * 37 + 11);
+    REFIT_ASSIGN_OR_RETURN(f->auth_, Authenticator::Hmac(key));
+    f->publisher_ckpt_ = f->dir_->File("publisher.safetensors");
+    REFIT_RETURN_IF_ERROR(CopyCheckpoint(base_path, f->publisher_ckpt_));
+    for (int i = 0; i < receivers; ++i) {
+      std::string member = fmt::format("r{}", i);
+      f->members_.push_back(member);
+      f->ckpts_.push_back(f->dir_->File(member + ".safetensors"));
+      f->states_.push_back(f->dir_->File(member + ".state"));
+      REFIT_RETURN_IF_ERROR(CopyCheckpoint(base_path, f->ckpts_.back()));
+      std::error_code ec;
+      fs::create_directories(f->states_.back(), ec);
+      if (ec) return UnavailableError("cannot create " + f->states_.back());
+    }
+    if (relay) {
+      REFIT_RETURN_IF_ERROR(f->BuildTree());
+    } else {
+      REFIT_ASSIGN_OR_RETURN(std::unique_ptr<ObjectStore> store,
+                             OpenObjectStore(f->dir_->File("store")));
+      f->backend_ = std::move(store);
+    }
+    return f;
+  }
+
+  ~Fleet() {
+    // Leaves first, then the root: no endpoint outlives its parent's need.
+    while (!nodes_.empty()) nodes_.pop_back();
+    root_.reset();
+    backend_.reset();
+  }
+
+  int receivers() const { return static_cast<int>(members_.size()); }
+  bool relay() const { return root_ != nullptr; }
+  const std::shared_ptr<ObjectStore>& backend() const { return backend_; }
+
+  struct VersionResult {
+    uint64_t version = 0;
+    bool committed = false;
+    PublishReport publish;
+    uint64_t up_put_bytes = 0;  // bytes the publisher put through the link
+    uint64_t up_get_bytes = 0;  // bytes it read through it (votes)
+    uint64_t down_bytes = 0;    // bytes the receivers read (all of them)
+    double refit_seconds = 0;   // Publish start -> every receiver active
+    double first_active_seconds = 0;
+    double apply_seconds_max = 0;     // longest receiver ProcessVersion
+    double relay_index_seconds = -1;  // last node got index/<V> (relay only)
+    std::string error;
+  };
+
+  // Publishes `target` as the next version over a link of `bytes_per_second`
+  // and waits for every receiver to activate it.
+  Result<VersionResult> PublishVersion(const std::vector<TensorView>& target,
+                                       double bytes_per_second,
+                                       bool throttle_down) {
+    VersionResult out;
+    out.version = ++version_;
+    auto link = std::make_shared<CountingStore>(
+        std::make_shared<ThrottledStore>(backend_, bytes_per_second));
+    PublisherOptions popt;
+    popt.members = members_;
+    popt.auth = auth_;
+    popt.diff.chunk_bytes =
+        static_cast<uint64_t>(std::llround(args_->chunk_mib * (1 << 20)));
+    popt.diff.threads = args_->threads;
+    popt.vote_timeout_ms = 300000;
+    popt.upload_threads = args_->upload_threads;
+    popt.poll_ms = args_->poll_ms;
+    REFIT_ASSIGN_OR_RETURN(std::unique_ptr<Publisher> publisher,
+                           Publisher::Open(link.get(), publisher_ckpt_, popt));
+
+    // Receivers' stores: their relay node, or the directory (through one
+    // shared downlink bucket with --throttle both).
+    std::vector<std::shared_ptr<CountingStore>> down;
+    std::shared_ptr<CountingStore> shared_down;
+    if (!relay()) {
+      std::shared_ptr<ObjectStore> inner = backend_;
+      if (throttle_down)
+        inner = std::make_shared<ThrottledStore>(backend_, bytes_per_second);
+      shared_down = std::make_shared<CountingStore>(inner);
+    }
+    std::vector<std::unique_ptr<Receiver>> rx;
+    for (size_t i = 0; i < members_.size(); ++i) {
+      down.push_back(relay() ? std::make_shared<CountingStore>(nodes_[i])
+                             : shared_down);
+      ReceiverOptions ropt;
+      ropt.member = members_[i];
+      ropt.checkpoint = ckpts_[i];
+      ropt.state_dir = states_[i];
+      ropt.auth = auth_;
+      ropt.poll_ms = args_->poll_ms;
+      ropt.decision_timeout_ms = 300000;
+      REFIT_ASSIGN_OR_RETURN(std::unique_ptr<Receiver> r,
+                             Receiver::Open(down.back().get(), ropt));
+      rx.push_back(std::move(r));
+    }
+    const uint64_t link_put0 = link->put_bytes();
+    const uint64_t link_get0 = link->get_bytes();
+    if (relay()) {
+      watch_key_ = IndexKey(out.version);
+      for (int i = 0; i < receivers(); ++i)
+        arrival_ns_[static_cast<size_t>(i)] = -1;
+    }
+
+    const size_t n = rx.size();
+    std::vector<Clock::time_point> done(n);
+    std::vector<Status> status(n);
+    std::vector<double> step_seconds(n, 0);
+    std::vector<std::thread> threads;
+    for (size_t i = 0; i < n; ++i) {
+      threads.emplace_back([&, i] {
+        Result<StepResult> r = rx[i]->SyncTo(out.version, 600000);
+        done[i] = Clock::now();
+        if (r.ok()) {
+          step_seconds[i] = r->seconds;
+        } else {
+          status[i] = r.status();
+        }
+      });
+    }
+    const Clock::time_point t0 = Clock::now();
+    t0_ns_ = t0.time_since_epoch().count();
+    Result<PublishReport> report = publisher->Publish(out.version, target);
+    for (std::thread& t : threads) t.join();
+    if (!report.ok())
+      return report.status().WithContext("publishing version " +
+                                         std::to_string(out.version));
+    for (size_t i = 0; i < n; ++i) {
+      if (!status[i].ok()) {
+        return status[i].WithContext("receiver " + members_[i]);
+      }
+    }
+    out.publish = *report;
+    out.committed = report->committed;
+    out.up_put_bytes = link->put_bytes() - link_put0;
+    out.up_get_bytes = link->get_bytes() - link_get0;
+    for (size_t i = 0; i < n; ++i) {
+      if (i == 0 || down[i] != down[i - 1])
+        out.down_bytes += down[i]->get_bytes();
+    }
+    Clock::time_point last = *std::max_element(done.begin(), done.end());
+    Clock::time_point first = *std::min_element(done.begin(), done.end());
+    out.refit_seconds = Seconds(last - t0);
+    out.first_active_seconds = Seconds(first - t0);
+    out.apply_seconds_max =
+        *std::max_element(step_seconds.begin(), step_seconds.end());
+    if (relay()) {
+      int64_t latest = -1;
+      bool all = true;
+      for (int i = 0; i < receivers(); ++i) {
+        int64_t at = arrival_ns_[static_cast<size_t>(i)].load();
+        if (at < 0) all = false;
+        latest = std::max(latest, at);
+      }
+      if (all) {
+        out.relay_index_seconds = Seconds(Clock::duration(latest - t0_ns_));
+      }
+    }
+    if (!out.committed) out.error = report->reason;
+    return out;
+  }
+
+ private:
+  Fleet() = default;
+
+  Status BuildTree() {
+    const int n = receivers();
+    arrival_ns_ =
+        std::make_unique<std::atomic<int64_t>[]>(static_cast<size_t>(n));
+    RelayOptions base;
+    base.log_to_stderr = true;
+    REFIT_ASSIGN_OR_RETURN(std::unique_ptr<RelayStore> root,
+                           RelayStore::Root("127.0.0.1:0", base));
+    root_ = std::shared_ptr<RelayStore>(std::move(root));
+    backend_ = root_;
+    REFIT_ASSIGN_OR_RETURN(std::vector<int> parents,
+                           RelayTreeParents(n, args_->fanout));
+    for (int i = 0; i < n; ++i) {
+      int p = parents[static_cast<size_t>(i)];
+      std::string parent =
+          p < 0 ? root_->listen_address()
+                : nodes_[static_cast<size_t>(p)]->listen_address();
+      bool has_children =
+          std::find(parents.begin(), parents.end(), i) != parents.end();
+      RelayOptions o = base;
+      o.on_arrival = [this, i](const std::string& key) {
+        if (key == watch_key_) {
+          arrival_ns_[static_cast<size_t>(i)].store(
+              Clock::now().time_since_epoch().count());
+        }
+      };
+      REFIT_ASSIGN_OR_RETURN(
+          std::unique_ptr<RelayStore> node,
+          RelayStore::Node(members_[static_cast<size_t>(i)], parent,
+                           has_children ? "127.0.0.1:0" : "", o));
+      nodes_.push_back(std::shared_ptr<RelayStore>(std::move(node)));
+    }
+    // Every node connected before the first version.
+    auto deadline = Clock::now() + std::chrono::seconds(20);
+    for (;;) {
+      bool all = true;
+      for (const auto& node : nodes_)
+        all = all && node->status().parent_connected;
+      if (all) break;
+      if (Clock::now() > deadline) {
+        return UnavailableError("relay tree did not connect within 20 s");
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return Status::Ok();
+  }
+
+  const SyncBenchArgs* args_ = nullptr;
+  std::optional<ScratchDir> dir_;
+  Authenticator auth_ = Authenticator::None();
+  std::string publisher_ckpt_;
+  std::vector<std::string> members_, ckpts_, states_;
+  std::shared_ptr<ObjectStore> backend_;
+  std::shared_ptr<RelayStore> root_;
+  std::vector<std::shared_ptr<RelayStore>> nodes_;
+  uint64_t version_ = 0;
+  // Relay: when index/<V> of the version in flight reached each node. The
+  // key is written before the version starts and read by the I/O threads.
+  std::string watch_key_;
+  std::unique_ptr<std::atomic<int64_t>[]> arrival_ns_;
+  int64_t t0_ns_ = 0;
+};
+
+struct FullSend {
+  double mbit = 0;
+  uint64_t bytes = 0;
+  double wire_seconds = 0;       // bytes / link rate
+  double measured_seconds = -1;  // a Put through the link; -1: not measured
+};
+
+// Sends the full checkpoint file through a fresh link to `backend` (a Put,
+// then the object is deleted) when its wire time is at most `max_seconds`.
+Result<FullSend> MeasureFullSend(const std::shared_ptr<ObjectStore>& backend,
+                                 const std::string& path, double mbit,
+                                 double max_seconds, bool can_measure) {
+  FullSend f;
+  f.mbit = mbit;
+  f.bytes = fs::file_size(path);
+  double bps = mbit * 1e6 / 8;
+  f.wire_seconds = static_cast<double>(f.bytes) / bps;
+  if (!can_measure || f.wire_seconds > max_seconds) return f;
+  REFIT_ASSIGN_OR_RETURN(std::unique_ptr<MappedFile> file,
+                         MappedFile::Open(path));
+  auto link = std::make_shared<ThrottledStore>(backend, bps);
+  Clock::time_point t0 = Clock::now();
+  REFIT_RETURN_IF_ERROR(link->Put("full/checkpoint", file->bytes()));
+  f.measured_seconds = Seconds(Clock::now() - t0);
+  REFIT_RETURN_IF_ERROR(backend->Delete("full/checkpoint"));
+  return f;
+}
+
+struct Row {
+  std::string input;
+  double rate = 0;  // 0 for a fixture pair
+  double mbit = 0;
+  int receivers = 0;
+  Fleet::VersionResult v;
+  double ideal_seconds = 0;
+  FullSend full;
+};
+
+double IdealSeconds(const Fleet::VersionResult& v, double mbit, bool both) {
+  double bps = mbit * 1e6 / 8;
+  double up = static_cast<double>(v.up_put_bytes);
+  double down = both ? static_cast<double>(v.down_bytes) : 0.0;
+  return std::max(up, down) / bps;
+}
+
+Json RowJson(const Row& r) {
+  const Fleet::VersionResult& v = r.v;
+  Json j = {
+      {"input", r.input},
+      {"rate", r.rate},
+      {"link_mbit", r.mbit},
+      {"receivers", r.receivers},
+      {"version", v.version},
+      {"committed", v.committed},
+      {"changed_elements", v.publish.diff.changed_elements},
+      {"total_elements", v.publish.diff.total_elements},
+      {"chunks", v.publish.diff.chunks},
+      {"payload_bytes", v.up_put_bytes},
+      {"publisher_read_bytes", v.up_get_bytes},
+      {"receiver_read_bytes", v.down_bytes},
+      {"ideal_s", r.ideal_seconds},
+      {"refit_s", v.refit_seconds},
+      {"refit_over_ideal", v.refit_seconds / r.ideal_seconds},
+      {"upload_s", v.publish.encode_upload_seconds},
+      {"first_receiver_active_s", v.first_active_seconds},
+      {"receiver_step_max_s", v.apply_seconds_max},
+      {"publish_return_s", v.publish.seconds},
+      {"full_bytes", r.full.bytes},
+      {"full_wire_s", r.full.wire_seconds},
+      {"speedup_full_wire_over_refit", r.full.wire_seconds / v.refit_seconds}};
+  j["full_measured_s"] = r.full.measured_seconds >= 0
+                             ? Json(r.full.measured_seconds)
+                             : Json(nullptr);
+  j["relay_index_at_last_node_s"] =
+      v.relay_index_seconds >= 0 ? Json(v.relay_index_seconds) : Json(nullptr);
+  return j;
+}
+
+void PrintRows(const std::vector<Row>& rows, bool relay) {
+  fmt::print(
+      "{:<10} {:>6} {:>7} {:>4} {:>8} {:>10} {:>8} {:>8} {:>8} {:>8} {:>8} "
+      "{:>8} {:>9} {:>8}{}\n",
+      "input", "rate", "Mbit/s", "rcv", "changed", "payload", "ideal s",
+      "upload", "up/idl", "refit s", "ref/idl", "rcv-step", "full s", "speedup",
+      relay ? "   index@last-node s" : "");
+  for (const Row& r : rows) {
+    const Fleet::VersionResult& v = r.v;
+    double changed =
+        v.publish.diff.total_elements
+            ? static_cast<double>(v.publish.diff.changed_elements) /
+                  static_cast<double>(v.publish.diff.total_elements)
+            : 0;
+    std::string full = r.full.measured_seconds >= 0
+                           ? fmt::format("{:.1f}m", r.full.measured_seconds)
+                           : fmt::format("{:.1f}c", r.full.wire_seconds);
+    fmt::print(
+        "{:<10} {:>6} {:>7.0f} {:>4} {:>8} {:>10} {:>8.3f} {:>8.3f} {:>8.2f} "
+        "{:>8.3f} {:>8.2f} {:>8.3f} {:>9} {:>7.1f}x{}\n",
+        r.input, r.rate > 0 ? Percent(r.rate, 1) : "-", r.mbit, r.receivers,
+        Percent(changed, 2), HumanBytes(static_cast<double>(v.up_put_bytes)),
+        r.ideal_seconds, v.publish.encode_upload_seconds,
+        v.publish.encode_upload_seconds / r.ideal_seconds, v.refit_seconds,
+        v.refit_seconds / r.ideal_seconds, v.apply_seconds_max, full,
+        r.full.wire_seconds / v.refit_seconds,
+        relay ? (v.relay_index_seconds >= 0
+                     ? fmt::format("   {:.3f}", v.relay_index_seconds)
+                     : std::string("   -"))
+              : "");
+    if (!v.committed) fmt::print("  (aborted: {})\n", v.error);
+  }
+}
+
+int Run(const SyncBenchArgs& args, const std::string& command_line) {
+  const bool json = args.json;
+  std::vector<double> rates;
+  for (const std::string& text : args.rates) {
+    Result<double> rate = ParseFraction(text);
+    if (!rate.ok()) return Fail(kCmd, rate.status(), json);
+    rates.push_back(*rate);
+  }
+  for (double m : args.link_mbit) {
+    if (!(m > 0)) {
+      return Fail(kCmd, InvalidArgumentError("--link-mbit values must be > 0"),
+                  json);
+    }
+  }
+  if (args.throttle != "up" && args.throttle != "both") {
+    return Fail(kCmd, InvalidArgumentError("--throttle must be 'up' or 'both'"),
+                json);
+  }
+  const bool both = args.throttle == "both";
+  if (both && args.relay) {
+    return Fail(
+        kCmd,
+        InvalidArgumentError("--throttle both applies to the directory "
+                             "store; the relay tree's links are loopback"),
+        json);
+  }
+  if (!(args.size_mib > 0) || args.size_mib > 64 * 1024) {
+    return Fail(kCmd, InvalidArgumentError("--size-mib must be in (0, 65536]"),
+                json);
+  }
+  const int receivers =
+      args.receivers > 0 ? args.receivers : (args.relay ? 16 : 1);
+  const int threads = EffectiveThreads(args.threads);
+
+  Result<ScratchDir> inputs = ScratchDir::Create("refit-syncbench-in");
+  if (!inputs.ok()) return Fail(kCmd, inputs.status(), json);
+
+  Json out = Json::object();
+  out["command"] = command_line;
+  out["machine"] =
+      fmt::format("{}, {} hardware threads; refit using {}", CpuName(),
+                  std::thread::hardware_concurrency(), threads);
+  std::string link_text =
+      args.relay
+          ? "ThrottledStore(burst 0) between the publisher and the relay root "
+            "(every publisher call crosses it); the tree below the root is "
+            "loopback TCP, unthrottled"
+      : both ? "ThrottledStore(burst 0) on the publisher's calls, and a "
+               "second one at the same rate shared by the receivers' reads "
+               "(both directions of a full-duplex link)"
+             : "ThrottledStore(burst 0) on the publisher's calls (its Puts "
+               "and its reads of votes); receivers read the directory store "
+               "directly (the store is on their side of the boundary)";
+  out["link"] = link_text;
+  std::vector<Row> rows;
+  std::vector<FullSend> fulls;
+
+  if (!args.fixtures.empty()) {
+    // step0 -> step1 of a fixture folder, once per link, each on a fresh fleet.
+    const std::string step0 = args.fixtures + "/step0.safetensors";
+    const std::string step1 = args.fixtures + "/step1.safetensors";
+    for (const std::string& p : {step0, step1}) {
+      if (Status s = CheckExists(p, "fixture checkpoint"); !s.ok())
+        return Fail(kCmd, s, json);
+    }
+    out["input"] = fmt::format("{} -> {}", step0, step1);
+    for (double mbit : args.link_mbit) {
+      auto fleet = Fleet::Create(args, step0, receivers, args.relay);
+      if (!fleet.ok()) return Fail(kCmd, fleet.status(), json);
+      auto full = MeasureFullSend((*fleet)->backend(), step1, mbit,
+                                  args.full_measure_max_s, !args.relay);
+      if (!full.ok()) return Fail(kCmd, full.status(), json);
+      fulls.push_back(*full);
+      auto target = Checkpoint::Open(step1, Checkpoint::Mode::kReadOnly);
+      if (!target.ok()) return Fail(kCmd, target.status(), json);
+      std::vector<TensorView> views;
+      for (size_t i = 0; i < target->tensors().size(); ++i) {
+        const TensorInfo& t = target->tensors()[i];
+        views.push_back(TensorView{t.name, t.dtype, t.element_width, t.shape,
+                                   target->Data(i).data()});
+      }
+      auto v = (*fleet)->PublishVersion(views, mbit * 1e6 / 8, both);
+      if (!v.ok()) return Fail(kCmd, v.status(), json);
+      Row r{"fixture", 0, mbit, receivers, *v, IdealSeconds(*v, mbit, both),
+            *full};
+      rows.push_back(r);
+    }
+  } else {
+    if (!json) fmt::print(stderr, "generating the synthetic model...\n");
+    Stopwatch gen;
+    SynthModel model = GenerateModel(
+        static_cast<uint64_t>(args.size_mib * (1 << 20)), args.seed);
+    const std::string base_path = inputs->File("base.safetensors");
+    if (Status s = WriteModel(model, base_path, {{"step", "0"}}); !s.ok()) {
+      return Fail(kCmd, s, json);
+    }
+    out["input"] = fmt::format(
+        "synthetic BF16 model, {} tensors, {} bytes ({} elements), seed {}, "
+        "generated and written in {:.1f} s; version k = version k-1 evolved at "
+        "the row's rate (EvolveModel seed {} * 7919 + k)",
+        model.tensors.size(), model.bytes(), model.elements(), args.seed,
+        gen.Seconds(), args.seed);
+    if (!json) fmt::print(stderr, "{}\n", out["input"].get<std::string>());
+
+    // Without --relay: one fleet of `receivers`. With --relay: a fleet of 1
+    // receiver, then one of `receivers`, each starting from the base and
+    // publishing the same versions.
+    std::vector<int> sizes = {receivers};
+    if (args.relay && receivers != 1) sizes = {1, receivers};
+    for (int fleet_size : sizes) {
+      if (fleet_size != sizes.front()) {
+        model = GenerateModel(static_cast<uint64_t>(args.size_mib * (1 << 20)),
+                              args.seed);
+      }
+      if (!json)
+        fmt::print(stderr, "copying checkpoints for {} receiver(s)...\n",
+                   fleet_size);
+      auto fleet = Fleet::Create(args, base_path, fleet_size, args.relay);
+      if (!fleet.ok()) return Fail(kCmd, fleet.status(), json);
+      uint64_t k = 0;
+      for (double mbit : args.link_mbit) {
+        FullSend full;
+        bool measured_before = false;
+        for (const FullSend& f : fulls) {
+          if (f.mbit == mbit) {
+            full = f;
+            measured_before = true;
+          }
+        }
+        if (!measured_before) {
+          if (!json)
+            fmt::print(stderr, "full checkpoint over {} Mbit/s...\n", mbit);
+          auto f = MeasureFullSend((*fleet)->backend(), base_path, mbit,
+                                   args.full_measure_max_s, !args.relay);
+          if (!f.ok()) return Fail(kCmd, f.status(), json);
+          full = *f;
+          fulls.push_back(full);
+        }
+        for (double rate : rates) {
+          ++k;
+          EvolveModel(&model, rate, args.seed * 7919 + k);
+          if (!json) {
+            fmt::print(stderr,
+                       "version {}: {} at {} Mbit/s, {} receiver(s)...\n", k,
+                       Percent(rate, 1), mbit, fleet_size);
+          }
+          auto v =
+              (*fleet)->PublishVersion(model.Views(), mbit * 1e6 / 8, both);
+          if (!v.ok()) return Fail(kCmd, v.status(), json);
+          Row r{"synthetic", rate, mbit,
+                fleet_size,  *v,   IdealSeconds(*v, mbit, both),
+                full};
+          rows.push_back(r);
+          if (!json) {
+            PrintRows({r}, args.relay);
+          }
+        }
+      }
+    }
+  }
+
+  Json links = Json::array();
+  for (const FullSend& f : fulls) {
+    Json j = {{"link_mbit", f.mbit},
+              {"full_bytes", f.bytes},
+              {"wire_s", f.wire_seconds}};
+    j["measured_s"] =
+        f.measured_seconds >= 0 ? Json(f.measured_seconds) : Json(nullptr);
+    links.push_back(j);
+  }
+  out["full_checkpoint"] = links;
+  Json jrows = Json::array();
+  for (const Row& r : rows) jrows.push_back(RowJson(r));
+  out["runs"] = jrows;
+  if (json) {
+    PrintJson(out);
+    return kExitOk;
+  }
+  fmt::print("\nrefit bench sync: {}\n", command_line);
+  fmt::print("machine: {}\n", out["machine"].get<std::string>());
+  fmt::print("input:   {}\n", out["input"].get<std::string>());
+  fmt::print("link:    {}\n", link_text);
+  for (const FullSend& f : fulls) {
+    fmt::print(
+        "full checkpoint over {:.0f} Mbit/s: {} bytes, wire time {:.2f} s{}\n",
+        f.mbit, f.bytes, f.wire_seconds,
+        f.measured_seconds >= 0
+            ? fmt::format(", measured Put through the link {:.2f} s",
+                          f.measured_seconds)
+            : std::string(", not measured (computed)"));
+  }
+  fmt::print(
+      "payload = bytes the publisher put through the link; ideal = {} / link "
+      "rate; upload = Publish start to index/<V> stored; refit = Publish start "
+      "to every receiver active; rcv-step = longest receiver step (manifest "
+      "seen "
+      "to active); full s = full checkpoint over the link (m measured, c "
+      "computed); speedup = full wire time / refit\n",
+      both ? "max(payload, receivers' reads)" : "payload");
+  PrintRows(rows, args.relay);
+  return kExitOk;
+}
+
+}  // namespace
+
+std::function<int(bool, const std::string&)> RegisterBenchSync(
+    CLI::App* bench_cmd) {
+  auto args = std::make_shared<SyncBenchArgs>();
+  CLI::App* cmd = bench_cmd->add_subcommand(
+      "sync",
+      "End-to-end distribution over a bandwidth-limited link: the publisher "
+      "and in-process receivers, refit time vs the ideal time of the bytes "
+      "sent and vs sending the full checkpoint over the same link.");
+  cmd->add_option("--size-mib", args->size_mib, "synthetic model size in MiB")
+      ->capture_default_str();
+  cmd->add_option("--rates", args->rates,
+                  "fractions of elements changed per version")
+      ->delimiter(',')
+      ->capture_default_str();
+  cmd->add_option("--link-mbit", args->link_mbit, "link rates in Mbit/s")
+      ->delimiter(',')
+      ->capture_default_str();
+  cmd->add_option("--receivers", args->receivers,
+                  "receivers (threads); 0 = 1, or 16 with --relay")
+      ->capture_default_str();
+  cmd->add_flag("--relay", args->relay,
+                "receivers in a relay tree on loopback; runs 1 receiver and "
+                "then --receivers, for the comparison");
+  cmd->add_option("--fanout", args->fanout, "relay tree fan-out")
+      ->capture_default_str();
+  cmd->add_option("--throttle", args->throttle,
+                  "up: the publisher's calls cross the link; both: the "
+                  "receivers' reads too (a second bucket)")
+      ->capture_default_str();
+  cmd->add_option("--fixtures", args->fixtures,
+                  "instead of a synthetic model: step0 -> step1 of this folder "
+                  "(e.g. ../shared/fixtures/qwen2-tiny)");
+  cmd->add_option("--chunk-mib", args->chunk_mib,
+                  "bytes of a tensor per chunk, MiB")
+      ->capture_default_str();
+  cmd->add_option("-j,--threads", args->threads,
+                  "encoder threads; 0 = all cores")
+      ->capture_default_str();
+  cmd->add_option("--upload-threads", args->upload_threads,
+                  "publisher upload threads")
+      ->capture_default_str();
+  cmd->add_option("--poll-ms", args->poll_ms,
+                  "publisher and receiver poll interval")
+      ->capture_default_str();
+  cmd->add_option("--full-measure-max-s", args->full_measure_max_s,
+                  "send the full checkpoint through the link when that takes "
+                  "at most this long; otherwise report the computed time")
+      ->capture_default_str();
+  cmd->add_option("--seed", args->seed, "generator seed")
+      ->capture_default_str();
+  cmd->add_flag("--json", args->json, "print a JSON object on stdout");
+  return [args](bool json, const std::string& command_line) {
+    SyncBenchArgs a = *args;
+    a.json = a.json || json;
+    return Run(a, command_line);
+  };
+}
+
+}  // namespace refit::cli
