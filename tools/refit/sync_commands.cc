@@ -414,6 +414,8 @@ int RunPublish(const PublishArgs& args) {
       args.policy == "drop" ? DeadlinePolicy::kDrop : DeadlinePolicy::kAbort;
   options.upload_threads = std::max(1, args.upload_threads);
   options.poll_ms = std::max(1, args.poll_ms);
+  options.snapshot_every = args.snapshot_every;
+  options.keep_versions = args.keep_versions;
   Result<std::unique_ptr<Publisher>> publisher =
       Publisher::Open(store->get(), args.baseline, options);
   if (!publisher.ok()) return fail(publisher.status());
@@ -1187,6 +1189,16 @@ void RegisterSyncCommands(CLI::App* app, SyncCommandArgs* args) {
   pub->add_option("TARGET", p.target, "the new checkpoint (file or directory)")
       ->required();
   add_key(pub, &p.key_file);
+  pub->add_option("--snapshot-every", p.snapshot_every,
+                  "store a full snapshot every N committed versions (and of "
+                  "version 0), for receivers that are new or fall behind the "
+                  "retention window; 0 = never")
+      ->capture_default_str();
+  pub->add_option("--keep-versions", p.keep_versions,
+                  "keep the objects of the K newest versions and delete older "
+                  "ones after each commit (never past the newest snapshot); "
+                  "0 = keep all")
+      ->capture_default_str();
   pub->add_option("--vote-timeout-ms", p.vote_timeout_ms,
                   "how long to wait for votes")
       ->capture_default_str();

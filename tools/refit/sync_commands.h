@@ -50,6 +50,8 @@ struct PublishArgs {
   int upload_threads = 4;
   int serve_ms = 0;
   int poll_ms = 10;
+  uint64_t snapshot_every = 0;  // full snapshot every N committed versions
+  uint64_t keep_versions = 0;   // retention: the K newest versions (0 = all)
   bool json = false;
 };
 int RunPublish(const PublishArgs& args);
