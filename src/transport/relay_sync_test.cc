@@ -16,6 +16,7 @@
 #include "sync/auth.h"
 #include "sync/publisher.h"
 #include "sync/receiver.h"
+#include "sync/test_model.h"
 #include "testing.h"
 #include "transport/relay_store.h"
 
@@ -30,53 +31,7 @@ Authenticator Key() {
 
 // A small model: a few BF16 tensors in one safetensors file (as in
 // src/sync/sync_test.cc).
-struct Model {
-  std::vector<std::string> names = {"a.weight", "b.weight", "c.bias"};
-  std::vector<uint64_t> sizes = {70000, 40000, 300};
-  std::vector<std::vector<uint8_t>> data;
-
-  explicit Model(uint64_t seed) {
-    std::mt19937_64 rng(seed);
-    for (uint64_t n : sizes) {
-      std::vector<uint8_t> d(n * 2);
-      for (auto& b : d) b = static_cast<uint8_t>(rng());
-      data.push_back(std::move(d));
-    }
-  }
-  void Step(std::mt19937_64& rng, double rate) {
-    std::uniform_real_distribution<double> u(0, 1);
-    for (auto& d : data) {
-      for (size_t i = 0; i < d.size(); i += 2) {
-        if (u(rng) < rate)
-          d[i] ^= static_cast<uint8_t>((2u << (rng() % 3)) - 1);
-      }
-    }
-  }
-  void Write(const std::string& path) const {
-    std::vector<SafetensorsTensorView> views;
-    for (size_t i = 0; i < names.size(); ++i) {
-      views.push_back({names[i], "BF16", {sizes[i]}, data[i]});
-    }
-    ASSERT_OK(WriteSafetensors(path, {}, views));
-  }
-  std::vector<TensorView> Views() const {
-    std::vector<TensorView> v;
-    for (size_t i = 0; i < names.size(); ++i) {
-      v.push_back({names[i], "BF16", 2, {sizes[i]}, data[i].data()});
-    }
-    return v;
-  }
-  bool Matches(const std::string& path) const {
-    auto ck = Checkpoint::Open(path, Checkpoint::Mode::kReadOnly);
-    if (!ck.ok()) return false;
-    for (size_t i = 0; i < names.size(); ++i) {
-      auto d = ck->Data(*ck->IndexOf(names[i]));
-      if (!std::equal(d.begin(), d.end(), data[i].begin(), data[i].end()))
-        return false;
-    }
-    return true;
-  }
-};
+using Model = testing::TestModel;
 
 RelayOptions Fast() {
   RelayOptions o;

@@ -1,0 +1,73 @@
+// A small BF16 model for protocol tests: three tensors of random bits that
+// step by ulp-sized XORs, written as one safetensors file. Test-only.
+#ifndef REFIT_SYNC_TEST_MODEL_H_
+#define REFIT_SYNC_TEST_MODEL_H_
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "format/safetensors.h"
+#include "refit/checkpoint.h"
+#include "refit/delta.h"
+
+namespace refit::testing {
+
+struct TestModel {
+  std::vector<std::string> names = {"a.weight", "b.weight", "c.bias"};
+  std::vector<uint64_t> sizes = {70000, 40000, 300};
+  std::vector<std::vector<uint8_t>> data;
+
+  explicit TestModel(uint64_t seed) {
+    std::mt19937_64 rng(seed);
+    for (uint64_t n : sizes) {
+      std::vector<uint8_t> d(n * 2);
+      for (auto& b : d) b = static_cast<uint8_t>(rng());
+      data.push_back(std::move(d));
+    }
+  }
+  // Flips the low bits of a fraction `rate` of the elements.
+  void Step(std::mt19937_64& rng, double rate) {
+    std::uniform_real_distribution<double> u(0, 1);
+    for (auto& d : data) {
+      for (size_t i = 0; i < d.size(); i += 2) {
+        if (u(rng) < rate) d[i] ^= static_cast<uint8_t>((2u << (rng() % 3)) - 1);
+      }
+    }
+  }
+  void Write(const std::string& path) const {
+    std::vector<SafetensorsTensorView> views;
+    for (size_t i = 0; i < names.size(); ++i) {
+      views.push_back({names[i], "BF16", {sizes[i]}, data[i]});
+    }
+    Status s = WriteSafetensors(path, {}, views);
+    ASSERT_TRUE(s.ok()) << s.ToString();
+  }
+  std::vector<TensorView> Views() const {
+    std::vector<TensorView> v;
+    for (size_t i = 0; i < names.size(); ++i) {
+      v.push_back({names[i], "BF16", 2, {sizes[i]}, data[i].data()});
+    }
+    return v;
+  }
+  // Whether the checkpoint at `path` holds exactly these tensors' bytes.
+  bool Matches(const std::string& path) const {
+    auto ck = Checkpoint::Open(path, Checkpoint::Mode::kReadOnly);
+    if (!ck.ok()) return false;
+    for (size_t i = 0; i < names.size(); ++i) {
+      auto idx = ck->IndexOf(names[i]);
+      if (!idx) return false;
+      auto d = ck->Data(*idx);
+      if (!std::equal(d.begin(), d.end(), data[i].begin(), data[i].end())) return false;
+    }
+    return true;
+  }
+};
+
+}  // namespace refit::testing
+
+#endif  // REFIT_SYNC_TEST_MODEL_H_
