@@ -27,40 +27,6 @@
 namespace refit::cli {
 namespace {
 
-// "1%" -> 0.01, "0.01" -> 0.01. kInvalidArgument unless in (0, 1].
-Result<double> ParseRate(const std::string& text) {
-  std::string s = text;
-  bool percent = !s.empty() && s.back() == '%';
-  if (percent) s.pop_back();
-  double value = 0;
-  auto [ptr, ec] = std::from_chars(s.data(), s.data() + s.size(), value);
-  if (ec != std::errc() || ptr != s.data() + s.size()) {
-    return InvalidArgumentError(
-        fmt::format("--rate '{}' is not a number; write 1% or 0.01", text));
-  }
-  if (percent) value /= 100.0;
-  if (!(value > 0) || value > 1) {
-    return InvalidArgumentError(
-        fmt::format("--rate '{}' must be in (0, 100%]", text));
-  }
-  return value;
-}
-
-std::string CpuModel() {
-  std::ifstream in("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind("model name", 0) == 0) {
-      size_t colon = line.find(':');
-      if (colon != std::string::npos) {
-        size_t start = line.find_first_not_of(' ', colon + 1);
-        return start == std::string::npos ? "" : line.substr(start);
-      }
-    }
-  }
-  return "unknown CPU";
-}
-
 double GBps(double bytes, double seconds) {
   return seconds > 0 ? bytes / seconds / 1e9 : 0.0;
 }
@@ -320,7 +286,7 @@ int RunBench(const BenchArgs& args) {
     rates = {0.001, 0.01, 0.03, 0.5};
   } else {
     for (const std::string& text : args.rates) {
-      Result<double> rate = ParseRate(text);
+      Result<double> rate = ParseRate(text, "--rate");
       if (!rate.ok()) return Fail(kCmd, rate.status(), args.json);
       rates.push_back(*rate);
     }

@@ -4,8 +4,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <charconv>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <thread>
 
 namespace refit::cli {
@@ -226,6 +228,37 @@ int EffectiveThreads(int threads) {
   if (threads > 0) return threads;
   unsigned n = std::thread::hardware_concurrency();
   return n == 0 ? 1 : static_cast<int>(n);
+}
+
+Result<double> ParseRate(const std::string& text, std::string_view flag) {
+  std::string s = text;
+  bool percent = !s.empty() && s.back() == '%';
+  if (percent) s.pop_back();
+  double value = 0;
+  auto [ptr, ec] = std::from_chars(s.data(), s.data() + s.size(), value);
+  if (ec != std::errc() || ptr != s.data() + s.size()) {
+    return InvalidArgumentError(
+        fmt::format("{} '{}' is not a number; write 1% or 0.01", flag, text));
+  }
+  if (percent) value /= 100.0;
+  if (!(value > 0) || value > 1) {
+    return InvalidArgumentError(
+        fmt::format("{} '{}' must be in (0, 100%]", flag, text));
+  }
+  return value;
+}
+
+std::string CpuModel() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("model name", 0) != 0) continue;
+    size_t colon = line.find(':');
+    if (colon == std::string::npos) continue;
+    size_t start = line.find_first_not_of(' ', colon + 1);
+    if (start != std::string::npos) return line.substr(start);
+  }
+  return "unknown CPU";
 }
 
 }  // namespace refit::cli

@@ -117,6 +117,13 @@ class Stopwatch {
 // The number of threads `threads` (0 = all cores) stands for.
 int EffectiveThreads(int threads);
 
+// A change rate: "1%" -> 0.01, "0.01" -> 0.01. kInvalidArgument naming
+// `flag` unless it is in (0, 1].
+Result<double> ParseRate(const std::string& text, std::string_view flag);
+
+// The CPU's model name from /proc/cpuinfo, for benchmark records.
+std::string CpuModel();
+
 }  // namespace refit::cli
 
 #endif  // REFIT_TOOLS_REFIT_CLI_UTIL_H_

@@ -86,40 +86,6 @@ double Seconds(Clock::duration d) {
   return std::chrono::duration<double>(d).count();
 }
 
-// "1%" -> 0.01, "0.01" -> 0.01; in (0, 1].
-Result<double> ParseFraction(const std::string& text) {
-  std::string s = text;
-  bool percent = !s.empty() && s.back() == '%';
-  if (percent) s.pop_back();
-  double value = 0;
-  auto [ptr, ec] = std::from_chars(s.data(), s.data() + s.size(), value);
-  if (ec != std::errc() || ptr != s.data() + s.size()) {
-    return InvalidArgumentError(
-        fmt::format("--rates '{}' is not a number; write 1% or 0.01", text));
-  }
-  if (percent) value /= 100.0;
-  if (!(value > 0) || value > 1) {
-    return InvalidArgumentError(
-        fmt::format("--rates '{}' must be in (0, 100%]", text));
-  }
-  return value;
-}
-
-std::string CpuName() {
-  std::ifstream in("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind("model name", 0) == 0) {
-      size_t colon = line.find(':');
-      size_t start = line.find_first_not_of(' ', colon + 1);
-      if (colon != std::string::npos && start != std::string::npos) {
-        return line.substr(start);
-      }
-    }
-  }
-  return "unknown CPU";
-}
-
 // Counts the payload bytes of the calls that pass through it (the bytes a
 // ThrottledStore below it charges). Thread-safe.
 class CountingStore final : public ObjectStore {
@@ -540,7 +506,7 @@ int Run(const SyncBenchArgs& args, const std::string& command_line) {
   const bool json = args.json;
   std::vector<double> rates;
   for (const std::string& text : args.rates) {
-    Result<double> rate = ParseFraction(text);
+    Result<double> rate = ParseRate(text, "--rates");
     if (!rate.ok()) return Fail(kCmd, rate.status(), json);
     rates.push_back(*rate);
   }
@@ -576,7 +542,7 @@ int Run(const SyncBenchArgs& args, const std::string& command_line) {
   Json out = Json::object();
   out["command"] = command_line;
   out["machine"] =
-      fmt::format("{}, {} hardware threads; refit using {}", CpuName(),
+      fmt::format("{}, {} hardware threads; refit using {}", CpuModel(),
                   std::thread::hardware_concurrency(), threads);
   std::string link_text =
       args.relay
