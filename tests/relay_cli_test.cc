@@ -37,6 +37,7 @@
 
 #include "refit/checkpoint.h"
 #include "sync/protocol.h"
+#include "cli_process.h"
 #include "testing.h"
 #include "transport/relay_store.h"
 
@@ -50,6 +51,18 @@ namespace {
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 using Json = nlohmann::json;
+using ::refit::testing::BaseModel;
+using ::refit::testing::Digests;
+using ::refit::testing::JsonLines;
+using ::refit::testing::NextVersion;
+using ::refit::testing::Proc;
+using ::refit::testing::ReadText;
+using ::refit::testing::SecondsSince;
+using ::refit::testing::Tensor;
+using ::refit::testing::TensorDigests;
+using ::refit::testing::WriteSafetensors;
+using ::refit::testing::FreePort;
+using ::refit::testing::Tail;
 using ::refit::testing::ReadBytes;
 using ::refit::testing::TempDir;
 using ::refit::testing::WriteBytes;
@@ -58,212 +71,6 @@ constexpr int kReceivers = 4;
 constexpr int kFanout = 2;
 constexpr uint64_t kVersions = 20;
 constexpr uint64_t kKillVersion = 8;
-
-double SecondsSince(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
-}
-
-// A child process running `refit ARGS`, stdout and stderr appended to files.
-class Proc {
- public:
-  Proc() = default;
-  Proc(const Proc&) = delete;
-  Proc& operator=(const Proc&) = delete;
-  ~Proc() { Kill(); }
-
-  void Start(const std::vector<std::string>& args, const std::string& out,
-             const std::string& err) {
-    ASSERT_LE(pid_, 0) << "already running";
-    std::vector<std::string> all = {REFIT_CLI_PATH};
-    all.insert(all.end(), args.begin(), args.end());
-    std::vector<char*> argv;
-    for (std::string& a : all) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    std::vector<std::string> env;
-    for (char** e = environ; *e != nullptr; ++e) {
-      if (std::string_view(*e).starts_with("REFIT_CRASH_AT=")) continue;
-      env.emplace_back(*e);
-    }
-    std::vector<char*> envp;
-    for (std::string& e : env) envp.push_back(e.data());
-    envp.push_back(nullptr);
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
-    posix_spawn_file_actions_addopen(&fa, 1, out.c_str(),
-                                     O_WRONLY | O_CREAT | O_APPEND, 0644);
-    posix_spawn_file_actions_addopen(&fa, 2, err.c_str(),
-                                     O_WRONLY | O_CREAT | O_APPEND, 0644);
-    int rc =
-        posix_spawn(&pid_, argv[0], &fa, nullptr, argv.data(), envp.data());
-    posix_spawn_file_actions_destroy(&fa);
-    ASSERT_EQ(rc, 0) << std::strerror(rc);
-    status_.reset();
-  }
-
-  bool running() {
-    Poll();
-    return pid_ > 0;
-  }
-  // The exit code, or -1 when killed or still running.
-  int exit_code() {
-    Poll();
-    return status_ && WIFEXITED(*status_) ? WEXITSTATUS(*status_) : -1;
-  }
-  bool killed_by_signal() {
-    Poll();
-    return status_ && WIFSIGNALED(*status_);
-  }
-  void Kill() {
-    if (pid_ > 0) {
-      kill(pid_, SIGKILL);
-      int st = 0;
-      waitpid(pid_, &st, 0);
-      status_ = st;
-      pid_ = -1;
-    }
-  }
-  // Waits up to `seconds` for the end; kills on timeout (and returns false).
-  bool Wait(double seconds) {
-    auto t0 = Clock::now();
-    while (running()) {
-      if (SecondsSince(t0) > seconds) {
-        Kill();
-        return false;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
-    return true;
-  }
-
- private:
-  void Poll() {
-    if (pid_ <= 0) return;
-    int st = 0;
-    if (waitpid(pid_, &st, WNOHANG) == pid_) {
-      status_ = st;
-      pid_ = -1;
-    }
-  }
-  pid_t pid_ = -1;
-  std::optional<int> status_;
-};
-
-std::string ReadText(const std::string& path) {
-  std::vector<uint8_t> b = ReadBytes(path);
-  return std::string(b.begin(), b.end());
-}
-
-std::string Tail(const std::string& path, size_t n = 2000) {
-  std::string t = ReadText(path);
-  return t.size() > n ? t.substr(t.size() - n) : t;
-}
-
-std::vector<Json> JsonLines(const std::string& path) {
-  std::vector<Json> out;
-  std::string text = ReadText(path);
-  size_t pos = 0;
-  while (pos < text.size()) {
-    size_t nl = text.find('\n', pos);
-    if (nl == std::string::npos) nl = text.size();
-    Json j = Json::parse(text.substr(pos, nl - pos), nullptr, false);
-    if (!j.is_discarded() && j.is_object()) out.push_back(j);
-    pos = nl + 1;
-  }
-  return out;
-}
-
-// A TCP port on 127.0.0.1 that was free a moment ago.
-int FreePort() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof addr;
-  EXPECT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
-  EXPECT_EQ(getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len), 0);
-  close(fd);
-  return ntohs(addr.sin_port);
-}
-
-// ------------------------------------------------------------ models
-
-struct Tensor {
-  std::string name;
-  std::string dtype;
-  int width;
-  std::vector<uint64_t> shape;
-  std::vector<uint8_t> data;
-};
-
-void WriteSafetensors(const std::string& path, const std::vector<Tensor>& ts) {
-  std::string header = "{";
-  uint64_t offset = 0;
-  for (size_t i = 0; i < ts.size(); ++i) {
-    std::string shape;
-    for (size_t d = 0; d < ts[i].shape.size(); ++d) {
-      shape += (d ? "," : "") + std::to_string(ts[i].shape[d]);
-    }
-    header += (i ? "," : "") + std::string("\"") + ts[i].name +
-              "\":{\"dtype\":\"" + ts[i].dtype + "\",\"shape\":[" + shape +
-              "],\"data_offsets\":[" + std::to_string(offset) + "," +
-              std::to_string(offset + ts[i].data.size()) + "]}";
-    offset += ts[i].data.size();
-  }
-  header += "}";
-  header.append((8 - header.size() % 8) % 8, ' ');
-  std::vector<uint8_t> file(8);
-  for (int i = 0; i < 8; ++i) {
-    file[static_cast<size_t>(i)] =
-        static_cast<uint8_t>(static_cast<uint64_t>(header.size()) >> (8 * i));
-  }
-  file.insert(file.end(), header.begin(), header.end());
-  for (const Tensor& t : ts)
-    file.insert(file.end(), t.data.begin(), t.data.end());
-  WriteBytes(path, file);
-}
-
-// ~1.3 MB: sparse changes in the BF16 weights (sparse XOR chunks), dense
-// ones in the F32 scale (dense chunks).
-std::vector<Tensor> BaseModel() {
-  std::mt19937_64 rng(42);
-  auto make = [&](std::string name, std::string dtype, int width,
-                  std::vector<uint64_t> shape) {
-    Tensor t{std::move(name), std::move(dtype), width, std::move(shape), {}};
-    uint64_t n = 1;
-    for (uint64_t d : t.shape) n *= d;
-    t.data.resize(n * static_cast<uint64_t>(width));
-    for (uint8_t& b : t.data) b = static_cast<uint8_t>(rng());
-    return t;
-  };
-  return {make("a.weight", "BF16", 2, {512, 1024}),
-          make("b.weight", "BF16", 2, {128, 1024}),
-          make("c.bias", "BF16", 2, {1000}), make("d.scale", "F32", 4, {8192})};
-}
-
-std::vector<Tensor> NextVersion(std::vector<Tensor> m, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::uniform_real_distribution<double> u(0, 1);
-  for (Tensor& t : m) {
-    double rate = t.dtype == "F32" ? 0.5 : 0.02;
-    for (size_t i = 0; i < t.data.size(); i += static_cast<size_t>(t.width)) {
-      if (u(rng) < rate) t.data[i] ^= static_cast<uint8_t>(1 + rng() % 7);
-    }
-  }
-  return m;
-}
-
-using Digests = std::map<std::string, Sha256>;
-
-Digests TensorDigests(const std::string& path) {
-  Digests d;
-  auto ck = Checkpoint::Open(path, Checkpoint::Mode::kReadOnly);
-  if (!ck.ok()) return d;
-  for (size_t i = 0; i < ck->tensors().size(); ++i) {
-    d[ck->tensors()[i].name] = ComputeSha256(ck->Data(i));
-  }
-  return d;
-}
 
 // ------------------------------------------------------------ the tree
 
@@ -274,7 +81,7 @@ class Tree {
     std::string hex(64, 'a');
     hex += "\n";
     WriteBytes(key_, std::vector<uint8_t>(hex.begin(), hex.end()));
-    std::vector<Tensor> m = BaseModel();
+    std::vector<Tensor> m = BaseModel(1);
     for (uint64_t v = 0; v <= kVersions; ++v) {
       if (v > 0) m = NextVersion(std::move(m), 1000 + v);
       trainer_.push_back(dir_.File("trainer/v" + std::to_string(v)));
@@ -497,7 +304,7 @@ TEST(RelayCliTest, ReceiverGivesUpOnADeadParent) {
   auto t0 = Clock::now();
   TempDir dir;
   {
-    std::vector<Tensor> m = BaseModel();
+    std::vector<Tensor> m = BaseModel(1);
     WriteSafetensors(dir.File("model.safetensors"), m);
   }
   Proc r;

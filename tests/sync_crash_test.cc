@@ -37,6 +37,7 @@
 #include "sync/auth.h"
 #include "sync/journal.h"
 #include "sync/protocol.h"
+#include "cli_process.h"
 #include "testing.h"
 #include "transport/object_store.h"
 
@@ -50,6 +51,16 @@ namespace {
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 using Json = nlohmann::json;
+using ::refit::testing::BaseModel;
+using ::refit::testing::Digests;
+using ::refit::testing::JsonLines;
+using ::refit::testing::NextVersion;
+using ::refit::testing::Proc;
+using ::refit::testing::ReadText;
+using ::refit::testing::SecondsSince;
+using ::refit::testing::Tensor;
+using ::refit::testing::TensorDigests;
+using ::refit::testing::WriteSafetensors;
 using ::refit::testing::ReadBytes;
 using ::refit::testing::TempDir;
 using ::refit::testing::WriteBytes;
@@ -57,210 +68,6 @@ using ::refit::testing::WriteBytes;
 constexpr int kExitAborted = 8;
 constexpr char kMembers[] = "r0,r1,r2";
 constexpr int kReceivers = 3;
-
-double SecondsSince(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
-}
-
-// ------------------------------------------------------------ processes
-
-// A child process running `refit ARGS`, stdout and stderr appended to files.
-class Proc {
- public:
-  Proc() = default;
-  Proc(const Proc&) = delete;
-  Proc& operator=(const Proc&) = delete;
-  ~Proc() {
-    if (pid_ > 0) {
-      kill(pid_, SIGKILL);
-      waitpid(pid_, nullptr, 0);
-    }
-  }
-
-  void Start(const std::vector<std::string>& args, const std::string& out,
-             const std::string& err, const std::string& crash_at = "") {
-    ASSERT_LE(pid_, 0) << "already running";
-    std::vector<std::string> all = {REFIT_CLI_PATH};
-    all.insert(all.end(), args.begin(), args.end());
-    std::vector<char*> argv;
-    for (std::string& a : all) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    std::vector<std::string> env;
-    for (char** e = environ; *e != nullptr; ++e) {
-      if (std::string_view(*e).starts_with("REFIT_CRASH_AT=")) continue;
-      env.emplace_back(*e);
-    }
-    if (!crash_at.empty()) env.push_back("REFIT_CRASH_AT=" + crash_at);
-    std::vector<char*> envp;
-    for (std::string& e : env) envp.push_back(e.data());
-    envp.push_back(nullptr);
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
-    posix_spawn_file_actions_addopen(&fa, 1, out.c_str(),
-                                     O_WRONLY | O_CREAT | O_APPEND, 0644);
-    posix_spawn_file_actions_addopen(&fa, 2, err.c_str(),
-                                     O_WRONLY | O_CREAT | O_APPEND, 0644);
-    int rc =
-        posix_spawn(&pid_, argv[0], &fa, nullptr, argv.data(), envp.data());
-    posix_spawn_file_actions_destroy(&fa);
-    ASSERT_EQ(rc, 0) << std::strerror(rc);
-    status_.reset();
-    started_ = Clock::now();
-  }
-
-  bool running() {
-    Poll();
-    return pid_ > 0;
-  }
-  // The wait status once ended.
-  std::optional<int> status() {
-    Poll();
-    return status_;
-  }
-  bool killed_by_signal() {
-    Poll();
-    return status_ && WIFSIGNALED(*status_);
-  }
-  // The exit code, or -1 when killed or still running.
-  int exit_code() {
-    Poll();
-    return status_ && WIFEXITED(*status_) ? WEXITSTATUS(*status_) : -1;
-  }
-  void Kill() {
-    if (pid_ > 0) kill(pid_, SIGKILL);
-  }
-  void Signal(int sig) {
-    if (pid_ > 0) kill(pid_, sig);
-  }
-  // Waits up to `seconds` for the end; kills on timeout (and returns false).
-  bool Wait(double seconds) {
-    auto t0 = Clock::now();
-    while (running()) {
-      if (SecondsSince(t0) > seconds) {
-        Kill();
-        waitpid(pid_, nullptr, 0);
-        pid_ = -1;
-        return false;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
-    return true;
-  }
-  double seconds_since_start() const { return SecondsSince(started_); }
-
- private:
-  void Poll() {
-    if (pid_ <= 0) return;
-    int st = 0;
-    if (waitpid(pid_, &st, WNOHANG) == pid_) {
-      status_ = st;
-      pid_ = -1;
-    }
-  }
-  pid_t pid_ = -1;
-  std::optional<int> status_;
-  Clock::time_point started_;
-};
-
-std::string ReadText(const std::string& path) {
-  std::vector<uint8_t> b = ReadBytes(path);
-  return std::string(b.begin(), b.end());
-}
-
-std::vector<Json> JsonLines(const std::string& path) {
-  std::vector<Json> out;
-  std::string text = ReadText(path);
-  size_t pos = 0;
-  while (pos < text.size()) {
-    size_t nl = text.find('\n', pos);
-    if (nl == std::string::npos) nl = text.size();
-    Json j = Json::parse(text.substr(pos, nl - pos), nullptr, false);
-    if (!j.is_discarded() && j.is_object()) out.push_back(j);
-    pos = nl + 1;
-  }
-  return out;
-}
-
-// ------------------------------------------------------------ models
-
-struct Tensor {
-  std::string name;
-  std::string dtype;
-  int width;
-  std::vector<uint64_t> shape;
-  std::vector<uint8_t> data;
-};
-
-void WriteSafetensors(const std::string& path, const std::vector<Tensor>& ts) {
-  std::string header = "{";
-  uint64_t offset = 0;
-  for (size_t i = 0; i < ts.size(); ++i) {
-    std::string shape;
-    for (size_t d = 0; d < ts[i].shape.size(); ++d) {
-      shape += (d ? "," : "") + std::to_string(ts[i].shape[d]);
-    }
-    header += (i ? "," : "") + std::string("\"") + ts[i].name +
-              "\":{\"dtype\":\"" + ts[i].dtype + "\",\"shape\":[" + shape +
-              "],\"data_offsets\":[" + std::to_string(offset) + "," +
-              std::to_string(offset + ts[i].data.size()) + "]}";
-    offset += ts[i].data.size();
-  }
-  header += "}";
-  header.append((8 - header.size() % 8) % 8, ' ');
-  std::vector<uint8_t> file(8);
-  for (int i = 0; i < 8; ++i) {
-    file[static_cast<size_t>(i)] =
-        static_cast<uint8_t>(static_cast<uint64_t>(header.size()) >> (8 * i));
-  }
-  file.insert(file.end(), header.begin(), header.end());
-  for (const Tensor& t : ts)
-    file.insert(file.end(), t.data.begin(), t.data.end());
-  WriteBytes(path, file);
-}
-
-// ~2.7 MB: sparse changes in the BF16 weights (sparse XOR chunks), dense
-// ones in the F32 scale (dense chunks).
-std::vector<Tensor> BaseModel() {
-  std::mt19937_64 rng(42);
-  auto make = [&](std::string name, std::string dtype, int width,
-                  std::vector<uint64_t> shape) {
-    Tensor t{std::move(name), std::move(dtype), width, std::move(shape), {}};
-    uint64_t n = 1;
-    for (uint64_t d : t.shape) n *= d;
-    t.data.resize(n * static_cast<uint64_t>(width));
-    for (uint8_t& b : t.data) b = static_cast<uint8_t>(rng());
-    return t;
-  };
-  return {make("a.weight", "BF16", 2, {1024, 1024}),
-          make("b.weight", "BF16", 2, {256, 1024}),
-          make("c.bias", "BF16", 2, {1000}),
-          make("d.scale", "F32", 4, {16384})};
-}
-
-std::vector<Tensor> NextVersion(std::vector<Tensor> m, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::uniform_real_distribution<double> u(0, 1);
-  for (Tensor& t : m) {
-    double rate = t.dtype == "F32" ? 0.5 : 0.02;
-    for (size_t i = 0; i < t.data.size(); i += static_cast<size_t>(t.width)) {
-      if (u(rng) < rate) t.data[i] ^= static_cast<uint8_t>(1 + rng() % 7);
-    }
-  }
-  return m;
-}
-
-using Digests = std::map<std::string, Sha256>;
-
-Digests TensorDigests(const std::string& path) {
-  Digests d;
-  auto ck = Checkpoint::Open(path, Checkpoint::Mode::kReadOnly);
-  if (!ck.ok()) return d;
-  for (size_t i = 0; i < ck->tensors().size(); ++i) {
-    d[ck->tensors()[i].name] = ComputeSha256(ck->Data(i));
-  }
-  return d;
-}
 
 // ------------------------------------------------------------ one trial
 
@@ -281,7 +88,7 @@ class Inputs {
     base = dir.File("v0.safetensors");
     v1 = dir.File("v1.safetensors");
     key = dir.File("hmac.key");
-    std::vector<Tensor> m0 = BaseModel();
+    std::vector<Tensor> m0 = BaseModel(2);
     WriteSafetensors(base, m0);
     WriteSafetensors(v1, NextVersion(m0, 7));
     std::string hex(64, '5');
