@@ -17,6 +17,8 @@ PACKAGES=(
   libgtest-dev libgmock-dev  # unit tests
   libbenchmark-dev     # micro-benchmarks
   python3              # test helpers
+  python3-dev pybind11-dev       # the Python package (bindings)
+  python3-numpy python3-pytest   # Python tests
 )
 
 missing=()

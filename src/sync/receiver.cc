@@ -570,6 +570,13 @@ Result<StepResult> Receiver::ProcessVersion(const Manifest& m, const Sha256& man
   } else {
     REFIT_RETURN_IF_ERROR(Activate(m.version));
     result.outcome = vote ? StepResult::Outcome::kCommitted : StepResult::Outcome::kCaughtUp;
+    std::vector<bool> touched(m.tensors.size(), false);
+    for (const ManifestChunk& c : m.chunks) {
+      if (c.changed > 0 && c.tensor_id < touched.size()) touched[c.tensor_id] = true;
+    }
+    for (size_t t = 0; t < touched.size(); ++t) {
+      if (touched[t]) result.changed_tensors.push_back(m.tensors[t].name);
+    }
   }
   result.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   return result;

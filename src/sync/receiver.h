@@ -15,6 +15,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "refit/status.h"
 #include "sync/auth.h"
@@ -47,6 +48,10 @@ struct StepResult {
   uint64_t changed_elements = 0;
   uint64_t bytes_fetched = 0;
   double seconds = 0;
+  // kCommitted / kCaughtUp: the names of the tensors the version changed
+  // (those with at least one changed element), in manifest order, so a
+  // caller can reload just those into an engine.
+  std::vector<std::string> changed_tensors;
 };
 
 class Receiver {

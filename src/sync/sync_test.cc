@@ -301,6 +301,7 @@ TEST_P(SyncTest, DropPolicyCommitsAndTheDroppedMemberCatchesUp) {
   auto s = (*r1)->SyncTo(1, 20000);
   ASSERT_OK(s);
   EXPECT_EQ(s->outcome, StepResult::Outcome::kCaughtUp);
+  EXPECT_EQ(s->changed_tensors, trainer.names);
   EXPECT_TRUE(trainer.Matches(dir_.File("r1/model.safetensors")));
 }
 
