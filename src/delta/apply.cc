@@ -52,16 +52,28 @@ RangeState ClassifyRange(const ChunkHeader& h, const Hash128& range_hash) {
 
 namespace {
 
-// Stores the chunk's decoded records (in scratch) into the range. XOR kinds
-// toggle bits, so calling this twice restores the range; overwrite kinds
-// record what they replace in *undo.
-void StoreRecords(const ChunkHeader& h, uint8_t* base, ApplyScratch* s,
+// Where the region's i-th element lives: contiguous ranges index directly,
+// strided regions map through their rows.
+struct RegionAddr {
+  uint8_t* base;  // the region's first element
+  uint64_t w, run, stride;
+  RegionAddr(const ChunkHeader& h, uint8_t* tensor_data)
+      : base(tensor_data + h.start * h.width), w(h.width), run(h.run), stride(h.stride) {}
+  uint8_t* At(uint64_t i) const {
+    return run == 0 ? base + i * w : base + ((i / run) * stride + i % run) * w;
+  }
+};
+
+// Stores the chunk's decoded records (in scratch) into the region. XOR
+// kinds toggle bits, so calling this twice restores the region; overwrite
+// kinds record what they replace in *undo.
+void StoreRecords(const ChunkHeader& h, const RegionAddr& at, ApplyScratch* s,
                   PageCounter* pages, UndoRecord* undo) {
   const int w = h.width;
   if (h.IsSparse()) {
     const uint32_t k = static_cast<uint32_t>(h.changed);
     for (uint32_t r = 0; r < k; ++r) {
-      uint8_t* p = base + static_cast<uint64_t>(s->positions[r]) * w;
+      uint8_t* p = at.At(s->positions[r]);
       const uint8_t* v = s->values.data() + static_cast<size_t>(r) * w;
       if (h.kind == ChunkKind::kSparseXor) {
         StoreLE(p, LoadLE(p, w) ^ LoadLE(v, w), w);
@@ -77,7 +89,7 @@ void StoreRecords(const ChunkHeader& h, uint8_t* base, ApplyScratch* s,
   const uint32_t n = static_cast<uint32_t>(h.count);
   const uint8_t* d = s->dense.data();
   for (uint32_t i = 0; i < n; ++i) {
-    uint8_t* p = base + static_cast<uint64_t>(i) * w;
+    uint8_t* p = at.At(i);
     uint64_t v = LoadLE(d + static_cast<uint64_t>(i) * w, w);
     if (h.kind == ChunkKind::kDenseXor) {
       if (v == 0) continue;
@@ -107,11 +119,10 @@ Status DecodeRecords(const ParsedChunk& chunk, ApplyScratch* s) {
   return codec::DecodeDense(chunk.payload, n, w, s->dense.data());
 }
 
-void Restore(const ChunkHeader& h, uint8_t* base, const UndoRecord& undo) {
-  const int w = h.width;
+void Restore(const ChunkHeader& h, const RegionAddr& at, const UndoRecord& undo) {
+  const size_t w = h.width;
   for (size_t j = 0; j < undo.at.size(); ++j) {
-    std::memcpy(base + static_cast<uint64_t>(undo.at[j]) * w,
-                undo.old.data() + j * w, static_cast<size_t>(w));
+    std::memcpy(at.At(undo.at[j]), undo.old.data() + j * w, w);
   }
 }
 
@@ -121,27 +132,24 @@ Status ApplyChunkInPlace(const ParsedChunk& chunk, uint8_t* tensor_data,
                          ApplyScratch* s, uint64_t* pages_written,
                          UndoRecord* undo) {
   const ChunkHeader& h = chunk.header;
-  uint8_t* base = tensor_data + h.start * h.width;
-  const uint64_t bytes = h.count * static_cast<uint64_t>(h.width);
+  const RegionAddr at(h, tensor_data);
   // Stores happen only after the payload decoded completely, so a corrupt
-  // payload is refused before the range is touched.
+  // payload is refused before the region is touched.
   REFIT_RETURN_IF_ERROR(DecodeRecords(chunk, s));
   PageCounter pages;
   s->undo.at.clear();
   s->undo.old.clear();
-  StoreRecords(h, base, s, &pages, &s->undo);
+  StoreRecords(h, at, s, &pages, &s->undo);
 
-  std::vector<Hash128> digests(SegmentCount(bytes));
-  SegmentDigests(base, bytes, digests.data());
-  if (HashSegmentDigests(digests.data(), digests.size()) == h.after) {
+  if (RegionHash(h, tensor_data) == h.after) {
     if (pages_written) *pages_written += pages.pages;
     if (undo) *undo = s->undo;
     return Status();
   }
   if (h.IsXor()) {
-    StoreRecords(h, base, s, nullptr, nullptr);
+    StoreRecords(h, at, s, nullptr, nullptr);
   } else {
-    Restore(h, base, s->undo);
+    Restore(h, at, s->undo);
   }
   return DataLossError("chunk decoded but its result does not hash to the "
                        "chunk's \"after\" hash; the chunk is corrupt and was "
@@ -151,13 +159,13 @@ Status ApplyChunkInPlace(const ParsedChunk& chunk, uint8_t* tensor_data,
 Status UndoChunkInPlace(const ParsedChunk& chunk, uint8_t* tensor_data,
                         ApplyScratch* s, const UndoRecord& undo) {
   const ChunkHeader& h = chunk.header;
-  uint8_t* base = tensor_data + h.start * h.width;
+  const RegionAddr at(h, tensor_data);
   if (!h.IsXor()) {
-    Restore(h, base, undo);
+    Restore(h, at, undo);
     return Status();
   }
   REFIT_RETURN_IF_ERROR(DecodeRecords(chunk, s));
-  StoreRecords(h, base, s, nullptr, nullptr);
+  StoreRecords(h, at, s, nullptr, nullptr);
   return Status();
 }
 

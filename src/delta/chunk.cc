@@ -11,6 +11,7 @@ namespace refit {
 namespace {
 
 constexpr uint8_t kChunkMagic[4] = {'R', 'F', 'C', 'K'};
+constexpr uint8_t kFlagStrided = 1;
 
 uint32_t Checksum(const uint8_t* p, size_t n) {
   return static_cast<uint32_t>(XXH3_64bits(p, n));
@@ -36,12 +37,16 @@ void SerializeChunk(const ChunkHeader& h, std::span<const uint8_t> payload,
   w.U8(kFormatVersion);
   w.U8(static_cast<uint8_t>(h.kind));
   w.U8(h.width);
-  w.U8(0);
+  w.U8(h.IsStrided() ? kFlagStrided : 0);
   w.Varint(h.version);
   w.Varint(h.base_version);
   w.Varint(h.tensor_id);
   w.Varint(h.start);
   w.Varint(h.count);
+  if (h.IsStrided()) {
+    w.Varint(h.run);
+    w.Varint(h.stride);
+  }
   w.Varint(h.changed);
   PutHash(w, h.before);
   PutHash(w, h.after);
@@ -67,6 +72,10 @@ Result<ParsedChunk> ParseChunk(std::span<const uint8_t> bytes) {
   h.tensor_id = r.Varint();
   h.start = r.Varint();
   h.count = r.Varint();
+  if (flags & kFlagStrided) {
+    h.run = r.Varint();
+    h.stride = r.Varint();
+  }
   h.changed = r.Varint();
   h.before = GetHash(r);
   h.after = GetHash(r);
@@ -81,7 +90,7 @@ Result<ParsedChunk> ParseChunk(std::span<const uint8_t> bytes) {
     return DataLossError("chunk has unknown kind " + std::to_string(kind));
   }
   h.kind = static_cast<codec::ChunkKind>(kind);
-  if (flags != 0) return DataLossError("chunk has unknown flags");
+  if ((flags & ~kFlagStrided) != 0) return DataLossError("chunk has unknown flags");
   if (h.width != 1 && h.width != 2 && h.width != 4 && h.width != 8) {
     return DataLossError("chunk has invalid element width " +
                          std::to_string(h.width));
@@ -97,6 +106,22 @@ Result<ParsedChunk> ParseChunk(std::span<const uint8_t> bytes) {
   if (!AddWithin(h.start, h.count, uint64_t{1} << 62)) {
     return DataLossError("chunk range overflows");
   }
+  if (h.IsStrided()) {
+    // Canonical form: a strided region has at least two rows and gaps
+    // between them (anything else is written as a contiguous range).
+    if (h.run >= h.count || h.count % h.run != 0 || h.stride <= h.run) {
+      return DataLossError("chunk region of " + std::to_string(h.count) +
+                           " elements in rows of " + std::to_string(h.run) +
+                           " at stride " + std::to_string(h.stride) +
+                           " is not a strided region");
+    }
+    uint64_t span = 0;
+    if (!MulChecked(h.count / h.run - 1, h.stride, &span) ||
+        !AddWithin(h.start, span, uint64_t{1} << 62) ||
+        !AddWithin(h.start + span, h.run, uint64_t{1} << 62)) {
+      return DataLossError("chunk region overflows");
+    }
+  }
   if (payload_size > kMaxChunkPayload || payload_size + 4 > r.remaining()) {
     return DataLossError("chunk payload of " + std::to_string(payload_size) +
                          " bytes does not fit in the " +
@@ -111,6 +136,17 @@ Result<ParsedChunk> ParseChunk(std::span<const uint8_t> bytes) {
   }
   c.size = covered + 4;
   return c;
+}
+
+Hash128 RegionHash(const ChunkHeader& h, const uint8_t* tensor_data) {
+  const uint64_t w = h.width;
+  if (!h.IsStrided()) return RangeHash(tensor_data + h.start * w, h.count * w);
+  RangeHasher hasher;
+  const uint64_t rows = h.count / h.run;
+  for (uint64_t r = 0; r < rows; ++r) {
+    hasher.Update(tensor_data + (h.start + r * h.stride) * w, h.run * w);
+  }
+  return hasher.Finish();
 }
 
 }  // namespace refit

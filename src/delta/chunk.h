@@ -1,7 +1,9 @@
 // Chunk framing: the self-describing unit of a delta (docs/format.md §3).
 //
-// A chunk names one contiguous canonical range of one tensor, carries the
-// range hash before and after, and an entropy-coded payload (§4). This file
+// A chunk names one canonical region of one tensor - a contiguous range, or
+// a strided region of equal rows (a block of a matrix that a tensor-parallel
+// rank owns) - carries the region's range hash before and after, and an
+// entropy-coded payload (§4). This file
 // only frames and unframes; it does no I/O and never allocates more than the
 // chunk itself, so it can be fuzzed in memory. Thread-compatible.
 #ifndef REFIT_DELTA_CHUNK_H_
@@ -28,11 +30,25 @@ struct ChunkHeader {
   uint64_t version = 0;
   uint64_t base_version = 0;
   uint64_t tensor_id = 0;
-  uint64_t start = 0;    // first element of the range
-  uint64_t count = 0;    // elements in the range
+  uint64_t start = 0;    // first element of the region
+  uint64_t count = 0;    // elements in the region
   uint64_t changed = 0;  // elements whose bits differ
+  // Strided regions (docs/format.md §3): count / run rows of `run`
+  // elements, row r starting at start + r * stride. run == 0: contiguous.
+  uint64_t run = 0;
+  uint64_t stride = 0;
   Hash128 before;
   Hash128 after;
+
+  bool IsStrided() const { return run != 0; }
+  // The tensor element of the region's i-th element.
+  uint64_t Element(uint64_t i) const {
+    return run == 0 ? start + i : start + (i / run) * stride + i % run;
+  }
+  // One past the last tensor element the region touches.
+  uint64_t End() const {
+    return run == 0 ? start + count : start + (count / run - 1) * stride + run;
+  }
 
   bool IsXor() const {
     return kind == codec::ChunkKind::kSparseXor ||
@@ -60,6 +76,10 @@ struct ParsedChunk {
 Result<ParsedChunk> ParseChunk(std::span<const uint8_t> bytes);
 
 const char* ChunkKindName(codec::ChunkKind kind);
+
+// Range hash (docs/format.md §2) of the chunk's region of a tensor whose
+// bytes begin at tensor_data, the rows of a strided region concatenated.
+Hash128 RegionHash(const ChunkHeader& h, const uint8_t* tensor_data);
 
 // hash128 fields (docs/format.md §1): low half, then high half.
 inline void PutHash(ByteWriter& w, const Hash128& h) {

@@ -326,6 +326,12 @@ Result<ParsedChunk> DeltaReader::ReadChunk(size_t i) const {
     return DataLossError("chunk " + std::to_string(i) +
                          " disagrees with the delta's index");
   }
+  if (h.IsStrided()) {
+    // A delta file tiles tensors with contiguous, segment-aligned ranges
+    // (§6); strided regions travel as single chunks (§3).
+    return DataLossError("chunk " + std::to_string(i) +
+                         " is a strided region, which a delta file cannot hold");
+  }
   return parsed;
 }
 

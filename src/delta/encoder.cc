@@ -26,17 +26,20 @@ void Keep(ChunkKind kind, EncodeScratch* s, ChunkKind* best_kind, bool* have) {
 
 }  // namespace
 
-Status EncodeChunkRange(const ChunkHeader& ids, const uint8_t* old_data,
-                        const uint8_t* new_data, uint64_t start, uint64_t count,
-                        const ChunkEncodeOptions& options, EncodeScratch* s,
-                        ChunkResult* out) {
+namespace {
+
+// Encodes the `count` region elements whose old and new bytes are at a and
+// b (contiguous, in region order); `region` carries the header's start,
+// run and stride.
+Status EncodeElements(const ChunkHeader& ids, const uint8_t* a, const uint8_t* b,
+                      uint64_t count, const ChunkHeader& region,
+                      const ChunkEncodeOptions& options, EncodeScratch* s,
+                      ChunkResult* out) {
   const int w = ids.width;
   if (!ValidWidth(w)) return InvalidArgumentError("element width must be 1, 2, 4 or 8");
   if (count == 0 || count > kMaxChunkElements) {
     return InvalidArgumentError("chunk element count outside 1..2^28");
   }
-  const uint8_t* a = old_data + start * w;
-  const uint8_t* b = new_data + start * w;
   const uint64_t bytes = count * static_cast<uint64_t>(w);
 
   // One pass per 64 KiB segment: detect, then hash the segment while it is
@@ -65,8 +68,10 @@ Status EncodeChunkRange(const ChunkHeader& ids, const uint8_t* old_data,
 
   ChunkHeader& h = out->header;
   h = ids;
-  h.start = start;
+  h.start = region.start;
   h.count = count;
+  h.run = region.run;
+  h.stride = region.stride;
   h.changed = k;
   h.before = HashSegmentDigests(out->before_digests.data(),
                                 out->before_digests.size());
@@ -112,6 +117,39 @@ Status EncodeChunkRange(const ChunkHeader& ids, const uint8_t* old_data,
   out->payload_bytes = s->best.size();
   SerializeChunk(h, s->best, &out->chunk);
   return Status();
+}
+
+}  // namespace
+
+Status EncodeChunkRange(const ChunkHeader& ids, const uint8_t* old_data,
+                        const uint8_t* new_data, uint64_t start, uint64_t count,
+                        const ChunkEncodeOptions& options, EncodeScratch* s,
+                        ChunkResult* out) {
+  ChunkHeader region;
+  region.start = start;
+  const uint64_t w = ids.width;
+  return EncodeElements(ids, old_data + start * w, new_data + start * w, count,
+                        region, options, s, out);
+}
+
+Status EncodeRegionChunk(const ChunkHeader& ids, const uint8_t* old_region,
+                         const uint8_t* new_region, uint64_t start, uint64_t count,
+                         uint64_t run, uint64_t stride,
+                         const ChunkEncodeOptions& options, EncodeScratch* s,
+                         ChunkResult* out) {
+  ChunkHeader region;
+  region.start = start;
+  // Canonical form (docs/format.md §3): one row, or rows without gaps, is
+  // a contiguous range.
+  if (run != 0 && run < count && stride > run) {
+    if (count % run != 0) {
+      return InvalidArgumentError("region of " + std::to_string(count) +
+                                  " elements is not whole rows of " + std::to_string(run));
+    }
+    region.run = run;
+    region.stride = stride;
+  }
+  return EncodeElements(ids, old_region, new_region, count, region, options, s, out);
 }
 
 Result<std::vector<TensorEntry>> MatchTensors(

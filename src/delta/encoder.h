@@ -51,6 +51,18 @@ Status EncodeChunkRange(const ChunkHeader& ids, const uint8_t* old_data,
                         const ChunkEncodeOptions& options,
                         EncodeScratch* scratch, ChunkResult* out);
 
+// Encodes a region of a tensor whose elements the caller holds gathered in
+// region order (e.g. a tensor-parallel shard): old_region and new_region
+// hold `count` elements; in the tensor they are rows of `run` elements
+// starting `stride` elements apart from element `start` (run == 0 or
+// stride == run: one contiguous range). The chunk's hashes are over the
+// gathered bytes, which is how receivers hash the region (RegionHash).
+Status EncodeRegionChunk(const ChunkHeader& ids, const uint8_t* old_region,
+                         const uint8_t* new_region, uint64_t start, uint64_t count,
+                         uint64_t run, uint64_t stride,
+                         const ChunkEncodeOptions& options, EncodeScratch* scratch,
+                         ChunkResult* out);
+
 // Validates and pairs base and target by name (sorted), and builds the
 // trailer's tensor table (hashes are filled in by the diff).
 Result<std::vector<TensorEntry>> MatchTensors(
