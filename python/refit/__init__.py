@@ -1,0 +1,49 @@
+"""refit: keep inference engines' weights in sync with the trainer by sending
+only the bits that changed.
+
+Trainer::
+
+    pub = refit.Publisher("/shared/store", baseline="/ckpt/baseline",
+                          members=["r0", "r1"], initial=model.state_dict())
+    report = pub.publish(step, model.state_dict())
+
+Inference worker::
+
+    rcv = refit.Receiver("/shared/store", member="r0", checkpoint_dir="/ckpt/r0")
+    rcv.sync()
+    engine_model.load_weights(rcv.changed_tensors(framework="torch"))
+
+Files: :func:`diff`, :func:`apply`, :func:`verify`, :func:`inspect`,
+:func:`load`, :func:`save`. Errors: :mod:`refit.errors`. See docs/python.md.
+"""
+
+from . import adapters, errors
+from ._native import (ApplyReport, DiffReport, InspectReport, PublishReport, StepResult,
+                      TensorInspect, VerifyReport)
+from ._tensors import Typed
+from .errors import (AbortedError, AuthenticationError, CorruptDataError, DeadlineExceededError,
+                     Error, InvalidArgumentError, NotFoundError, TransportError,
+                     UnsupportedError, VersionMismatchError)
+from .files import Checkpoint, apply, copy_checkpoint, diff, inspect, load, save, verify
+from .sync import Publisher, Receiver, SyncReport
+
+__version__ = "0.1.0"
+
+
+def as_dtype(tensor, dtype: str) -> Typed:
+    """Marks `tensor` as holding elements of safetensors dtype `dtype`.
+
+    For arrays whose NumPy dtype is only the bit pattern (uint16 for "BF16",
+    uint8 for "F8_E4M3") or for DLPack objects refit cannot type itself.
+    """
+    return Typed(tensor, dtype)
+
+
+__all__ = [
+    "AbortedError", "ApplyReport", "AuthenticationError", "Checkpoint", "CorruptDataError",
+    "DeadlineExceededError", "DiffReport", "Error", "InspectReport", "InvalidArgumentError",
+    "NotFoundError", "PublishReport", "Publisher", "Receiver", "StepResult", "SyncReport",
+    "TensorInspect", "TransportError", "UnsupportedError", "VerifyReport",
+    "VersionMismatchError", "adapters", "apply", "as_dtype", "copy_checkpoint", "diff",
+    "errors", "inspect", "load", "save", "verify",
+]

@@ -1,0 +1,616 @@
+// refit._native: the C++ library as a Python extension module.
+//
+// This layer only converts: Python objects to borrowed tensor views
+// (borrow.h), Status to exceptions of refit.errors, and C++ reports to
+// read-only Python objects. Policy (dtype resolution, PyTorch staging, the
+// Publisher/Receiver conveniences) lives in the pure-Python package. Every
+// call that does native work of any length releases the GIL.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <chrono>
+#include <cstdint>
+#include <exception>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "borrow.h"
+#include "delta/delta_file.h"
+#include "format/safetensors.h"
+#include "refit/checkpoint.h"
+#include "refit/delta.h"
+#include "refit/status.h"
+#include "sync/auth.h"
+#include "sync/publisher.h"
+#include "sync/receiver.h"
+#include "transport/object_store.h"
+
+namespace py = pybind11;
+
+namespace refit::python {
+namespace {
+
+// A non-OK Status on its way to Python; the translator below turns it into
+// the matching refit.errors class.
+class StatusError : public std::exception {
+ public:
+  explicit StatusError(Status status)
+      : status_(std::move(status)), what_(status_.ToString()) {}
+  const Status& status() const { return status_; }
+  const char* what() const noexcept override { return what_.c_str(); }
+
+ private:
+  Status status_;
+  std::string what_;
+};
+
+void Check(const Status& s) {
+  if (!s.ok()) throw StatusError(s);
+}
+
+template <typename T>
+T Unwrap(Result<T> r) {
+  if (!r.ok()) throw StatusError(r.status());
+  return std::move(r).value();
+}
+
+void TranslateStatusError(std::exception_ptr p) {
+  try {
+    if (p) std::rethrow_exception(p);
+  } catch (const StatusError& e) {
+    py::object make = py::module_::import("refit.errors").attr("_from_status");
+    py::object exc = make(std::string(StatusCodeName(e.status().code())),
+                          std::string(e.status().message()));
+    PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(exc.ptr())), exc.ptr());
+  }
+}
+
+using Borrowed = std::vector<std::unique_ptr<BorrowedTensor>>;
+
+std::vector<TensorView> Views(const Borrowed& b) {
+  std::vector<TensorView> out;
+  out.reserve(b.size());
+  for (const auto& t : b) out.push_back(t->View());
+  return out;
+}
+
+std::vector<MutableTensorView> MutableViews(const Borrowed& b) {
+  std::vector<MutableTensorView> out;
+  out.reserve(b.size());
+  for (const auto& t : b) out.push_back(t->MutableView());
+  return out;
+}
+
+int Millis(double seconds) {
+  if (seconds < 0) throw StatusError(InvalidArgumentError("a timeout must not be negative"));
+  double ms = seconds * 1000.0;
+  return ms > 2e9 ? 2000000000 : static_cast<int>(ms);
+}
+
+Authenticator MakeAuth(const py::object& key, const std::string& key_file) {
+  if (!key.is_none() && !key_file.empty()) {
+    throw StatusError(InvalidArgumentError("give key or key_file, not both"));
+  }
+  if (!key_file.empty()) return Unwrap(Authenticator::FromKeyFile(key_file));
+  if (key.is_none()) return Authenticator::None();
+  std::string bytes = key.cast<py::bytes>();
+  return Unwrap(Authenticator::Hmac(std::vector<uint8_t>(bytes.begin(), bytes.end())));
+}
+
+// A numpy dtype that holds a safetensors dtype's elements: the native type
+// where NumPy has one, the unsigned integer of the same width (the bit
+// pattern) otherwise (BF16, the F8 family, ...).
+py::dtype NumpyDType(const std::string& dtype, int width) {
+  static const std::map<std::string, std::string> kNative = {
+      {"F64", "float64"}, {"F32", "float32"}, {"F16", "float16"}, {"I64", "int64"},
+      {"I32", "int32"},   {"I16", "int16"},   {"I8", "int8"},     {"U64", "uint64"},
+      {"U32", "uint32"},  {"U16", "uint16"},  {"U8", "uint8"},    {"BOOL", "bool"}};
+  auto it = kNative.find(dtype);
+  if (it != kNative.end()) return py::dtype(it->second);
+  return py::dtype("uint" + std::to_string(8 * width));
+}
+
+std::vector<py::ssize_t> NumpyShape(const std::vector<uint64_t>& shape) {
+  std::vector<py::ssize_t> out;
+  for (uint64_t d : shape) out.push_back(static_cast<py::ssize_t>(d));
+  return out;
+}
+
+// A checkpoint opened from Python. Arrays it hands out view its memory
+// mappings and keep it alive.
+class PyCheckpoint {
+ public:
+  PyCheckpoint(const std::string& path, bool writable)
+      : ckpt_(Unwrap(Checkpoint::Open(path, writable ? Checkpoint::Mode::kReadWrite
+                                                     : Checkpoint::Mode::kReadOnly))) {}
+
+  const Checkpoint& get() const { return ckpt_; }
+  Checkpoint& get() { return ckpt_; }
+
+  size_t Index(const std::string& name) const {
+    auto i = ckpt_.IndexOf(name);
+    if (!i) {
+      throw py::key_error("checkpoint '" + ckpt_.path() + "' has no tensor '" + name + "'");
+    }
+    return *i;
+  }
+
+  static py::array Array(py::object self, const std::string& name) {
+    PyCheckpoint& c = self.cast<PyCheckpoint&>();
+    size_t i = c.Index(name);
+    const TensorInfo& t = c.ckpt_.tensors()[i];
+    bool writable = c.ckpt_.mode() == Checkpoint::Mode::kReadWrite;
+    void* data = writable ? static_cast<void*>(c.ckpt_.MutableData(i).data())
+                          : const_cast<uint8_t*>(c.ckpt_.Data(i).data());
+    py::array a(NumpyDType(t.dtype, t.element_width), NumpyShape(t.shape), {}, data, self);
+    // A read-only mapping faults on a store: NumPy must refuse writes.
+    if (!writable) a.attr("flags").attr("writeable") = false;
+    return a;
+  }
+
+ private:
+  Checkpoint ckpt_;
+};
+
+// A store opened by URL, shared by a publisher or receiver.
+std::shared_ptr<ObjectStore> OpenStore(const std::string& url) {
+  return std::shared_ptr<ObjectStore>(Unwrap(OpenObjectStore(url)).release());
+}
+
+class PyPublisher {
+ public:
+  PyPublisher(const std::string& store_url, const std::string& baseline,
+              std::vector<std::string> members, const py::object& key,
+              const std::string& key_file, double vote_timeout, const std::string& policy,
+              int threads, uint64_t chunk_bytes, int upload_threads, uint64_t snapshot_every,
+              uint64_t keep_versions) {
+    PublisherOptions o;
+    o.members = std::move(members);
+    o.auth = MakeAuth(key, key_file);
+    o.vote_timeout_ms = Millis(vote_timeout);
+    if (policy == "abort") {
+      o.policy = DeadlinePolicy::kAbort;
+    } else if (policy == "drop") {
+      o.policy = DeadlinePolicy::kDrop;
+    } else {
+      throw StatusError(InvalidArgumentError("policy must be 'abort' or 'drop', not '" +
+                                             policy + "'"));
+    }
+    o.diff.threads = threads;
+    if (chunk_bytes != 0) o.diff.chunk_bytes = chunk_bytes;
+    o.upload_threads = upload_threads;
+    o.snapshot_every = snapshot_every;
+    o.keep_versions = keep_versions;
+    store_ = OpenStore(store_url);
+    py::gil_scoped_release release;
+    pub_ = Unwrap(Publisher::Open(store_.get(), baseline, std::move(o)));
+  }
+
+  uint64_t committed_version() const { return pub_->committed_version(); }
+
+  PublishReport Publish(uint64_t version, py::handle triples) {
+    Borrowed b = Unwrap(BorrowAll(triples, /*writable=*/false));
+    std::vector<TensorView> views = Views(b);
+    py::gil_scoped_release release;
+    return Unwrap(pub_->Publish(version, views));
+  }
+
+  PublishReport PublishCheckpoint(uint64_t version, const std::string& path) {
+    py::gil_scoped_release release;
+    return Unwrap(pub_->PublishCheckpoint(version, path));
+  }
+
+  void Serve(uint64_t version, double seconds) {
+    int ms = Millis(seconds);
+    py::gil_scoped_release release;
+    Check(pub_->Serve(version, ms));
+  }
+
+ private:
+  std::shared_ptr<ObjectStore> store_;  // outlives pub_ (declared first)
+  std::unique_ptr<Publisher> pub_;
+};
+
+class PyReceiver {
+ public:
+  PyReceiver(const std::string& store_url, const std::string& member,
+             const std::string& checkpoint, const std::string& state_dir,
+             const py::object& key, const std::string& key_file, int threads,
+             double poll_interval, double decision_timeout, double resend_timeout)
+      : poll_ms_(Millis(poll_interval)) {
+    ReceiverOptions o;
+    o.member = member;
+    o.checkpoint = checkpoint;
+    o.state_dir = state_dir;
+    o.auth = MakeAuth(key, key_file);
+    o.threads = threads;
+    o.poll_ms = poll_ms_;
+    o.decision_timeout_ms = Millis(decision_timeout);
+    o.resend_timeout_ms = Millis(resend_timeout);
+    store_ = OpenStore(store_url);
+    py::gil_scoped_release release;
+    rcv_ = Unwrap(Receiver::Open(store_.get(), std::move(o)));
+  }
+
+  uint64_t active_version() const { return rcv_->active_version(); }
+
+  StepResult Step() {
+    py::gil_scoped_release release;
+    return Unwrap(rcv_->Step());
+  }
+
+  // Steps until the receiver is idle (nothing more to do now) or, with
+  // `target` > 0, until the active version reaches it, polling while idle
+  // up to `timeout` seconds. Returns every step that did something, so no
+  // version's changed tensors are lost. Ctrl-C interrupts between steps.
+  std::vector<StepResult> Sync(uint64_t target, double timeout) {
+    const int timeout_ms = Millis(timeout);
+    std::vector<StepResult> steps;
+    auto start = std::chrono::steady_clock::now();
+    py::gil_scoped_release release;
+    while (true) {
+      StepResult r = Unwrap(rcv_->Step());
+      const bool idle = r.outcome == StepResult::Outcome::kIdle;
+      if (!idle) steps.push_back(std::move(r));
+      if (target == 0 ? idle : rcv_->active_version() >= target) break;
+      auto elapsed = std::chrono::duration_cast<std::chrono::milliseconds>(
+                         std::chrono::steady_clock::now() - start)
+                         .count();
+      if (elapsed > timeout_ms) {
+        throw StatusError(DeadlineExceededError(
+            "the receiver did not reach version " + std::to_string(target) + " within " +
+            std::to_string(timeout_ms) + " ms (active version " +
+            std::to_string(rcv_->active_version()) + ")"));
+      }
+      {
+        py::gil_scoped_acquire acquire;
+        if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+      }
+      if (idle) std::this_thread::sleep_for(std::chrono::milliseconds(poll_ms_));
+    }
+    return steps;
+  }
+
+ private:
+  int poll_ms_;
+  std::shared_ptr<ObjectStore> store_;
+  std::unique_ptr<Receiver> rcv_;
+};
+
+const char* OutcomeName(StepResult::Outcome o) {
+  switch (o) {
+    case StepResult::Outcome::kIdle: return "idle";
+    case StepResult::Outcome::kCommitted: return "committed";
+    case StepResult::Outcome::kAborted: return "aborted";
+    case StepResult::Outcome::kCaughtUp: return "caught_up";
+    case StepResult::Outcome::kSnapshot: return "snapshot";
+  }
+  return "unknown";
+}
+
+double Percent(uint64_t part, uint64_t whole) {
+  return whole == 0 ? 0.0 : 100.0 * static_cast<double>(part) / static_cast<double>(whole);
+}
+
+void BindReports(py::module_& m) {
+  py::class_<DiffReport>(m, "DiffReport")
+      .def_readonly("tensors", &DiffReport::tensors)
+      .def_readonly("changed_tensors", &DiffReport::changed_tensors)
+      .def_readonly("total_elements", &DiffReport::total_elements)
+      .def_readonly("changed_elements", &DiffReport::changed_elements)
+      .def_readonly("full_bytes", &DiffReport::full_bytes)
+      .def_readonly("chunks", &DiffReport::chunks)
+      .def_readonly("payload_bytes", &DiffReport::payload_bytes)
+      .def_readonly("chunk_bytes", &DiffReport::chunk_bytes)
+      .def_readonly("file_bytes", &DiffReport::file_bytes)
+      .def_readonly("chunks_by_kind", &DiffReport::chunks_by_kind)
+      .def_readonly("seconds", &DiffReport::seconds)
+      .def_property_readonly("changed_percent", [](const DiffReport& r) {
+        return Percent(r.changed_elements, r.total_elements);
+      })
+      .def("__repr__", [](const DiffReport& r) {
+        return "DiffReport(changed " + std::to_string(r.changed_elements) + " of " +
+               std::to_string(r.total_elements) + " elements, " +
+               std::to_string(r.file_bytes) + " delta bytes of " +
+               std::to_string(r.full_bytes) + ")";
+      });
+
+  py::class_<ApplyReport>(m, "ApplyReport")
+      .def_readonly("chunks", &ApplyReport::chunks)
+      .def_readonly("chunks_applied", &ApplyReport::chunks_applied)
+      .def_readonly("chunks_skipped", &ApplyReport::chunks_skipped)
+      .def_readonly("changed_elements", &ApplyReport::changed_elements)
+      .def_readonly("checkpoint_bytes", &ApplyReport::checkpoint_bytes)
+      .def_readonly("pages_written", &ApplyReport::pages_written)
+      .def_readonly("page_size", &ApplyReport::page_size)
+      .def_readonly("seconds", &ApplyReport::seconds)
+      .def("__repr__", [](const ApplyReport& r) {
+        return "ApplyReport(" + std::to_string(r.chunks_applied) + " chunks applied, " +
+               std::to_string(r.chunks_skipped) + " skipped, " +
+               std::to_string(r.changed_elements) + " elements changed)";
+      });
+
+  py::class_<VerifyReport>(m, "VerifyReport")
+      .def_readonly("matches_target", &VerifyReport::matches_target)
+      .def_readonly("matches_base", &VerifyReport::matches_base)
+      .def_readonly("tensors", &VerifyReport::tensors)
+      .def_readonly("mismatched", &VerifyReport::mismatched)
+      .def("__repr__", [](const VerifyReport& r) {
+        return std::string("VerifyReport(matches_target=") +
+               (r.matches_target ? "True" : "False") +
+               ", matches_base=" + (r.matches_base ? "True" : "False") + ")";
+      });
+
+  py::class_<TensorInspect>(m, "TensorInspect")
+      .def_readonly("name", &TensorInspect::name)
+      .def_readonly("dtype", &TensorInspect::dtype)
+      .def_readonly("elements", &TensorInspect::elements)
+      .def_readonly("changed", &TensorInspect::changed)
+      .def_readonly("chunks", &TensorInspect::chunks)
+      .def_readonly("payload_bytes", &TensorInspect::payload_bytes)
+      .def_readonly("chunk_bytes", &TensorInspect::chunk_bytes)
+      .def_readonly("kinds", &TensorInspect::kinds)
+      .def_readonly("bound_bytes", &TensorInspect::bound_bytes);
+
+  py::class_<InspectReport>(m, "InspectReport")
+      .def_readonly("format_version", &InspectReport::format_version)
+      .def_readonly("version", &InspectReport::version)
+      .def_readonly("base_version", &InspectReport::base_version)
+      .def_readonly("file_bytes", &InspectReport::file_bytes)
+      .def_readonly("total_elements", &InspectReport::total_elements)
+      .def_readonly("changed_elements", &InspectReport::changed_elements)
+      .def_readonly("full_bytes", &InspectReport::full_bytes)
+      .def_readonly("chunks", &InspectReport::chunks)
+      .def_readonly("payload_bytes", &InspectReport::payload_bytes)
+      .def_readonly("chunk_bytes", &InspectReport::chunk_bytes)
+      .def_readonly("kinds", &InspectReport::kinds)
+      .def_readonly("bound_bytes", &InspectReport::bound_bytes)
+      .def_readonly("bound_valid", &InspectReport::bound_valid)
+      .def_readonly("tensors", &InspectReport::tensors)
+      .def_property_readonly("changed_percent", [](const InspectReport& r) {
+        return Percent(r.changed_elements, r.total_elements);
+      })
+      .def("__repr__", [](const InspectReport& r) {
+        return "InspectReport(version " + std::to_string(r.version) + " from " +
+               std::to_string(r.base_version) + ", " + std::to_string(r.changed_elements) +
+               " changed elements, " + std::to_string(r.file_bytes) + " bytes)";
+      });
+
+  py::class_<PublishReport>(m, "PublishReport")
+      .def_readonly("version", &PublishReport::version)
+      .def_readonly("base_version", &PublishReport::base_version)
+      .def_readonly("committed", &PublishReport::committed)
+      .def_readonly("dropped", &PublishReport::dropped)
+      .def_readonly("reason", &PublishReport::reason)
+      .def_readonly("diff", &PublishReport::diff)
+      .def_readonly("bytes_uploaded", &PublishReport::bytes_uploaded)
+      .def_readonly("resends_served", &PublishReport::resends_served)
+      .def_readonly("encode_upload_seconds", &PublishReport::encode_upload_seconds)
+      .def_readonly("commit_seconds", &PublishReport::commit_seconds)
+      .def_readonly("seconds", &PublishReport::seconds)
+      .def_readonly("snapshot", &PublishReport::snapshot)
+      .def_readonly("versions_deleted", &PublishReport::versions_deleted)
+      .def_readonly("snapshots_deleted", &PublishReport::snapshots_deleted)
+      .def_readonly("retention_error", &PublishReport::retention_error)
+      .def_property_readonly("changed_percent", [](const PublishReport& r) {
+        return Percent(r.diff.changed_elements, r.diff.total_elements);
+      })
+      .def_property_readonly("full_bytes", [](const PublishReport& r) { return r.diff.full_bytes; })
+      .def("__repr__", [](const PublishReport& r) {
+        char pct[32];
+        std::snprintf(pct, sizeof pct, "%.3f",
+                      Percent(r.diff.changed_elements, r.diff.total_elements));
+        return "PublishReport(version " + std::to_string(r.version) +
+               (r.committed ? " committed" : " aborted") + ", changed " + pct + "%, " +
+               std::to_string(r.bytes_uploaded) + " bytes uploaded of " +
+               std::to_string(r.diff.full_bytes) + ")";
+      });
+
+  py::class_<StepResult>(m, "StepResult")
+      .def_property_readonly("outcome",
+                             [](const StepResult& r) { return OutcomeName(r.outcome); })
+      .def_readonly("version", &StepResult::version)
+      .def_readonly("chunks_applied", &StepResult::chunks_applied)
+      .def_readonly("chunks_skipped", &StepResult::chunks_skipped)
+      .def_readonly("chunks_resent", &StepResult::chunks_resent)
+      .def_readonly("changed_elements", &StepResult::changed_elements)
+      .def_readonly("bytes_fetched", &StepResult::bytes_fetched)
+      .def_readonly("seconds", &StepResult::seconds)
+      .def_readonly("changed_tensors", &StepResult::changed_tensors)
+      .def("__repr__", [](const StepResult& r) {
+        return std::string("StepResult(") + OutcomeName(r.outcome) + " version " +
+               std::to_string(r.version) + ", " + std::to_string(r.changed_tensors.size()) +
+               " tensors changed)";
+      });
+}
+
+void BindFunctions(py::module_& m) {
+  m.def(
+      "diff_paths",
+      [](const std::string& base, const std::string& target, const std::string& out,
+         uint64_t version, uint64_t base_version, uint64_t chunk_bytes, int threads,
+         bool allow_xor) {
+        DiffOptions o;
+        o.version = version;
+        o.base_version = base_version;
+        if (chunk_bytes != 0) o.chunk_bytes = chunk_bytes;
+        o.threads = threads;
+        o.allow_xor = allow_xor;
+        py::gil_scoped_release release;
+        return Unwrap(Diff(base, target, out, o));
+      },
+      py::arg("base"), py::arg("target"), py::arg("out"), py::arg("version"),
+      py::arg("base_version"), py::arg("chunk_bytes"), py::arg("threads"),
+      py::arg("allow_xor"));
+
+  m.def(
+      "diff_tensors",
+      [](py::handle base, py::handle target, const std::string& out, uint64_t version,
+         uint64_t base_version, uint64_t chunk_bytes, int threads, bool allow_xor) {
+        Borrowed b = Unwrap(BorrowAll(base, false));
+        Borrowed t = Unwrap(BorrowAll(target, false));
+        std::vector<TensorView> bv = Views(b), tv = Views(t);
+        DiffOptions o;
+        o.version = version;
+        o.base_version = base_version;
+        if (chunk_bytes != 0) o.chunk_bytes = chunk_bytes;
+        o.threads = threads;
+        o.allow_xor = allow_xor;
+        py::gil_scoped_release release;
+        return Unwrap(DiffTensors(bv, tv, out, o));
+      },
+      py::arg("base"), py::arg("target"), py::arg("out"), py::arg("version"),
+      py::arg("base_version"), py::arg("chunk_bytes"), py::arg("threads"),
+      py::arg("allow_xor"));
+
+  m.def(
+      "apply_path",
+      [](const std::string& delta, const std::string& checkpoint, int threads, bool sync) {
+        ApplyOptions o;
+        o.threads = threads;
+        o.sync = sync;
+        py::gil_scoped_release release;
+        return Unwrap(Apply(delta, checkpoint, o));
+      },
+      py::arg("delta"), py::arg("checkpoint"), py::arg("threads"), py::arg("sync"));
+
+  m.def(
+      "apply_tensors",
+      [](const std::string& delta, py::handle tensors, int threads) {
+        Borrowed b = Unwrap(BorrowAll(tensors, /*writable=*/true));
+        std::vector<MutableTensorView> views = MutableViews(b);
+        ApplyOptions o;
+        o.threads = threads;
+        o.sync = false;
+        py::gil_scoped_release release;
+        return Unwrap(ApplyToTensors(delta, views, o));
+      },
+      py::arg("delta"), py::arg("tensors"), py::arg("threads"));
+
+  m.def(
+      "verify",
+      [](const std::string& checkpoint, const std::string& delta, int threads) {
+        py::gil_scoped_release release;
+        return Unwrap(Verify(checkpoint, delta, threads));
+      },
+      py::arg("checkpoint"), py::arg("delta"), py::arg("threads"));
+
+  m.def(
+      "inspect",
+      [](const std::string& delta) {
+        py::gil_scoped_release release;
+        return Unwrap(Inspect(delta));
+      },
+      py::arg("delta"));
+
+  m.def(
+      "delta_tensors",
+      [](const std::string& delta) {
+        DeltaReader r = Unwrap(DeltaReader::Open(delta));
+        py::list out;
+        for (const TensorEntry& e : r.tensors()) {
+          out.append(py::make_tuple(e.name, e.dtype, e.shape));
+        }
+        return py::make_tuple(r.version(), r.base_version(), out);
+      },
+      py::arg("delta"),
+      "(version, base_version, [(name, dtype, shape)]) from a delta's trailer, "
+      "without decoding chunks.");
+
+  m.def(
+      "save",
+      [](const std::string& path, py::handle tensors,
+         const std::map<std::string, std::string>& metadata) {
+        Borrowed b = Unwrap(BorrowAll(tensors, false));
+        std::vector<SafetensorsTensorView> views;
+        for (const auto& t : b) {
+          views.push_back(SafetensorsTensorView{
+              t->name(), t->dtype(), t->shape(), std::span<const uint8_t>(t->data(), t->byte_size())});
+        }
+        py::gil_scoped_release release;
+        Check(WriteSafetensors(path, metadata, views));
+      },
+      py::arg("path"), py::arg("tensors"), py::arg("metadata"));
+
+  m.def(
+      "copy_checkpoint",
+      [](const std::string& src, const std::string& dst) {
+        py::gil_scoped_release release;
+        Check(CopyCheckpoint(src, dst));
+      },
+      py::arg("src"), py::arg("dst"));
+
+  m.def(
+      "data_address",
+      [](const std::string& dtype, py::handle obj) {
+        auto t = Unwrap(BorrowedTensor::Borrow("probe", dtype, obj, false));
+        return reinterpret_cast<uintptr_t>(t->data());
+      },
+      py::arg("dtype"), py::arg("tensor"),
+      "The address of the memory refit reads and writes for `tensor` (for tests "
+      "of zero-copy behaviour).");
+}
+
+void BindClasses(py::module_& m) {
+  py::class_<PyCheckpoint>(m, "Checkpoint")
+      .def(py::init<const std::string&, bool>(), py::arg("path"), py::arg("writable"))
+      .def_property_readonly("path", [](const PyCheckpoint& c) { return c.get().path(); })
+      .def_property_readonly("sharded", [](const PyCheckpoint& c) { return c.get().sharded(); })
+      .def_property_readonly(
+          "writable",
+          [](const PyCheckpoint& c) { return c.get().mode() == Checkpoint::Mode::kReadWrite; })
+      .def("tensors",
+           [](const PyCheckpoint& c) {
+             py::list out;
+             for (const TensorInfo& t : c.get().tensors()) {
+               out.append(py::make_tuple(t.name, t.dtype, t.shape));
+             }
+             return out;
+           })
+      .def("array", &PyCheckpoint::Array, py::arg("name"))
+      .def("sync", [](PyCheckpoint& c) {
+        py::gil_scoped_release release;
+        Check(c.get().Sync());
+      });
+
+  py::class_<PyPublisher>(m, "Publisher")
+      .def(py::init<const std::string&, const std::string&, std::vector<std::string>,
+                    const py::object&, const std::string&, double, const std::string&, int,
+                    uint64_t, int, uint64_t, uint64_t>(),
+           py::arg("store"), py::arg("baseline"), py::arg("members"), py::arg("key"),
+           py::arg("key_file"), py::arg("vote_timeout"), py::arg("policy"), py::arg("threads"),
+           py::arg("chunk_bytes"), py::arg("upload_threads"), py::arg("snapshot_every"),
+           py::arg("keep_versions"))
+      .def_property_readonly("committed_version", &PyPublisher::committed_version)
+      .def("publish", &PyPublisher::Publish, py::arg("version"), py::arg("tensors"))
+      .def("publish_checkpoint", &PyPublisher::PublishCheckpoint, py::arg("version"),
+           py::arg("path"))
+      .def("serve", &PyPublisher::Serve, py::arg("version"), py::arg("seconds"));
+
+  py::class_<PyReceiver>(m, "Receiver")
+      .def(py::init<const std::string&, const std::string&, const std::string&,
+                    const std::string&, const py::object&, const std::string&, int, double,
+                    double, double>(),
+           py::arg("store"), py::arg("member"), py::arg("checkpoint"), py::arg("state_dir"),
+           py::arg("key"), py::arg("key_file"), py::arg("threads"), py::arg("poll_interval"),
+           py::arg("decision_timeout"), py::arg("resend_timeout"))
+      .def_property_readonly("active_version", &PyReceiver::active_version)
+      .def("step", &PyReceiver::Step)
+      .def("sync", &PyReceiver::Sync, py::arg("target"), py::arg("timeout"));
+}
+
+}  // namespace
+}  // namespace refit::python
+
+PYBIND11_MODULE(_native, m) {
+  m.doc() = "refit's native core (use the refit package, not this module)";
+  py::register_exception_translator(&refit::python::TranslateStatusError);
+  refit::python::BindReports(m);
+  refit::python::BindFunctions(m);
+  refit::python::BindClasses(m);
+}
