@@ -15,6 +15,7 @@
 #define REFIT_LAYOUT_LAYOUT_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -78,6 +79,29 @@ struct OwnedPiece {
 // Per rank (indexed like Layout::ranks), the regions it owns.
 using Ownership = std::vector<std::vector<OwnedPiece>>;
 
+// A strided range of flat element indices: `count` runs of `run` elements,
+// the first at `offset`, each `stride` after the one before (stride >= run).
+// Contiguous blocks are one run (count 1).
+struct Runs {
+  uint64_t offset = 0, run = 0, stride = 0, count = 0;
+  uint64_t end() const { return offset + (count - 1) * stride + run; }
+  uint64_t size() const { return run * count; }
+};
+
+// The flat indices that block (rows x cols, strides) starting at `offset`
+// covers, as a strided range; nullopt when the block is empty, when neither
+// stride is 1 while both extents exceed 1, when the runs overlap each other
+// (stride < run), or when the last index overflows.
+std::optional<Runs> PieceRuns(uint64_t offset, uint64_t rows, uint64_t cols,
+                              uint64_t row_stride, uint64_t col_stride);
+
+struct OwnershipOptions {
+  // A replicated region is split among its replicas only into parts of at
+  // least this many bytes; smaller regions go whole to the least loaded
+  // replica.
+  uint64_t min_split_bytes = 64 * 1024;
+};
+
 // Parses the JSON form of docs/layout.md. Fails with kInvalidArgument on
 // malformed JSON, duplicate keys, missing or mistyped fields, or unknown
 // fields. Does not validate (see ValidateLayout).
@@ -105,7 +129,10 @@ Status ValidateLayout(const Layout& layout);
 // replica gets the larger part so that totals stay balanced; per_block
 // quantized tensors are split only at block-row boundaries, per_tensor
 // quantized ones are owned whole by one replica. Validates first.
-Result<Ownership> AssignOwnership(const Layout& layout);
+// Errors: those of ValidateLayout; kUnimplemented for a quantized tensor
+// whose replicas overlap only in part (pieces that differ between replicas).
+Result<Ownership> AssignOwnership(const Layout& layout,
+                                  const OwnershipOptions& options = {});
 
 // Proves that `owned` covers every canonical element exactly once, with
 // interval arithmetic per canonical row (no per-element bitmap), and that

@@ -1,0 +1,88 @@
+// Layouts of common training setups, generated from a model's Hugging Face
+// config.json and the parallel sizes (docs/layout.md, "Generated layouts").
+//
+// Local tensors get Megatron-core names on every rank (per pipeline stage the
+// layers are renumbered from 0); canonical tensors get the Hugging Face names
+// of Llama/Qwen2/Qwen3 dense models and of Mixtral / Qwen-MoE expert models.
+// Pure and thread-safe.
+#ifndef REFIT_LAYOUT_GENERATE_H_
+#define REFIT_LAYOUT_GENERATE_H_
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "layout/layout.h"
+#include "refit/status.h"
+
+namespace refit::layout {
+
+// The fields of a Hugging Face config.json that decide tensor names and
+// shapes.
+struct ModelConfig {
+  std::string model_type;  // "llama", "qwen2", "qwen3", "mixtral", "qwen2_moe", ...
+  std::string dtype = "BF16";  // from "torch_dtype" / "dtype"; BF16 when absent
+  uint64_t hidden_size = 0;
+  uint64_t intermediate_size = 0;
+  uint64_t num_hidden_layers = 0;
+  uint64_t num_attention_heads = 0;
+  uint64_t num_key_value_heads = 0;  // defaults to num_attention_heads
+  uint64_t head_dim = 0;             // defaults to hidden_size / heads
+  uint64_t vocab_size = 0;
+  bool tie_word_embeddings = false;
+  bool attention_bias = false;  // q/k/v biases; always on for qwen2*
+  bool qk_norm = false;         // q_norm / k_norm per head (qwen3*)
+  // Mixture of experts: 0 experts = dense.
+  uint64_t num_experts = 0;            // "num_experts" or "num_local_experts"
+  uint64_t moe_intermediate_size = 0;  // defaults to intermediate_size
+  uint64_t shared_expert_intermediate_size = 0;  // 0 = no shared expert
+  bool mixtral_names = false;  // block_sparse_moe.experts.{e}.w1/w2/w3
+};
+
+// Reads a config.json. Fails with kInvalidArgument naming the missing or
+// mistyped field.
+Result<ModelConfig> ParseModelConfig(std::string_view json);
+Result<ModelConfig> LoadModelConfig(const std::string& path);
+
+enum class GateUp {
+  kSeparate,     // two local tensors per rank
+  kConcat,       // one: the rank's gate rows, then its up rows (Megatron)
+  kInterleaved,  // one: groups of `gate_up_group` gate rows, then as many up rows
+};
+
+struct Parallelism {
+  uint32_t tp = 1;  // tensor parallel: heads, intermediate and vocab split
+  uint32_t pp = 1;  // pipeline stages: layers split, renumbered from 0
+  uint32_t ep = 1;  // expert parallel: experts split; must divide dp
+  uint32_t dp = 1;  // data parallel replicas
+  uint32_t cp = 1;  // context parallel: replicas of the weights too
+  bool fused_qkv = true;  // Megatron linear_qkv: per query group q, k, v rows
+  GateUp gate_up = GateUp::kConcat;
+  uint64_t gate_up_group = 64;  // rows per group with kInterleaved
+  bool transposed = false;      // 2-D linear weights stored [in, out]
+  // The vocabulary is padded to a multiple of vocab_multiple * tp rows;
+  // padding rows map to nothing.
+  uint64_t vocab_multiple = 1;
+  std::string local_dtype;  // dtype of local storage; empty: the model's
+};
+
+// The layout of `config` trained with `par`: tp*cp*dp*pp ranks, rank =
+// t + tp*(c + cp*(d + dp*p)) (Megatron's default order). Uneven splits are
+// allowed: a dimension of n over k ranks gives the first n % k ranks one
+// more. With tp above the number of KV heads, each KV head is replicated on
+// the ranks that share its query group. Fails with kInvalidArgument when a
+// rank would get no heads, rows or layers, or when ep does not divide dp.
+Result<Layout> GenerateLayout(const ModelConfig& config, const Parallelism& par);
+
+// [begin, end) of part i when n items are split over `parts` (the first
+// n % parts parts get one more).
+inline std::pair<uint64_t, uint64_t> SplitRange(uint64_t n, uint64_t parts,
+                                                uint64_t i) {
+  uint64_t base = n / parts, extra = n % parts;
+  uint64_t b = i * base + (i < extra ? i : extra);
+  return {b, b + base + (i < extra ? 1 : 0)};
+}
+
+}  // namespace refit::layout
+
+#endif  // REFIT_LAYOUT_GENERATE_H_
