@@ -1,0 +1,176 @@
+"""Publisher and Receiver in one process: the publisher runs on a background
+thread (publish_async) while receivers sync on this one, which works only
+because native calls release the GIL."""
+
+import concurrent.futures
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+import refit
+from conftest import SYNTH_DTYPES, perturb, synthetic_model
+
+
+def writable_copy(src, dst):
+    shutil.copy(src, dst)
+    os.chmod(dst, 0o644)
+    return dst
+
+
+def test_fixture_trajectory_checkpoint_dirs(qwen, tmp_path):
+    store = str(tmp_path / "store")
+    base = writable_copy(qwen / "step0.safetensors", tmp_path / "baseline.safetensors")
+    ckpts = []
+    for m in ("r0", "r1"):
+        d = tmp_path / m
+        d.mkdir()
+        ckpts.append(writable_copy(qwen / "step0.safetensors", d / "model.safetensors"))
+    pub = refit.Publisher(store, baseline=base, members=["r0", "r1"], vote_timeout=30)
+    rcvs = [refit.Receiver(store, member=m, checkpoint_dir=tmp_path / m) for m in ("r0", "r1")]
+    assert pub.committed_version == 0 and rcvs[0].active_version == 0
+    for step in (1, 2, 3):
+        target = refit.load(qwen / f"step{step}.safetensors")
+        # Plain uint16 arrays (BF16 bits) adopt the baseline's dtypes.
+        arrays = {n: np.array(a) for n, a in target.items()}
+        future = pub.publish_async(step, arrays)
+        previous = refit.load(qwen / f"step{step - 1}.safetensors")
+        expected_changed = [n for n in target if not np.array_equal(target[n], previous[n])]
+        # Each member votes only after applying, so both sync at once.
+        with concurrent.futures.ThreadPoolExecutor(len(rcvs)) as pool:
+            reports = list(pool.map(lambda r: r.sync(step, timeout=30), rcvs))
+        for r, report in zip(rcvs, reports):
+            assert report.active_version == step
+            assert report.committed_versions == [step]
+            assert sorted(report.changed_tensors) == sorted(expected_changed)
+            got = dict(r.changed_tensors())
+            assert sorted(got) == sorted(expected_changed)
+            for n, a in got.items():
+                assert np.array_equal(a, target[n]), n
+        pub_report = future.result(timeout=30)
+        assert pub_report.committed and pub_report.version == step
+        assert 1.0 < pub_report.changed_percent < 3.0
+        assert 0 < pub_report.bytes_uploaded < pub_report.full_bytes / 20
+        assert pub.committed_version == step
+    final = refit.load(qwen / "step3.safetensors")
+    for c in ckpts:
+        got = refit.load(c)
+        for n in final:
+            assert np.array_equal(got[n], final[n])
+    pub.close()
+
+
+def test_tensors_mode_updates_only_changed_tensors_in_place(tmp_path):
+    model = synthetic_model(seed=5)
+    store = str(tmp_path / "store")
+    pub = refit.Publisher(store, baseline=tmp_path / "baseline.safetensors", members=["w0"],
+                          initial=model, dtypes=SYNTH_DTYPES, vote_timeout=30)
+    mine = {n: a.copy() for n, a in model.items()}
+    addresses = {n: a.ctypes.data for n, a in mine.items()}
+    rcv = refit.Receiver(store, member="w0", tensors=mine, dtypes=SYNTH_DTYPES,
+                         state_dir=tmp_path / "w0")
+    target = dict(model)
+    target["model.layers.0.mlp.weight"] = perturb(model, 1)["model.layers.0.mlp.weight"]
+    future = pub.publish_async(1, target, copy=True)
+    report = rcv.sync(1, timeout=30)
+    assert future.result(timeout=30).committed
+    assert report.changed_tensors == ["model.layers.0.mlp.weight"]
+    for n in model:
+        assert mine[n].ctypes.data == addresses[n]
+        assert np.array_equal(mine[n], target[n]), n
+    pairs = list(rcv.changed_tensors())
+    assert [n for n, _ in pairs] == ["model.layers.0.mlp.weight"]
+    assert pairs[0][1] is mine["model.layers.0.mlp.weight"]
+    # A new Receiver over the same state brings fresh tensors to the active version.
+    fresh = {n: a.copy() for n, a in model.items()}
+    again = refit.Receiver(store, member="w0", tensors=fresh, state_dir=tmp_path / "w0")
+    assert again.active_version == 1
+    for n in model:
+        assert np.array_equal(fresh[n], target[n]), n
+    pub.close()
+
+
+def test_publish_async_copy_lets_the_loop_mutate(tmp_path):
+    model = synthetic_model(seed=7)
+    store = str(tmp_path / "store")
+    pub = refit.Publisher(store, baseline=tmp_path / "b.safetensors", members=["r0"],
+                          initial=model, dtypes=SYNTH_DTYPES, vote_timeout=30)
+    refit.save(tmp_path / "r0.safetensors", model, dtypes=SYNTH_DTYPES)
+    rcv = refit.Receiver(store, member="r0", checkpoint_dir=tmp_path / "r0.safetensors",
+                         state_dir=tmp_path / "r0state")
+    live = {n: a.copy() for n, a in model.items()}
+    expected = {}
+    futures = []
+    for step in (1, 2):
+        nxt = perturb(live, step)
+        for n in live:
+            live[n][...] = nxt[n]
+        expected[step] = {n: a.copy() for n, a in live.items()}
+        futures.append(pub.publish_async(step, live, copy=True))
+        # The training loop moves on at once: scribble over the live tensors.
+        for a in live.values():
+            a.reshape(-1).view(np.uint8)[:8] ^= 0x55
+        for n in live:
+            live[n][...] = expected[step][n]
+    rcv.sync(2, timeout=30)
+    assert [f.result(timeout=30).committed for f in futures] == [True, True]
+    got = refit.load(tmp_path / "r0.safetensors")
+    for n in model:
+        assert np.array_equal(got[n], expected[2][n]), n
+    pub.close()
+
+
+def test_sync_deadline_and_idle(tmp_path):
+    model = synthetic_model()
+    store = str(tmp_path / "store")
+    refit.Publisher(store, baseline=tmp_path / "b.safetensors", members=["r0"],
+                    initial=model, dtypes=SYNTH_DTYPES)
+    refit.save(tmp_path / "r0.safetensors", model, dtypes=SYNTH_DTYPES)
+    rcv = refit.Receiver(store, member="r0", checkpoint_dir=tmp_path / "r0.safetensors",
+                         state_dir=tmp_path / "st")
+    idle = rcv.sync()
+    assert idle.steps == [] and idle.changed_tensors == [] and idle.active_version == 0
+    with pytest.raises(refit.DeadlineExceededError, match="version 5"):
+        rcv.sync(5, timeout=0.2)
+
+
+def test_abort_when_a_member_is_missing(tmp_path):
+    model = synthetic_model()
+    store = str(tmp_path / "store")
+    pub = refit.Publisher(store, baseline=tmp_path / "b.safetensors", members=["r0", "gone"],
+                          initial=model, dtypes=SYNTH_DTYPES, vote_timeout=0.5)
+    refit.save(tmp_path / "r0.safetensors", model, dtypes=SYNTH_DTYPES)
+    rcv = refit.Receiver(store, member="r0", checkpoint_dir=tmp_path / "r0.safetensors",
+                         state_dir=tmp_path / "st", decision_timeout=10)
+    future = pub.publish_async(1, perturb(model, 1))
+    report = rcv.sync(timeout=10)
+    while not report.steps and not future.done():
+        report = rcv.sync(timeout=10)
+    pub_report = future.result(timeout=30)
+    assert not pub_report.committed and "gone" in pub_report.reason
+    rcv.sync()
+    assert rcv.active_version == 0
+    got = refit.load(tmp_path / "r0.safetensors")
+    for n in model:
+        assert np.array_equal(got[n], model[n]), n  # rolled back
+    pub.close()
+
+
+def test_authenticated_store(tmp_path):
+    model = synthetic_model()
+    key = bytes(range(32))
+    store = str(tmp_path / "store")
+    pub = refit.Publisher(store, baseline=tmp_path / "b.safetensors", members=["r0"],
+                          initial=model, dtypes=SYNTH_DTYPES, key=key, vote_timeout=30)
+    refit.save(tmp_path / "r0.safetensors", model, dtypes=SYNTH_DTYPES)
+    wrong = refit.Receiver(store, member="r0", checkpoint_dir=tmp_path / "r0.safetensors",
+                           state_dir=tmp_path / "st", key=bytes(32))
+    future = pub.publish_async(1, perturb(model, 1))
+    with pytest.raises(refit.AuthenticationError):
+        wrong.sync(1, timeout=10)
+    right = refit.Receiver(store, member="r0", checkpoint_dir=tmp_path / "r0.safetensors",
+                           state_dir=tmp_path / "st", key=key)
+    assert right.sync(1, timeout=30).active_version == 1
+    assert future.result(timeout=30).committed
+    pub.close()
