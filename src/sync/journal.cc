@@ -65,7 +65,7 @@ Result<std::optional<JournalState>> Journal::Load(const std::string& path) {
       state->version = b.U64();
       state->base_version = b.U64();
       auto h = b.Bytes(32);
-      if (b.ok()) std::memcpy(state->manifest_sha256.data(), h.data(), 32);
+      if (b.ok()) std::memcpy(state->announcement_sha256.data(), h.data(), 32);
     } else if (!state) {
       return DataLossError("journal '" + path + "' does not start with a begin record");
     } else if (type == kApplied) {

@@ -24,7 +24,7 @@ namespace refit {
 struct JournalState {
   uint64_t version = 0;
   uint64_t base_version = 0;
-  Sha256 manifest_sha256{};
+  Sha256 announcement_sha256{};
   // Chunks known applied, with their undo records (overwrite kinds).
   std::map<uint64_t, UndoRecord> applied;
   bool voted = false;
@@ -35,9 +35,10 @@ class Journal {
   // Reads an existing journal (nullopt state when absent or empty).
   static Result<std::optional<JournalState>> Load(const std::string& path);
 
-  // Starts a fresh journal for `version`, replacing any old one.
+  // Starts a fresh journal for `version`, replacing any old one;
+  // `announcement` is the SHA-256 of the version's stored announcement.
   static Result<Journal> Begin(const std::string& path, uint64_t version,
-                               uint64_t base_version, const Sha256& manifest);
+                               uint64_t base_version, const Sha256& announcement);
   // Reopens for appending after Load().
   static Result<Journal> Reopen(const std::string& path);
 

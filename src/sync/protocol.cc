@@ -12,6 +12,7 @@ namespace refit {
 namespace {
 
 constexpr char kManifestMagic[8] = {'R', 'F', 'M', 'A', 'N', 'I', 'F', '1'};
+constexpr char kAnnounceMagic[8] = {'R', 'F', 'A', 'N', 'N', 'O', 'U', '1'};
 constexpr char kVoteMagic[4] = {'R', 'F', 'V', '1'};
 constexpr char kDecisionMagic[4] = {'R', 'F', 'D', '1'};
 constexpr char kRequestMagic[4] = {'R', 'F', 'Q', '1'};
@@ -178,6 +179,46 @@ Result<Manifest> DecodeManifest(std::span<const uint8_t> body) {
     return DataLossError("manifest version is not above its base");
   }
   return m;
+}
+
+std::vector<uint8_t> EncodeAnnouncement(const Announcement& a) {
+  std::vector<uint8_t> out;
+  ByteWriter w(&out);
+  w.Bytes(kAnnounceMagic, 8);
+  w.U64(a.version);
+  w.U64(a.base_version);
+  w.Varint(a.members.size());
+  for (const auto& s : a.members) w.String(s);
+  std::vector<TensorEntry> tensors = a.tensors;
+  for (TensorEntry& e : tensors) e.after = Hash128{};
+  WriteTensorTable(tensors, &out);
+  return Sealed(std::move(out));
+}
+
+Result<Announcement> DecodeAnnouncement(std::span<const uint8_t> body) {
+  REFIT_ASSIGN_OR_RETURN(auto checked, Checked(body, "announcement"));
+  ByteReader r(checked);
+  if (!Magic(r, kAnnounceMagic, 8)) return DataLossError("not a refit announcement");
+  Announcement a;
+  a.version = r.U64();
+  a.base_version = r.U64();
+  uint64_t members = r.Varint();
+  if (members > kMaxMembers || members > r.remaining()) {
+    return DataLossError("announcement lists an implausible number of members");
+  }
+  for (uint64_t i = 0; i < members && r.ok(); ++i) {
+    a.members.push_back(r.String(64));
+    if (r.ok() && !ValidateMember(a.members.back()).ok()) {
+      return DataLossError("announcement lists a malformed member name");
+    }
+  }
+  REFIT_RETURN_IF_ERROR(ReadTensorTable(&r, &a.tensors));
+  REFIT_RETURN_IF_ERROR(r.status("announcement"));
+  if (r.remaining() != 0) return DataLossError("announcement has trailing bytes");
+  if (a.version <= a.base_version) {
+    return DataLossError("announcement version is not above its base");
+  }
+  return a;
 }
 
 std::vector<uint8_t> EncodeVote(const Vote& v) {

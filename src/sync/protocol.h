@@ -3,7 +3,9 @@
 // they are stored, and opened (tag checked) before they are parsed.
 //
 //   head                          u64: the latest committed version
-//   v/<V>/manifest                Manifest of version V
+//   index/<V>                     Announcement of version V (written first)
+//   v/<V>/manifest                Manifest of version V (written last: it
+//                                 closes the chunk list)
 //   v/<V>/chunk/<i>               chunk i of V (docs/format.md §3)
 //   v/<V>/vote/<member>           Vote of one member for V
 //   v/<V>/decision                Decision for V, written once (PutIfAbsent)
@@ -57,6 +59,20 @@ struct ManifestChunk {
   uint64_t changed = 0;
   uint8_t kind = 0;
 };
+
+// The opening of a version, stored at index/<V> before its first chunk
+// (docs/protocol.md, "Publisher"): what a receiver needs to start applying
+// chunks while the rest are still being uploaded. Tensors carry the base's
+// hashes in `before`; `after` is not known yet and is zero.
+struct Announcement {
+  uint64_t version = 0;
+  uint64_t base_version = 0;
+  std::vector<std::string> members;
+  std::vector<TensorEntry> tensors;
+};
+
+std::vector<uint8_t> EncodeAnnouncement(const Announcement& a);
+Result<Announcement> DecodeAnnouncement(std::span<const uint8_t> body);
 
 struct Manifest {
   uint64_t version = 0;

@@ -28,6 +28,24 @@ int ElapsedMs(Clock::time_point since) {
       std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - since).count());
 }
 
+// Stores an object of an announced version that must never change:
+// chunks, the announcement and the manifest. Receivers apply chunks before
+// the manifest exists, so a chunk once stored is final: PutIfAbsent, and a
+// key already holding the same bytes (a restarted publisher re-encoding the
+// same tensors) is success; other bytes are refused.
+Status PutOnce(ObjectStore* store, const std::string& key, std::span<const uint8_t> bytes) {
+  Status s = store->PutIfAbsent(key, bytes);
+  if (s.code() != StatusCode::kAlreadyExists) return s;
+  REFIT_ASSIGN_OR_RETURN(auto held, store->Get(key));
+  if (held.size() == bytes.size() && std::equal(held.begin(), held.end(), bytes.begin())) {
+    return Status();
+  }
+  return FailedPreconditionError(
+      "'" + key + "' already holds other bytes: this version was started with other "
+      "tensors, another baseline or another membership; publish them as a higher "
+      "version (it aborts this one)");
+}
+
 // Seals each chunk and uploads it on a small pool while the encoder goes
 // on; records the manifest entries. The queue is bounded so encoding never
 // runs far ahead of the link.
@@ -84,7 +102,7 @@ class StoreSink : public ChunkSink {
         queue_.pop_front();
         cv_.notify_all();
       }
-      Status s = store_->Put(item.first, item.second);
+      Status s = PutOnce(store_, item.first, item.second);
       if (!s.ok()) {
         std::lock_guard<std::mutex> lock(mu_);
         if (error_.ok()) error_ = s.WithContext("uploading " + item.first);
@@ -168,6 +186,12 @@ Result<std::unique_ptr<Publisher>> Publisher::Open(ObjectStore* store,
   REFIT_ASSIGN_OR_RETURN(Checkpoint ckpt,
                          Checkpoint::Open(baseline, Checkpoint::Mode::kReadWrite));
   p->baseline_ = std::make_unique<Checkpoint>(std::move(ckpt));
+  // Announcements carry the base's tensor hashes: hash the baseline once
+  // here; commits keep them current from the manifests' after hashes.
+  for (size_t i = 0; i < p->baseline_->tensors().size(); ++i) {
+    auto d = p->baseline_->Data(i);
+    p->baseline_hashes_.push_back(RangeHash(d.data(), d.size()));
+  }
   auto head = store->Get(kHeadKey);
   if (head.ok()) {
     REFIT_ASSIGN_OR_RETURN(auto body, p->opt_.auth.Open(*head));
@@ -205,7 +229,7 @@ Result<PublishReport> Publisher::PublishCheckpoint(uint64_t version,
   return Publish(version, views);
 }
 
-Status Publisher::ServeRequests(uint64_t version, const Manifest& m,
+Status Publisher::ServeRequests(uint64_t version, const std::vector<TensorEntry>& tensors,
                                 const std::vector<TensorView>* target, uint64_t* served) {
   REFIT_ASSIGN_OR_RETURN(auto requests, store_->List(VersionPrefix(version) + "request/"));
   for (const ObjectInfo& info : requests) {
@@ -221,9 +245,19 @@ Status Publisher::ServeRequests(uint64_t version, const Manifest& m,
     for (size_t j = 0; j < q->chunks.size(); ++j) {
       uint64_t i = q->chunks[j];
       bool after = q->after[j];
-      if (i >= m.chunks.size()) continue;
-      const ManifestChunk& mc = m.chunks[i];
-      const TensorEntry& e = m.tensors[mc.tensor_id];
+      // The chunk names its range; chunks are final once stored, so this
+      // works before the manifest exists (a version being aborted).
+      auto object = store_->Get(ChunkKey(version, i));
+      if (!object.ok()) {
+        if (object.status().code() == StatusCode::kNotFound) continue;
+        return object.status();
+      }
+      REFIT_ASSIGN_OR_RETURN(auto chunk_body, opt_.auth.Open(*object));
+      REFIT_ASSIGN_OR_RETURN(ParsedChunk original, ParseChunk(chunk_body));
+      const ChunkHeader& h = original.header;
+      if (h.tensor_id >= tensors.size() || h.version != version) continue;
+      const TensorEntry& e = tensors[h.tensor_id];
+      if (h.width != e.width || h.start + h.count > e.num_elements) continue;
       // The desired bytes: before a decision the target holds V and the
       // baseline the base; after it the baseline holds whichever won.
       const uint8_t* data = nullptr;
@@ -231,15 +265,11 @@ Status Publisher::ServeRequests(uint64_t version, const Manifest& m,
         for (const TensorView& v : *target) {
           if (v.name == e.name) data = v.data;
         }
-      } else {
-        data = baseline_->Data(*baseline_->IndexOf(e.name)).data();
+      } else if (auto idx = baseline_->IndexOf(e.name)) {
+        data = baseline_->Data(*idx).data();
       }
       if (data == nullptr) continue;
-      REFIT_ASSIGN_OR_RETURN(auto object, store_->Get(ChunkKey(version, i)));
-      REFIT_ASSIGN_OR_RETURN(auto chunk_body, opt_.auth.Open(object));
-      REFIT_ASSIGN_OR_RETURN(ParsedChunk original, ParseChunk(chunk_body));
-      REFIT_ASSIGN_OR_RETURN(auto resend,
-                             MakeResend(original, data + mc.start * e.width, after));
+      REFIT_ASSIGN_OR_RETURN(auto resend, MakeResend(original, data + h.start * e.width, after));
       REFIT_RETURN_IF_ERROR(
           store_->Put(ResendKey(version, member, i, after), opt_.auth.Seal(resend)));
       ++*served;
@@ -250,13 +280,15 @@ Status Publisher::ServeRequests(uint64_t version, const Manifest& m,
 }
 
 Status Publisher::Serve(uint64_t version, int ms) {
-  REFIT_ASSIGN_OR_RETURN(auto bytes, store_->Get(ManifestKey(version)));
+  // The announcement's tensor table serves versions that never got a
+  // manifest (their publisher died; they are aborted) as well.
+  REFIT_ASSIGN_OR_RETURN(auto bytes, store_->Get(IndexKey(version)));
   REFIT_ASSIGN_OR_RETURN(auto body, opt_.auth.Open(bytes));
-  REFIT_ASSIGN_OR_RETURN(Manifest m, DecodeManifest(body));
+  REFIT_ASSIGN_OR_RETURN(Announcement a, DecodeAnnouncement(body));
   auto start = Clock::now();
   uint64_t served = 0;
   do {
-    REFIT_RETURN_IF_ERROR(ServeRequests(version, m, nullptr, &served));
+    REFIT_RETURN_IF_ERROR(ServeRequests(version, a.tensors, nullptr, &served));
     std::this_thread::sleep_for(std::chrono::milliseconds(opt_.poll_ms));
   } while (ElapsedMs(start) < ms);
   return Status();
@@ -368,6 +400,22 @@ Status Publisher::Retain(PublishReport* report) {
   return Status();
 }
 
+Status Publisher::AbortSuperseded(uint64_t version) {
+  REFIT_ASSIGN_OR_RETURN(auto indexes, store_->List("index/"));
+  for (const ObjectInfo& o : indexes) {
+    const uint64_t w = std::strtoull(o.key.c_str() + 6, nullptr, 10);
+    if (w <= committed_ || w >= version) continue;
+    Decision d;
+    d.version = w;
+    d.commit = false;
+    d.reason = "superseded by version " + std::to_string(version) +
+               " before it was decided (its publisher stopped)";
+    Status s = store_->PutIfAbsent(DecisionKey(w), opt_.auth.Seal(EncodeDecision(d)));
+    if (!s.ok() && s.code() != StatusCode::kAlreadyExists) return s;
+  }
+  return Status();
+}
+
 Result<PublishReport> Publisher::Publish(uint64_t version,
                                          const std::vector<TensorView>& target) {
   auto t0 = Clock::now();
@@ -398,18 +446,49 @@ Result<PublishReport> Publisher::Publish(uint64_t version,
   }
 
   if (!decision) {
+    // Versions started before this one and never decided (their publisher
+    // died) can no longer commit: their base is not this version's base's
+    // successor chain. Abort them, so receivers inside one roll back.
+    REFIT_RETURN_IF_ERROR(AbortSuperseded(version));
+    const std::vector<TensorView> base_views = BaselineViews();
+    // The announcement first (docs/protocol.md, "Publisher"): receivers
+    // start applying chunks as they land instead of after the manifest.
+    Announcement a;
+    a.version = version;
+    a.base_version = committed_;
+    a.members = opt_.members;
+    {
+      std::vector<size_t> base_order, target_order;
+      REFIT_ASSIGN_OR_RETURN(a.tensors,
+                             MatchTensors(base_views, target, &base_order, &target_order));
+      for (size_t t = 0; t < a.tensors.size(); ++t) {
+        a.tensors[t].before = baseline_hashes_[base_order[t]];
+        a.tensors[t].after = Hash128{};
+      }
+    }
+    std::vector<uint8_t> announcement = opt_.auth.Seal(EncodeAnnouncement(a));
+    report.bytes_uploaded += announcement.size();
+    REFIT_RETURN_IF_ERROR(PutOnce(store_, IndexKey(version), announcement));
+
     StoreSink sink(store_, opt_.auth, version, opt_.upload_threads);
     DiffOptions diff = opt_.diff;
     diff.version = version;
     diff.base_version = committed_;
-    REFIT_ASSIGN_OR_RETURN(report.diff, DiffTensorsToSink(BaselineViews(), target, diff, &sink));
+    REFIT_ASSIGN_OR_RETURN(report.diff, DiffTensorsToSink(base_views, target, diff, &sink));
     m.tensors = sink.tensors();
     m.chunks = sink.chunks();
-    report.bytes_uploaded = sink.bytes();
+    for (size_t t = 0; t < m.tensors.size(); ++t) {
+      if (t >= a.tensors.size() || m.tensors[t].name != a.tensors[t].name ||
+          m.tensors[t].before != a.tensors[t].before) {
+        return DataLossError("the publisher's baseline changed while version " +
+                             std::to_string(version) + " was encoded (tensor '" +
+                             m.tensors[t].name + "'); it will not be completed");
+      }
+    }
+    report.bytes_uploaded += sink.bytes();
     std::vector<uint8_t> manifest = opt_.auth.Seal(EncodeManifest(m));
     report.bytes_uploaded += manifest.size();
-    REFIT_RETURN_IF_ERROR(store_->Put(ManifestKey(version), manifest));
-    REFIT_RETURN_IF_ERROR(store_->Put(IndexKey(version), opt_.auth.Seal({})));
+    REFIT_RETURN_IF_ERROR(PutOnce(store_, ManifestKey(version), manifest));
     report.encode_upload_seconds =
         std::chrono::duration<double>(Clock::now() - t0).count();
 
@@ -433,7 +512,7 @@ Result<PublishReport> Publisher::Publish(uint64_t version,
         votes[member] = *vote;
         any_failed = any_failed || !vote->ready;
       }
-      REFIT_RETURN_IF_ERROR(ServeRequests(version, m, &target, &report.resends_served));
+      REFIT_RETURN_IF_ERROR(ServeRequests(version, m.tensors, &target, &report.resends_served));
       if (votes.size() < opt_.members.size() && !any_failed) {
         std::this_thread::sleep_for(std::chrono::milliseconds(opt_.poll_ms));
       }
@@ -482,6 +561,9 @@ Result<PublishReport> Publisher::Publish(uint64_t version,
   if (decision->commit) {
     REFIT_RETURN_IF_ERROR(AdvanceBaseline(m, target));
     committed_ = version;
+    for (const TensorEntry& e : m.tensors) {
+      if (auto idx = baseline_->IndexOf(e.name)) baseline_hashes_[*idx] = e.after;
+    }
     // The snapshot is stored before head names the version, so receivers
     // (which take snapshots at or below head) never see a partial one, and
     // a failed upload is redone when Publish(version) is run again.

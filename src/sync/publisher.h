@@ -1,8 +1,10 @@
 // Publisher and commit coordinator (docs/protocol.md, "Publisher").
 //
-// Publish() diffs a new version against the committed baseline and streams
-// each chunk to the store as soon as it is encoded (uploads overlap
-// encoding), writes the manifest, then coordinates the joint commit: it
+// Publish() announces a new version (index/<V>: base, members, tensor
+// table with the base's hashes), diffs it against the committed baseline
+// and streams each chunk to the store as soon as it is encoded (uploads
+// overlap encoding, receivers apply while the upload goes on), writes the
+// manifest, then coordinates the joint commit: it
 // waits for every member's vote up to a deadline, serves overwrite
 // re-sends that recovering receivers ask for, and writes the one decision
 // (PutIfAbsent: a restarted coordinator can never write a second one). The
@@ -95,8 +97,11 @@ class Publisher {
   Publisher(ObjectStore* store, PublisherOptions options)
       : store_(store), opt_(std::move(options)) {}
   std::vector<TensorView> BaselineViews() const;
-  Status ServeRequests(uint64_t version, const Manifest& m,
+  Status ServeRequests(uint64_t version, const std::vector<TensorEntry>& tensors,
                        const std::vector<TensorView>* target, uint64_t* served);
+  // Writes an abort decision for every announced, undecided version
+  // between the committed one and `version`.
+  Status AbortSuperseded(uint64_t version);
   Status AdvanceBaseline(const Manifest& m, const std::vector<TensorView>& target);
   // Stores snap/<version>/ from the baseline, which must hold that version.
   Status WriteSnapshot(uint64_t version);
@@ -107,6 +112,7 @@ class Publisher {
   ObjectStore* store_;
   PublisherOptions opt_;
   std::unique_ptr<Checkpoint> baseline_;
+  std::vector<Hash128> baseline_hashes_;  // per baseline tensor, its RangeHash
   uint64_t committed_ = 0;
   std::map<std::string, Sha256> served_requests_;
 };

@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -30,45 +33,189 @@ int ElapsedMs(Clock::time_point since) {
       std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - since).count());
 }
 
-// A checkpoint bound to a manifest's tensor table.
+// The tensors a version is applied to: a checkpoint's mapped tensors or
+// the caller's memory, in the order of the version's tensor table.
 struct Bound {
-  Checkpoint ckpt;
-  std::vector<size_t> index;  // manifest tensor id -> checkpoint tensor index
+  std::optional<Checkpoint> ckpt;
+  std::vector<uint8_t*> data;
+  std::vector<uint64_t> bytes;
+  std::vector<size_t> ckpt_index;  // table id -> checkpoint tensor index
+
+  Status SyncRange(size_t t, uint64_t offset, uint64_t length) {
+    return ckpt ? ckpt->SyncRange(ckpt_index[t], offset, length) : Status();
+  }
+  Status Sync() { return ckpt ? ckpt->Sync() : Status(); }
 };
 
-Result<Bound> BindCheckpoint(const std::string& path, const Manifest& m) {
-  REFIT_ASSIGN_OR_RETURN(Checkpoint ckpt,
-                         Checkpoint::Open(path, Checkpoint::Mode::kReadWrite));
-  if (ckpt.tensors().size() != m.tensors.size()) {
-    return FailedPreconditionError(
-        "checkpoint '" + path + "' has " + std::to_string(ckpt.tensors().size()) +
-        " tensors but version " + std::to_string(m.version) + " has " +
-        std::to_string(m.tensors.size()) + "; it is not this model");
+bool Describes(const TensorEntry& e, const std::string& dtype,
+               const std::vector<uint64_t>& shape, int width) {
+  return dtype == e.dtype && shape == e.shape && width == e.width;
+}
+
+Result<Bound> BindTensors(const ReceiverOptions& o, const std::vector<TensorEntry>& table,
+                          uint64_t version) {
+  Bound b;
+  const std::string what = o.checkpoint.empty() ? "the receiver's in-memory tensors"
+                                                : "checkpoint '" + o.checkpoint + "'";
+  size_t have = o.tensors.size();
+  if (!o.checkpoint.empty()) {
+    REFIT_ASSIGN_OR_RETURN(Checkpoint ckpt,
+                           Checkpoint::Open(o.checkpoint, Checkpoint::Mode::kReadWrite));
+    b.ckpt.emplace(std::move(ckpt));
+    have = b.ckpt->tensors().size();
   }
-  Bound b{std::move(ckpt), {}};
-  for (const TensorEntry& e : m.tensors) {
-    const TensorInfo* t = b.ckpt.Find(e.name);
-    if (t == nullptr || t->dtype != e.dtype || t->shape != e.shape ||
-        t->element_width != e.width) {
-      return FailedPreconditionError("checkpoint '" + path + "' lacks tensor '" +
-                                     e.name + "' as version " +
-                                     std::to_string(m.version) + " describes it");
+  if (have != table.size()) {
+    return FailedPreconditionError(what + " has " + std::to_string(have) +
+                                   " tensors but version " + std::to_string(version) +
+                                   " has " + std::to_string(table.size()) +
+                                   "; it is not this model");
+  }
+  for (const TensorEntry& e : table) {
+    uint8_t* data = nullptr;
+    bool ok = false;
+    if (b.ckpt) {
+      const TensorInfo* t = b.ckpt->Find(e.name);
+      if (t != nullptr && Describes(e, t->dtype, t->shape, t->element_width)) {
+        size_t idx = *b.ckpt->IndexOf(e.name);
+        b.ckpt_index.push_back(idx);
+        data = b.ckpt->MutableData(idx).data();
+        ok = true;
+      }
+    } else {
+      for (const MutableTensorView& v : o.tensors) {
+        if (v.name == e.name && Describes(e, v.dtype, v.shape, v.width) &&
+            (v.data != nullptr || e.num_elements == 0)) {
+          data = v.data;
+          ok = true;
+          break;
+        }
+      }
     }
-    b.index.push_back(*b.ckpt.IndexOf(e.name));
+    if (!ok) {
+      return FailedPreconditionError(what + " lacks tensor '" + e.name + "' as version " +
+                                     std::to_string(version) + " describes it");
+    }
+    b.data.push_back(data);
+    b.bytes.push_back(e.num_elements * e.width);
   }
   return b;
 }
 
-Hash128 ChunkRangeHash(Bound& b, const Manifest& m, const ManifestChunk& c) {
-  const TensorEntry& e = m.tensors[c.tensor_id];
-  const uint8_t* data = b.ckpt.Data(b.index[c.tensor_id]).data();
-  return RangeHash(data + c.start * e.width, c.count * e.width);
+Hash128 RangeOf(const Bound& b, size_t t, uint64_t offset, uint64_t length) {
+  return RangeHash(b.data[t] + offset, length);
 }
 
-Hash128 TensorHash(Bound& b, size_t tensor_id) {
-  auto d = b.ckpt.Data(b.index[tensor_id]);
-  return RangeHash(d.data(), d.size());
-}
+Hash128 TensorHash(const Bound& b, size_t t) { return RangeHash(b.data[t], b.bytes[t]); }
+
+// Segment digests (64 KiB, docs/format.md "Range hash") of every tensor, so
+// a range hash aligned to segments composes from them without reading the
+// range, and a tensor hash composes from its digests after its changed
+// ranges were re-hashed. This is how a version is hashed about once instead
+// of three times (docs/protocol.md, "Receiver", "Hashing").
+class Digests {
+ public:
+  explicit Digests(size_t tensors) : digests_(tensors), known_(tensors), exact_(tensors, true) {}
+
+  bool known(size_t t) const { return known_[t]; }
+  // Hashes tensor t's segments (once).
+  void Ensure(const Bound& b, size_t t) {
+    if (known_[t]) return;
+    const uint64_t n = b.bytes[t];
+    std::vector<Hash128>& d = digests_[t];
+    d.clear();
+    uint64_t off = 0;
+    do {
+      uint64_t len = std::min<uint64_t>(kRangeHashSegment, n - off);
+      d.push_back(HashBytes(b.data[t] + off, len));
+      off += len;
+    } while (off < n);
+    known_[t] = true;
+  }
+  // Whether [offset, offset + length) of tensor t is made of whole segments
+  // of the tensor (the last one may be the tensor's short tail).
+  static bool Aligned(const Bound& b, size_t t, uint64_t offset, uint64_t length) {
+    return length > 0 && offset % kRangeHashSegment == 0 &&
+           (length % kRangeHashSegment == 0 || offset + length == b.bytes[t]);
+  }
+  Hash128 Range(size_t t, uint64_t offset, uint64_t length) const {
+    const size_t first = offset / kRangeHashSegment;
+    const size_t n = (length + kRangeHashSegment - 1) / kRangeHashSegment;
+    return HashSegmentDigests(digests_[t].data() + first, n);
+  }
+  // Re-hashes the segments of an aligned range after it was written.
+  void Update(const Bound& b, size_t t, uint64_t offset, uint64_t length) {
+    for (uint64_t off = offset; off < offset + length; off += kRangeHashSegment) {
+      uint64_t len = std::min<uint64_t>(kRangeHashSegment, offset + length - off);
+      digests_[t][off / kRangeHashSegment] = HashBytes(b.data[t] + off, len);
+    }
+  }
+  // Tensor t was written where its digests do not follow: its hash must be
+  // computed from its bytes.
+  void Invalidate(size_t t) { exact_[t] = false; }
+  Hash128 Tensor(const Bound& b, size_t t) const {
+    if (!known_[t] || !exact_[t]) return TensorHash(b, t);
+    return HashSegmentDigests(digests_[t].data(), digests_[t].size());
+  }
+
+ private:
+  std::vector<std::vector<Hash128>> digests_;
+  std::vector<bool> known_;
+  std::vector<bool> exact_;
+};
+
+// Writes applied ranges back to the checkpoint file on a thread of its
+// own, so the durable flush before the vote finds little left to do.
+class Flusher {
+ public:
+  explicit Flusher(Bound* b) : b_(b) {
+    if (b_->ckpt) thread_ = std::thread([this] { Run(); });
+  }
+  ~Flusher() { (void)Finish(); }
+  void Add(size_t t, uint64_t offset, uint64_t length) {
+    if (!b_->ckpt) return;
+    std::lock_guard<std::mutex> lock(mu_);
+    queue_.push_back({t, offset, length});
+    cv_.notify_all();
+  }
+  // Waits for every queued range; the first error, if any.
+  Status Finish() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      done_ = true;
+      cv_.notify_all();
+    }
+    if (thread_.joinable()) thread_.join();
+    return error_;
+  }
+
+ private:
+  struct Range {
+    size_t t;
+    uint64_t offset, length;
+  };
+  void Run() {
+    for (;;) {
+      Range r;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [&] { return !queue_.empty() || done_; });
+        if (queue_.empty()) return;
+        r = queue_.front();
+        queue_.pop_front();
+      }
+      if (!error_.ok()) continue;
+      Status s = b_->SyncRange(r.t, r.offset, r.length);
+      if (!s.ok()) error_ = s;
+    }
+  }
+  Bound* b_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Range> queue_;
+  bool done_ = false;
+  Status error_;  // written by the thread, read after join
+  std::thread thread_;
+};
 
 std::string StatePath(const ReceiverOptions& o, const char* name) {
   return o.state_dir + "/" + name;
@@ -114,6 +261,11 @@ std::string IndexKey(uint64_t version) {
 Result<std::unique_ptr<Receiver>> Receiver::Open(ObjectStore* store,
                                                  ReceiverOptions options) {
   REFIT_RETURN_IF_ERROR(ValidateMember(options.member));
+  if (options.checkpoint.empty() == options.tensors.empty()) {
+    return InvalidArgumentError("receiver '" + options.member +
+                                "' needs either a checkpoint path or in-memory tensors, "
+                                "not both and not neither");
+  }
   if (!IsDirectory(options.state_dir)) {
     return NotFoundError("receiver state directory '" + options.state_dir +
                          "' does not exist; create it first");
@@ -164,6 +316,19 @@ Result<std::optional<Decision>> Receiver::ReadDecision(uint64_t version) {
   return std::optional<Decision>(d);
 }
 
+bool Receiver::HasModel() const {
+  return opt_.checkpoint.empty() || CheckpointPresent(opt_.checkpoint);
+}
+
+Result<Announcement> Receiver::ReadAnnouncement(uint64_t version, Sha256* sha) {
+  REFIT_ASSIGN_OR_RETURN(auto bytes, store_->Get(IndexKey(version)));
+  *sha = ComputeSha256(bytes);
+  REFIT_ASSIGN_OR_RETURN(auto body, opt_.auth.Open(bytes));
+  REFIT_ASSIGN_OR_RETURN(Announcement a, DecodeAnnouncement(body));
+  if (a.version != version) return DataLossError("announcement names another version");
+  return a;
+}
+
 Result<Manifest> Receiver::ReadManifest(uint64_t version, Sha256* sha) {
   REFIT_ASSIGN_OR_RETURN(auto bytes, store_->Get(ManifestKey(version)));
   *sha = ComputeSha256(bytes);
@@ -188,30 +353,31 @@ Result<StepResult> Receiver::Step() {
   REFIT_ASSIGN_OR_RETURN(auto journal, Journal::Load(StatePath(opt_, "journal")));
   if (journal && journal->version > active_) {
     Sha256 sha;
-    auto manifest = ReadManifest(journal->version, &sha);
-    if (!manifest.ok() && manifest.status().code() == StatusCode::kNotFound) {
+    auto announced = ReadAnnouncement(journal->version, &sha);
+    if (!announced.ok() && announced.status().code() == StatusCode::kNotFound &&
+        !opt_.checkpoint.empty()) {
       // Retention deleted the version while this receiver was inside it. A
       // snapshot at or above it replaces every file, torn or not.
       REFIT_ASSIGN_OR_RETURN(auto snap, NewestSnapshot());
       if (snap && *snap >= journal->version) return CatchUpFromSnapshot(*snap);
     }
-    REFIT_ASSIGN_OR_RETURN(Manifest m, std::move(manifest));
-    if (sha != journal->manifest_sha256) {
-      return DataLossError("the stored manifest of version " +
+    REFIT_ASSIGN_OR_RETURN(Announcement a, std::move(announced));
+    if (sha != journal->announcement_sha256) {
+      return DataLossError("the stored announcement of version " +
                            std::to_string(journal->version) +
                            " differs from the one this receiver journaled");
     }
-    bool member = std::find(m.members.begin(), m.members.end(), opt_.member) != m.members.end();
-    return ProcessVersion(m, sha, member, /*resume=*/true);
+    bool member = std::find(a.members.begin(), a.members.end(), opt_.member) != a.members.end();
+    return ProcessVersion(a, sha, member, /*resume=*/true);
   }
   REFIT_ASSIGN_OR_RETURN(auto versions, ListVersions());
   REFIT_ASSIGN_OR_RETURN(bool broken, ChainBroken(versions));
   if (broken) {
     REFIT_ASSIGN_OR_RETURN(auto snap, NewestSnapshot());
-    if (snap && (*snap > active_ || !CheckpointPresent(opt_.checkpoint))) {
+    if (snap && (*snap > active_ || !HasModel())) {
       return CatchUpFromSnapshot(*snap);
     }
-    if (!snap && !CheckpointPresent(opt_.checkpoint)) {
+    if (!snap && !HasModel()) {
       return StepResult{};  // the publisher has not stored a snapshot yet
     }
     return FailedPreconditionError(
@@ -221,10 +387,10 @@ Result<StepResult> Receiver::Step() {
   for (uint64_t v : versions) {
     if (v <= active_) continue;
     Sha256 sha;
-    REFIT_ASSIGN_OR_RETURN(Manifest m, ReadManifest(v, &sha));
-    if (m.base_version != active_) {
+    REFIT_ASSIGN_OR_RETURN(Announcement a, ReadAnnouncement(v, &sha));
+    if (a.base_version != active_) {
       // Based on a version we skipped (aborted) or do not have yet.
-      if (m.base_version > active_) {
+      if (a.base_version > active_) {
         REFIT_ASSIGN_OR_RETURN(auto d, ReadDecision(v));
         if (!d) return StepResult{};  // wait for the chain to settle
       }
@@ -232,23 +398,23 @@ Result<StepResult> Receiver::Step() {
     }
     REFIT_ASSIGN_OR_RETURN(auto decision, ReadDecision(v));
     if (decision && !decision->commit) continue;  // aborted: not ours to apply
-    bool member = std::find(m.members.begin(), m.members.end(), opt_.member) != m.members.end();
+    bool member = std::find(a.members.begin(), a.members.end(), opt_.member) != a.members.end();
     if (!decision && !member) return StepResult{};  // not ours; wait for its decision
-    return ProcessVersion(m, sha, member && !decision, /*resume=*/false);
+    return ProcessVersion(a, sha, member && !decision, /*resume=*/false);
   }
   return StepResult{};
 }
 
 Result<bool> Receiver::ChainBroken(const std::vector<uint64_t>& versions) {
-  if (!CheckpointPresent(opt_.checkpoint)) return true;
+  if (!HasModel()) return true;
   // Retention deletes the oldest versions first, so the chain from the
   // active version exists iff the first version above it builds on it (or
   // on an older one: a version whose base we skipped is passed over).
   auto next = std::upper_bound(versions.begin(), versions.end(), active_);
   if (next == versions.end()) return false;
   Sha256 sha;
-  REFIT_ASSIGN_OR_RETURN(Manifest m, ReadManifest(*next, &sha));
-  return m.base_version > active_;
+  REFIT_ASSIGN_OR_RETURN(Announcement a, ReadAnnouncement(*next, &sha));
+  return a.base_version > active_;
 }
 
 Result<std::optional<uint64_t>> Receiver::NewestSnapshot() {
@@ -269,6 +435,13 @@ Result<std::optional<uint64_t>> Receiver::NewestSnapshot() {
 }
 
 Result<StepResult> Receiver::CatchUpFromSnapshot(uint64_t version) {
+  if (opt_.checkpoint.empty()) {
+    return FailedPreconditionError(
+        "receiver '" + opt_.member + "' holds its tensors in memory and is at version " +
+        std::to_string(active_) + ", which the store can no longer bring forward by "
+        "deltas; load snapshot " + std::to_string(version) +
+        " into memory and reopen the receiver at it");
+  }
   auto t0 = Clock::now();
   StepResult result;
   result.version = version;
@@ -375,11 +548,13 @@ Result<StepResult> Receiver::SyncTo(uint64_t version, int timeout_ms) {
   return last;
 }
 
-Result<StepResult> Receiver::ProcessVersion(const Manifest& m, const Sha256& manifest_sha,
-                                            bool vote, bool resume) {
+Result<StepResult> Receiver::ProcessVersion(const Announcement& a,
+                                            const Sha256& announcement_sha, bool vote,
+                                            bool resume) {
   auto t0 = Clock::now();
   StepResult result;
-  result.version = m.version;
+  result.version = a.version;
+  const std::string V = std::to_string(a.version);
   const std::string journal_path = StatePath(opt_, "journal");
   std::optional<JournalState> state;
   Journal journal;
@@ -387,40 +562,90 @@ Result<StepResult> Receiver::ProcessVersion(const Manifest& m, const Sha256& man
     REFIT_ASSIGN_OR_RETURN(state, Journal::Load(journal_path));
     REFIT_ASSIGN_OR_RETURN(journal, Journal::Reopen(journal_path));
   } else {
-    REFIT_ASSIGN_OR_RETURN(journal, Journal::Begin(journal_path, m.version,
-                                                    m.base_version, manifest_sha));
+    REFIT_ASSIGN_OR_RETURN(journal, Journal::Begin(journal_path, a.version, a.base_version,
+                                                    announcement_sha));
     state.emplace();
+    CrashPoint("receiver.after-begin");
   }
-  REFIT_ASSIGN_OR_RETURN(Bound b, BindCheckpoint(opt_.checkpoint, m));
-  REFIT_ASSIGN_OR_RETURN(auto decision, ReadDecision(m.version));
+  REFIT_ASSIGN_OR_RETURN(Bound b, BindTensors(opt_, a.tensors, a.version));
+  REFIT_ASSIGN_OR_RETURN(auto decision, ReadDecision(a.version));
   ApplyScratch scratch;
+
+  // The manifest closes the chunk list; until it is seen, chunks are
+  // checked against the announcement alone (docs/protocol.md, "Receiver").
+  std::optional<Manifest> manifest;
+  std::vector<Sha256> seen;  // SHA-256 of chunk objects 0..seen.size()-1
+  auto read_manifest = [&]() -> Status {
+    Sha256 sha;
+    auto got = ReadManifest(a.version, &sha);
+    if (!got.ok()) {
+      return got.status().code() == StatusCode::kNotFound ? Status() : got.status();
+    }
+    const Manifest& m = *got;
+    bool same = m.base_version == a.base_version && m.members == a.members &&
+                m.tensors.size() == a.tensors.size() && m.chunks.size() >= seen.size();
+    for (size_t t = 0; same && t < m.tensors.size(); ++t) {
+      const TensorEntry& x = m.tensors[t];
+      const TensorEntry& y = a.tensors[t];
+      same = x.name == y.name && x.dtype == y.dtype && x.width == y.width &&
+             x.shape == y.shape && x.before == y.before;
+    }
+    if (!same) {
+      return DataLossError("the manifest of version " + V +
+                           " does not match its announcement");
+    }
+    for (size_t i = 0; i < seen.size(); ++i) {
+      if (m.chunks[i].sha256 != seen[i]) {
+        return DataLossError("chunk " + std::to_string(i) + " of version " + V +
+                             " that this receiver applied is not the one its manifest lists");
+      }
+    }
+    manifest = std::move(*got);
+    return Status();
+  };
 
   // Fetches, authenticates and parses chunk i (or a re-send of it).
   std::vector<uint8_t> object;
-  auto fetch = [&](const std::string& key, const ManifestChunk* expect,
-                   uint64_t i) -> Result<ParsedChunk> {
-    REFIT_ASSIGN_OR_RETURN(object, store_->Get(key));
+  auto parse = [&](uint64_t i, bool original) -> Result<ParsedChunk> {
     result.bytes_fetched += object.size();
-    if (expect && (object.size() != expect->size || ComputeSha256(object) != expect->sha256)) {
-      return DataLossError("chunk " + std::to_string(i) + " of version " +
-                           std::to_string(m.version) + " does not match its manifest hash");
+    if (original && manifest &&
+        (i >= manifest->chunks.size() || object.size() != manifest->chunks[i].size ||
+         ComputeSha256(object) != manifest->chunks[i].sha256)) {
+      return DataLossError("chunk " + std::to_string(i) + " of version " + V +
+                           " does not match its manifest hash");
     }
     REFIT_ASSIGN_OR_RETURN(auto body, opt_.auth.Open(object));
     REFIT_ASSIGN_OR_RETURN(ParsedChunk c, ParseChunk(body));
-    const ManifestChunk& mc = m.chunks[i];
-    if (c.header.tensor_id != mc.tensor_id || c.header.start != mc.start ||
-        c.header.count != mc.count || c.header.width != m.tensors[mc.tensor_id].width) {
-      return DataLossError("chunk " + std::to_string(i) + " does not match its manifest entry");
+    const ChunkHeader& h = c.header;
+    if (h.tensor_id >= a.tensors.size() || h.width != a.tensors[h.tensor_id].width ||
+        h.count == 0 || h.start > a.tensors[h.tensor_id].num_elements ||
+        h.count > a.tensors[h.tensor_id].num_elements - h.start) {
+      return DataLossError("chunk " + std::to_string(i) + " of version " + V +
+                           " names a range outside the announced tensors");
     }
-    if (expect && (c.header.version != m.version || c.header.base_version != m.base_version ||
-                   c.header.kind != static_cast<codec::ChunkKind>(mc.kind))) {
+    if (h.version != a.version || h.base_version != a.base_version) {
       return DataLossError("chunk " + std::to_string(i) + " belongs to another version");
+    }
+    if (manifest && i < manifest->chunks.size()) {
+      const ManifestChunk& mc = manifest->chunks[i];
+      if (h.tensor_id != mc.tensor_id || h.start != mc.start || h.count != mc.count ||
+          (original && h.kind != static_cast<codec::ChunkKind>(mc.kind))) {
+        return DataLossError("chunk " + std::to_string(i) + " does not match its manifest entry");
+      }
     }
     return c;
   };
-  auto tensor_data = [&](uint64_t tensor_id) {
-    return b.ckpt.MutableData(b.index[tensor_id]).data();
+  auto fetch = [&](const std::string& key, uint64_t i, bool original) -> Result<ParsedChunk> {
+    REFIT_ASSIGN_OR_RETURN(object, store_->Get(key));
+    return parse(i, original);
   };
+  auto range_of = [&](const ChunkHeader& h) {
+    const uint64_t w = a.tensors[h.tensor_id].width;
+    return std::pair<uint64_t, uint64_t>(h.start * w, h.count * w);
+  };
+
+  Digests digests(a.tensors.size());
+  Flusher flusher(&b);
 
   // Asks for overwrite re-sends of `torn` chunks (at V if `after`, else at
   // the base) and applies them as they arrive.
@@ -431,28 +656,31 @@ Result<StepResult> Receiver::ProcessVersion(const Manifest& m, const Sha256& man
       q.chunks.push_back(i);
       q.after.push_back(after);
     }
-    REFIT_RETURN_IF_ERROR(store_->Put(RequestKey(m.version, opt_.member),
+    REFIT_RETURN_IF_ERROR(store_->Put(RequestKey(a.version, opt_.member),
                                       opt_.auth.Seal(EncodeRequest(q))));
     auto start = Clock::now();
     for (uint64_t i : torn) {
       for (;;) {
-        auto c = fetch(ResendKey(m.version, opt_.member, i, after), nullptr, i);
+        auto c = fetch(ResendKey(a.version, opt_.member, i, after), i, /*original=*/false);
         if (c.ok()) {
           if (c->header.kind != codec::ChunkKind::kSparseOverwrite &&
               c->header.kind != codec::ChunkKind::kRaw) {
             return DataLossError("re-send of chunk " + std::to_string(i) + " is not an overwrite");
           }
           UndoRecord undo;
-          REFIT_RETURN_IF_ERROR(ApplyChunkInPlace(*c, tensor_data(m.chunks[i].tensor_id),
-                                                  &scratch, nullptr, &undo));
+          const size_t t = c->header.tensor_id;
+          REFIT_RETURN_IF_ERROR(ApplyChunkInPlace(*c, b.data[t], &scratch, nullptr, &undo));
+          auto [off, len] = range_of(c->header);
+          digests.Invalidate(t);
+          flusher.Add(t, off, len);
           ++result.chunks_resent;
           break;
         }
         if (c.status().code() != StatusCode::kNotFound) return c.status();
         if (ElapsedMs(start) > opt_.resend_timeout_ms) {
           return DeadlineExceededError("no re-send of chunk " + std::to_string(i) +
-                                       " of version " + std::to_string(m.version) +
-                                       " within " + std::to_string(opt_.resend_timeout_ms) +
+                                       " of version " + V + " within " +
+                                       std::to_string(opt_.resend_timeout_ms) +
                                        " ms; is the publisher running?");
         }
         std::this_thread::sleep_for(std::chrono::milliseconds(opt_.poll_ms));
@@ -461,21 +689,35 @@ Result<StepResult> Receiver::ProcessVersion(const Manifest& m, const Sha256& man
     return Status();
   };
 
+  // Undoes whatever of the version is in place. Chunks are final once
+  // stored (the publisher writes them once), so the chunks in the store are
+  // the ones that were applied; without a manifest they are probed in
+  // order up to the first missing one (chunks are applied in order).
   auto roll_back = [&]() -> Status {
+    REFIT_RETURN_IF_ERROR(flusher.Finish());
+    if (!manifest) REFIT_RETURN_IF_ERROR(read_manifest());
+    uint64_t last_journaled = 0;
+    for (const auto& [i, undo] : state->applied) last_journaled = std::max(last_journaled, i + 1);
     std::vector<uint64_t> torn;
-    for (size_t i = 0; i < m.chunks.size(); ++i) {
-      const ManifestChunk& mc = m.chunks[i];
-      // Chunk headers carry the range hashes; fetch to learn them.
-      REFIT_ASSIGN_OR_RETURN(ParsedChunk c, fetch(ChunkKey(m.version, i), &mc, i));
-      Hash128 h = ChunkRangeHash(b, m, mc);
-      if (h == c.header.before) continue;
-      if (h == c.header.after) {
+    for (uint64_t i = 0;; ++i) {
+      if (manifest && i >= manifest->chunks.size()) break;
+      auto c = fetch(ChunkKey(a.version, i), i, /*original=*/true);
+      if (!c.ok()) {
+        if (!manifest && c.status().code() == StatusCode::kNotFound && i >= last_journaled) {
+          break;
+        }
+        return c.status();
+      }
+      auto [off, len] = range_of(c->header);
+      const size_t t = c->header.tensor_id;
+      Hash128 h = RangeOf(b, t, off, len);
+      if (h == c->header.before) continue;
+      if (h == c->header.after) {
         auto it = state->applied.find(i);
-        if (c.header.IsXor()) {
-          REFIT_RETURN_IF_ERROR(UndoChunkInPlace(c, tensor_data(mc.tensor_id), &scratch, {}));
+        if (c->header.IsXor()) {
+          REFIT_RETURN_IF_ERROR(UndoChunkInPlace(*c, b.data[t], &scratch, {}));
         } else if (it != state->applied.end()) {
-          REFIT_RETURN_IF_ERROR(
-              UndoChunkInPlace(c, tensor_data(mc.tensor_id), &scratch, it->second));
+          REFIT_RETURN_IF_ERROR(UndoChunkInPlace(*c, b.data[t], &scratch, it->second));
         } else {
           torn.push_back(i);
         }
@@ -484,68 +726,141 @@ Result<StepResult> Receiver::ProcessVersion(const Manifest& m, const Sha256& man
       torn.push_back(i);
     }
     REFIT_RETURN_IF_ERROR(repair(torn, /*after=*/false));
-    for (size_t t = 0; t < m.tensors.size(); ++t) {
-      if (TensorHash(b, t) != m.tensors[t].before) {
-        return DataLossError("rollback of version " + std::to_string(m.version) +
-                             " left tensor '" + m.tensors[t].name +
+    for (size_t t = 0; t < a.tensors.size(); ++t) {
+      if (TensorHash(b, t) != a.tensors[t].before) {
+        return DataLossError("rollback of version " + V + " left tensor '" +
+                             a.tensors[t].name +
                              "' off its base; resync this receiver from a snapshot");
       }
     }
-    REFIT_RETURN_IF_ERROR(b.ckpt.Sync());
+    REFIT_RETURN_IF_ERROR(b.Sync());
     result.outcome = StepResult::Outcome::kAborted;
     return Journal::Remove(journal_path);
   };
-
-  if (decision && !decision->commit) {
+  auto aborted = [&]() -> Result<StepResult> {
     REFIT_RETURN_IF_ERROR(roll_back());
     result.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
     return result;
-  }
+  };
 
-  // Apply every chunk at most once.
+  if (decision && !decision->commit) return aborted();
+
+  // Hashes tensors [next_hashed, upto] once. In a fresh version no chunk
+  // of them is applied yet (chunks come in tensor order), so each must be
+  // at the base: the one check of the base per version.
+  size_t next_hashed = 0;
+  auto hash_through = [&](size_t upto) -> Status {
+    for (; next_hashed <= upto && next_hashed < a.tensors.size(); ++next_hashed) {
+      digests.Ensure(b, next_hashed);
+      if (!resume && digests.Tensor(b, next_hashed) != a.tensors[next_hashed].before) {
+        return DataLossError("tensor '" + a.tensors[next_hashed].name +
+                             "' is not at version " + std::to_string(a.base_version) +
+                             ", the base of version " + V +
+                             "; the local model was changed; resync this receiver");
+      }
+    }
+    return Status();
+  };
+
+  // Apply every chunk at most once, as it lands.
   CrashPoint("receiver.before-apply");
   std::vector<uint64_t> torn;
-  for (size_t i = 0; i < m.chunks.size(); ++i) {
-    const ManifestChunk& mc = m.chunks[i];
-    REFIT_ASSIGN_OR_RETURN(ParsedChunk c, fetch(ChunkKey(m.version, i), &mc, i));
-    switch (ClassifyRange(c.header, ChunkRangeHash(b, m, mc))) {
+  auto last_progress = Clock::now();
+  std::optional<Clock::time_point> manifest_seen;
+  int polls = 0;
+  REFIT_RETURN_IF_ERROR(read_manifest());  // present already when catching up
+  for (uint64_t i = 0;;) {
+    if (manifest) {
+      if (!manifest_seen) manifest_seen = Clock::now();
+      if (i >= manifest->chunks.size()) break;
+    }
+    auto got = store_->Get(ChunkKey(a.version, i));
+    if (!got.ok()) {
+      if (got.status().code() != StatusCode::kNotFound) return got.status();
+      if (manifest) {
+        return DataLossError("the manifest of version " + V + " lists chunk " +
+                             std::to_string(i) + " but the store does not hold it");
+      }
+      REFIT_RETURN_IF_ERROR(read_manifest());
+      if (manifest) continue;
+      // The publisher is still uploading (or stopped): an abort decision
+      // ends the wait, and so does the deadline.
+      if (++polls % 8 == 0) {
+        REFIT_ASSIGN_OR_RETURN(decision, ReadDecision(a.version));
+        if (decision && !decision->commit) return aborted();
+      }
+      if (ElapsedMs(last_progress) > opt_.chunk_timeout_ms) {
+        return DeadlineExceededError(
+            "version " + V + ": neither chunk " + std::to_string(i) +
+            " nor the manifest arrived within " + std::to_string(opt_.chunk_timeout_ms) +
+            " ms; its publisher may have stopped (publishing a later version aborts it); "
+            "the work is journaled and resumes on the next step");
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(opt_.poll_ms));
+      continue;
+    }
+    object = std::move(*got);
+    REFIT_ASSIGN_OR_RETURN(ParsedChunk c, parse(i, /*original=*/true));
+    const Sha256 sha = manifest ? manifest->chunks[i].sha256 : ComputeSha256(object);
+    last_progress = Clock::now();
+    const size_t t = c.header.tensor_id;
+    REFIT_RETURN_IF_ERROR(hash_through(t));
+    auto [off, len] = range_of(c.header);
+    const bool aligned = Digests::Aligned(b, t, off, len);
+    const Hash128 h = aligned ? digests.Range(t, off, len) : RangeOf(b, t, off, len);
+    switch (ClassifyRange(c.header, h)) {
       case RangeState::kAfter:
         ++result.chunks_skipped;
         break;
       case RangeState::kBefore: {
         UndoRecord undo;
-        REFIT_RETURN_IF_ERROR(
-            ApplyChunkInPlace(c, tensor_data(mc.tensor_id), &scratch, nullptr, &undo));
+        REFIT_RETURN_IF_ERROR(ApplyChunkInPlace(c, b.data[t], &scratch, nullptr, &undo));
         ++chunks_applied_total_;
         REFIT_RETURN_IF_ERROR(journal.Applied(i, undo));
         ++result.chunks_applied;
         result.changed_elements += c.header.changed;
-        CrashPoint("receiver.after-chunk");
+        if (aligned) {
+          digests.Update(b, t, off, len);
+        } else {
+          digests.Invalidate(t);
+        }
+        flusher.Add(t, off, len);
+        if (!manifest) ++result.chunks_before_manifest;
+        CrashPoint(manifest ? "receiver.after-chunk" : "receiver.after-early-chunk");
         break;
       }
       case RangeState::kNeither:
         torn.push_back(i);
         break;
     }
+    seen.push_back(sha);
+    ++i;
   }
   REFIT_RETURN_IF_ERROR(repair(torn, /*after=*/true));
   CrashPoint("receiver.after-apply");
-  for (size_t t = 0; t < m.tensors.size(); ++t) {
-    if (TensorHash(b, t) != m.tensors[t].after) {
-      return DataLossError("after applying version " + std::to_string(m.version) +
-                           ", tensor '" + m.tensors[t].name +
-                           "' does not hash to the manifest; the local checkpoint "
+  REFIT_RETURN_IF_ERROR(hash_through(a.tensors.size()));
+  // Every tensor at the manifest's after hash. A tensor's digests are
+  // those of its bytes: hashed once above, and re-hashed over every range
+  // written since (ranges written where digests cannot follow invalidate
+  // them, and the tensor is hashed from its bytes).
+  for (size_t t = 0; t < a.tensors.size(); ++t) {
+    if (digests.Tensor(b, t) != manifest->tensors[t].after) {
+      return DataLossError("after applying version " + V + ", tensor '" +
+                           a.tensors[t].name +
+                           "' does not hash to the manifest; the local model "
                            "was not at the base; resync this receiver");
     }
   }
-  REFIT_RETURN_IF_ERROR(b.ckpt.Sync());
+  REFIT_RETURN_IF_ERROR(flusher.Finish());
+  REFIT_RETURN_IF_ERROR(b.Sync());
   CrashPoint("receiver.after-flush");
   REFIT_RETURN_IF_ERROR(journal.Sync());
   CrashPoint("receiver.after-journal");
 
   if (vote) {
-    REFIT_RETURN_IF_ERROR(store_->Put(VoteKey(m.version, opt_.member),
+    REFIT_RETURN_IF_ERROR(store_->Put(VoteKey(a.version, opt_.member),
                                       opt_.auth.Seal(EncodeVote(Vote{true, ""}))));
+    result.tail_seconds = std::chrono::duration<double>(Clock::now() - *manifest_seen).count();
     REFIT_RETURN_IF_ERROR(journal.Voted());
     REFIT_RETURN_IF_ERROR(journal.Sync());
     CrashPoint("receiver.after-vote");
@@ -553,29 +868,32 @@ Result<StepResult> Receiver::ProcessVersion(const Manifest& m, const Sha256& man
     while (!decision) {
       if (ElapsedMs(start) > opt_.decision_timeout_ms) {
         return DeadlineExceededError(
-            "voted ready for version " + std::to_string(m.version) +
-            " but no decision arrived within " + std::to_string(opt_.decision_timeout_ms) +
+            "voted ready for version " + V + " but no decision arrived within " +
+            std::to_string(opt_.decision_timeout_ms) +
             " ms; the work is journaled and resumes on the next step");
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(opt_.poll_ms));
-      REFIT_ASSIGN_OR_RETURN(decision, ReadDecision(m.version));
+      REFIT_ASSIGN_OR_RETURN(decision, ReadDecision(a.version));
     }
   } else if (!decision) {
-    return FailedPreconditionError("version " + std::to_string(m.version) +
-                                   " has no decision and names no vote from '" +
+    return FailedPreconditionError("version " + V + " has no decision and names no vote from '" +
                                    opt_.member + "'");
   }
   if (!decision->commit) {
     REFIT_RETURN_IF_ERROR(roll_back());
   } else {
-    REFIT_RETURN_IF_ERROR(Activate(m.version));
+    REFIT_RETURN_IF_ERROR(Activate(a.version));
+    if (!vote) {
+      result.tail_seconds =
+          std::chrono::duration<double>(Clock::now() - *manifest_seen).count();
+    }
     result.outcome = vote ? StepResult::Outcome::kCommitted : StepResult::Outcome::kCaughtUp;
-    std::vector<bool> touched(m.tensors.size(), false);
-    for (const ManifestChunk& c : m.chunks) {
+    std::vector<bool> touched(a.tensors.size(), false);
+    for (const ManifestChunk& c : manifest->chunks) {
       if (c.changed > 0 && c.tensor_id < touched.size()) touched[c.tensor_id] = true;
     }
     for (size_t t = 0; t < touched.size(); ++t) {
-      if (touched[t]) result.changed_tensors.push_back(m.tensors[t].name);
+      if (touched[t]) result.changed_tensors.push_back(a.tensors[t].name);
     }
   }
   result.seconds = std::chrono::duration<double>(Clock::now() - t0).count();

@@ -2,8 +2,10 @@
 // keeps a local canonical checkpoint at exactly one committed version
 // (docs/protocol.md, "Receiver").
 //
-// Per version: apply every chunk in place at most once (range hashes
-// decide), journal it, flush the checkpoint and the journal, vote, wait for
+// Per version: from its announcement on, apply every chunk in place at most
+// once (range hashes decide) as it lands, while the publisher is still
+// uploading; once the manifest closes the list, check every tensor, journal
+// it, flush the checkpoint and the journal, vote, wait for
 // the one decision, then activate (pointer file: temp, rename, fsync) or
 // roll back. A receiver killed anywhere resumes from its journal and the
 // range hashes on the next Step(), asking the publisher for overwrite
@@ -17,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "refit/delta.h"
 #include "refit/status.h"
 #include "sync/auth.h"
 #include "sync/protocol.h"
@@ -27,6 +30,12 @@ namespace refit {
 struct ReceiverOptions {
   std::string member;      // this receiver's name in the membership
   std::string checkpoint;  // safetensors file or checkpoint directory
+  // Used when `checkpoint` is empty: the caller's tensors in host memory
+  // (an inference worker's weights), applied in place. They must hold the
+  // active version when the receiver opens (docs/protocol.md, "In-memory
+  // receivers"); nothing makes them durable. The views must stay valid
+  // while the receiver lives.
+  std::vector<MutableTensorView> tensors;
   std::string state_dir;   // holds "active" and "journal"
   Authenticator auth = Authenticator::None();
   int threads = 0;
@@ -34,6 +43,9 @@ struct ReceiverOptions {
   // How long Step() waits for a decision after voting, and for re-sends.
   int decision_timeout_ms = 60000;
   int resend_timeout_ms = 30000;
+  // How long a version may go without a new chunk or its manifest while
+  // the receiver applies it (the publisher stopped mid-upload).
+  int chunk_timeout_ms = 60000;
 };
 
 struct StepResult {
@@ -47,7 +59,14 @@ struct StepResult {
   uint64_t chunks_resent = 0;   // repaired from overwrite re-sends
   uint64_t changed_elements = 0;
   uint64_t bytes_fetched = 0;
+  // Chunks applied before the version's manifest was seen, i.e. while the
+  // publisher was still uploading (docs/protocol.md, "Receiver").
+  uint64_t chunks_before_manifest = 0;
   double seconds = 0;
+  // From the manifest being seen (the publisher's upload done) to the vote
+  // stored (member) or the version activated (catch-up): the part of the
+  // step that the upload does not hide.
+  double tail_seconds = 0;
   // kCommitted / kCaughtUp: the names of the tensors the version changed
   // (those with at least one changed element), in manifest order, so a
   // caller can reload just those into an engine.
@@ -83,8 +102,12 @@ class Receiver {
  private:
   Receiver(ObjectStore* store, ReceiverOptions options)
       : store_(store), opt_(std::move(options)) {}
-  Result<StepResult> ProcessVersion(const Manifest& m, const Sha256& manifest_sha,
+  Result<StepResult> ProcessVersion(const Announcement& a, const Sha256& announcement_sha,
                                     bool vote, bool resume);
+  Result<Announcement> ReadAnnouncement(uint64_t version, Sha256* sha);
+  // True when the receiver has a model to apply to (in memory, or a
+  // checkpoint that exists).
+  bool HasModel() const;
   Result<std::vector<uint64_t>> ListVersions();
   Result<std::optional<Decision>> ReadDecision(uint64_t version);
   Result<Manifest> ReadManifest(uint64_t version, Sha256* sha);
@@ -101,8 +124,8 @@ class Receiver {
   uint64_t chunks_applied_total_ = 0;
 };
 
-// The key of the per-version index marker the publisher writes once the
-// manifest is in place (so receivers list versions, not chunks).
+// The key of a version's announcement, which the publisher writes before
+// its first chunk (so receivers list versions, not chunks).
 std::string IndexKey(uint64_t version);
 
 }  // namespace refit

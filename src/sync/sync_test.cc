@@ -321,12 +321,15 @@ TEST_P(SyncTest, TornChunkIsRepairedByOverwriteResend) {
       EXPECT_TRUE(report->committed);
     }
   });
-  // Wait for the manifest, then tear the checkpoint and journal by hand.
+  // Wait for the manifest, then tear the checkpoint and journal by hand
+  // (the journal names the version's announcement).
   Sha256 sha{};
   for (int i = 0; i < 5000; ++i) {
     auto b = store_->Get(ManifestKey(1));
     if (b.ok()) {
-      sha = ComputeSha256(*b);
+      auto ann = store_->Get(IndexKey(1));
+      ASSERT_OK(ann);
+      sha = ComputeSha256(*ann);
       break;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
@@ -373,7 +376,7 @@ TEST_P(SyncTest, TamperedChunkIsRefusedBeforeUse) {
   std::string key = ChunkKey(2, 0);
   std::vector<uint8_t> bytes;
   for (int i = 0; i < 5000; ++i) {
-    auto b = store_->Get(IndexKey(2));
+    auto b = store_->Get(ManifestKey(2));
     if (b.ok()) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
   }
@@ -406,8 +409,10 @@ TEST_P(SyncTest, ReplayedManifestOfAnotherVersionIsRefused) {
   // An attacker copies version 1's (validly signed) manifest to version 9.
   auto m1 = store_->Get(ManifestKey(1));
   ASSERT_OK(m1);
+  auto a1 = store_->Get(IndexKey(1));
+  ASSERT_OK(a1);
   ASSERT_OK(store_->Put(ManifestKey(9), *m1));
-  ASSERT_OK(store_->Put(IndexKey(9), Key().Seal({})));
+  ASSERT_OK(store_->Put(IndexKey(9), *a1));
   auto r0 = Receiver::Open(store_.get(), MakeReceiver(0));
   ASSERT_OK(r0);
   auto s = (*r0)->Step();
@@ -423,6 +428,9 @@ namespace {
 // Hands receivers damaged objects: a bit flip, a truncation, another
 // chunk's bytes (reordering), the same chunk of an older version (replay),
 // or nothing at all, on a seeded fraction of chunk and manifest reads.
+// Chunks read before the manifest are checked against the announcement
+// (authentication, version, range) and, once it arrives, against the
+// manifest's hashes, so a reordered chunk is caught then.
 class TamperStore final : public ObjectStore {
  public:
   TamperStore(ObjectStore* inner, uint64_t seed, double rate)
@@ -465,13 +473,16 @@ class TamperStore final : public ObjectStore {
         break;
       }
       default:
+        ++lost_;
         return NotFoundError("lost");
     }
     return bytes;
   }
   int injected() const { return injected_; }
+  int lost() const { return lost_; }
 
  private:
+  int lost_ = 0;
   ObjectStore* inner_;
   std::mt19937_64 rng_;
   double rate_;
@@ -528,7 +539,11 @@ TEST_P(SyncTest, InjectedFaultsAreAllDetectedAndNothingAppliesTwice) {
       EXPECT_TRUE(trainer.Matches(ropts.checkpoint)) << "version " << v;
     }
     EXPECT_GE(tamper.injected(), 100);  // >= 200 over both modes
-    EXPECT_EQ(failures, tamper.injected());  // every fault detected, none silently used
+    // Every fault is detected, none silently used. A lost object is an
+    // error once the manifest lists it; before that a receiver streaming
+    // the version takes it for one not uploaded yet and reads it again.
+    EXPECT_LE(failures, tamper.injected());
+    EXPECT_GE(failures, tamper.injected() - tamper.lost());
   }
 }
 
