@@ -1,0 +1,493 @@
+#include "trainer/rank_encoder.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <map>
+
+#include "base/bytes.h"
+#include "base/parallel.h"
+#include "base/pipeline.h"
+#include "delta/apply.h"
+#include "trainer/convert.h"
+
+namespace refit::trainer {
+namespace {
+
+using layout::CanonicalTensor;
+using layout::Piece;
+
+// One owned piece, walked in canonical order: `outer` canonical rows of
+// `inner` contiguous elements, `stride` apart from canonical element
+// `start`. Region element (o, i) is piece element (r, c) = (o, i), or
+// (i, o) for transposed storage.
+struct Region {
+  uint32_t local = 0;   // index into the rank's local tensors
+  uint32_t canon = 0;   // index into the sorted canonical tensors
+  Piece piece;
+  bool transposed = false;
+  uint64_t outer = 0, inner = 0, start = 0, stride = 0;
+  int width = 0;             // canonical element width
+  bool direct = false;       // local dtype is the checkpoint's
+  bool in_place = false;     // direct, and the local block is in canonical order
+  uint64_t base_offset = 0;  // bytes into the baseline
+
+  uint64_t LocalIndex(uint64_t o, uint64_t i) const {
+    const uint64_t r = transposed ? i : o;
+    const uint64_t c = transposed ? o : i;
+    return piece.local_offset + r * piece.local_row_stride + c * piece.local_col_stride;
+  }
+};
+
+// A chunk's worth of one region: rows [o0, o0 + rows) whole, or the part
+// [i0, i0 + n) of row o0 (rows == 1). scale_of >= 0: the one-element scale
+// tensor of canonical tensor `scale_of` instead.
+struct Job {
+  uint32_t region = 0;
+  uint64_t o0 = 0, rows = 0, i0 = 0, n = 0;
+  int64_t scale_of = -1;
+  uint64_t base_offset = 0;  // bytes into the baseline
+  uint64_t count = 0;        // elements
+};
+
+struct ScaleState {
+  uint32_t canon = 0;           // the quantized tensor
+  uint32_t scale_canon = 0;     // its scale tensor
+  uint64_t base_offset = 0;     // the scale's 4 bytes in the baseline
+  float current = 0;            // computed by Encode
+};
+
+struct Encoded {
+  std::vector<uint8_t> chunk;
+  ChunkHeader header;
+  uint64_t changed = 0;
+};
+
+}  // namespace
+
+struct RankEncoder::Impl {
+  RankEncoderOptions opt;
+  uint32_t rank = 0;
+  std::vector<CanonicalTensor> canonical;       // sorted by name
+  std::vector<layout::LocalTensor> local;       // this rank's, layout order
+  std::vector<Region> regions;
+  std::vector<Job> jobs;
+  std::map<uint32_t, ScaleState> scales;        // by quantized canonical index
+  std::vector<uint8_t> baseline;
+  // The last Encode's chunks, kept until Commit or Abort.
+  std::vector<std::pair<uint32_t, std::vector<uint8_t>>> pending;  // job, chunk
+  bool have_baseline = false;
+
+  const CanonicalTensor& Canon(const Region& r) const { return canonical[r.canon]; }
+  Status CheckLocal(const std::vector<TensorView>& views,
+                    std::vector<const uint8_t*>* data) const;
+  // Writes the job's current canonical bytes into out (count * width).
+  void Gather(const Job& job, const std::vector<const uint8_t*>& data, uint8_t* out) const;
+  Result<float> ComputeScale(const ScaleState& s, const std::vector<const uint8_t*>& data) const;
+};
+
+RankEncoder::RankEncoder(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+RankEncoder::~RankEncoder() = default;
+
+const std::vector<layout::CanonicalTensor>& RankEncoder::canonical_tensors() const {
+  return impl_->canonical;
+}
+uint64_t RankEncoder::owned_bytes() const { return impl_->baseline.size(); }
+
+Result<std::unique_ptr<RankEncoder>> RankEncoder::Create(const layout::Layout& layout,
+                                                         uint32_t rank,
+                                                         RankEncoderOptions options) {
+  REFIT_ASSIGN_OR_RETURN(layout::Ownership owned, layout::AssignOwnership(layout));
+  size_t rank_index = layout.ranks.size();
+  for (size_t i = 0; i < layout.ranks.size(); ++i) {
+    if (layout.ranks[i].rank == rank) rank_index = i;
+  }
+  if (rank_index == layout.ranks.size()) {
+    return InvalidArgumentError("the layout has no rank " + std::to_string(rank));
+  }
+  auto impl = std::make_unique<Impl>();
+  impl->opt = options;
+  impl->rank = rank;
+  impl->canonical = layout.canonical;
+  std::sort(impl->canonical.begin(), impl->canonical.end(),
+            [](const CanonicalTensor& a, const CanonicalTensor& b) { return a.name < b.name; });
+  std::map<std::string, uint32_t> canon_index;
+  for (size_t i = 0; i < impl->canonical.size(); ++i) {
+    canon_index[impl->canonical[i].name] = static_cast<uint32_t>(i);
+  }
+  impl->local = layout.ranks[rank_index].tensors;
+
+  uint64_t offset = 0;
+  std::map<uint32_t, uint64_t> owned_elements_of;  // per quantized canonical tensor
+  for (const layout::OwnedPiece& op : owned[rank_index]) {
+    const Piece& p = op.piece;
+    if (p.rows == 0 || p.cols == 0) continue;
+    Region r;
+    r.local = op.tensor;
+    r.canon = canon_index.at(p.canonical);
+    r.piece = p;
+    const CanonicalTensor& ct = impl->canonical[r.canon];
+    const layout::LocalTensor& lt = impl->local[op.tensor];
+    REFIT_ASSIGN_OR_RETURN(r.width, DTypeRegistry().ElementWidth(ct.dtype));
+    REFIT_RETURN_IF_ERROR(CheckConversion(lt.dtype, ct.dtype)
+                              .WithContext("rank " + std::to_string(rank) + " local tensor '" +
+                                           lt.name + "' -> '" + ct.name + "'"));
+    r.direct = lt.dtype == ct.dtype;
+    if (ct.dtype == "F8_E4M3" && !r.direct && ct.scale_kind != "per_tensor") {
+      return InvalidArgumentError("canonical tensor '" + ct.name +
+                                  "' is F8_E4M3 converted from " + lt.dtype +
+                                  " but has no per_tensor scale (per_block scales "
+                                  "are not supported by the residual path yet)");
+    }
+    // Canonical order: rows of the piece, unless canonical rows run along
+    // the piece's columns (transposed storage).
+    r.transposed = p.rows > 1 && p.canon_row_stride == 1 && p.cols > 1;
+    if (p.rows > 1 && p.cols == 1 && p.canon_row_stride == 1) {
+      // A column of the piece that is contiguous in canonical order.
+      r.transposed = true;
+    }
+    r.outer = r.transposed ? p.cols : p.rows;
+    r.inner = r.transposed ? p.rows : p.cols;
+    r.stride = r.transposed ? p.canon_col_stride : p.canon_row_stride;
+    r.start = p.canon_offset;
+    if (r.outer == 1) r.stride = r.inner;
+    r.in_place = r.direct && !r.transposed &&
+                 (p.cols == 1 || p.local_col_stride == 1) &&
+                 (p.rows == 1 || p.local_row_stride == p.cols * p.local_col_stride);
+    r.base_offset = offset;
+    offset += r.outer * r.inner * static_cast<uint64_t>(r.width);
+    if (!ct.scale_kind.empty() && !r.direct) owned_elements_of[r.canon] += r.outer * r.inner;
+    impl->regions.push_back(r);
+  }
+  // Per-tensor scales: the rank must own the whole tensor (the scale is its
+  // amax), and then owns its scale tensor too.
+  for (const auto& [ci, n] : owned_elements_of) {
+    const CanonicalTensor& ct = impl->canonical[ci];
+    uint64_t total = 1;
+    for (uint64_t d : ct.shape) total *= d;
+    if (n != total) {
+      return InvalidArgumentError(
+          "canonical tensor '" + ct.name + "' has a per-tensor scale but rank " +
+          std::to_string(rank) + " owns " + std::to_string(n) + " of its " +
+          std::to_string(total) + " elements; a per-tensor scale needs the whole "
+          "tensor on one rank (its amax), which this layout does not give");
+    }
+    auto it = canon_index.find(ct.scale);
+    if (it == canon_index.end()) {
+      return InvalidArgumentError("canonical tensor '" + ct.name + "' names scale tensor '" +
+                                  ct.scale + "', which the layout does not list");
+    }
+    const CanonicalTensor& st = impl->canonical[it->second];
+    uint64_t st_elements = 1;
+    for (uint64_t d : st.shape) st_elements *= d;
+    if (st.dtype != "F32" || st_elements != 1) {
+      return InvalidArgumentError("scale tensor '" + st.name + "' must be one F32 element");
+    }
+    ScaleState s;
+    s.canon = ci;
+    s.scale_canon = it->second;
+    s.base_offset = offset;
+    offset += 4;
+    impl->scales[ci] = s;
+  }
+  impl->baseline.assign(offset, 0);
+
+  // Jobs, in canonical order: (tensor, start) of each region.
+  std::vector<uint32_t> order(impl->regions.size());
+  for (uint32_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) {
+    const Region& x = impl->regions[a];
+    const Region& y = impl->regions[b];
+    return std::tie(x.canon, x.start) < std::tie(y.canon, y.start);
+  });
+  const uint64_t limit = std::max<uint64_t>(options.chunk_bytes, 1);
+  auto add_scale_job = [&](uint32_t canon) {
+    auto it = impl->scales.find(canon);
+    if (it == impl->scales.end()) return;
+    Job j;
+    j.scale_of = canon;
+    j.count = 1;
+    j.base_offset = it->second.base_offset;
+    impl->jobs.push_back(j);
+  };
+  for (size_t k = 0; k < order.size(); ++k) {
+    const Region& r = impl->regions[order[k]];
+    const uint64_t row_bytes = r.inner * static_cast<uint64_t>(r.width);
+    const uint64_t max_elems = std::min<uint64_t>(
+        kMaxChunkElements, std::max<uint64_t>(limit / static_cast<uint64_t>(r.width), 1));
+    if (row_bytes <= limit && r.inner <= max_elems) {
+      const uint64_t rows_per = std::max<uint64_t>(1, std::min(limit / row_bytes, max_elems / r.inner));
+      for (uint64_t o = 0; o < r.outer; o += rows_per) {
+        Job j;
+        j.region = order[k];
+        j.o0 = o;
+        j.rows = std::min(rows_per, r.outer - o);
+        j.n = r.inner;
+        j.count = j.rows * r.inner;
+        j.base_offset = r.base_offset + o * row_bytes;
+        impl->jobs.push_back(j);
+      }
+    } else {
+      for (uint64_t o = 0; o < r.outer; ++o) {
+        for (uint64_t i = 0; i < r.inner; i += max_elems) {
+          Job j;
+          j.region = order[k];
+          j.o0 = o;
+          j.rows = 1;
+          j.i0 = i;
+          j.n = std::min(max_elems, r.inner - i);
+          j.count = j.n;
+          j.base_offset = r.base_offset + o * row_bytes + i * static_cast<uint64_t>(r.width);
+          impl->jobs.push_back(j);
+        }
+      }
+    }
+    // The scale chunk follows the last region of its tensor.
+    if (k + 1 == order.size() || impl->regions[order[k + 1]].canon != r.canon) {
+      add_scale_job(r.canon);
+    }
+  }
+  // Scale tensors sort by name among the others: the receivers' tensor
+  // table decides ids, not the emit order, so order within the version is
+  // free; keep it deterministic (as above).
+  return std::unique_ptr<RankEncoder>(new RankEncoder(std::move(impl)));
+}
+
+Status RankEncoder::Impl::CheckLocal(const std::vector<TensorView>& views,
+                                     std::vector<const uint8_t*>* data) const {
+  std::map<std::string, const TensorView*> by_name;
+  for (const TensorView& v : views) by_name[v.name] = &v;
+  data->assign(local.size(), nullptr);
+  std::vector<bool> needed(local.size(), false);
+  for (const Region& r : regions) needed[r.local] = true;
+  for (size_t i = 0; i < local.size(); ++i) {
+    if (!needed[i]) continue;
+    const layout::LocalTensor& lt = local[i];
+    auto it = by_name.find(lt.name);
+    if (it == by_name.end()) {
+      return InvalidArgumentError("rank " + std::to_string(rank) + " has no local tensor '" +
+                                  lt.name + "' that the layout names");
+    }
+    const TensorView& v = *it->second;
+    if (v.dtype != lt.dtype || v.shape != lt.shape) {
+      return InvalidArgumentError("local tensor '" + lt.name +
+                                  "' has a different dtype or shape than the layout says");
+    }
+    if (v.data == nullptr) return InvalidArgumentError("local tensor '" + lt.name + "' has no data");
+    (*data)[i] = v.data;
+  }
+  return Status();
+}
+
+Result<float> RankEncoder::Impl::ComputeScale(const ScaleState& s,
+                                              const std::vector<const uint8_t*>& data) const {
+  float amax = 0;
+  for (const Region& r : regions) {
+    if (r.canon != s.canon) continue;
+    const std::string& dt = local[r.local].dtype;
+    for (uint64_t o = 0; o < r.outer; ++o) {
+      for (uint64_t i = 0; i < r.inner; ++i) {
+        float x = std::fabs(LoadAsF32(dt, data[r.local], r.LocalIndex(o, i)));
+        if (std::isnan(x)) {
+          return InvalidArgumentError("canonical tensor '" + canonical[s.canon].name +
+                                      "' has a NaN; its FP8 scale is undefined");
+        }
+        amax = std::max(amax, x);
+      }
+    }
+  }
+  return amax / 448.0f;
+}
+
+void RankEncoder::Impl::Gather(const Job& job, const std::vector<const uint8_t*>& data,
+                               uint8_t* out) const {
+  if (job.scale_of >= 0) {
+    std::memcpy(out, &scales.at(static_cast<uint32_t>(job.scale_of)).current, 4);
+    return;
+  }
+  const Region& r = regions[job.region];
+  const layout::LocalTensor& lt = local[r.local];
+  const uint8_t* src = data[r.local];
+  const uint64_t w = static_cast<uint64_t>(r.width);
+  const CanonicalTensor& ct = canonical[r.canon];
+  float scale = 1;
+  if (!r.direct && ct.dtype == "F8_E4M3") scale = scales.at(r.canon).current;
+  uint8_t* p = out;
+  for (uint64_t o = job.o0; o < job.o0 + job.rows; ++o) {
+    for (uint64_t i = job.i0; i < job.i0 + job.n; ++i, p += w) {
+      const uint64_t li = r.LocalIndex(o, i);
+      if (r.direct) {
+        std::memcpy(p, src + li * w, w);
+      } else if (ct.dtype == "BF16") {
+        StoreLE(p, Bf16FromF32(LoadAsF32(lt.dtype, src, li)), 2);
+      } else {
+        *p = E4m3FromF32(LoadAsF32(lt.dtype, src, li) / scale);
+      }
+    }
+  }
+}
+
+Status RankEncoder::SetBaseline(const std::vector<TensorView>& canonical) {
+  Impl& m = *impl_;
+  std::map<std::string, const TensorView*> by_name;
+  for (const TensorView& v : canonical) by_name[v.name] = &v;
+  auto find = [&](const CanonicalTensor& ct) -> Result<const TensorView*> {
+    auto it = by_name.find(ct.name);
+    if (it == by_name.end()) {
+      return InvalidArgumentError("the canonical baseline has no tensor '" + ct.name + "'");
+    }
+    if (it->second->dtype != ct.dtype || it->second->shape != ct.shape) {
+      return InvalidArgumentError("canonical tensor '" + ct.name +
+                                  "' has a different dtype or shape than the layout says");
+    }
+    return it->second;
+  };
+  for (const Region& r : m.regions) {
+    REFIT_ASSIGN_OR_RETURN(const TensorView* v, find(m.Canon(r)));
+    const uint64_t w = static_cast<uint64_t>(r.width);
+    uint8_t* out = m.baseline.data() + r.base_offset;
+    for (uint64_t o = 0; o < r.outer; ++o) {
+      std::memcpy(out + o * r.inner * w, v->data + (r.start + o * r.stride) * w, r.inner * w);
+    }
+  }
+  for (auto& [ci, s] : m.scales) {
+    REFIT_ASSIGN_OR_RETURN(const TensorView* v, find(m.canonical[s.scale_canon]));
+    std::memcpy(m.baseline.data() + s.base_offset, v->data, 4);
+  }
+  m.pending.clear();
+  m.have_baseline = true;
+  return Status();
+}
+
+Status RankEncoder::SetBaselineFromLocal(const std::vector<TensorView>& local) {
+  Impl& m = *impl_;
+  std::vector<const uint8_t*> data;
+  REFIT_RETURN_IF_ERROR(m.CheckLocal(local, &data));
+  for (auto& [ci, s] : m.scales) {
+    REFIT_ASSIGN_OR_RETURN(s.current, m.ComputeScale(s, data));
+  }
+  for (const Job& j : m.jobs) m.Gather(j, data, m.baseline.data() + j.base_offset);
+  m.pending.clear();
+  m.have_baseline = true;
+  return Status();
+}
+
+Result<RankReport> RankEncoder::Encode(uint64_t version, uint64_t base_version,
+                                       const std::vector<TensorView>& local,
+                                       const EmitChunkFn& emit) {
+  Impl& m = *impl_;
+  if (!m.have_baseline) {
+    return FailedPreconditionError("the rank encoder has no baseline (SetBaseline first)");
+  }
+  auto t0 = std::chrono::steady_clock::now();
+  std::vector<const uint8_t*> data;
+  REFIT_RETURN_IF_ERROR(m.CheckLocal(local, &data));
+  for (auto& [ci, s] : m.scales) {
+    REFIT_ASSIGN_OR_RETURN(s.current, m.ComputeScale(s, data));
+  }
+  m.pending.clear();
+  RankReport report;
+  report.owned_bytes = m.baseline.size();
+  for (const Region& r : m.regions) report.owned_elements += r.outer * r.inner;
+
+  const int threads = m.opt.threads > 0 ? m.opt.threads : DefaultThreads();
+  struct Scratch {
+    EncodeScratch enc;
+    std::vector<uint8_t> gathered;
+  };
+  std::vector<Scratch> scratch(static_cast<size_t>(threads));
+  Status st = RunOrdered<Encoded>(
+      m.jobs.size(), threads, static_cast<size_t>(2 * threads),
+      [&](size_t ji, int worker) -> Result<Encoded> {
+        const Job& j = m.jobs[ji];
+        Scratch& s = scratch[static_cast<size_t>(worker)];
+        const bool is_scale = j.scale_of >= 0;
+        const Region* r = is_scale ? nullptr : &m.regions[j.region];
+        const int w = is_scale ? 4 : r->width;
+        const uint8_t* cur = nullptr;
+        if (!is_scale && r->in_place) {
+          const uint64_t li = r->LocalIndex(j.o0, j.i0);
+          cur = data[r->local] + li * static_cast<uint64_t>(w);
+        } else {
+          s.gathered.resize(j.count * static_cast<uint64_t>(w));
+          m.Gather(j, data, s.gathered.data());
+          cur = s.gathered.data();
+        }
+        ChunkHeader ids;
+        ids.width = static_cast<uint8_t>(w);
+        ids.version = version;
+        ids.base_version = base_version;
+        ChunkEncodeOptions eo;
+        eo.codec = m.opt.codec;
+        const bool direct = !is_scale && r->direct;
+        eo.allow_xor = direct || !m.opt.residual_overwrite;
+        ChunkResult out;
+        uint64_t start = 0, run = 0, stride = 0;
+        if (is_scale) {
+          ids.tensor_id = m.scales.at(static_cast<uint32_t>(j.scale_of)).scale_canon;
+        } else {
+          ids.tensor_id = r->canon;
+          start = r->start + j.o0 * r->stride + j.i0;
+          if (j.rows > 1) {
+            run = r->inner;
+            stride = r->stride;
+          }
+        }
+        REFIT_RETURN_IF_ERROR(EncodeRegionChunk(ids, m.baseline.data() + j.base_offset, cur,
+                                                start, j.count, run, stride, eo, &s.enc, &out));
+        Encoded e;
+        e.chunk = std::move(out.chunk);
+        e.header = out.header;
+        e.changed = e.chunk.empty() ? 0 : out.header.changed;
+        return e;
+      },
+      [&](size_t ji, Encoded&& e) -> Status {
+        if (e.chunk.empty()) return Status();
+        const Job& j = m.jobs[ji];
+        const bool direct = j.scale_of < 0 && m.regions[j.region].direct;
+        (direct ? report.changed_direct : report.changed_residual) += e.changed;
+        ++report.chunks;
+        report.payload_bytes += e.chunk.size();
+        REFIT_RETURN_IF_ERROR(emit(e.chunk, e.header));
+        m.pending.emplace_back(static_cast<uint32_t>(ji), std::move(e.chunk));
+        return Status();
+      });
+  if (!st.ok()) {
+    m.pending.clear();
+    return st;
+  }
+  uint64_t scratch_bytes = 0;
+  for (const Scratch& s : scratch) {
+    scratch_bytes += s.gathered.capacity() + s.enc.positions.capacity() * 4 +
+                     s.enc.values.capacity() + s.enc.dense.capacity() +
+                     s.enc.candidate.capacity() + s.enc.best.capacity();
+  }
+  for (const auto& p : m.pending) scratch_bytes += p.second.capacity();
+  report.peak_scratch_bytes = scratch_bytes;
+  report.seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return report;
+}
+
+Status RankEncoder::Commit() {
+  Impl& m = *impl_;
+  ApplyScratch scratch;
+  for (const auto& [ji, bytes] : m.pending) {
+    const Job& j = m.jobs[ji];
+    REFIT_ASSIGN_OR_RETURN(ParsedChunk c, ParseChunk(bytes));
+    // The baseline holds the region gathered: apply as a contiguous range.
+    c.header.start = 0;
+    c.header.run = 0;
+    c.header.stride = 0;
+    REFIT_RETURN_IF_ERROR(ApplyChunkInPlace(c, m.baseline.data() + j.base_offset, &scratch,
+                                            nullptr, nullptr)
+                              .WithContext("advancing the rank's baseline"));
+  }
+  m.pending.clear();
+  return Status();
+}
+
+void RankEncoder::Abort() { impl_->pending.clear(); }
+
+}  // namespace refit::trainer

@@ -1,0 +1,109 @@
+// The trainer side of a version, per rank (docs/layout.md, "Projection"):
+// detect the changes of the canonical elements this rank owns, bit by bit
+// against its own baseline, map them to canonical coordinates with the
+// layout's affine pieces, and encode them as chunks - without assembling
+// any tensor and without talking to other ranks.
+//
+// Two paths, chosen per owned piece from the layout:
+// - direct: the local dtype is the checkpoint's, so the local bits are the
+//   checkpoint's bits. A piece whose local block is stored in canonical
+//   order is compared in place; others (transposed storage) are gathered
+//   one chunk at a time.
+// - residual: the local dtype differs (FP32 masters -> BF16, FP32/BF16 ->
+//   FP8 E4M3 with a per-tensor scale). The owned fragment is converted,
+//   one chunk at a time, and compared with the canonical baseline; one
+//   scale change can change every element of its tensor. The scale tensor
+//   itself is emitted by the rank that owns its tensor.
+// Either path emits XOR records (the rank holds the exact canonical base
+// bits), or overwrite records for residual chunks when asked.
+//
+// Memory: the baseline holds the owned canonical bytes once (in the
+// checkpoint's dtype); Encode adds scratch of a few chunks and keeps the
+// encoded chunks until Commit() folds them into the baseline (Abort()
+// drops them), so it never holds a second copy of the owned shard.
+// Not thread-safe; Encode uses `threads` workers internally.
+#ifndef REFIT_TRAINER_RANK_ENCODER_H_
+#define REFIT_TRAINER_RANK_ENCODER_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "delta/chunk.h"
+#include "delta/encoder.h"
+#include "layout/layout.h"
+#include "refit/checkpoint.h"
+#include "refit/delta.h"
+#include "refit/status.h"
+
+namespace refit::trainer {
+
+struct RankEncoderOptions {
+  // Upper bound on one chunk's region bytes (whole canonical rows, or a
+  // part of one row that alone exceeds it).
+  uint64_t chunk_bytes = uint64_t{8} << 20;
+  int threads = 0;
+  codec::EncodeOptions codec;
+  // Residual chunks as overwrite records instead of XOR.
+  bool residual_overwrite = false;
+};
+
+struct RankReport {
+  uint64_t owned_elements = 0;
+  uint64_t owned_bytes = 0;       // canonical bytes owned (the baseline's size)
+  uint64_t changed_direct = 0;    // changed canonical elements, direct path
+  uint64_t changed_residual = 0;  // changed canonical elements, residual path
+  uint64_t chunks = 0;
+  uint64_t payload_bytes = 0;     // serialized chunk bytes
+  uint64_t peak_scratch_bytes = 0;
+  double seconds = 0;
+};
+
+// Receives each chunk as it is encoded (from the calling thread, in a
+// deterministic order): the serialized chunk and its header. tensor_id is
+// the canonical tensor's index in canonical_tensors().
+using EmitChunkFn = std::function<Status(std::span<const uint8_t>, const ChunkHeader&)>;
+
+class RankEncoder {
+ public:
+  // The layout is validated and ownership assigned here (every rank
+  // computes the same ownership from the same layout).
+  static Result<std::unique_ptr<RankEncoder>> Create(const layout::Layout& layout,
+                                                     uint32_t rank,
+                                                     RankEncoderOptions options);
+  ~RankEncoder();
+
+  // The version's tensor table order: canonical tensors sorted by name.
+  const std::vector<layout::CanonicalTensor>& canonical_tensors() const;
+  uint64_t owned_bytes() const;
+
+  // Baseline from canonical tensors (a checkpoint at the committed
+  // version): reads only the owned regions.
+  Status SetBaseline(const std::vector<TensorView>& canonical);
+  // Baseline from this rank's local tensors (by local name), converted
+  // where the layout says so: for a trainer that starts from its own state.
+  Status SetBaselineFromLocal(const std::vector<TensorView>& local);
+
+  // Detect + project + encode the owned regions of `local` (this rank's
+  // tensors by local name, in its own layout) against the baseline.
+  Result<RankReport> Encode(uint64_t version, uint64_t base_version,
+                            const std::vector<TensorView>& local,
+                            const EmitChunkFn& emit);
+
+  // The version encoded last committed: the baseline becomes its bits.
+  Status Commit();
+  // The version encoded last aborted: the baseline stays.
+  void Abort();
+
+ private:
+  struct Impl;
+  explicit RankEncoder(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace refit::trainer
+
+#endif  // REFIT_TRAINER_RANK_ENCODER_H_
