@@ -37,6 +37,7 @@ struct Piece {
   uint64_t rows = 0, cols = 0;
   uint64_t local_offset = 0, local_row_stride = 0, local_col_stride = 0;
   uint64_t canon_offset = 0, canon_row_stride = 0, canon_col_stride = 0;
+  bool operator==(const Piece&) const = default;
 };
 
 struct LocalTensor {
@@ -46,6 +47,7 @@ struct LocalTensor {
   // Local elements covered by no piece have no canonical counterpart
   // (padding).
   std::vector<Piece> pieces;
+  bool operator==(const LocalTensor&) const = default;
 };
 
 struct CanonicalTensor {
@@ -58,22 +60,26 @@ struct CanonicalTensor {
   std::string scale;       // name of the canonical scale tensor
   std::string scale_kind;  // "", "per_tensor", "per_block"
   uint64_t block_rows = 0, block_cols = 0;
+  bool operator==(const CanonicalTensor&) const = default;
 };
 
 struct RankLayout {
   uint32_t rank = 0;
   std::vector<LocalTensor> tensors;
+  bool operator==(const RankLayout&) const = default;
 };
 
 struct Layout {
   std::vector<CanonicalTensor> canonical;
   std::vector<RankLayout> ranks;
+  bool operator==(const Layout&) const = default;
 };
 
 // One owned region: a sub-block of one piece of one local tensor, same map.
 struct OwnedPiece {
   uint32_t tensor = 0;  // index into RankLayout::tensors
   Piece piece;
+  bool operator==(const OwnedPiece&) const = default;
 };
 
 // Per rank (indexed like Layout::ranks), the regions it owns.

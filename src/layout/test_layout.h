@@ -1,0 +1,170 @@
+// Test-only helpers for layouts: move bytes between canonical tensors and
+// every rank's local tensors the slow, obvious way (one element at a time,
+// straight from the Piece definition in layout.h), so that faster code can be
+// checked against them. Header-only; for tests, not for production paths.
+#ifndef REFIT_LAYOUT_TEST_LAYOUT_H_
+#define REFIT_LAYOUT_TEST_LAYOUT_H_
+
+#include <cstdint>
+#include <cstring>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "layout/layout.h"
+#include "refit/checkpoint.h"
+#include "refit/status.h"
+
+namespace refit::layout::testing {
+
+// Tensor name -> bytes (row-major, little-endian elements).
+using TensorBytes = std::map<std::string, std::vector<uint8_t>>;
+
+namespace detail {
+
+inline Result<uint64_t> Elements(const std::vector<uint64_t>& shape) {
+  uint64_t n = 1;
+  for (uint64_t d : shape) {
+    if (__builtin_mul_overflow(n, d, &n)) return InvalidArgumentError("shape overflows");
+  }
+  return n;
+}
+
+// The element width shared by a piece's local and canonical dtypes; the
+// helpers copy bits, so the widths must match.
+inline Result<int> CopyWidth(const LocalTensor& t, const CanonicalTensor& c) {
+  DTypeRegistry dtypes;
+  REFIT_ASSIGN_OR_RETURN(int lw, dtypes.ElementWidth(t.dtype));
+  REFIT_ASSIGN_OR_RETURN(int cw, dtypes.ElementWidth(c.dtype));
+  if (lw != cw) {
+    return UnimplementedError("local tensor '" + t.name + "' (" + t.dtype +
+                              ") and canonical '" + c.name + "' (" + c.dtype +
+                              ") differ in width; the test helpers copy bits only");
+  }
+  return lw;
+}
+
+inline const CanonicalTensor* FindCanonical(const Layout& l, const std::string& name) {
+  for (const CanonicalTensor& c : l.canonical) {
+    if (c.name == name) return &c;
+  }
+  return nullptr;
+}
+
+}  // namespace detail
+
+// Each rank's local tensors (indexed like layout.ranks) filled from the
+// canonical tensors' bytes; local elements that no piece maps (padding) are
+// `pad` bytes. Validates the layout first; kInvalidArgument when a mapped
+// canonical tensor is missing from `canonical` or has the wrong size.
+inline Result<std::vector<TensorBytes>> ScatterToRanks(const Layout& layout,
+                                                       const TensorBytes& canonical,
+                                                       uint8_t pad = 0xA5) {
+  REFIT_RETURN_IF_ERROR(ValidateLayout(layout));
+  std::vector<TensorBytes> out(layout.ranks.size());
+  for (size_t ri = 0; ri < layout.ranks.size(); ++ri) {
+    for (const LocalTensor& t : layout.ranks[ri].tensors) {
+      DTypeRegistry dtypes;
+      REFIT_ASSIGN_OR_RETURN(int lw, dtypes.ElementWidth(t.dtype));
+      REFIT_ASSIGN_OR_RETURN(uint64_t n, detail::Elements(t.shape));
+      std::vector<uint8_t>& bytes = out[ri][t.name];
+      bytes.assign(n * static_cast<uint64_t>(lw), pad);
+      for (const Piece& p : t.pieces) {
+        const CanonicalTensor* c = detail::FindCanonical(layout, p.canonical);
+        auto src = canonical.find(p.canonical);
+        REFIT_ASSIGN_OR_RETURN(uint64_t cn, detail::Elements(c->shape));
+        REFIT_ASSIGN_OR_RETURN(int w, detail::CopyWidth(t, *c));
+        size_t uw = static_cast<size_t>(w);
+        if (src == canonical.end() || src->second.size() != cn * uw) {
+          return InvalidArgumentError("canonical bytes of '" + p.canonical +
+                                      "' are missing or of the wrong size");
+        }
+        for (uint64_t r = 0; r < p.rows; ++r) {
+          for (uint64_t col = 0; col < p.cols; ++col) {
+            uint64_t li = p.local_offset + r * p.local_row_stride + col * p.local_col_stride;
+            uint64_t ci = p.canon_offset + r * p.canon_row_stride + col * p.canon_col_stride;
+            std::memcpy(&bytes[li * uw], &src->second[ci * uw], uw);
+          }
+        }
+      }
+    }
+  }
+  return out;
+}
+
+// The canonical tensors assembled from every rank's local tensors: each
+// element from every piece that maps it. kInvalidArgument when a local
+// tensor is missing or of the wrong size, when replicas disagree on an
+// element (named), or when an element is mapped by nothing. Scale tensors
+// (derived) are left out.
+inline Result<TensorBytes> AssembleCanonical(const Layout& layout,
+                                             const std::vector<TensorBytes>& local) {
+  REFIT_RETURN_IF_ERROR(ValidateLayout(layout));
+  if (local.size() != layout.ranks.size()) {
+    return InvalidArgumentError("local bytes for " + std::to_string(local.size()) +
+                                " ranks, layout has " +
+                                std::to_string(layout.ranks.size()));
+  }
+  TensorBytes out;
+  std::map<std::string, std::vector<bool>> seen;
+  for (const CanonicalTensor& c : layout.canonical) {
+    if (!c.scale.empty()) {
+      // Its scale tensor is derived; mark it so it is not reported.
+      seen[c.scale];
+    }
+  }
+  for (size_t ri = 0; ri < layout.ranks.size(); ++ri) {
+    for (const LocalTensor& t : layout.ranks[ri].tensors) {
+      auto src = local[ri].find(t.name);
+      DTypeRegistry dtypes;
+      REFIT_ASSIGN_OR_RETURN(int lw, dtypes.ElementWidth(t.dtype));
+      REFIT_ASSIGN_OR_RETURN(uint64_t n, detail::Elements(t.shape));
+      if (src == local[ri].end() || src->second.size() != n * static_cast<uint64_t>(lw)) {
+        return InvalidArgumentError("rank " + std::to_string(layout.ranks[ri].rank) +
+                                    ": local tensor '" + t.name +
+                                    "' is missing or of the wrong size");
+      }
+      for (const Piece& p : t.pieces) {
+        const CanonicalTensor* c = detail::FindCanonical(layout, p.canonical);
+        REFIT_ASSIGN_OR_RETURN(int w, detail::CopyWidth(t, *c));
+        size_t uw = static_cast<size_t>(w);
+        REFIT_ASSIGN_OR_RETURN(uint64_t cn, detail::Elements(c->shape));
+        std::vector<uint8_t>& dst = out[c->name];
+        std::vector<bool>& have = seen[c->name];
+        if (dst.empty()) dst.assign(cn * uw, 0), have.assign(cn, false);
+        for (uint64_t r = 0; r < p.rows; ++r) {
+          for (uint64_t col = 0; col < p.cols; ++col) {
+            uint64_t li = p.local_offset + r * p.local_row_stride + col * p.local_col_stride;
+            uint64_t ci = p.canon_offset + r * p.canon_row_stride + col * p.canon_col_stride;
+            const uint8_t* from = &src->second[li * uw];
+            if (have[ci] && std::memcmp(&dst[ci * uw], from, uw) != 0) {
+              return InvalidArgumentError(
+                  "replicas disagree on element " + std::to_string(ci) + " of '" +
+                  c->name + "' (rank " + std::to_string(layout.ranks[ri].rank) +
+                  ", local tensor '" + t.name + "')");
+            }
+            std::memcpy(&dst[ci * uw], from, uw);
+            have[ci] = true;
+          }
+        }
+      }
+    }
+  }
+  for (const CanonicalTensor& c : layout.canonical) {
+    auto it = seen.find(c.name);
+    if (it == seen.end()) {
+      return InvalidArgumentError("canonical '" + c.name + "' is mapped by nothing");
+    }
+    for (size_t i = 0; i < it->second.size(); ++i) {
+      if (!it->second[i]) {
+        return InvalidArgumentError("element " + std::to_string(i) + " of '" + c.name +
+                                    "' is mapped by nothing");
+      }
+    }
+  }
+  return out;
+}
+
+}  // namespace refit::layout::testing
+
+#endif  // REFIT_LAYOUT_TEST_LAYOUT_H_
