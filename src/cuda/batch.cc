@@ -239,32 +239,54 @@ Result<PreparedDelta> PrepareBatches(std::span<const uint8_t> buffer,
   for (const Status& s : errors) REFIT_RETURN_IF_ERROR(s);
 
   BatchLimits limits = opts.limits;
+  uint32_t slots = 2;
   if (opts.staging_total != 0) {
-    // Payload P (chunk bytes and decoded dense bytes, double-buffered) and
-    // scratch S of the whole delta; slots sized so that P / payload slot
-    // ~= S / scratch. Each side keeps at least 1/16 so that a lone large
-    // chunk still fits.
+    // Payload P (chunk bytes and decoded dense bytes) and scratch S of the
+    // whole delta; each of the `slots` slots gets total / slots, 1/16 of it
+    // for metadata and the rest split so that payload slot / scratch slot
+    // ~= P / S, each side keeping at least 1/16 so that a lone large chunk
+    // still fits. Fewer slots (larger ones) when the largest chunk does not
+    // fit.
     const uint64_t total = opts.staging_total;
-    uint64_t need_p = 0, need_s = 0;
+    uint64_t need_p = 0, need_s = 0, max_p = 0, max_s = 0, max_m = 0;
     for (size_t i = 0; i < chunks.size(); ++i) {
       for (const Parsed& q : parsed[i]) {
-        need_p += chunks[i].size + Align8(q.dense.size()) + 8;
+        const uint64_t pb = chunks[i].size + Align8(q.dense.size()) + 8;
+        need_p += pb;
         need_s += q.scratch;
+        max_p = std::max(max_p, pb);
+        max_s = std::max(max_s, q.scratch);
+        max_m = std::max<uint64_t>(
+            max_m, sizeof(DevChunk) + q.tables.size() * sizeof(DevTable) +
+                       4 * q.lanes.size() + 80);
       }
     }
-    limits.meta_bytes = total / 16;
-    const uint64_t avail = total - 2 * limits.meta_bytes;
-    const uint64_t min_side = total / 16;
     const long double share =
         need_p + need_s == 0
             ? 0.5L
             : static_cast<long double>(need_p) /
-                  static_cast<long double>(2 * need_p + need_s);
-    uint64_t slot = static_cast<uint64_t>(share * static_cast<long double>(avail));
-    slot = std::clamp<uint64_t>(slot, min_side, (avail - min_side) / 2);
-    slot = std::min<uint64_t>(slot, (uint64_t{1} << 32) - 1);
-    limits.payload_bytes = slot;
-    limits.scratch_bytes = avail - 2 * slot;
+                  static_cast<long double>(need_p + need_s);
+    for (slots = static_cast<uint32_t>(std::max(2, opts.slots));; --slots) {
+      const uint64_t per = total / slots;
+      limits.meta_bytes = per / 16;
+      const uint64_t avail = per - limits.meta_bytes;
+      const uint64_t min_side = avail / 16;
+      uint64_t slot =
+          static_cast<uint64_t>(share * static_cast<long double>(avail));
+      slot = std::clamp<uint64_t>(slot, min_side, avail - min_side);
+      slot = std::min<uint64_t>(slot, (uint64_t{1} << 32) - 1);
+      limits.payload_bytes = slot;
+      limits.scratch_bytes = avail - slot;
+      if (slots == 2 || (max_p <= limits.payload_bytes &&
+                         max_s <= limits.scratch_bytes &&
+                         max_m <= limits.meta_bytes)) {
+        break;
+      }
+    }
+    // Batches of about 1/slots of the payload, so that copies overlap.
+    const uint64_t target =
+        std::max({need_p / slots + 1, uint64_t{64} << 10, max_p});
+    limits.payload_bytes = std::min(limits.payload_bytes, target);
   }
 
   PreparedDelta out;
@@ -284,6 +306,7 @@ Result<PreparedDelta> PrepareBatches(std::span<const uint8_t> buffer,
     out.largest_scratch = std::max(out.largest_scratch, cur.scratch_bytes);
     out.largest_smem = std::max(out.largest_smem, cur.smem);
     out.largest_meta = std::max(out.largest_meta, cur.meta_bytes());
+    cur.SerializeMeta(&cur.meta);
     out.batches.push_back(std::move(cur));
     cur = HostBatch{};
     open = false;
@@ -349,6 +372,8 @@ Result<PreparedDelta> PrepareBatches(std::span<const uint8_t> buffer,
       cur.smem = std::max(cur.smem, d.smem);
       if (d.fused) {
         cur.max_fused_lanes = std::max<uint32_t>(cur.max_fused_lanes, d.lanes);
+      } else {
+        ++cur.unfused;
       }
       d.status_index = out.status_count++;
       out.chunk_of_status.push_back(p.chunk_index);
@@ -356,6 +381,7 @@ Result<PreparedDelta> PrepareBatches(std::span<const uint8_t> buffer,
     }
   }
   close();
+  out.slots = slots;
   return out;
 }
 

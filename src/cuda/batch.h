@@ -102,6 +102,13 @@ struct PrepareOptions {
   // split in proportion to what the whole delta needs of each, so that
   // neither bound cuts many more batches than the other.
   uint64_t staging_total = 0;
+  // With staging_total: how many slots (payload, metadata and scratch
+  // each) it is split into, i.e. how many batches may be in flight (copy,
+  // decode, apply) at once; lowered, down to 2, until the largest chunk
+  // fits one slot. Batches are also cut at about 1/slots of the delta's
+  // payload (at least 64 KiB), so that a small delta still gets several
+  // batches whose copies overlap the kernels.
+  int slots = 2;
   bool verify = true;  // check "after" range hashes on the device
   int threads = 0;     // host threads for parsing (0: default)
 };
@@ -124,6 +131,8 @@ struct HostBatch {
   uint32_t smem = 0;            // largest per-chunk table need
   uint32_t max_fused_lanes = 0;  // widest fused chunk (lanes), 0 if none
   uint64_t records = 0;         // changed records (sparse) in the batch
+  uint32_t unfused = 0;         // chunks for kernels A and B (not fused)
+  std::vector<uint8_t> meta;    // SerializeMeta's bytes, made by Prepare
   uint64_t device_bytes() const {
     return payload_end - payload_begin + dense.size();
   }
@@ -143,6 +152,7 @@ struct PreparedDelta {
   uint64_t largest_scratch = 0;
   uint64_t largest_meta = 0;
   uint32_t largest_smem = 0;
+  uint32_t slots = 2;            // staging slots the limits were cut for
   // For each status index: the caller's chunk index.
   std::vector<uint32_t> chunk_of_status;
 };

@@ -116,5 +116,54 @@ TEST(Batch, SplitsBatchesAtTheStagingLimit) {
   EXPECT_FALSE(PrepareBatches(buf, spans, names, plan, opt).ok());
 }
 
+TEST(Batch, SplitsTheStagingBudgetIntoSlots) {
+  std::vector<uint8_t> buf;
+  std::vector<ChunkSpan> spans;
+  for (int i = 0; i < 40; ++i) {
+    ChunkHeader h;
+    auto c = MakeChunk(2, 1 << 16, 0.05, 40 + i, &h);
+    spans.push_back({buf.size(), c.size()});
+    buf.insert(buf.end(), c.begin(), c.end());
+  }
+  PlacementPlan plan;
+  ASSERT_TRUE(plan.Add(WholePlacement("t", 2, 1 << 16, 1, 4096)).ok());
+  std::vector<std::string> names = {"t"};
+  PrepareOptions opt;
+  opt.staging_total = 8 << 20;
+  opt.slots = 8;
+  auto p = PrepareBatches(buf, spans, names, plan, opt);
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  EXPECT_EQ(p->slots, 8u);
+  // About 1/8 of the payload a batch (at least 64 KiB), so copies overlap.
+  EXPECT_GE(p->batches.size(), std::min<size_t>(8, buf.size() / (64 << 10)));
+  EXPECT_LE(p->slots * (p->largest_batch + p->largest_meta + p->largest_scratch),
+            opt.staging_total);
+  uint64_t chunks = 0;
+  for (const HostBatch& b : p->batches) {
+    chunks += b.chunks.size();
+    EXPECT_EQ(b.meta.size(), b.meta_bytes());
+    EXPECT_EQ(b.unfused, 0u);  // sparse XOR chunks only
+  }
+  EXPECT_EQ(chunks, spans.size());
+
+  // A chunk that needs more than an eighth of the budget: fewer, larger
+  // slots, still within the budget.
+  ChunkHeader h;
+  auto big = MakeChunk(2, 1 << 20, 1.0, 99, &h);  // dense: 2 MiB decoded
+  ASSERT_FALSE(big.empty());
+  PlacementPlan plan2;
+  ASSERT_TRUE(plan2.Add(WholePlacement("t", 2, 1 << 20, 1, 4096)).ok());
+  ChunkSpan span{0, big.size()};
+  opt.staging_total = 12 << 20;
+  p = PrepareBatches(big, std::span(&span, 1), names, plan2, opt);
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  EXPECT_LT(p->slots, 8u);
+  EXPECT_GE(p->slots, 2u);
+  EXPECT_LE(p->slots * (p->largest_batch + p->largest_meta + p->largest_scratch),
+            opt.staging_total);
+  ASSERT_EQ(p->batches.size(), 1u);
+  EXPECT_EQ(p->batches[0].unfused, 1u);
+}
+
 }  // namespace
 }  // namespace refit::cuda

@@ -102,9 +102,49 @@ constexpr int kApplyThreads = 256;
 constexpr int kApplyItems = 4;       // consecutive records per thread
 constexpr uint32_t kTileRecords = kApplyThreads * kApplyItems;
 
-__device__ inline uint16_t Ld16(const uint8_t* p) {
-  return static_cast<uint16_t>(__ldg(p) | __ldg(p + 1) << 8);
-}
+// A rANS lane's bytes, read 16 bits at a time through a window of three
+// aligned 16-byte blocks held in registers: the block holding the read
+// position and the two after it. When the first block is used up the
+// window slides and the load of the block 32 bytes ahead is issued, so a
+// renormalization never waits for memory unless the lane outruns 16
+// renormalizations of prefetch (a one-word prefetch, issued one
+// renormalization ahead, left each row waiting on a load from DRAM while
+// the scatter kept the memory system busy). Loads may read up to 48 bytes
+// past the lane's last byte; payload slots are padded for that
+// (kPayloadPad, kernels.h), and the checks on q never let such bytes be
+// used.
+
+struct LaneWindow {
+  const uint4* blocks;  // the payload, as aligned 16-byte blocks
+  uint4 w0, w1, w2;     // blocks blk, blk + 1, blk + 2
+  uint32_t blk;
+  uint32_t off;  // read position - 16 * blk, in [0, 16)
+
+  __device__ void Start(const uint8_t* payload, uint32_t q) {
+    blocks = reinterpret_cast<const uint4*>(payload);
+    blk = q >> 4;
+    off = q & 15;
+    w0 = __ldg(blocks + blk);
+    w1 = __ldg(blocks + blk + 1);
+    w2 = __ldg(blocks + blk + 2);
+  }
+  // The little-endian 16-bit word at the read position; advances by 2.
+  __device__ uint32_t Take16() {
+    const uint32_t i = off >> 2;
+    const uint32_t lo = i == 0 ? w0.x : i == 1 ? w0.y : i == 2 ? w0.z : w0.w;
+    const uint32_t hi = i == 0 ? w0.y : i == 1 ? w0.z : i == 2 ? w0.w : w1.x;
+    const uint32_t v = __funnelshift_r(lo, hi, 8 * (off & 3)) & 0xffffu;
+    off += 2;
+    if (off >= 16) {
+      off -= 16;
+      ++blk;
+      w0 = w1;
+      w1 = w2;
+      w2 = __ldg(blocks + blk + 2);
+    }
+    return v;
+  }
+};
 
 // Kernel A: decodes the lanes of one sparse chunk into scratch. Lane j
 // writes record i = j + m * L to slot i (gaps at c.records, values at
@@ -179,9 +219,8 @@ __global__ void __launch_bounds__(kDecodeThreads)
     uint32_t q = beg + 4;
     uint32_t x = Rd32(payload + beg);
     if (x < kRansLow) err = kStatusLaneEnd;
-    // The next 16-bit word is loaded one renormalization ahead, so the
-    // load is off the state's dependency chain.
-    uint32_t next = end - q >= 2 ? Ld16(payload + q) : 0;
+    LaneWindow win;  // loads ahead of the renormalizations
+    win.Start(payload, q);
     for (uint32_t i = lane; i < k && err == kStatusOk; i += L) {
       uint64_t gap = fixed_gap, val = fixed_value;
       for (uint32_t p = 0; p < coded; ++p) {
@@ -202,9 +241,8 @@ __global__ void __launch_bounds__(kDecodeThreads)
             err = kStatusLaneShort;
             break;
           }
-          x = (x << 16) | next;
+          x = (x << 16) | win.Take16();
           q += 2;
-          next = end - q >= 2 ? Ld16(payload + q) : 0;
         }
         const uint32_t sh = s_shift[p];
         if (sh < 64) {
@@ -353,6 +391,7 @@ __device__ uint32_t FusedPass(const BatchDevice& b, const DevChunk& cg,
   const uint8_t* payload = b.payload;
   const int w = cg.width;
   const uint64_t n = cg.n, start = cg.start, linear = cg.linear_address;
+  const uint64_t fixed_gap = cg.fixed_gap, fixed_value = cg.fixed_value;
   const DevicePlacement* pl = b.placements + cg.placement;
   const bool has_lane = tid < L;
   uint32_t beg = 0, end = 0;
@@ -364,13 +403,14 @@ __device__ uint32_t FusedPass(const BatchDevice& b, const DevChunk& cg,
   uint32_t x = has_lane ? Rd32(payload + beg) : kRansLow;
   uint32_t err = kStatusOk;
   if (check && x < kRansLow) err = kStatusLaneEnd;
-  uint32_t next = has_lane && end - q >= 2 ? Ld16(payload + q) : 0;
+  LaneWindow win;
+  win.Start(payload, has_lane ? q : 0);
   uint64_t carry = 0;
   uint32_t m = 0;
   for (; m < row_limit; ++m) {
     const uint32_t i = tid + m * L;
     const bool has = has_lane && i < k && err == kStatusOk;
-    uint64_t gap = cg.fixed_gap, val = cg.fixed_value;
+    uint64_t gap = fixed_gap, val = fixed_value;
     if (has) {
       for (uint32_t p = 0; p < coded; ++p) {
         const uint32_t t = sh.t[p];
@@ -390,9 +430,8 @@ __device__ uint32_t FusedPass(const BatchDevice& b, const DevChunk& cg,
             err = kStatusLaneShort;
             break;
           }
-          x = (x << 16) | next;
+          x = (x << 16) | win.Take16();
           q += 2;
-          next = end - q >= 2 ? Ld16(payload + q) : 0;
         }
         const uint32_t shv = sh.shift[p];
         if (shv < 64) {
@@ -704,12 +743,14 @@ cudaError_t LaunchDecode(const BatchDevice& b, cudaStream_t stream) {
   if (b.fused_threads != 0) {
     FusedXorKernel<<<b.num_chunks, b.fused_threads, b.smem, stream>>>(b, 0);
   }
-  DecodeLanesKernel<<<b.num_chunks, kDecodeThreads, b.smem, stream>>>(b);
+  if (b.unfused != 0) {
+    DecodeLanesKernel<<<b.num_chunks, kDecodeThreads, b.smem, stream>>>(b);
+  }
   return cudaGetLastError();
 }
 
 cudaError_t LaunchApply(const BatchDevice& b, cudaStream_t stream) {
-  if (b.num_chunks == 0) return cudaSuccess;
+  if (b.num_chunks == 0 || b.unfused == 0) return cudaSuccess;
   ScanApplyKernel<<<b.num_chunks, kApplyThreads, 0, stream>>>(b);
   return cudaGetLastError();
 }

@@ -412,6 +412,11 @@ Status CudaErr(cudaError_t e, const char* what) {
   } while (0)
 
 // Device allocations of one call, freed together; tracks the total.
+// Allocations past a Release(keep) point are kept and handed out again, in
+// the same order, by the Gets that follow (the next group asks for the same
+// buffers in the same order): a buffer is reallocated only when it is too
+// small, so groups after the first cost no cudaMalloc or cudaFree (each
+// cudaFree also waits for the whole device).
 class Arena {
  public:
   ~Arena() {
@@ -419,31 +424,41 @@ class Arena {
   }
   template <typename T>
   Status Get(uint64_t count, T** out) {
-    void* p = nullptr;
     const uint64_t bytes = std::max<uint64_t>(count * sizeof(T), 16);
+    if (cursor_ < ptrs_.size()) {
+      if (sizes_[cursor_] < bytes) {
+        cudaFree(ptrs_[cursor_]);
+        held_ -= sizes_[cursor_];
+        sizes_[cursor_] = 0;
+        void* p = nullptr;
+        REFIT_ENC_CUDA(cudaMalloc(&p, bytes), "cudaMalloc");
+        ptrs_[cursor_] = p;
+        sizes_[cursor_] = bytes;
+        held_ += bytes;
+        peak_ = std::max(peak_, held_);
+      }
+      *out = static_cast<T*>(ptrs_[cursor_++]);
+      return Status::Ok();
+    }
+    void* p = nullptr;
     REFIT_ENC_CUDA(cudaMalloc(&p, bytes), "cudaMalloc");
     ptrs_.push_back(p);
     sizes_.push_back(bytes);
+    cursor_ = ptrs_.size();
     held_ += bytes;
     peak_ = std::max(peak_, held_);
     *out = static_cast<T*>(p);
     return Status::Ok();
   }
-  // Frees allocations made after the first `keep`.
-  void Release(size_t keep) {
-    while (ptrs_.size() > keep) {
-      cudaFree(ptrs_.back());
-      held_ -= sizes_.back();
-      ptrs_.pop_back();
-      sizes_.pop_back();
-    }
-  }
-  size_t size() const { return ptrs_.size(); }
+  // The next Get hands out the allocation made after the first `keep`.
+  void Release(size_t keep) { cursor_ = keep; }
+  size_t size() const { return cursor_; }
   uint64_t peak() const { return peak_; }
 
  private:
   std::vector<void*> ptrs_;
   std::vector<uint64_t> sizes_;
+  size_t cursor_ = 0;
   uint64_t held_ = 0, peak_ = 0;
 };
 

@@ -29,7 +29,13 @@ struct BatchDevice {
   uint32_t* status = nullptr;
   uint32_t smem = 0;  // dynamic shared memory for the decode kernels
   uint32_t fused_threads = 0;  // block size of the fused kernel (0: none)
+  uint32_t unfused = 0;        // chunks for kernels A and B (0: skip them)
 };
+
+// Bytes a payload slot must hold past its batch's last byte: the decoders
+// read lanes through aligned 16-byte blocks, up to three past the one
+// holding the read position (decode_apply.cu, LaneWindow).
+inline constexpr uint64_t kPayloadPad = 64;
 
 // Largest dynamic shared memory the decode kernel accepts (per block).
 inline constexpr uint32_t kMaxDecodeSmem = 96 * 1024;

@@ -45,18 +45,30 @@ struct DeviceBuffer {
 
 }  // namespace
 
+constexpr int kMaxSlots = 8;  // batches in flight (PrepareOptions::slots)
+
 struct Receiver::Impl {
   PlacementPlan plan;
   std::vector<std::string> names;
   ReceiverOptions opt;
-  cudaStream_t copy = nullptr, compute = nullptr;
-  std::array<cudaEvent_t, 2> copied{}, done{};
+  // One copy stream; one compute stream per staging slot, so that the
+  // kernels of up to kMaxSlots batches run at once and each batch starts as
+  // soon as its own bytes are in.
+  cudaStream_t copy = nullptr;
+  std::array<cudaStream_t, kMaxSlots> compute{};
+  std::array<cudaEvent_t, kMaxSlots> copied{}, done{};
+  cudaEvent_t begin = nullptr, end = nullptr;
+  std::vector<cudaEvent_t> marks;  // per batch: before kernels, before verify, after
   DeviceBuffer placements, pieces;
-  std::array<DeviceBuffer, 2> payload, meta;
-  DeviceBuffer scratch, status, state;
-  // Pinned host copies of the two metadata slots, so that their upload is
+  // The staging arena (ReceiverOptions::staging_bytes plus per-slot
+  // padding), allocated once; every Apply carves its slots from it.
+  DeviceBuffer arena;
+  DeviceBuffer status, state;
+  uint32_t slots = 0;
+  uint64_t slot_payload = 0, slot_meta = 0, slot_scratch = 0;
+  // Pinned host copies of the metadata slots, so that their upload is
   // asynchronous like the payload's.
-  std::array<uint8_t*, 2> meta_host{};
+  std::array<uint8_t*, kMaxSlots> meta_host{};
   uint64_t meta_host_size = 0;
 
   ~Impl() {
@@ -64,25 +76,40 @@ struct Receiver::Impl {
       if (h) cudaFreeHost(h);
     }
     if (copy) cudaStreamDestroy(copy);
-    if (compute) cudaStreamDestroy(compute);
-    for (int s = 0; s < 2; ++s) {
+    for (int s = 0; s < kMaxSlots; ++s) {
+      if (compute[s]) cudaStreamDestroy(compute[s]);
       if (copied[s]) cudaEventDestroy(copied[s]);
       if (done[s]) cudaEventDestroy(done[s]);
     }
+    if (begin) cudaEventDestroy(begin);
+    if (end) cudaEventDestroy(end);
+    for (cudaEvent_t e : marks) cudaEventDestroy(e);
   }
 
+  static uint64_t Align256(uint64_t x) { return (x + 255) & ~uint64_t{255}; }
+
   uint64_t HeldBytes() const {
-    return placements.size + pieces.size + payload[0].size + payload[1].size +
-           meta[0].size + meta[1].size + scratch.size + status.size +
+    return placements.size + pieces.size + arena.size + status.size +
            state.size;
   }
 
   Status Reserve(const PreparedDelta& p) {
-    for (int s = 0; s < 2; ++s) {
-      REFIT_RETURN_IF_ERROR(payload[s].Reserve(p.largest_batch));
-      REFIT_RETURN_IF_ERROR(meta[s].Reserve(p.largest_meta));
+    if (p.slots < 2 || p.slots > kMaxSlots) {
+      return InvalidArgumentError("prepared delta has " +
+                                  std::to_string(p.slots) + " staging slots");
     }
-    REFIT_RETURN_IF_ERROR(scratch.Reserve(p.largest_scratch));
+    slots = p.slots;
+    slot_payload = Align256(p.largest_batch + internal::kPayloadPad);
+    slot_meta = Align256(p.largest_meta);
+    slot_scratch = Align256(p.largest_scratch);
+    const uint64_t arena_bytes = opt.staging_bytes + kMaxSlots * uint64_t{1024};
+    if (slots * (slot_payload + slot_meta + slot_scratch) > arena_bytes) {
+      return ResourceExhaustedError(
+          "prepared batches need more than the staging budget of " +
+          std::to_string(opt.staging_bytes) + " bytes (prepared by another "
+          "receiver?)");
+    }
+    REFIT_RETURN_IF_ERROR(arena.Reserve(arena_bytes));
     REFIT_RETURN_IF_ERROR(status.Reserve(4 * uint64_t{p.status_count}));
     if (p.largest_meta > meta_host_size) {
       REFIT_CUDA_RETURN(cudaDeviceSynchronize(), "sync");
@@ -101,27 +128,35 @@ struct Receiver::Impl {
     return Status::Ok();
   }
 
-  // Enqueues batch b's upload into slot s on the copy stream.
-  Status Upload(std::span<const uint8_t> buf, const HostBatch& hb, int s,
-                std::vector<uint8_t>* meta_tmp) {
-    // The pinned slot is free once its previous upload has completed.
+  uint8_t* SlotPayload(int s) const { return arena.bytes() + s * slot_payload; }
+  uint8_t* SlotMeta(int s) const {
+    return arena.bytes() + slots * slot_payload + s * slot_meta;
+  }
+  uint8_t* SlotScratch(int s) const {
+    return arena.bytes() + slots * (slot_payload + slot_meta) +
+           s * slot_scratch;
+  }
+
+  // Enqueues batch b's upload into slot s on the copy stream, once the
+  // slot's previous batch is done. `buf` may be host memory (pinned for
+  // asynchronous copies) or device memory.
+  Status Upload(std::span<const uint8_t> buf, const HostBatch& hb, int s) {
+    // The pinned metadata slot is free once its previous upload completed.
     REFIT_CUDA_RETURN(cudaEventSynchronize(copied[s]), "sync");
     REFIT_CUDA_RETURN(cudaStreamWaitEvent(copy, done[s], 0), "wait");
-    hb.SerializeMeta(meta_tmp);
-    std::memcpy(meta_host[s], meta_tmp->data(), meta_tmp->size());
-    REFIT_CUDA_RETURN(cudaMemcpyAsync(meta[s].p, meta_host[s], meta_tmp->size(),
+    std::memcpy(meta_host[s], hb.meta.data(), hb.meta.size());
+    REFIT_CUDA_RETURN(cudaMemcpyAsync(SlotMeta(s), meta_host[s], hb.meta.size(),
                                       cudaMemcpyHostToDevice, copy),
                       "copy metadata");
     REFIT_CUDA_RETURN(
-        cudaMemcpyAsync(payload[s].p, buf.data() + hb.payload_begin,
-                        hb.payload_end - hb.payload_begin,
-                        cudaMemcpyHostToDevice, copy),
+        cudaMemcpyAsync(SlotPayload(s), buf.data() + hb.payload_begin,
+                        hb.payload_end - hb.payload_begin, cudaMemcpyDefault,
+                        copy),
         "copy payload");
     if (!hb.dense.empty()) {
       REFIT_CUDA_RETURN(
-          cudaMemcpyAsync(payload[s].bytes() + hb.dense_offset,
-                          hb.dense.data(), hb.dense.size(),
-                          cudaMemcpyHostToDevice, copy),
+          cudaMemcpyAsync(SlotPayload(s) + hb.dense_offset, hb.dense.data(),
+                          hb.dense.size(), cudaMemcpyHostToDevice, copy),
           "copy dense bytes");
     }
     REFIT_CUDA_RETURN(cudaEventRecord(copied[s], copy), "record");
@@ -132,18 +167,28 @@ struct Receiver::Impl {
     uint64_t t, l;
     hb.MetaOffsets(&t, &l);
     internal::BatchDevice d;
-    d.chunks = reinterpret_cast<const DevChunk*>(meta[s].bytes());
+    d.chunks = reinterpret_cast<const DevChunk*>(SlotMeta(s));
     d.num_chunks = static_cast<uint32_t>(hb.chunks.size());
-    d.tables = reinterpret_cast<const DevTable*>(meta[s].bytes() + t);
-    d.lanes = reinterpret_cast<const uint32_t*>(meta[s].bytes() + l);
-    d.payload = payload[s].bytes();
-    d.scratch = scratch.bytes();
+    d.tables = reinterpret_cast<const DevTable*>(SlotMeta(s) + t);
+    d.lanes = reinterpret_cast<const uint32_t*>(SlotMeta(s) + l);
+    d.payload = SlotPayload(s);
+    d.scratch = SlotScratch(s);
     d.placements = static_cast<const DevicePlacement*>(placements.p);
     d.pieces = static_cast<const DevicePiece*>(pieces.p);
     d.status = static_cast<uint32_t*>(status.p);
     d.smem = hb.smem;
     d.fused_threads = (hb.max_fused_lanes + 31) / 32 * 32;
+    d.unfused = hb.unfused;
     return d;
+  }
+
+  // Makes `after` wait for everything enqueued on the compute streams.
+  Status Join(cudaStream_t after) {
+    for (uint32_t s = 0; s < slots; ++s) {
+      REFIT_CUDA_RETURN(cudaEventRecord(done[s], compute[s]), "record");
+      REFIT_CUDA_RETURN(cudaStreamWaitEvent(after, done[s], 0), "wait");
+    }
+    return Status::Ok();
   }
 };
 
@@ -163,15 +208,18 @@ Result<std::unique_ptr<Receiver>> Receiver::Create(
   REFIT_CUDA_RETURN(cudaSetDevice(options.device), "cudaSetDevice");
   REFIT_CUDA_RETURN(cudaStreamCreateWithFlags(&impl->copy, cudaStreamNonBlocking),
                     "stream");
-  REFIT_CUDA_RETURN(
-      cudaStreamCreateWithFlags(&impl->compute, cudaStreamNonBlocking), "stream");
-  for (int s = 0; s < 2; ++s) {
+  for (int s = 0; s < kMaxSlots; ++s) {
+    REFIT_CUDA_RETURN(
+        cudaStreamCreateWithFlags(&impl->compute[s], cudaStreamNonBlocking),
+        "stream");
     REFIT_CUDA_RETURN(cudaEventCreateWithFlags(&impl->copied[s],
                                                cudaEventDisableTiming),
                       "event");
     REFIT_CUDA_RETURN(
         cudaEventCreateWithFlags(&impl->done[s], cudaEventDisableTiming), "event");
   }
+  REFIT_CUDA_RETURN(cudaEventCreate(&impl->begin), "event");
+  REFIT_CUDA_RETURN(cudaEventCreate(&impl->end), "event");
   std::vector<DevicePlacement> dp;
   std::vector<DevicePiece> pieces;
   impl->plan.Flatten(&dp, &pieces);
@@ -189,14 +237,15 @@ Result<std::unique_ptr<Receiver>> Receiver::Create(
 
 Result<PreparedDelta> Receiver::Prepare(std::span<const uint8_t> payload,
                                         std::span<const ChunkSpan> chunks) {
-  // Budget: two metadata slots of 1/16 each; the rest is split between the
-  // two payload slots and the scratch area (decoded records of overwrite
-  // chunks, undo bytes, digests) in proportion to the delta's needs
-  // (PrepareOptions::staging_total). Sparse XOR chunks need no scratch
-  // beyond their digests, so a typical delta gets large payload slots and
-  // few batches.
+  // Budget: kMaxSlots slots (fewer when the largest chunk needs more room),
+  // each 1/16 metadata and the rest split between payload and scratch
+  // (decoded records of overwrite chunks, undo bytes, digests) in proportion
+  // to the delta's needs (PrepareOptions). Sparse XOR chunks need no
+  // scratch beyond their digests, so a typical delta gets large payload
+  // slots.
   PrepareOptions po;
   po.staging_total = impl_->opt.staging_bytes;
+  po.slots = kMaxSlots;
   po.verify = impl_->opt.verify;
   po.threads = impl_->opt.host_threads;
   auto prepared = PrepareBatches(payload, chunks, impl_->names, impl_->plan, po);
@@ -213,24 +262,23 @@ Result<std::vector<uint8_t>> Receiver::Classify(
   REFIT_RETURN_IF_ERROR(m.Reserve(p));
   REFIT_RETURN_IF_ERROR(m.state.Reserve(std::max<uint64_t>(p.status_count, 1)));
   REFIT_CUDA_RETURN(cudaMemsetAsync(m.status.p, 0, 4 * uint64_t{p.status_count},
-                                    m.compute),
+                                    m.copy),
                     "memset");
-  REFIT_CUDA_RETURN(cudaStreamSynchronize(m.compute), "sync");
-  std::vector<uint8_t> meta_host;
   for (size_t b = 0; b < p.batches.size(); ++b) {
-    const int s = static_cast<int>(b % 2);
-    REFIT_RETURN_IF_ERROR(m.Upload(payload, p.batches[b], s, &meta_host));
-    REFIT_CUDA_RETURN(cudaStreamWaitEvent(m.compute, m.copied[s], 0), "wait");
+    const int s = static_cast<int>(b % m.slots);
+    REFIT_RETURN_IF_ERROR(m.Upload(payload, p.batches[b], s));
+    REFIT_CUDA_RETURN(cudaStreamWaitEvent(m.compute[s], m.copied[s], 0), "wait");
     REFIT_CUDA_RETURN(internal::LaunchClassify(m.Device(p.batches[b], s),
-                                               m.state.bytes(), m.compute),
+                                               m.state.bytes(), m.compute[s]),
                       "classify");
-    REFIT_CUDA_RETURN(cudaEventRecord(m.done[s], m.compute), "record");
+    REFIT_CUDA_RETURN(cudaEventRecord(m.done[s], m.compute[s]), "record");
   }
+  REFIT_RETURN_IF_ERROR(m.Join(m.copy));
   std::vector<uint8_t> out(p.status_count);
   REFIT_CUDA_RETURN(cudaMemcpyAsync(out.data(), m.state.p, out.size(),
-                                    cudaMemcpyDeviceToHost, m.compute),
+                                    cudaMemcpyDeviceToHost, m.copy),
                     "copy states");
-  REFIT_CUDA_RETURN(cudaStreamSynchronize(m.compute), "sync");
+  REFIT_CUDA_RETURN(cudaStreamSynchronize(m.copy), "sync");
   return out;
 }
 
@@ -264,75 +312,63 @@ Result<GpuApplyReport> Receiver::Apply(std::span<const uint8_t> payload,
   }
   REFIT_RETURN_IF_ERROR(m.Reserve(p));
   report.device_bytes = m.HeldBytes();
-  REFIT_CUDA_RETURN(cudaMemcpyAsync(m.status.p, initial.data(), 4 * initial.size(),
-                                    cudaMemcpyHostToDevice, m.compute),
-                    "copy status");
-  std::vector<cudaEvent_t> marks;
-  auto mark = [&]() -> Status {
+  while (m.marks.size() < 3 * p.batches.size()) {
     cudaEvent_t e;
     REFIT_CUDA_RETURN(cudaEventCreate(&e), "event");
-    marks.push_back(e);
-    REFIT_CUDA_RETURN(cudaEventRecord(e, m.compute), "record");
-    return Status::Ok();
-  };
+    m.marks.push_back(e);
+  }
+  // The status words go first on the copy stream; every batch's kernels
+  // wait for its copy, hence for them.
+  REFIT_CUDA_RETURN(cudaMemcpyAsync(m.status.p, initial.data(),
+                                    4 * initial.size(), cudaMemcpyHostToDevice,
+                                    m.copy),
+                    "copy status");
   Status st;
-  std::vector<uint8_t> meta_host;
-  for (size_t b = 0; b < p.batches.size() && st.ok(); ++b) {
+  auto launch = [&](size_t b) -> Status {
     const HostBatch& hb = p.batches[b];
-    const int s = static_cast<int>(b % 2);
-    st = m.Upload(payload, hb, s, &meta_host);
-    if (!st.ok()) break;
+    const int s = static_cast<int>(b % m.slots);
+    cudaStream_t cs = m.compute[s];
+    REFIT_RETURN_IF_ERROR(m.Upload(payload, hb, s));
     report.payload_bytes += hb.device_bytes();
     report.records += hb.records;
-    const cudaError_t e = cudaStreamWaitEvent(m.compute, m.copied[s], 0);
-    if (e != cudaSuccess) {
-      st = CudaError(e, "wait");
-      break;
-    }
+    REFIT_CUDA_RETURN(cudaStreamWaitEvent(cs, m.copied[s], 0), "wait");
+    if (b == 0) REFIT_CUDA_RETURN(cudaEventRecord(m.begin, cs), "record");
     const internal::BatchDevice d = m.Device(hb, s);
-    st = mark();
-    if (!st.ok()) break;
-    if (cudaError_t k = internal::LaunchDecode(d, m.compute); k != cudaSuccess) {
-      st = CudaError(k, "decode launch");
-      break;
-    }
-    st = mark();
-    if (!st.ok()) break;
-    if (cudaError_t k = internal::LaunchApply(d, m.compute); k != cudaSuccess) {
-      st = CudaError(k, "apply launch");
-      break;
-    }
-    st = mark();
-    if (!st.ok()) break;
+    REFIT_CUDA_RETURN(cudaEventRecord(m.marks[3 * b], cs), "record");
+    REFIT_CUDA_RETURN(internal::LaunchDecode(d, cs), "decode launch");
+    REFIT_CUDA_RETURN(internal::LaunchApply(d, cs), "apply launch");
+    REFIT_CUDA_RETURN(cudaEventRecord(m.marks[3 * b + 1], cs), "record");
     if (m.opt.verify) {
-      if (cudaError_t k = internal::LaunchVerifyAfter(d, m.compute);
-          k != cudaSuccess) {
-        st = CudaError(k, "verify launch");
-        break;
-      }
+      REFIT_CUDA_RETURN(internal::LaunchVerifyAfter(d, cs), "verify launch");
     }
-    st = mark();
-    if (!st.ok()) break;
-    if (cudaError_t k = cudaEventRecord(m.done[s], m.compute); k != cudaSuccess) {
-      st = CudaError(k, "record");
-    }
-  }
+    REFIT_CUDA_RETURN(cudaEventRecord(m.marks[3 * b + 2], cs), "record");
+    REFIT_CUDA_RETURN(cudaEventRecord(m.done[s], cs), "record");
+    return Status::Ok();
+  };
+  for (size_t b = 0; b < p.batches.size() && st.ok(); ++b) st = launch(b);
+  // Even after a failed launch, wait for what was enqueued.
+  const Status joined = m.Join(m.copy);
+  if (st.ok()) st = joined;
+  const cudaError_t re = cudaEventRecord(m.end, m.copy);
   last_status_.assign(p.status_count, 0);
   const cudaError_t ce = cudaMemcpyAsync(last_status_.data(), m.status.p,
                                          4 * last_status_.size(),
-                                         cudaMemcpyDeviceToHost, m.compute);
-  const cudaError_t se = cudaStreamSynchronize(m.compute);
-  for (size_t i = 0; i + 3 < marks.size(); i += 4) {
-    float dec = 0, a = 0, v = 0;
-    cudaEventElapsedTime(&dec, marks[i], marks[i + 1]);
-    cudaEventElapsedTime(&a, marks[i + 1], marks[i + 2]);
-    cudaEventElapsedTime(&v, marks[i + 2], marks[i + 3]);
-    report.decode_ms += dec;
-    report.kernel_ms += dec + a;
-    report.verify_ms += v;
+                                         cudaMemcpyDeviceToHost, m.copy);
+  const cudaError_t se = cudaStreamSynchronize(m.copy);
+  if (st.ok() && !p.batches.empty() && re == cudaSuccess && se == cudaSuccess) {
+    float span = 0;
+    cudaEventElapsedTime(&span, m.begin, m.end);
+    report.kernel_ms = span;
+    for (size_t b = 0; b < p.batches.size(); ++b) {
+      float a = 0, v = 0;
+      cudaEventElapsedTime(&a, m.marks[3 * b], m.marks[3 * b + 1]);
+      cudaEventElapsedTime(&v, m.marks[3 * b + 1], m.marks[3 * b + 2]);
+      report.decode_ms += a;
+      report.verify_ms += v;
+    }
   }
-  for (cudaEvent_t e : marks) cudaEventDestroy(e);
   REFIT_RETURN_IF_ERROR(st);
+  REFIT_CUDA_RETURN(re, "record");
   REFIT_CUDA_RETURN(ce, "copy status");
   REFIT_CUDA_RETURN(se, "apply");
   report.seconds = std::chrono::duration<double>(

@@ -8,11 +8,12 @@
 //   Classify  (GPU, optional, before the pause) hashes each chunk's range:
 //             "before", "after" (already applied: skipped) or neither
 //             (refused: Apply writes nothing).
-//   Apply     (GPU, the pause) per batch: the payload is copied from host
-//             memory on a copy stream into one of two staging slots while
-//             the previous batch is decoded and applied on the compute
-//             stream; then each applied range is re-hashed and, if it is
-//             not "after", the chunk's stores are undone.
+//   Apply     (GPU, the pause) per batch: the payload is copied on a copy
+//             stream into one of up to 8 staging slots, and the batch is
+//             decoded and applied on that slot's compute stream as soon as
+//             its bytes are in, while later batches are copied and earlier
+//             ones still run; then each applied range is re-hashed and, if
+//             it is not "after", the chunk's stores are undone.
 //
 // Guarantee: every chunk's range ends either untouched or exactly "after"
 // (at most once). Chunks are independent: a corrupt chunk is refused and
@@ -21,12 +22,15 @@
 // contiguously on this GPU; shards and interleaved layouts must run with
 // verify = false (their canonical bytes are not all here).
 //
-// Device memory: two payload slots, two metadata slots and one scratch
-// area (digests, and decoded records and undo bytes of non-XOR chunks;
-// sparse XOR chunks are decoded straight into the weights), together at most
-// ReceiverOptions::staging_bytes, plus the plan's small arrays and one
-// status word per chunk; host memory: two pinned metadata slots. The engine's own buffers
-// (KV cache) are never touched. A Receiver is single-caller.
+// Device memory: one staging arena of ReceiverOptions::staging_bytes (plus
+// 1 KiB a slot of padding), allocated at the first Classify or Apply and
+// split into payload, metadata and scratch slots (digests, and decoded
+// records and undo bytes of non-XOR chunks; sparse XOR chunks are decoded
+// straight into the weights), plus the plan's small arrays and one status
+// word per chunk; host memory: pinned metadata slots. The engine's own
+// buffers (KV cache) are never touched. A Receiver is single-caller.
+// Batches run concurrently on different streams; they hold different chunks,
+// whose ranges do not overlap.
 #ifndef REFIT_CUDA_PIPELINE_H_
 #define REFIT_CUDA_PIPELINE_H_
 
@@ -60,9 +64,11 @@ struct GpuApplyReport {
   uint64_t payload_bytes = 0;    // bytes copied host -> device
   uint64_t device_bytes = 0;     // staging and status memory held
   double seconds = 0;            // wall time of Apply
-  double kernel_ms = 0;          // decode + apply kernels (GPU events)
-  double decode_ms = 0;          //   of which lane decoding (kernel A)
-  double verify_ms = 0;          // range-hash verification kernels
+  double kernel_ms = 0;          // GPU span (events): the first batch's
+                                 // kernels start to the last one's end
+  double decode_ms = 0;          // decode + apply kernels, summed over
+                                 // batches (they overlap: >= the span's share)
+  double verify_ms = 0;          // verification kernels, summed likewise
 };
 
 class Receiver {
@@ -79,7 +85,8 @@ class Receiver {
   // CPU side. `payload` holds the chunks (docs/format.md §3) at `chunks`;
   // for copies that overlap with kernels it should be pinned
   // (cudaHostAlloc / cudaHostRegister). It must stay unchanged until
-  // Apply returns.
+  // Apply returns. Classify and Apply may be given a device copy of the
+  // same bytes instead (the payload already staged in device memory).
   Result<PreparedDelta> Prepare(std::span<const uint8_t> payload,
                                 std::span<const ChunkSpan> chunks);
 
