@@ -357,7 +357,9 @@ TEST_P(CrashPointTest, OneVersionThreeReceivers) {
     EXPECT_EQ(r0.outcome, "committed");
     EXPECT_EQ(r0.applied + r0.skipped + r0.resent, n);
     EXPECT_EQ(r0.resent, 0u) << "named points never tear a chunk";
-    uint64_t skipped = c.point == "receiver.before-apply" ? 0
+    uint64_t skipped = c.point == "receiver.before-apply" ||
+                               c.point == "receiver.after-begin"
+                           ? 0
                        : c.point.starts_with("receiver.after-chunk:")
                            ? std::stoull(c.point.substr(21))
                            : n;
@@ -377,7 +379,7 @@ std::vector<CrashCase> CrashCases() {
   std::vector<CrashCase> out;
   for (bool late : {false, true}) {
     for (const char* p :
-         {"receiver.before-apply", "receiver.after-chunk:2",
+         {"receiver.after-begin", "receiver.before-apply", "receiver.after-chunk:2",
           "receiver.after-apply", "receiver.after-flush",
           "receiver.after-journal", "receiver.after-vote",
           "receiver.before-activate", "receiver.after-activate"}) {

@@ -826,7 +826,8 @@ Result<StepResult> Receiver::ProcessVersion(const Announcement& a,
         }
         flusher.Add(t, off, len);
         if (!manifest) ++result.chunks_before_manifest;
-        CrashPoint(manifest ? "receiver.after-chunk" : "receiver.after-early-chunk");
+        CrashPoint("receiver.after-chunk");
+        if (!manifest) CrashPoint("receiver.after-early-chunk");
         break;
       }
       case RangeState::kNeither:

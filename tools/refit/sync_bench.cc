@@ -208,7 +208,10 @@ class Fleet {
     double refit_seconds = 0;   // Publish start -> every receiver active
     double first_active_seconds = 0;
     double apply_seconds_max = 0;     // longest receiver ProcessVersion
-    double relay_index_seconds = -1;  // last node got index/<V> (relay only)
+    double tail_seconds_max = 0;      // longest manifest-seen -> vote
+    uint64_t early_chunks_min = 0;    // fewest chunks a receiver applied
+                                      // before the manifest arrived
+    double relay_index_seconds = -1;  // last node got v/<V>/manifest (relay)
     std::string error;
   };
 
@@ -261,7 +264,7 @@ class Fleet {
     const uint64_t link_put0 = link->put_bytes();
     const uint64_t link_get0 = link->get_bytes();
     if (relay()) {
-      watch_key_ = IndexKey(out.version);
+      watch_key_ = ManifestKey(out.version);
       for (int i = 0; i < receivers(); ++i)
         arrival_ns_[static_cast<size_t>(i)] = -1;
     }
@@ -270,6 +273,8 @@ class Fleet {
     std::vector<Clock::time_point> done(n);
     std::vector<Status> status(n);
     std::vector<double> step_seconds(n, 0);
+    std::vector<double> tail_seconds(n, 0);
+    std::vector<uint64_t> early(n, 0);
     std::vector<std::thread> threads;
     for (size_t i = 0; i < n; ++i) {
       threads.emplace_back([&, i] {
@@ -277,6 +282,8 @@ class Fleet {
         done[i] = Clock::now();
         if (r.ok()) {
           step_seconds[i] = r->seconds;
+          tail_seconds[i] = r->tail_seconds;
+          early[i] = r->chunks_before_manifest;
         } else {
           status[i] = r.status();
         }
@@ -308,6 +315,9 @@ class Fleet {
     out.first_active_seconds = Seconds(first - t0);
     out.apply_seconds_max =
         *std::max_element(step_seconds.begin(), step_seconds.end());
+    out.tail_seconds_max =
+        *std::max_element(tail_seconds.begin(), tail_seconds.end());
+    out.early_chunks_min = *std::min_element(early.begin(), early.end());
     if (relay()) {
       int64_t latest = -1;
       bool all = true;
@@ -383,7 +393,8 @@ class Fleet {
   std::shared_ptr<RelayStore> root_;
   std::vector<std::shared_ptr<RelayStore>> nodes_;
   uint64_t version_ = 0;
-  // Relay: when index/<V> of the version in flight reached each node. The
+  // Relay: when v/<V>/manifest (the last object of the upload) of the
+  // version in flight reached each node. The
   // key is written before the version starts and read by the I/O threads.
   std::string watch_key_;
   std::unique_ptr<std::atomic<int64_t>[]> arrival_ns_;
@@ -456,6 +467,8 @@ Json RowJson(const Row& r) {
       {"upload_s", v.publish.encode_upload_seconds},
       {"first_receiver_active_s", v.first_active_seconds},
       {"receiver_step_max_s", v.apply_seconds_max},
+      {"receiver_tail_max_s", v.tail_seconds_max},
+      {"chunks_applied_before_manifest_min", v.early_chunks_min},
       {"publish_return_s", v.publish.seconds},
       {"full_bytes", r.full.bytes},
       {"full_wire_s", r.full.wire_seconds},
@@ -463,7 +476,7 @@ Json RowJson(const Row& r) {
   j["full_measured_s"] = r.full.measured_seconds >= 0
                              ? Json(r.full.measured_seconds)
                              : Json(nullptr);
-  j["relay_index_at_last_node_s"] =
+  j["relay_manifest_at_last_node_s"] =
       v.relay_index_seconds >= 0 ? Json(v.relay_index_seconds) : Json(nullptr);
   return j;
 }
@@ -471,10 +484,10 @@ Json RowJson(const Row& r) {
 void PrintRows(const std::vector<Row>& rows, bool relay) {
   fmt::print(
       "{:<10} {:>6} {:>7} {:>4} {:>8} {:>10} {:>8} {:>8} {:>8} {:>8} {:>8} "
-      "{:>8} {:>9} {:>8}{}\n",
+      "{:>8} {:>8} {:>6} {:>9} {:>8}{}\n",
       "input", "rate", "Mbit/s", "rcv", "changed", "payload", "ideal s",
-      "upload", "up/idl", "refit s", "ref/idl", "rcv-step", "full s", "speedup",
-      relay ? "   index@last-node s" : "");
+      "upload", "up/idl", "refit s", "ref/idl", "rcv-step", "rcv-tail",
+      "early", "full s", "speedup", relay ? "   manifest@last-node s" : "");
   for (const Row& r : rows) {
     const Fleet::VersionResult& v = r.v;
     double changed =
@@ -487,12 +500,13 @@ void PrintRows(const std::vector<Row>& rows, bool relay) {
                            : fmt::format("{:.1f}c", r.full.wire_seconds);
     fmt::print(
         "{:<10} {:>6} {:>7.0f} {:>4} {:>8} {:>10} {:>8.3f} {:>8.3f} {:>8.2f} "
-        "{:>8.3f} {:>8.2f} {:>8.3f} {:>9} {:>7.1f}x{}\n",
+        "{:>8.3f} {:>8.2f} {:>8.3f} {:>8.3f} {:>6} {:>9} {:>7.1f}x{}\n",
         r.input, r.rate > 0 ? Percent(r.rate, 1) : "-", r.mbit, r.receivers,
         Percent(changed, 2), HumanBytes(static_cast<double>(v.up_put_bytes)),
         r.ideal_seconds, v.publish.encode_upload_seconds,
         v.publish.encode_upload_seconds / r.ideal_seconds, v.refit_seconds,
-        v.refit_seconds / r.ideal_seconds, v.apply_seconds_max, full,
+        v.refit_seconds / r.ideal_seconds, v.apply_seconds_max,
+        v.tail_seconds_max, v.early_chunks_min, full,
         r.full.wire_seconds / v.refit_seconds,
         relay ? (v.relay_index_seconds >= 0
                      ? fmt::format("   {:.3f}", v.relay_index_seconds)
@@ -695,10 +709,11 @@ int Run(const SyncBenchArgs& args, const std::string& command_line) {
   }
   fmt::print(
       "payload = bytes the publisher put through the link; ideal = {} / link "
-      "rate; upload = Publish start to index/<V> stored; refit = Publish start "
-      "to every receiver active; rcv-step = longest receiver step (manifest "
-      "seen "
-      "to active); full s = full checkpoint over the link (m measured, c "
+      "rate; upload = Publish start to the manifest stored; refit = Publish "
+      "start to every receiver active; rcv-step = longest receiver step "
+      "(announcement seen to active); rcv-tail = longest manifest seen to "
+      "vote stored; early = fewest chunks a receiver applied before the "
+      "manifest; full s = full checkpoint over the link (m measured, c "
       "computed); speedup = full wire time / refit\n",
       both ? "max(payload, receivers' reads)" : "payload");
   PrintRows(rows, args.relay);

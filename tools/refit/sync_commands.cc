@@ -75,16 +75,20 @@ Status RelayRootStore::Seed(int versions) {
     const std::string prefix = VersionPrefix(v);
     REFIT_ASSIGN_OR_RETURN(std::vector<ObjectInfo> objects,
                            durable_->List(prefix));
-    // Receivers rely on the order: chunks (and re-sends) before the
-    // manifest, the manifest before index/<V>, the decision last.
+    // Receivers rely on the order: the announcement (index/<V>) first,
+    // then chunks (and re-sends), the manifest after them, the decision
+    // last.
+    REFIT_RETURN_IF_ERROR(copy(IndexKey(v), false));
     for (const ObjectInfo& o : objects) {
       std::string_view rest = std::string_view(o.key).substr(prefix.size());
       if (rest.starts_with("chunk/") || rest.starts_with("resend/")) {
         REFIT_RETURN_IF_ERROR(copy(o.key, false));
       }
     }
-    REFIT_RETURN_IF_ERROR(copy(ManifestKey(v), false));
-    REFIT_RETURN_IF_ERROR(copy(IndexKey(v), false));
+    if (Status s = copy(ManifestKey(v), false);
+        !s.ok() && s.code() != StatusCode::kNotFound) {
+      return s;  // no manifest: its publisher stopped before the end
+    }
     if (Status s = copy(DecisionKey(v), true);
         !s.ok() && s.code() != StatusCode::kNotFound) {
       return s;
@@ -439,10 +443,10 @@ int RunPublish(const PublishArgs& args) {
     if (!d.ok()) return fail(d.status());
     already_decided = true;
     report.version = args.version;
-    if (auto mb = (*store)->Get(ManifestKey(args.version)); mb.ok()) {
-      if (auto mbody = auth->Open(*mb); mbody.ok()) {
-        if (auto m = DecodeManifest(*mbody); m.ok()) {
-          report.base_version = m->base_version;
+    if (auto ab = (*store)->Get(IndexKey(args.version)); ab.ok()) {
+      if (auto abody = auth->Open(*ab); abody.ok()) {
+        if (auto a = DecodeAnnouncement(*abody); a.ok()) {
+          report.base_version = a->base_version;
         }
       }
     }
@@ -915,6 +919,7 @@ struct VersionStatus {
   uint64_t chunks = 0;
   uint64_t changed = 0;
   std::string decision = "pending";  // commit, abort, pending
+  bool uploading = false;  // announced, manifest not stored yet
   std::vector<std::string> dropped;
   std::string reason;
   std::vector<std::pair<std::string, std::string>> votes;  // member, state
@@ -925,13 +930,22 @@ Result<VersionStatus> ReadVersion(ObjectStore* store, const Authenticator& auth,
                                   uint64_t version) {
   VersionStatus v;
   v.version = version;
-  REFIT_ASSIGN_OR_RETURN(std::vector<uint8_t> mbytes,
-                         store->Get(ManifestKey(version)));
-  REFIT_ASSIGN_OR_RETURN(auto mbody, auth.Open(mbytes));
-  REFIT_ASSIGN_OR_RETURN(Manifest m, DecodeManifest(mbody));
+  REFIT_ASSIGN_OR_RETURN(std::vector<uint8_t> abytes, store->Get(IndexKey(version)));
+  REFIT_ASSIGN_OR_RETURN(auto abody, auth.Open(abytes));
+  REFIT_ASSIGN_OR_RETURN(Announcement m, DecodeAnnouncement(abody));
   v.base_version = m.base_version;
-  v.chunks = m.chunks.size();
-  for (const ManifestChunk& c : m.chunks) v.changed += c.changed;
+  // The manifest closes the version's chunk list; until it is stored the
+  // version is still being uploaded (or its publisher stopped).
+  if (auto mbytes = store->Get(ManifestKey(version)); mbytes.ok()) {
+    REFIT_ASSIGN_OR_RETURN(auto mbody, auth.Open(*mbytes));
+    REFIT_ASSIGN_OR_RETURN(Manifest full, DecodeManifest(mbody));
+    v.chunks = full.chunks.size();
+    for (const ManifestChunk& c : full.chunks) v.changed += c.changed;
+  } else if (mbytes.status().code() != StatusCode::kNotFound) {
+    return mbytes.status();
+  } else {
+    v.uploading = true;
+  }
   if (auto d = store->Get(DecisionKey(version)); d.ok()) {
     REFIT_ASSIGN_OR_RETURN(auto body, auth.Open(*d));
     REFIT_ASSIGN_OR_RETURN(Decision decision, DecodeDecision(body));
@@ -1061,6 +1075,7 @@ int RunSyncStatus(const StatusArgs& args) {
              {"dropped", v.dropped},
              {"reason", v.reason},
              {"chunks", v.chunks},
+             {"uploading", v.uploading},
              {"changed_elements", v.changed},
              {"votes", votes}};
       if (!v.error.empty()) e["error"] = v.error;
@@ -1105,8 +1120,9 @@ int RunSyncStatus(const StatusArgs& args) {
       votes += fmt::format("{}{}={}", votes.empty() ? "" : " ", member, state);
     }
     fmt::print("{:>8} {:>6} {:>9} {:>7} {:>10}  {}\n", v.version,
-               v.base_version, v.decision, v.chunks, WithCommas(v.changed),
-               votes);
+               v.base_version, v.decision,
+               v.uploading ? std::string("upload") : std::to_string(v.chunks),
+               v.uploading ? std::string("?") : WithCommas(v.changed), votes);
     if (!v.dropped.empty() || (!v.reason.empty() && v.decision != "commit")) {
       std::string dropped;
       for (const std::string& d : v.dropped) dropped += " " + d;
