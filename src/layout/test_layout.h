@@ -80,9 +80,15 @@ inline Result<std::vector<TensorBytes>> ScatterToRanks(const Layout& layout,
                                       "' are missing or of the wrong size");
         }
         for (uint64_t r = 0; r < p.rows; ++r) {
+          uint64_t l0 = p.local_offset + r * p.local_row_stride;
+          uint64_t c0 = p.canon_offset + r * p.canon_row_stride;
+          if (p.local_col_stride == 1 && p.canon_col_stride == 1) {  // one run
+            std::memcpy(&bytes[l0 * uw], &src->second[c0 * uw], p.cols * uw);
+            continue;
+          }
           for (uint64_t col = 0; col < p.cols; ++col) {
-            uint64_t li = p.local_offset + r * p.local_row_stride + col * p.local_col_stride;
-            uint64_t ci = p.canon_offset + r * p.canon_row_stride + col * p.canon_col_stride;
+            uint64_t li = l0 + col * p.local_col_stride;
+            uint64_t ci = c0 + col * p.canon_col_stride;
             std::memcpy(&bytes[li * uw], &src->second[ci * uw], uw);
           }
         }
