@@ -41,21 +41,44 @@ struct Region {
 };
 
 // A chunk's worth of one region: rows [o0, o0 + rows) whole, or the part
-// [i0, i0 + n) of row o0 (rows == 1). scale_of >= 0: the one-element scale
-// tensor of canonical tensor `scale_of` instead.
+// [i0, i0 + n) of row o0 (rows == 1). scale_of >= 0: elements
+// [first, first + count) of the owned scales of canonical tensor
+// `scale_of` instead, which lie in its scale tensor at start/run/stride.
 struct Job {
   uint32_t region = 0;
   uint64_t o0 = 0, rows = 0, i0 = 0, n = 0;
   int64_t scale_of = -1;
+  uint64_t first = 0;
+  uint64_t start = 0, run = 0, stride = 0;  // scale jobs' region
   uint64_t base_offset = 0;  // bytes into the baseline
   uint64_t count = 0;        // elements
 };
 
+// The FP8 scales of one quantized canonical tensor that this rank owns:
+// per_tensor is one block covering the whole tensor. The tensor is viewed
+// as `rows` x `cols` (its first dimension by the rest); block (bi, bj)
+// covers rows [bi*br, ...) and columns [bj*bc, ...), and its scale is
+// element bi * nbc + bj of the scale tensor.
 struct ScaleState {
-  uint32_t canon = 0;           // the quantized tensor
-  uint32_t scale_canon = 0;     // its scale tensor
-  uint64_t base_offset = 0;     // the scale's 4 bytes in the baseline
-  float current = 0;            // computed by Encode
+  uint32_t canon = 0;            // the quantized tensor
+  uint32_t scale_canon = 0;      // its scale tensor
+  bool per_tensor = true;
+  uint64_t rows = 1, cols = 1, br = 1, bc = 1, nbc = 1;
+  std::vector<uint64_t> blocks;  // owned scale-tensor indices, ascending
+  std::map<uint64_t, uint32_t> slot;  // scale index -> position in blocks
+  std::vector<float> current;    // per owned block, computed by Encode
+  uint64_t base_offset = 0;      // the owned scales' bytes in the baseline
+
+  uint64_t BlockOf(uint64_t canonical_index) const {
+    if (per_tensor) return 0;
+    const uint64_t r = canonical_index / cols, c = canonical_index % cols;
+    return (r / br) * nbc + c / bc;
+  }
+  uint64_t BlockElements(uint64_t b) const {
+    if (per_tensor) return rows * cols;
+    const uint64_t bi = b / nbc, bj = b % nbc;
+    return (std::min(rows, (bi + 1) * br) - bi * br) * (std::min(cols, (bj + 1) * bc) - bj * bc);
+  }
 };
 
 struct Encoded {
@@ -84,7 +107,9 @@ struct RankEncoder::Impl {
                     std::vector<const uint8_t*>* data) const;
   // Writes the job's current canonical bytes into out (count * width).
   void Gather(const Job& job, const std::vector<const uint8_t*>& data, uint8_t* out) const;
-  Result<float> ComputeScale(const ScaleState& s, const std::vector<const uint8_t*>& data) const;
+  // The current scale of every owned block of s (amax / 448; 1 where the
+  // block is all zeros, so its elements encode as zeros).
+  Status ComputeScales(ScaleState* s, const std::vector<const uint8_t*>& data) const;
 };
 
 RankEncoder::RankEncoder(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -134,11 +159,10 @@ Result<std::unique_ptr<RankEncoder>> RankEncoder::Create(const layout::Layout& l
                               .WithContext("rank " + std::to_string(rank) + " local tensor '" +
                                            lt.name + "' -> '" + ct.name + "'"));
     r.direct = lt.dtype == ct.dtype;
-    if (ct.dtype == "F8_E4M3" && !r.direct && ct.scale_kind != "per_tensor") {
+    if (ct.dtype == "F8_E4M3" && !r.direct && ct.scale_kind.empty()) {
       return InvalidArgumentError("canonical tensor '" + ct.name +
                                   "' is F8_E4M3 converted from " + lt.dtype +
-                                  " but has no per_tensor scale (per_block scales "
-                                  "are not supported by the residual path yet)");
+                                  " but has no scale (per_tensor or per_block)");
     }
     // Canonical order: rows of the piece, unless canonical rows run along
     // the piece's columns (transposed storage).
@@ -160,36 +184,82 @@ Result<std::unique_ptr<RankEncoder>> RankEncoder::Create(const layout::Layout& l
     if (!ct.scale_kind.empty() && !r.direct) owned_elements_of[r.canon] += r.outer * r.inner;
     impl->regions.push_back(r);
   }
-  // Per-tensor scales: the rank must own the whole tensor (the scale is its
-  // amax), and then owns its scale tensor too.
+  // Scales: the rank must own every element of each scale block it
+  // touches (the scale is the block's amax), and then owns the block's
+  // scale-tensor element.
   for (const auto& [ci, n] : owned_elements_of) {
+    (void)n;
     const CanonicalTensor& ct = impl->canonical[ci];
-    uint64_t total = 1;
-    for (uint64_t d : ct.shape) total *= d;
-    if (n != total) {
-      return InvalidArgumentError(
-          "canonical tensor '" + ct.name + "' has a per-tensor scale but rank " +
-          std::to_string(rank) + " owns " + std::to_string(n) + " of its " +
-          std::to_string(total) + " elements; a per-tensor scale needs the whole "
-          "tensor on one rank (its amax), which this layout does not give");
-    }
     auto it = canon_index.find(ct.scale);
     if (it == canon_index.end()) {
       return InvalidArgumentError("canonical tensor '" + ct.name + "' names scale tensor '" +
                                   ct.scale + "', which the layout does not list");
     }
     const CanonicalTensor& st = impl->canonical[it->second];
-    uint64_t st_elements = 1;
-    for (uint64_t d : st.shape) st_elements *= d;
-    if (st.dtype != "F32" || st_elements != 1) {
-      return InvalidArgumentError("scale tensor '" + st.name + "' must be one F32 element");
-    }
     ScaleState s;
     s.canon = ci;
     s.scale_canon = it->second;
+    s.per_tensor = ct.scale_kind == "per_tensor";
+    s.rows = ct.shape.empty() ? 1 : ct.shape[0];
+    s.cols = 1;
+    for (size_t d = 1; d < ct.shape.size(); ++d) s.cols *= ct.shape[d];
+    if (ct.shape.size() == 1) {
+      s.cols = s.rows;
+      s.rows = 1;
+    }
+    uint64_t want = 1;
+    if (!s.per_tensor) {
+      if (ct.block_rows == 0 || ct.block_cols == 0) {
+        return InvalidArgumentError("canonical tensor '" + ct.name + "' has per_block scales "
+                                    "without a block size");
+      }
+      s.br = ct.block_rows;
+      s.bc = ct.block_cols;
+      s.nbc = (s.cols + s.bc - 1) / s.bc;
+      want = ((s.rows + s.br - 1) / s.br) * s.nbc;
+    }
+    uint64_t st_elements = 1;
+    for (uint64_t d : st.shape) st_elements *= d;
+    if (st.dtype != "F32" || st_elements != want) {
+      return InvalidArgumentError("scale tensor '" + st.name + "' must be " +
+                                  std::to_string(want) + " F32 element(s)");
+    }
+    // Owned elements per block, a canonical row segment at a time.
+    std::map<uint64_t, uint64_t> per_block;
+    for (const Region& r : impl->regions) {
+      if (r.canon != ci) continue;
+      for (uint64_t o = 0; o < r.outer; ++o) {
+        uint64_t a = r.start + o * r.stride;
+        const uint64_t end = a + r.inner;
+        while (a < end) {
+          // The segment up to the end of this block's columns (and row).
+          const uint64_t col = a % s.cols;
+          uint64_t stop = std::min(end, a - col + s.cols);
+          if (!s.per_tensor) stop = std::min(stop, a - col + std::min(s.cols, (col / s.bc + 1) * s.bc));
+          per_block[s.BlockOf(a)] += stop - a;
+          a = stop;
+        }
+      }
+    }
+    for (const auto& [b, count] : per_block) {
+      if (count != s.BlockElements(b)) {
+        const std::string what = s.per_tensor ? "its per-tensor scale"
+                                              : "the elements of its per-block scale " +
+                                                    std::to_string(b);
+        return InvalidArgumentError(
+            "canonical tensor '" + ct.name + "': rank " + std::to_string(rank) + " owns " +
+            std::to_string(count) + " of the " + std::to_string(s.BlockElements(b)) +
+            " elements behind " + what + "; a scale is the amax of its block, so one rank "
+            "must own the whole block (a per-tensor scale needs the whole tensor on one "
+            "rank; per-block splits must fall on block boundaries)");
+      }
+      s.slot[b] = static_cast<uint32_t>(s.blocks.size());
+      s.blocks.push_back(b);
+    }
+    s.current.assign(s.blocks.size(), 1.0f);
     s.base_offset = offset;
-    offset += 4;
-    impl->scales[ci] = s;
+    offset += 4 * s.blocks.size();
+    impl->scales[ci] = std::move(s);
   }
   impl->baseline.assign(offset, 0);
 
@@ -202,14 +272,44 @@ Result<std::unique_ptr<RankEncoder>> RankEncoder::Create(const layout::Layout& l
     return std::tie(x.canon, x.start) < std::tie(y.canon, y.start);
   });
   const uint64_t limit = std::max<uint64_t>(options.chunk_bytes, 1);
+  // A tensor's owned scales as scale-tensor regions: one strided region
+  // when they form a rectangle of blocks (the usual case), else one
+  // contiguous run per block row.
   auto add_scale_job = [&](uint32_t canon) {
     auto it = impl->scales.find(canon);
     if (it == impl->scales.end()) return;
-    Job j;
-    j.scale_of = canon;
-    j.count = 1;
-    j.base_offset = it->second.base_offset;
-    impl->jobs.push_back(j);
+    const ScaleState& s = it->second;
+    std::vector<std::pair<uint64_t, uint64_t>> runs;  // (first scale index, length)
+    for (uint64_t b : s.blocks) {
+      if (!runs.empty() && runs.back().first + runs.back().second == b &&
+          b % s.nbc != 0) {
+        ++runs.back().second;
+      } else {
+        runs.push_back({b, 1});
+      }
+    }
+    bool rectangle = runs.size() > 1;
+    for (size_t k = 1; k < runs.size() && rectangle; ++k) {
+      rectangle = runs[k].second == runs[0].second && runs[k].first == runs[k - 1].first + s.nbc;
+    }
+    uint64_t first = 0;
+    auto push = [&](uint64_t start, uint64_t count, uint64_t run, uint64_t stride) {
+      Job j;
+      j.scale_of = canon;
+      j.first = first;
+      j.count = count;
+      j.start = start;
+      j.run = run;
+      j.stride = stride;
+      j.base_offset = s.base_offset + 4 * first;
+      first += count;
+      impl->jobs.push_back(j);
+    };
+    if (rectangle) {
+      push(runs[0].first, runs.size() * runs[0].second, runs[0].second, s.nbc);
+    } else {
+      for (const auto& [b, n] : runs) push(b, n, 0, 0);
+    }
   };
   for (size_t k = 0; k < order.size(); ++k) {
     const Region& r = impl->regions[order[k]];
@@ -280,30 +380,36 @@ Status RankEncoder::Impl::CheckLocal(const std::vector<TensorView>& views,
   return Status();
 }
 
-Result<float> RankEncoder::Impl::ComputeScale(const ScaleState& s,
-                                              const std::vector<const uint8_t*>& data) const {
-  float amax = 0;
+Status RankEncoder::Impl::ComputeScales(ScaleState* s,
+                                         const std::vector<const uint8_t*>& data) const {
+  std::vector<float> amax(s->blocks.size(), 0.0f);
   for (const Region& r : regions) {
-    if (r.canon != s.canon) continue;
+    if (r.canon != s->canon) continue;
     const std::string& dt = local[r.local].dtype;
     for (uint64_t o = 0; o < r.outer; ++o) {
+      const uint64_t row_start = r.start + o * r.stride;
       for (uint64_t i = 0; i < r.inner; ++i) {
         float x = std::fabs(LoadAsF32(dt, data[r.local], r.LocalIndex(o, i)));
         if (std::isnan(x)) {
-          return InvalidArgumentError("canonical tensor '" + canonical[s.canon].name +
+          return InvalidArgumentError("canonical tensor '" + canonical[s->canon].name +
                                       "' has a NaN; its FP8 scale is undefined");
         }
-        amax = std::max(amax, x);
+        float& m = amax[s->slot.at(s->BlockOf(row_start + i))];
+        m = std::max(m, x);
       }
     }
   }
-  return amax / 448.0f;
+  for (size_t b = 0; b < amax.size(); ++b) {
+    s->current[b] = amax[b] > 0 ? amax[b] / 448.0f : 1.0f;
+  }
+  return Status();
 }
 
 void RankEncoder::Impl::Gather(const Job& job, const std::vector<const uint8_t*>& data,
                                uint8_t* out) const {
   if (job.scale_of >= 0) {
-    std::memcpy(out, &scales.at(static_cast<uint32_t>(job.scale_of)).current, 4);
+    const ScaleState& sc = scales.at(static_cast<uint32_t>(job.scale_of));
+    std::memcpy(out, sc.current.data() + job.first, job.count * 4);
     return;
   }
   const Region& r = regions[job.region];
@@ -311,10 +417,11 @@ void RankEncoder::Impl::Gather(const Job& job, const std::vector<const uint8_t*>
   const uint8_t* src = data[r.local];
   const uint64_t w = static_cast<uint64_t>(r.width);
   const CanonicalTensor& ct = canonical[r.canon];
-  float scale = 1;
-  if (!r.direct && ct.dtype == "F8_E4M3") scale = scales.at(r.canon).current;
+  const ScaleState* sc = nullptr;
+  if (!r.direct && ct.dtype == "F8_E4M3") sc = &scales.at(r.canon);
   uint8_t* p = out;
   for (uint64_t o = job.o0; o < job.o0 + job.rows; ++o) {
+    const uint64_t row_start = r.start + o * r.stride;
     for (uint64_t i = job.i0; i < job.i0 + job.n; ++i, p += w) {
       const uint64_t li = r.LocalIndex(o, i);
       if (r.direct) {
@@ -322,6 +429,7 @@ void RankEncoder::Impl::Gather(const Job& job, const std::vector<const uint8_t*>
       } else if (ct.dtype == "BF16") {
         StoreLE(p, Bf16FromF32(LoadAsF32(lt.dtype, src, li)), 2);
       } else {
+        const float scale = sc->current[sc->slot.at(sc->BlockOf(row_start + i))];
         *p = E4m3FromF32(LoadAsF32(lt.dtype, src, li) / scale);
       }
     }
@@ -353,7 +461,9 @@ Status RankEncoder::SetBaseline(const std::vector<TensorView>& canonical) {
   }
   for (auto& [ci, s] : m.scales) {
     REFIT_ASSIGN_OR_RETURN(const TensorView* v, find(m.canonical[s.scale_canon]));
-    std::memcpy(m.baseline.data() + s.base_offset, v->data, 4);
+    for (size_t b = 0; b < s.blocks.size(); ++b) {
+      std::memcpy(m.baseline.data() + s.base_offset + 4 * b, v->data + 4 * s.blocks[b], 4);
+    }
   }
   m.pending.clear();
   m.have_baseline = true;
@@ -364,9 +474,7 @@ Status RankEncoder::SetBaselineFromLocal(const std::vector<TensorView>& local) {
   Impl& m = *impl_;
   std::vector<const uint8_t*> data;
   REFIT_RETURN_IF_ERROR(m.CheckLocal(local, &data));
-  for (auto& [ci, s] : m.scales) {
-    REFIT_ASSIGN_OR_RETURN(s.current, m.ComputeScale(s, data));
-  }
+  for (auto& [ci, s] : m.scales) REFIT_RETURN_IF_ERROR(m.ComputeScales(&s, data));
   for (const Job& j : m.jobs) m.Gather(j, data, m.baseline.data() + j.base_offset);
   m.pending.clear();
   m.have_baseline = true;
@@ -383,9 +491,7 @@ Result<RankReport> RankEncoder::Encode(uint64_t version, uint64_t base_version,
   auto t0 = std::chrono::steady_clock::now();
   std::vector<const uint8_t*> data;
   REFIT_RETURN_IF_ERROR(m.CheckLocal(local, &data));
-  for (auto& [ci, s] : m.scales) {
-    REFIT_ASSIGN_OR_RETURN(s.current, m.ComputeScale(s, data));
-  }
+  for (auto& [ci, s] : m.scales) REFIT_RETURN_IF_ERROR(m.ComputeScales(&s, data));
   m.pending.clear();
   RankReport report;
   report.owned_bytes = m.baseline.size();
@@ -426,6 +532,9 @@ Result<RankReport> RankEncoder::Encode(uint64_t version, uint64_t base_version,
         uint64_t start = 0, run = 0, stride = 0;
         if (is_scale) {
           ids.tensor_id = m.scales.at(static_cast<uint32_t>(j.scale_of)).scale_canon;
+          start = j.start;
+          run = j.run;
+          stride = j.stride;
         } else {
           ids.tensor_id = r->canon;
           start = r->start + j.o0 * r->stride + j.i0;

@@ -401,6 +401,163 @@ TEST(RankEncoderTest, BadInputsAreRefused) {
   EXPECT_NE(s.status().message().find("per-tensor scale"), std::string::npos) << s.status().ToString();
 }
 
+// FP8 with per-block scales: each rank converts only the blocks it owns
+// (splits on block boundaries), computes their scales and owns their
+// elements of the scale tensor; partial edge blocks and a BF16 source
+// included. One large value moves a block's scale and so every element of
+// that block.
+struct BlockCase {
+  std::string name, scale, local_dtype;
+  uint64_t rows, cols, br, bc;
+  std::vector<std::pair<uint64_t, uint64_t>> col_split;  // per rank [c0, c1)
+  std::vector<std::pair<uint64_t, uint64_t>> row_split;  // per rank [r0, r1)
+};
+
+// Canonical FP8 bytes and scales of an FP32 matrix, the slow way.
+void Quantize(const BlockCase& c, const std::vector<float>& m, Bytes* q, Bytes* scales) {
+  const uint64_t nbr = (c.rows + c.br - 1) / c.br, nbc = (c.cols + c.bc - 1) / c.bc;
+  std::vector<float> amax(nbr * nbc, 0);
+  for (uint64_t r = 0; r < c.rows; ++r) {
+    for (uint64_t k = 0; k < c.cols; ++k) {
+      float& a = amax[(r / c.br) * nbc + k / c.bc];
+      a = std::max(a, std::fabs(m[r * c.cols + k]));
+    }
+  }
+  scales->assign(amax.size() * 4, 0);
+  for (size_t b = 0; b < amax.size(); ++b) {
+    float s = amax[b] > 0 ? amax[b] / 448.0f : 1.0f;
+    std::memcpy(scales->data() + 4 * b, &s, 4);
+  }
+  q->assign(c.rows * c.cols, 0);
+  for (uint64_t r = 0; r < c.rows; ++r) {
+    for (uint64_t k = 0; k < c.cols; ++k) {
+      float s;
+      std::memcpy(&s, scales->data() + 4 * ((r / c.br) * nbc + k / c.bc), 4);
+      (*q)[r * c.cols + k] = E4m3FromF32(m[r * c.cols + k] / s);
+    }
+  }
+}
+
+TEST(RankEncoderTest, PerBlockFp8ScalesFollowOwnedBlocks) {
+  const std::vector<BlockCase> cases = {
+      {"q.weight", "q.weight_scale_inv", "F32", 256, 384, 128, 128, {{0, 256}, {256, 384}}, {}},
+      {"u.weight", "u.weight_scale_inv", "BF16", 200, 96, 64, 64, {}, {{0, 128}, {128, 200}}},
+  };
+  Layout l;
+  l.ranks.resize(2);
+  l.ranks[0].rank = 0;
+  l.ranks[1].rank = 1;
+  for (const BlockCase& c : cases) {
+    CanonicalTensor t;
+    t.name = c.name;
+    t.dtype = "F8_E4M3";
+    t.shape = {c.rows, c.cols};
+    t.scale = c.scale;
+    t.scale_kind = "per_block";
+    t.block_rows = c.br;
+    t.block_cols = c.bc;
+    l.canonical.push_back(t);
+    CanonicalTensor st;
+    st.name = c.scale;
+    st.dtype = "F32";
+    st.shape = {(c.rows + c.br - 1) / c.br, (c.cols + c.bc - 1) / c.bc};
+    l.canonical.push_back(st);
+    for (uint32_t r = 0; r < 2; ++r) {
+      uint64_t r0 = 0, r1 = c.rows, c0 = 0, c1 = c.cols;
+      if (!c.col_split.empty()) std::tie(c0, c1) = c.col_split[r];
+      if (!c.row_split.empty()) std::tie(r0, r1) = c.row_split[r];
+      l.ranks[r].tensors.push_back(
+          {"local." + c.name, c.local_dtype, {r1 - r0, c1 - c0},
+           {P(c.name, r1 - r0, c1 - c0, 0, c1 - c0, 1, r0 * c.cols + c0, c.cols, 1)}});
+    }
+  }
+  std::mt19937_64 rng(3);
+  std::normal_distribution<float> normal(0, 0.02f);
+  // Masters in canonical coordinates (BF16-representable for the BF16 case).
+  std::map<std::string, std::vector<float>> m0, m1;
+  for (const BlockCase& c : cases) {
+    auto& a = m0[c.name];
+    a.resize(c.rows * c.cols);
+    for (float& x : a) {
+      x = normal(rng);
+      if (c.local_dtype == "BF16") x = F32FromBf16(Bf16FromF32(x));
+    }
+    auto& b = m1[c.name];
+    b = a;
+    for (float& x : b) {
+      if (rng() % 10 == 0) x *= 1.02f;
+      if (c.local_dtype == "BF16") x = F32FromBf16(Bf16FromF32(x));
+    }
+    b[5 * c.cols + 3] = 0.5f;  // moves block (0, 0)'s scale
+  }
+  auto canonical = [&](const std::map<std::string, std::vector<float>>& m) {
+    Named out;
+    for (const BlockCase& c : cases) Quantize(c, m.at(c.name), &out[c.name], &out[c.scale]);
+    return out;
+  };
+  auto local_of = [&](const std::map<std::string, std::vector<float>>& m, uint32_t rank) {
+    Named out;
+    for (const LocalTensor& lt : l.ranks[rank].tensors) {
+      const BlockCase* c = nullptr;
+      for (const auto& x : cases) {
+        if ("local." + x.name == lt.name) c = &x;
+      }
+      const Piece& p = lt.pieces[0];
+      const int lw = WidthOf(lt.dtype);
+      Bytes b(p.rows * p.cols * static_cast<uint64_t>(lw));
+      for (uint64_t i = 0; i < p.rows; ++i) {
+        for (uint64_t j = 0; j < p.cols; ++j) {
+          float x = m.at(c->name)[p.canon_offset + i * c->cols + j];
+          uint8_t* d = b.data() + (i * p.cols + j) * lw;
+          if (lw == 4) std::memcpy(d, &x, 4);
+          else StoreLE(d, Bf16FromF32(x), 2);
+        }
+      }
+      out[lt.name] = std::move(b);
+    }
+    return out;
+  };
+  auto views = [&](const Named& named, uint32_t rank) {
+    std::vector<TensorView> v;
+    for (const LocalTensor& lt : l.ranks[rank].tensors) {
+      v.push_back({lt.name, lt.dtype, WidthOf(lt.dtype), lt.shape, named.at(lt.name).data()});
+    }
+    return v;
+  };
+  Named base = canonical(m0), target = canonical(m1);
+  std::vector<Bytes> chunks;
+  std::vector<Named> locals = {local_of(m1, 0), local_of(m1, 1)};
+  std::unique_ptr<RankEncoder> first;
+  uint64_t residual = 0;
+  for (uint32_t r = 0; r < 2; ++r) {
+    auto enc = RankEncoder::Create(l, r, {});
+    ASSERT_TRUE(enc.ok()) << enc.status().ToString();
+    ASSERT_TRUE((*enc)->SetBaseline(Views(base, l)).ok());
+    auto report = (*enc)->Encode(1, 0, views(locals[r], r), [&](auto c, const ChunkHeader&) {
+      chunks.emplace_back(c.begin(), c.end());
+      return Status();
+    });
+    ASSERT_TRUE(report.ok()) << report.status().ToString();
+    residual += report->changed_residual;
+    if (!first) first = std::move(*enc);
+  }
+  EXPECT_GT(residual, 128u * 128u / 2);  // block (0, 0) rescaled
+  Named applied = base;
+  ApplyAll(chunks, *first, &applied);
+  for (const auto& [name, bytes] : target) EXPECT_EQ(applied[name], bytes) << name;
+
+  // A split inside a block cannot be converted by either rank alone.
+  Layout bad = l;
+  bad.ranks[0].tensors[0] = {"local.q.weight", "F32", {256, 200},
+                             {P("q.weight", 256, 200, 0, 200, 1, 0, 384, 1)}};
+  bad.ranks[1].tensors[0] = {"local.q.weight", "F32", {256, 184},
+                             {P("q.weight", 256, 184, 0, 184, 1, 200, 384, 1)}};
+  auto refused = RankEncoder::Create(bad, 0, {});
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("whole block"), std::string::npos)
+      << refused.status().ToString();
+}
+
 // The fixtures through the residual path: the FP32 masters of step 2 as the
 // trainer's tensors (embeddings and lm_head, which have no masters, as
 // BF16), against the canonical BF16 checkpoint of step 1, must produce
