@@ -1,0 +1,146 @@
+# Type stubs of the extension module refit._native (python/src/module.cc).
+# tests/test_stubs.py checks that they name exactly what the module defines.
+from typing import Any, Dict, List, Sequence, Tuple
+
+# (name, safetensors dtype, buffer-protocol object or DLPack capsule)
+Triple = Tuple[str, str, Any]
+
+class DiffReport:
+    tensors: int
+    changed_tensors: int
+    total_elements: int
+    changed_elements: int
+    full_bytes: int
+    chunks: int
+    payload_bytes: int
+    chunk_bytes: int
+    file_bytes: int
+    chunks_by_kind: Dict[str, int]
+    seconds: float
+    @property
+    def changed_percent(self) -> float: ...
+
+class ApplyReport:
+    chunks: int
+    chunks_applied: int
+    chunks_skipped: int
+    changed_elements: int
+    checkpoint_bytes: int
+    pages_written: int
+    page_size: int
+    seconds: float
+
+class VerifyReport:
+    matches_target: bool
+    matches_base: bool
+    tensors: int
+    mismatched: List[str]
+
+class TensorInspect:
+    name: str
+    dtype: str
+    elements: int
+    changed: int
+    chunks: int
+    payload_bytes: int
+    chunk_bytes: int
+    kinds: Dict[str, int]
+    bound_bytes: float
+
+class InspectReport:
+    format_version: int
+    version: int
+    base_version: int
+    file_bytes: int
+    total_elements: int
+    changed_elements: int
+    full_bytes: int
+    chunks: int
+    payload_bytes: int
+    chunk_bytes: int
+    kinds: Dict[str, int]
+    bound_bytes: float
+    bound_valid: bool
+    tensors: List[TensorInspect]
+    @property
+    def changed_percent(self) -> float: ...
+
+class PublishReport:
+    version: int
+    base_version: int
+    committed: bool
+    dropped: List[str]
+    reason: str
+    diff: DiffReport
+    bytes_uploaded: int
+    resends_served: int
+    encode_upload_seconds: float
+    commit_seconds: float
+    seconds: float
+    snapshot: bool
+    versions_deleted: int
+    snapshots_deleted: int
+    retention_error: str
+    @property
+    def changed_percent(self) -> float: ...
+    @property
+    def full_bytes(self) -> int: ...
+
+class StepResult:
+    # "idle", "committed", "aborted", "caught_up" or "snapshot"
+    @property
+    def outcome(self) -> str: ...
+    version: int
+    chunks_applied: int
+    chunks_skipped: int
+    chunks_resent: int
+    changed_elements: int
+    bytes_fetched: int
+    seconds: float
+    changed_tensors: List[str]
+
+class Checkpoint:
+    def __init__(self, path: str, writable: bool) -> None: ...
+    @property
+    def path(self) -> str: ...
+    @property
+    def sharded(self) -> bool: ...
+    @property
+    def writable(self) -> bool: ...
+    def tensors(self) -> List[Tuple[str, str, List[int]]]: ...
+    def array(self, name: str) -> Any: ...
+    def sync(self) -> None: ...
+
+class Publisher:
+    def __init__(self, store: str, baseline: str, members: Sequence[str], key: bytes | None,
+                 key_file: str, vote_timeout: float, policy: str, threads: int,
+                 chunk_bytes: int, upload_threads: int, snapshot_every: int,
+                 keep_versions: int) -> None: ...
+    @property
+    def committed_version(self) -> int: ...
+    def publish(self, version: int, tensors: Sequence[Triple]) -> PublishReport: ...
+    def publish_checkpoint(self, version: int, path: str) -> PublishReport: ...
+    def serve(self, version: int, seconds: float) -> None: ...
+
+class Receiver:
+    def __init__(self, store: str, member: str, checkpoint: str, state_dir: str,
+                 key: bytes | None, key_file: str, threads: int, poll_interval: float,
+                 decision_timeout: float, resend_timeout: float) -> None: ...
+    @property
+    def active_version(self) -> int: ...
+    def step(self) -> StepResult: ...
+    def sync(self, target: int, timeout: float) -> List[StepResult]: ...
+
+def diff_paths(base: str, target: str, out: str, version: int, base_version: int,
+               chunk_bytes: int, threads: int, allow_xor: bool) -> DiffReport: ...
+def diff_tensors(base: Sequence[Triple], target: Sequence[Triple], out: str, version: int,
+                 base_version: int, chunk_bytes: int, threads: int,
+                 allow_xor: bool) -> DiffReport: ...
+def apply_path(delta: str, checkpoint: str, threads: int, sync: bool) -> ApplyReport: ...
+def apply_tensors(delta: str, tensors: Sequence[Triple], threads: int) -> ApplyReport: ...
+def verify(checkpoint: str, delta: str, threads: int) -> VerifyReport: ...
+def inspect(delta: str) -> InspectReport: ...
+def delta_tensors(delta: str) -> Tuple[int, int, List[Tuple[str, str, List[int]]]]: ...
+def save(path: str, tensors: Sequence[Triple], metadata: Dict[str, str]) -> None: ...
+def copy_checkpoint(src: str, dst: str) -> None: ...
+def data_address(dtype: str, tensor: Any) -> int: ...

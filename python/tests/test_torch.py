@@ -1,0 +1,101 @@
+"""PyTorch tensors through DLPack: CPU in place, CUDA through host staging.
+
+Skipped where PyTorch is not installed (it is not a build dependency); the
+CUDA tests need a CUDA device (docs/python.md gives the command)."""
+
+import concurrent.futures
+
+import numpy as np
+import pytest
+
+import refit
+from refit import _native
+
+torch = pytest.importorskip("torch", reason="PyTorch is not installed")
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+def torch_model(ck, device):
+    return {n: ck.torch(n).clone().to(device) for n in ck}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_apply_to_torch_tensors_in_place(qwen, tmp_path, device):
+    delta = tmp_path / "d"
+    refit.diff(qwen / "step0.safetensors", qwen / "step1.safetensors", delta)
+    base = refit.load(qwen / "step0.safetensors")
+    target = refit.load(qwen / "step1.safetensors")
+    model = torch_model(base, device)
+    assert all(t.dtype == torch.bfloat16 for t in model.values())
+    pointers = {n: t.data_ptr() for n, t in model.items()}
+    if device == "cpu":
+        for n, t in model.items():
+            assert _native.data_address("BF16", t.__dlpack__()) == pointers[n]
+    refit.apply(delta, model)
+    for n, t in model.items():
+        assert t.data_ptr() == pointers[n]
+        assert torch.equal(t.cpu(), target.torch(n)), n
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_publish_parameters_and_receive_torch(qwen, tmp_path, device):
+    store = str(tmp_path / "store")
+    base = refit.load(qwen / "step0.safetensors")
+    params = {n: torch.nn.Parameter(t) for n, t in torch_model(base, device).items()}
+    pub = refit.Publisher(store, baseline=tmp_path / "baseline.safetensors", members=["r0", "r1"],
+                          initial=params, vote_timeout=30)
+    (tmp_path / "r0").mkdir()
+    refit.save(tmp_path / "r0" / "model.safetensors", params)
+    rcv0 = refit.Receiver(store, member="r0", checkpoint_dir=tmp_path / "r0")
+    mine = torch_model(base, device)
+    rcv1 = refit.Receiver(store, member="r1", tensors=mine, state_dir=tmp_path / "r1")
+    target = refit.load(qwen / "step1.safetensors")
+    with torch.no_grad():
+        for n, p in params.items():
+            p.copy_(target.torch(n).to(device))
+    future = pub.publish_async(1, params)
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        reports = list(pool.map(lambda r: r.sync(1, timeout=60), [rcv0, rcv1]))
+    assert future.result(timeout=60).committed
+    assert reports[0].changed_tensors == reports[1].changed_tensors
+    got = dict(rcv0.changed_tensors(framework="torch"))
+    assert got and all(t.dtype == torch.bfloat16 for t in got.values())
+    for n, t in got.items():
+        assert torch.equal(t, target.torch(n)), n
+    for n, t in mine.items():
+        assert t.device.type == device
+        assert torch.equal(t.cpu(), target.torch(n)), n
+    pub.close()
+
+
+def test_float8_tensors(tmp_path):
+    if not hasattr(torch, "float8_e4m3fn"):
+        pytest.skip("this PyTorch has no float8_e4m3fn")
+    g = torch.Generator().manual_seed(0)
+    base = {"w": torch.randn(64, 32, generator=g).to(torch.float8_e4m3fn),
+            "s": torch.rand(1, generator=g)}
+    target = {"w": base["w"].clone(), "s": base["s"].clone()}
+    target["w"].view(torch.uint8)[3, :5] ^= 1
+    refit.diff(base, target, tmp_path / "d")
+    refit.save(tmp_path / "b.safetensors", base)
+    assert refit.load(tmp_path / "b.safetensors").dtypes == {"w": "F8_E4M3", "s": "F32"}
+    work = {n: t.clone() for n, t in base.items()}
+    refit.apply(tmp_path / "d", work)
+    assert torch.equal(work["w"].view(torch.uint8), target["w"].view(torch.uint8))
+
+
+def test_load_state_dict_adapter(qwen, tmp_path):
+    base = refit.load(qwen / "step0.safetensors")
+    target = refit.load(qwen / "step1.safetensors")
+
+    class Tiny(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.norm = torch.nn.Parameter(base.torch("model.norm.weight").clone())
+
+    m = Tiny()
+    n = refit.adapters.load_state_dict(m, [("norm", target.torch("model.norm.weight"))])
+    assert n == 1 and torch.equal(m.norm.data, target.torch("model.norm.weight"))
+    with pytest.raises(refit.InvalidArgumentError, match="nope"):
+        refit.adapters.load_state_dict(m, [("nope", target.torch("model.norm.weight"))])
