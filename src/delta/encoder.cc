@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <numeric>
 
 #include "base/bytes.h"
@@ -49,19 +50,39 @@ Status EncodeElements(const ChunkHeader& ids, const uint8_t* a, const uint8_t* b
   out->after_digests.clear();
   out->chunk.clear();
   out->payload_bytes = 0;
+  // The changed values are extracted in the same pass, while the segment
+  // is still in cache (a second pass over an 8 MiB chunk misses).
+  s->values.clear();
   for (uint64_t off = 0; off < bytes; off += kRangeHashSegment) {
     uint64_t len = std::min<uint64_t>(kRangeHashSegment, bytes - off);
     size_t first = s->positions.size();
     FindChanged(a + off, b + off, len / w, w, &s->positions);
     uint32_t base_index = static_cast<uint32_t>(off / w);
-    for (size_t i = first; i < s->positions.size(); ++i) {
-      s->positions[i] += base_index;
+    const size_t found = s->positions.size() - first;
+    if (found > 0) {
+      s->values.resize(s->values.size() + found * w);
+      uint8_t* vout = s->values.data() + first * w;
+      for (size_t i = first; i < s->positions.size(); ++i, vout += w) {
+        const uint64_t p = s->positions[i];
+        s->positions[i] += base_index;
+        const uint8_t* pb = b + off + p * w;
+        const uint8_t* pa = a + off + p * w;
+        if (w == 2) {
+          uint16_t x, y;
+          std::memcpy(&x, pb, 2);
+          std::memcpy(&y, pa, 2);
+          if (options.allow_xor) x = static_cast<uint16_t>(x ^ y);
+          std::memcpy(vout, &x, 2);
+        } else {
+          uint64_t v = LoadLE(pb, w);
+          if (options.allow_xor) v ^= LoadLE(pa, w);
+          StoreLE(vout, v, w);
+        }
+      }
     }
     Hash128 before = HashBytes(a + off, len);
     out->before_digests.push_back(before);
-    out->after_digests.push_back(s->positions.size() > first
-                                     ? HashBytes(b + off, len)
-                                     : before);
+    out->after_digests.push_back(found > 0 ? HashBytes(b + off, len) : before);
   }
   const uint64_t k = s->positions.size();
   if (k == 0) return Status();
@@ -79,13 +100,6 @@ Status EncodeElements(const ChunkHeader& ids, const uint8_t* a, const uint8_t* b
                                out->after_digests.size());
 
   const uint32_t n = static_cast<uint32_t>(count);
-  s->values.resize(k * w);
-  for (uint64_t r = 0; r < k; ++r) {
-    uint64_t p = s->positions[r];
-    uint64_t v = LoadLE(b + p * w, w);
-    if (options.allow_xor) v ^= LoadLE(a + p * w, w);
-    StoreLE(s->values.data() + r * w, v, w);
-  }
 
   ChunkKind best_kind = ChunkKind::kSparseXor;
   bool have = false;
