@@ -43,7 +43,9 @@ def test_receive_http_example(engine, tmp_path):  # noqa: F811
             proc.kill()
             proc.wait(timeout=10)
     assert proc.returncode == 0, stderr
-    assert [c[1]["tag"] for c in engine.calls] == ["v1", "v2"]
+    # One reload per sync that committed something: v1 then v2, or just v2
+    # when both versions landed within one sync.
+    assert [c[1]["tag"] for c in engine.calls] in (["v1", "v2"], ["v2"])
     assert engine.calls[-1][1]["model_path"] == str(tmp_path / "engine")
     for n in model:
         assert np.array_equal(engine.calls[-1][2][n], model[n])
