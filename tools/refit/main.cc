@@ -11,6 +11,7 @@
 
 #include "cli_util.h"
 #include "commands.h"
+#include "layout_command.h"
 #include "sync_commands.h"
 
 namespace refit::cli {
@@ -176,6 +177,7 @@ int Main(int argc, char** argv) {
   AddJson(bench_cmd, &bench.json);
   auto run_bench_sync = RegisterBenchSync(bench_cmd);
   RegisterSyncCommands(&app, &sync);
+  auto run_layout = RegisterLayoutCommand(&app);
 
   if (argc <= 1) {
     fmt::print(stderr, "{}", app.help());
@@ -211,6 +213,7 @@ int Main(int argc, char** argv) {
   if (std::optional<int> code = RunSyncCommand(&sync, global_json)) {
     return *code;
   }
+  if (std::optional<int> code = run_layout(global_json)) return *code;
   if (*bench_cmd) {
     bench.json |= global_json;
     for (int i = 0; i < argc; ++i) {

@@ -1,0 +1,244 @@
+#include "layout_command.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <charconv>
+#include <memory>
+#include <numeric>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "base/file.h"
+#include "cli_util.h"
+#include "layout/generate.h"
+#include "layout/layout.h"
+
+namespace refit::cli {
+namespace {
+
+struct LayoutArgs {
+  // generate
+  std::string config, output, gate_up = "concat", local_dtype;
+  uint32_t tp = 1, pp = 1, ep = 1, dp = 1, cp = 1;
+  bool no_fused_qkv = false, transposed = false;
+  uint64_t vocab_multiple = 1;
+  // check
+  std::string layout;
+  double min_split_kib = 64;
+  bool per_rank = false;
+  bool json = false;
+};
+
+Result<layout::GateUp> ParseGateUp(const std::string& s, uint64_t* group) {
+  if (s == "concat") return layout::GateUp::kConcat;
+  if (s == "separate") return layout::GateUp::kSeparate;
+  std::string_view v = s;
+  if (v.starts_with("interleaved")) {
+    v.remove_prefix(11);
+    if (v.empty()) return layout::GateUp::kInterleaved;  // default group
+    if (v[0] == ':' || v[0] == '=') {
+      v.remove_prefix(1);
+      uint64_t n = 0;
+      auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), n);
+      if (ec == std::errc() && p == v.data() + v.size() && n > 0) {
+        *group = n;
+        return layout::GateUp::kInterleaved;
+      }
+    }
+  }
+  return InvalidArgumentError("--gate-up '" + s +
+                              "' is not concat, separate or interleaved:N (N > 0)");
+}
+
+int RunGenerate(const LayoutArgs& a) {
+  const char* cmd = "layout generate";
+  if (Status s = CheckExists(a.config, "config"); !s.ok()) return Fail(cmd, s, a.json);
+  Result<layout::ModelConfig> m = layout::LoadModelConfig(a.config);
+  if (!m.ok()) return Fail(cmd, m.status(), a.json);
+  layout::Parallelism p;
+  p.tp = a.tp;
+  p.pp = a.pp;
+  p.ep = a.ep;
+  p.dp = a.dp;
+  p.cp = a.cp;
+  p.fused_qkv = !a.no_fused_qkv;
+  p.transposed = a.transposed;
+  p.vocab_multiple = a.vocab_multiple;
+  p.local_dtype = a.local_dtype;
+  Result<layout::GateUp> gu = ParseGateUp(a.gate_up, &p.gate_up_group);
+  if (!gu.ok()) return Fail(cmd, gu.status(), a.json);
+  p.gate_up = *gu;
+  Result<layout::Layout> l = layout::GenerateLayout(*m, p);
+  if (!l.ok()) return Fail(cmd, l.status(), a.json);
+  // Generated layouts are valid by construction; prove it before writing.
+  if (Status s = layout::ValidateLayout(*l); !s.ok()) {
+    return Fail(cmd, InternalError("generated layout is invalid: " +
+                                   std::string(s.message())),
+                a.json);
+  }
+  std::string text = layout::LayoutToJson(*l);
+  if (Status s = WriteFileAtomic(a.output, std::span(reinterpret_cast<const uint8_t*>(
+                                                          text.data()),
+                                                      text.size()));
+      !s.ok()) {
+    return Fail(cmd, s, a.json);
+  }
+  uint64_t pieces = 0, tensors = 0;
+  for (const layout::RankLayout& r : l->ranks) {
+    tensors += r.tensors.size();
+    for (const layout::LocalTensor& t : r.tensors) pieces += t.pieces.size();
+  }
+  if (a.json) {
+    Json j;
+    j["ok"] = true;
+    j["command"] = cmd;
+    j["output"] = a.output;
+    j["ranks"] = l->ranks.size();
+    j["canonical_tensors"] = l->canonical.size();
+    j["local_tensors"] = tensors;
+    j["pieces"] = pieces;
+    PrintJson(j);
+  } else {
+    fmt::print("wrote {}: {} ranks (tp {} pp {} ep {} dp {} cp {}), {} canonical tensors, "
+               "{} local tensors, {} pieces\n",
+               a.output, l->ranks.size(), p.tp, p.pp, p.ep, p.dp, p.cp,
+               l->canonical.size(), WithCommas(tensors), WithCommas(pieces));
+  }
+  return kExitOk;
+}
+
+int RunCheck(const LayoutArgs& a) {
+  const char* cmd = "layout check";
+  Stopwatch total;
+  if (Status s = CheckExists(a.layout, "layout"); !s.ok()) return Fail(cmd, s, a.json);
+  Result<layout::Layout> l = layout::LoadLayout(a.layout);
+  if (!l.ok()) return Fail(cmd, l.status(), a.json);
+  double parse_s = total.Seconds();
+  layout::OwnershipOptions opt;
+  opt.min_split_bytes = static_cast<uint64_t>(std::max(0.0, a.min_split_kib) * 1024);
+  Stopwatch own_clock;
+  Result<layout::Ownership> o = layout::AssignOwnership(*l, opt);  // validates first
+  if (!o.ok()) return Fail(cmd, o.status(), a.json);
+  double own_s = own_clock.Seconds();
+  Stopwatch cover_clock;
+  if (Status s = layout::CheckCoverage(*l, *o); !s.ok()) return Fail(cmd, s, a.json);
+  double cover_s = cover_clock.Seconds();
+
+  size_t n = l->ranks.size();
+  std::vector<uint64_t> owned(n, 0), mapped(n, 0), owned_pieces(n, 0);
+  for (size_t r = 0; r < n; ++r) {
+    for (const layout::OwnedPiece& op : (*o)[r]) {
+      owned[r] += layout::PieceBytes(*l, op.piece);
+    }
+    owned_pieces[r] = (*o)[r].size();
+    for (const layout::LocalTensor& t : l->ranks[r].tensors) {
+      for (const layout::Piece& p : t.pieces) mapped[r] += layout::PieceBytes(*l, p);
+    }
+  }
+  uint64_t canonical = std::accumulate(owned.begin(), owned.end(), uint64_t{0});
+  uint64_t max_owned = n ? *std::max_element(owned.begin(), owned.end()) : 0;
+  uint64_t min_owned = n ? *std::min_element(owned.begin(), owned.end()) : 0;
+  double mean = n ? static_cast<double>(canonical) / static_cast<double>(n) : 0;
+  double balance = mean > 0 ? static_cast<double>(max_owned) / mean : 0;
+  if (a.json) {
+    Json j;
+    j["ok"] = true;
+    j["command"] = cmd;
+    j["layout"] = a.layout;
+    j["ranks"] = n;
+    j["canonical_tensors"] = l->canonical.size();
+    j["canonical_bytes"] = canonical;
+    j["owned_bytes_max"] = max_owned;
+    j["owned_bytes_min"] = min_owned;
+    j["balance_max_over_mean"] = balance;
+    j["seconds"] = {{"load", parse_s}, {"validate_and_own", own_s}, {"coverage", cover_s}};
+    Json ranks = Json::array();
+    for (size_t r = 0; r < n; ++r) {
+      ranks.push_back({{"rank", l->ranks[r].rank},
+                       {"mapped_bytes", mapped[r]},
+                       {"owned_bytes", owned[r]},
+                       {"owned_pieces", owned_pieces[r]}});
+    }
+    j["per_rank"] = ranks;
+    PrintJson(j);
+    return kExitOk;
+  }
+  fmt::print("{}: valid; {} ranks, {} canonical tensors ({})\n", a.layout, n,
+             l->canonical.size(), HumanBytes(static_cast<double>(canonical)));
+  fmt::print("coverage: every canonical element is owned by exactly one rank\n");
+  size_t shown = a.per_rank ? n : std::min<size_t>(n, 16);
+  fmt::print("{:>6}  {:>12}  {:>12}  {:>8}\n", "rank", "mapped", "owned", "pieces");
+  for (size_t r = 0; r < shown; ++r) {
+    fmt::print("{:>6}  {:>12}  {:>12}  {:>8}\n", l->ranks[r].rank,
+               HumanBytes(static_cast<double>(mapped[r])),
+               HumanBytes(static_cast<double>(owned[r])), owned_pieces[r]);
+  }
+  if (shown < n) fmt::print("   ... {} more ranks (--per-rank lists all)\n", n - shown);
+  fmt::print("owned bytes per rank: min {}, mean {}, max {} (max/mean {:.3f})\n",
+             HumanBytes(static_cast<double>(min_owned)), HumanBytes(mean),
+             HumanBytes(static_cast<double>(max_owned)), balance);
+  fmt::print("time: load {}, validate + own {}, coverage {}\n", HumanSeconds(parse_s),
+             HumanSeconds(own_s), HumanSeconds(cover_s));
+  return kExitOk;
+}
+
+}  // namespace
+
+std::function<std::optional<int>(bool)> RegisterLayoutCommand(CLI::App* app) {
+  auto a = std::make_shared<LayoutArgs>();
+  CLI::App* layout_cmd = app->add_subcommand(
+      "layout",
+      "Trainer layouts (docs/layout.md): how every rank's local tensors map to "
+      "the checkpoint's tensors, and which rank owns which element.");
+  layout_cmd->require_subcommand(1);
+  CLI::App* gen = layout_cmd->add_subcommand(
+      "generate", "Write the layout of a Megatron-style training setup.");
+  gen->add_option("--config", a->config, "the model's Hugging Face config.json")
+      ->required();
+  gen->add_option("-o,--output", a->output, "the layout JSON to write")->required();
+  gen->add_option("--tp", a->tp, "tensor-parallel size")->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  gen->add_option("--pp", a->pp, "pipeline stages")->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  gen->add_option("--ep", a->ep, "expert-parallel size (divides --dp)")
+      ->capture_default_str()->check(CLI::PositiveNumber);
+  gen->add_option("--dp", a->dp, "data-parallel replicas")->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  gen->add_option("--cp", a->cp, "context-parallel size (replicas of the weights)")
+      ->capture_default_str()->check(CLI::PositiveNumber);
+  gen->add_flag("--no-fused-qkv", a->no_fused_qkv,
+                "separate q, k and v tensors instead of Megatron's linear_qkv");
+  gen->add_option("--gate-up", a->gate_up,
+                  "gate/up storage: concat, separate, interleaved:N (N rows each)")
+      ->capture_default_str();
+  gen->add_flag("--transposed", a->transposed, "2-D linear weights stored [in, out]");
+  gen->add_option("--vocab-multiple", a->vocab_multiple,
+                  "pad the vocabulary to a multiple of this times --tp")
+      ->capture_default_str()->check(CLI::PositiveNumber);
+  gen->add_option("--local-dtype", a->local_dtype,
+                  "dtype of the trainer's storage (default: the checkpoint's)");
+  gen->add_flag("--json", a->json, "print a JSON object on stdout instead of text");
+  gen->footer("Example: refit layout generate --config config.json --tp 4 --pp 2 "
+              "--dp 2 -o layout.json");
+  CLI::App* check = layout_cmd->add_subcommand(
+      "check",
+      "Validate LAYOUT, assign ownership and prove that every canonical element is "
+      "owned exactly once; print per-rank owned bytes and the balance (exit 2 on a bad "
+      "layout).");
+  check->add_option("LAYOUT", a->layout, "a layout JSON file")->required();
+  check->add_option("--min-split-kib", a->min_split_kib,
+                    "split replicated regions only into parts of at least this size")
+      ->capture_default_str();
+  check->add_flag("--per-rank", a->per_rank, "list every rank (default: the first 16)");
+  check->add_flag("--json", a->json, "print a JSON object on stdout instead of text");
+  return [a, gen, check](bool global_json) -> std::optional<int> {
+    a->json |= global_json;
+    if (*gen) return RunGenerate(*a);
+    if (*check) return RunCheck(*a);
+    return std::nullopt;
+  };
+}
+
+}  // namespace refit::cli
