@@ -7,7 +7,9 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <condition_variable>
 #include <filesystem>
+#include <mutex>
 #include <random>
 #include <thread>
 
@@ -774,6 +776,258 @@ TEST_P(SyncTest, LaggingReceiverRecoversViaSnapshot) {
   EXPECT_FALSE(PathExists(dir_.File("r0/snapshot")));
   ASSERT_OK((*r0)->SyncTo(12, 20000));
   EXPECT_TRUE(trainer.Matches(dir_.File("r0/model.safetensors")));
+}
+
+// Holds back (or refuses) the publisher's Put of one version's manifest, so
+// the receivers must work while the upload is still "in progress".
+class GateStore final : public ObjectStore {
+ public:
+  GateStore(ObjectStore* inner, std::string key) : inner_(inner), key_(std::move(key)) {}
+  std::string Describe() const override { return "gate(" + inner_->Describe() + ")"; }
+  Status Put(std::string_view k, std::span<const uint8_t> d) override {
+    REFIT_RETURN_IF_ERROR(Wait(k));
+    return inner_->Put(k, d);
+  }
+  Status PutIfAbsent(std::string_view k, std::span<const uint8_t> d) override {
+    REFIT_RETURN_IF_ERROR(Wait(k));
+    return inner_->PutIfAbsent(k, d);
+  }
+  Result<std::vector<uint8_t>> Get(std::string_view k) override { return inner_->Get(k); }
+  Result<std::vector<ObjectInfo>> List(std::string_view p) override { return inner_->List(p); }
+  Status Delete(std::string_view k) override { return inner_->Delete(k); }
+
+  // Refuse the manifest instead of holding it (the publisher dies there).
+  void Refuse() { refuse_ = true; }
+  bool held() const { return held_.load(); }
+  void Release() {
+    std::lock_guard<std::mutex> lock(mu_);
+    open_ = true;
+    cv_.notify_all();
+  }
+
+ private:
+  Status Wait(std::string_view k) {
+    if (k != key_) return Status();
+    if (refuse_) return UnavailableError("the publisher died before its manifest");
+    std::unique_lock<std::mutex> lock(mu_);
+    held_ = true;
+    cv_.wait_for(lock, std::chrono::seconds(30), [&] { return open_; });
+    return Status();
+  }
+  ObjectStore* inner_;
+  std::string key_;
+  std::atomic<bool> refuse_{false}, held_{false};
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool open_ = false;
+};
+
+// Receivers apply every chunk while the manifest is still held back; after
+// it, only the tail (checks, flush, vote) remains.
+TEST_P(SyncTest, ChunksAreAppliedBeforeTheManifest) {
+  GateStore gate(store_.get(), ManifestKey(1));
+  auto pub = Publisher::Open(&gate, dir_.File("baseline.safetensors"), MakePublisher(1));
+  ASSERT_OK(pub);
+  auto r0 = Receiver::Open(store_.get(), MakeReceiver(0));
+  ASSERT_OK(r0);
+  Model trainer = model_;
+  std::mt19937_64 rng(21);
+  trainer.Step(rng, 0.03);
+  Result<StepResult> step = InternalError("not run");
+  std::thread rt([&] { step = (*r0)->SyncTo(1, 30000); });
+  Result<PublishReport> report = InternalError("not run");
+  std::thread pt([&] { report = (*pub)->Publish(1, trainer.Views()); });
+  // Every chunk is stored before the manifest Put; give the receiver the
+  // time to apply them all, then let the manifest through.
+  for (int i = 0; i < 10000 && !gate.held(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  ASSERT_TRUE(gate.held());
+  EXPECT_FALSE(PathExists(dir_.File("r0/active")) &&
+               testing::ReadBytes(dir_.File("r0/active"))[0] == '1');
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  gate.Release();
+  rt.join();
+  pt.join();
+  ASSERT_OK(report);
+  ASSERT_TRUE(report->committed) << report->reason;
+  ASSERT_OK(step);
+  EXPECT_EQ(step->outcome, StepResult::Outcome::kCommitted);
+  EXPECT_EQ(step->chunks_applied, report->diff.chunks);
+  EXPECT_EQ(step->chunks_before_manifest, report->diff.chunks);
+  EXPECT_TRUE(trainer.Matches(dir_.File("r0/model.safetensors")));
+}
+
+// A publisher that dies before its manifest: the receiver applied chunks,
+// times out clearly, keeps its journal; the next publish aborts the version
+// and the receiver rolls it back (without a manifest) before following the
+// new one. Every chunk of the dead version was applied once.
+TEST_P(SyncTest, VersionWithoutManifestIsAbortedAndRolledBack) {
+  GateStore gate(store_.get(), ManifestKey(1));
+  gate.Refuse();
+  auto pub = Publisher::Open(&gate, dir_.File("baseline.safetensors"), MakePublisher(1));
+  ASSERT_OK(pub);
+  auto opts = MakeReceiver(0);
+  opts.chunk_timeout_ms = 400;
+  auto r0 = Receiver::Open(store_.get(), opts);
+  ASSERT_OK(r0);
+  Model trainer = model_;
+  std::mt19937_64 rng(22);
+  trainer.Step(rng, 0.03);
+  auto dead = (*pub)->Publish(1, trainer.Views());
+  ASSERT_FALSE(dead.ok());
+  auto chunks = store_->List(VersionPrefix(1) + "chunk/");
+  ASSERT_OK(chunks);
+  ASSERT_GT(chunks->size(), 2u);
+  auto step = (*r0)->Step();
+  EXPECT_EQ(step.status().code(), StatusCode::kDeadlineExceeded) << step.status().ToString();
+  EXPECT_NE(step.status().message().find("manifest"), std::string::npos);
+  EXPECT_EQ((*r0)->chunks_applied_total(), chunks->size());
+  EXPECT_FALSE(model_.Matches(opts.checkpoint));  // partly applied
+  auto journal = Journal::Load(dir_.File("r0/journal"));
+  ASSERT_OK(journal);
+  ASSERT_TRUE(journal->has_value());
+  EXPECT_EQ((*journal)->version, 1u);
+
+  // The trainer moves on: version 2 from the same base. Publishing it
+  // aborts version 1; the receiver (restarted, as after a crash) rolls
+  // version 1 back without its manifest, then follows version 2.
+  Model next = model_;
+  std::mt19937_64 rng2(23);
+  next.Step(rng2, 0.02);
+  auto pub2 = Publisher::Open(store_.get(), dir_.File("baseline.safetensors"), MakePublisher(1));
+  ASSERT_OK(pub2);
+  r0 = Receiver::Open(store_.get(), opts);
+  ASSERT_OK(r0);
+  std::vector<StepResult> outcomes;
+  std::thread follow([&] {
+    for (int i = 0; i < 200 && (*r0)->active_version() < 2; ++i) {
+      auto s = (*r0)->Step();
+      if (s.ok() && s->outcome != StepResult::Outcome::kIdle) outcomes.push_back(*s);
+      if (!s.ok()) {
+        EXPECT_EQ(s.status().code(), StatusCode::kDeadlineExceeded) << s.status().ToString();
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+  });
+  auto report = (*pub2)->Publish(2, next.Views());
+  follow.join();
+  ASSERT_OK(report);
+  EXPECT_TRUE(report->committed) << report->reason;
+  auto d1 = store_->Get(DecisionKey(1));
+  ASSERT_OK(d1);
+  auto body = Key().Open(*d1);
+  ASSERT_OK(body);
+  auto decision = DecodeDecision(*body);
+  ASSERT_OK(decision);
+  EXPECT_FALSE(decision->commit);
+  EXPECT_NE(decision->reason.find("superseded"), std::string::npos);
+  ASSERT_EQ(outcomes.size(), 2u);
+  EXPECT_EQ(outcomes[0].outcome, StepResult::Outcome::kAborted);
+  EXPECT_EQ(outcomes[0].version, 1u);
+  EXPECT_EQ(outcomes[0].chunks_applied, 0u);
+  EXPECT_EQ(outcomes[1].outcome, StepResult::Outcome::kCommitted);
+  EXPECT_EQ(outcomes[1].version, 2u);
+  EXPECT_FALSE(PathExists(dir_.File("r0/journal")));
+  EXPECT_EQ((*r0)->active_version(), 2u);
+  EXPECT_TRUE(next.Matches(opts.checkpoint));
+}
+
+// A restarted publisher that re-encodes other tensors under an announced
+// version cannot change the chunks receivers may already have applied.
+TEST_P(SyncTest, AnnouncedChunksNeverChange) {
+  GateStore gate(store_.get(), ManifestKey(1));
+  gate.Refuse();
+  auto pub = Publisher::Open(&gate, dir_.File("baseline.safetensors"), MakePublisher(1));
+  ASSERT_OK(pub);
+  Model a = model_, b = model_;
+  std::mt19937_64 rng(24);
+  a.Step(rng, 0.03);
+  b.Step(rng, 0.03);
+  ASSERT_FALSE((*pub)->Publish(1, a.Views()).ok());
+  auto before = store_->Get(ChunkKey(1, 0));
+  ASSERT_OK(before);
+  auto pub2 = Publisher::Open(store_.get(), dir_.File("baseline.safetensors"), MakePublisher(1));
+  ASSERT_OK(pub2);
+  auto r = (*pub2)->Publish(1, b.Views());
+  EXPECT_EQ(r.status().code(), StatusCode::kFailedPrecondition) << r.status().ToString();
+  auto after = store_->Get(ChunkKey(1, 0));
+  ASSERT_OK(after);
+  EXPECT_EQ(*before, *after);
+}
+
+// An in-memory receiver: tensors in the caller's memory instead of a
+// checkpoint file; versions commit, roll back and catch up the same way.
+TEST_P(SyncTest, InMemoryReceiverFollowsVersions) {
+  auto popts = MakePublisher(2);
+  popts.vote_timeout_ms = 1000;
+  auto pub = Publisher::Open(store_.get(), dir_.File("baseline.safetensors"), popts);
+  ASSERT_OK(pub);
+  Model memory = model_;  // the worker's weights
+  auto mem_opts = [&](const std::string& member) {
+    ReceiverOptions o = MakeReceiver(member == "r0" ? 0 : 1);
+    o.checkpoint.clear();
+    for (size_t i = 0; i < memory.names.size(); ++i) {
+      o.tensors.push_back({memory.names[i], "BF16", 2, {memory.sizes[i]}, memory.data[i].data()});
+    }
+    return o;
+  };
+  auto r0 = Receiver::Open(store_.get(), mem_opts("r0"));
+  ASSERT_OK(r0);
+  auto r1 = Receiver::Open(store_.get(), MakeReceiver(1));  // a file receiver alongside
+  ASSERT_OK(r1);
+  Model trainer = model_;
+  std::mt19937_64 rng(25);
+  for (uint64_t v = 1; v <= 3; ++v) {
+    trainer.Step(rng, 0.03);
+    std::thread t0([&] { EXPECT_OK((*r0)->SyncTo(v, 20000)); });
+    std::thread t1([&] { EXPECT_OK((*r1)->SyncTo(v, 20000)); });
+    auto report = (*pub)->Publish(v, trainer.Views());
+    t0.join();
+    t1.join();
+    ASSERT_OK(report);
+    ASSERT_TRUE(report->committed) << report->reason;
+    EXPECT_EQ(memory.data, trainer.data) << "version " << v;
+  }
+  // r1 stays silent: version 4 aborts and the in-memory receiver rolls back.
+  Model at3 = trainer;
+  trainer.Step(rng, 0.03);
+  Result<StepResult> step = InternalError("not run");
+  std::thread t0([&] {
+    for (int i = 0; i < 2000; ++i) {
+      step = (*r0)->Step();
+      if (!step.ok() || step->outcome != StepResult::Outcome::kIdle) return;
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+  });
+  auto report = (*pub)->Publish(4, trainer.Views());
+  t0.join();
+  ASSERT_OK(report);
+  EXPECT_FALSE(report->committed);
+  ASSERT_OK(step);
+  EXPECT_EQ(step->outcome, StepResult::Outcome::kAborted);
+  EXPECT_EQ(memory.data, at3.data);
+  EXPECT_EQ((*r0)->active_version(), 3u);
+  // A receiver needs one model: a path or tensors.
+  auto both = mem_opts("r0");
+  both.checkpoint = dir_.File("r0/model.safetensors");
+  EXPECT_EQ(Receiver::Open(store_.get(), both).status().code(), StatusCode::kInvalidArgument);
+  // Tensors that are not the model are refused before anything is written.
+  auto wrong = mem_opts("r0");
+  wrong.tensors[0].shape = {1};
+  auto rw = Receiver::Open(store_.get(), wrong);
+  ASSERT_OK(rw);
+  std::thread pw([&] { (void)(*pub)->Publish(5, trainer.Views()); });
+  Result<StepResult> refused = InternalError("not run");
+  for (int i = 0; i < 2000; ++i) {
+    refused = (*rw)->Step();
+    if (!refused.ok() || refused->outcome != StepResult::Outcome::kIdle) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  pw.join();
+  EXPECT_EQ(refused.status().code(), StatusCode::kFailedPrecondition)
+      << refused.status().ToString();
+  EXPECT_EQ(memory.data, at3.data);
 }
 
 INSTANTIATE_TEST_SUITE_P(Stores, SyncTest, ::testing::Values("dir", "s3"),
