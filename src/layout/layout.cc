@@ -76,6 +76,62 @@ void SweepRuns(const std::vector<Runs>& sets, Visit&& visit) {
   }
 }
 
+// Merges strided ranges that sit side by side (same stride and count, the
+// runs of one ending where those of the other begin; or contiguous ranges
+// that touch) into fewer ranges with the same union. Overlapping ranges are
+// never merged, so an overlap survives. Tensor-parallel shards of one tensor
+// merge back into a single range, which keeps sweeps over large layouts
+// O(pieces) instead of O(rows).
+std::vector<Runs> MergeAdjacent(std::vector<Runs> sets) {
+  auto key = [](const Runs& r) {
+    return r.count == 1 ? std::make_tuple(uint64_t{0}, uint64_t{0}, r.offset)
+                        : std::make_tuple(r.stride, r.count, r.offset);
+  };
+  for (bool changed = true; changed;) {
+    changed = false;
+    std::sort(sets.begin(), sets.end(),
+              [&](const Runs& a, const Runs& b) { return key(a) < key(b); });
+    std::vector<Runs> out;
+    for (const Runs& r : sets) {
+      if (!out.empty()) {
+        Runs& b = out.back();
+        bool both_flat = b.count == 1 && r.count == 1;
+        bool same_grid = b.count > 1 && b.count == r.count && b.stride == r.stride &&
+                         b.run + r.run <= b.stride;
+        if ((both_flat || same_grid) && b.offset + b.run == r.offset) {
+          b.run += r.run;
+          if (b.count > 1 && b.run == b.stride) {  // the runs now touch
+            b.run *= b.count;
+            b.count = 1;
+          }
+          if (b.count == 1) b.stride = b.run;
+          changed = true;
+          continue;
+        }
+      }
+      out.push_back(r);
+    }
+    sets = std::move(out);
+  }
+  return sets;
+}
+
+// Whether the ranges are pairwise disjoint and, when `total` is given, cover
+// [0, total) exactly. A fast test: callers that get false sweep again,
+// unmerged, to name the culprit.
+bool Disjoint(const std::vector<Runs>& sets, std::optional<uint64_t> total) {
+  std::vector<Runs> merged = MergeAdjacent(sets);
+  uint64_t reach = 0;
+  bool ok = true, first = true;
+  SweepRuns(merged, [&](size_t, uint64_t b, uint64_t e) {
+    if ((!first && b < reach) || (total && b != reach)) return ok = false;
+    first = false;
+    reach = e;
+    return true;
+  });
+  return ok && (!total || reach == *total);
+}
+
 // "element 1234 [6, 82]" of a tensor with `shape`.
 std::string ElementName(const std::vector<uint64_t>& shape, uint64_t flat) {
   std::string s = "element " + std::to_string(flat);
@@ -308,6 +364,7 @@ Result<std::vector<Mapped>> CheckPieces(const Layout& l, const CanonInfo& ci) {
         mapped[c].runs.push_back(*cr);
       }
       // No two pieces of one local tensor share an element.
+      if (Disjoint(local_runs, std::nullopt)) continue;
       uint64_t reach = 0;
       size_t reach_src = 0;
       bool first = true;
@@ -345,33 +402,50 @@ Status CheckCanonicalCoverage(const Layout& l, const CanonInfo& ci, size_t c,
     const PieceRef& r = m.refs[src];
     return l.ranks[r.rank].tensors[r.tensor].dtype;
   };
-  // All ranks together: gaps and mixed storage.
-  uint64_t reach = 0;
-  size_t holder = 0;
+  // Fast path: the distinct blocks tile the tensor and replicas of each
+  // block share a dtype. Otherwise sweep every run to name the problem (or
+  // find only replicas that overlap in part, which is fine).
+  std::map<std::tuple<uint64_t, uint64_t, uint64_t, uint64_t>, size_t> distinct;
+  std::vector<Runs> unique;
+  bool same_dtype = true;
+  for (size_t i = 0; i < m.runs.size(); ++i) {
+    const Runs& r = m.runs[i];
+    auto [it, fresh] =
+        distinct.emplace(std::make_tuple(r.offset, r.run, r.stride, r.count), i);
+    if (fresh) {
+      unique.push_back(r);
+    } else if (dtype_of(i) != dtype_of(it->second)) {
+      same_dtype = false;
+    }
+  }
   Status st;
-  SweepRuns(m.runs, [&](size_t src, uint64_t b, uint64_t e) {
-    if (b > reach) {
-      st = InvalidArgumentError(what + ": gap: " + ElementName(ct.shape, reach) +
-                                " is mapped by no piece on any rank");
-      return false;
+  if (!same_dtype || !Disjoint(unique, ci.numel[c])) {
+    uint64_t reach = 0;
+    size_t holder = 0;
+    SweepRuns(m.runs, [&](size_t src, uint64_t b, uint64_t e) {
+      if (b > reach) {
+        st = InvalidArgumentError(what + ": gap: " + ElementName(ct.shape, reach) +
+                                  " is mapped by no piece on any rank");
+        return false;
+      }
+      if (b < reach && dtype_of(src) != dtype_of(holder)) {
+        const PieceRef& a = m.refs[src];
+        const PieceRef& h = m.refs[holder];
+        st = InvalidArgumentError(
+            what + ": replicas disagree on storage at " + ElementName(ct.shape, b) +
+            ": " + DescribePiece(l, a.rank, a.tensor, a.piece) + " holds " +
+            dtype_of(src) + ", " + DescribePiece(l, h.rank, h.tensor, h.piece) +
+            " holds " + dtype_of(holder));
+        return false;
+      }
+      if (e > reach) reach = e, holder = src;
+      return true;
+    });
+    REFIT_RETURN_IF_ERROR(st);
+    if (reach < ci.numel[c]) {
+      return InvalidArgumentError(what + ": gap: " + ElementName(ct.shape, reach) +
+                                  " is mapped by no piece on any rank");
     }
-    if (b < reach && dtype_of(src) != dtype_of(holder)) {
-      const PieceRef& a = m.refs[src];
-      const PieceRef& h = m.refs[holder];
-      st = InvalidArgumentError(
-          what + ": replicas disagree on storage at " + ElementName(ct.shape, b) +
-          ": " + DescribePiece(l, a.rank, a.tensor, a.piece) + " holds " +
-          dtype_of(src) + ", " + DescribePiece(l, h.rank, h.tensor, h.piece) +
-          " holds " + dtype_of(holder));
-      return false;
-    }
-    if (e > reach) reach = e, holder = src;
-    return true;
-  });
-  REFIT_RETURN_IF_ERROR(st);
-  if (reach < ci.numel[c]) {
-    return InvalidArgumentError(what + ": gap: " + ElementName(ct.shape, reach) +
-                                " is mapped by no piece on any rank");
   }
   // Per rank: no element mapped twice.
   std::map<size_t, std::vector<size_t>> by_rank;
@@ -380,6 +454,7 @@ Status CheckCanonicalCoverage(const Layout& l, const CanonInfo& ci, size_t c,
     if (idx.size() < 2) continue;
     std::vector<Runs> sets;
     for (size_t i : idx) sets.push_back(m.runs[i]);
+    if (Disjoint(sets, std::nullopt)) continue;
     uint64_t rr = 0;
     size_t rh = 0;
     bool first = true;
@@ -549,14 +624,7 @@ Result<Ownership> AssignOwnership(const Layout& layout,
     }
     std::vector<Runs> reps;
     for (const auto& [key, members] : groups) reps.push_back(m.runs[members[0]]);
-    bool disjoint = true;
-    uint64_t reach = 0;
-    SweepRuns(reps, [&](size_t, uint64_t b, uint64_t e) {
-      if (b < reach) return disjoint = false;
-      reach = e;
-      return true;
-    });
-    if (disjoint) {
+    if (Disjoint(reps, std::nullopt)) {
       for (auto& [key, members] : groups) {
         const Piece& p = piece_of(m.refs[members[0]]);
         uint64_t bytes = p.rows * p.cols * static_cast<uint64_t>(width);
@@ -768,6 +836,7 @@ Status CheckCoverage(const Layout& layout, const Ownership& owned) {
     if (v.info.derived[c]) continue;
     const CanonicalTensor& ct = layout.canonical[c];
     const Mapped& m = by_canon[c];
+    if (Disjoint(m.runs, v.info.numel[c])) continue;
     std::string what = "ownership of canonical tensor " + QuoteForMessage(ct.name);
     uint64_t reach = 0;
     size_t holder = 0;

@@ -521,6 +521,12 @@ TEST(Layout, RandomLayoutsAreCoveredExactlyOnce) {
       Status s = CheckCoverage(l, less);
       ASSERT_FALSE(s.ok());
       EXPECT_NE(s.message().find("gap"), std::string_view::npos) << s.ToString();
+      // Claiming a piece twice is an overlap.
+      Ownership more = *o;
+      more[r].push_back(more[r][seed % more[r].size()]);
+      s = CheckCoverage(l, more);
+      ASSERT_FALSE(s.ok());
+      EXPECT_NE(s.message().find("overlap"), std::string_view::npos) << s.ToString();
       break;
     }
   }

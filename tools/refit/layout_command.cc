@@ -7,6 +7,9 @@
 #include <memory>
 #include <numeric>
 #include <span>
+#include <map>
+#include <tuple>
+#include <unordered_map>
 #include <string>
 #include <vector>
 
@@ -14,6 +17,7 @@
 #include "cli_util.h"
 #include "layout/generate.h"
 #include "layout/layout.h"
+#include "refit/checkpoint.h"
 
 namespace refit::cli {
 namespace {
@@ -127,15 +131,39 @@ int RunCheck(const LayoutArgs& a) {
   double cover_s = cover_clock.Seconds();
 
   size_t n = l->ranks.size();
+  std::unordered_map<std::string, uint64_t> width;
+  for (const layout::CanonicalTensor& c : l->canonical) {
+    width[c.name] = *DTypeRegistry().ElementWidth(c.dtype);  // validated
+  }
+  auto bytes = [&](const layout::Piece& p) { return p.rows * p.cols * width[p.canonical]; };
   std::vector<uint64_t> owned(n, 0), mapped(n, 0), owned_pieces(n, 0);
+  // Ranks that map exactly the same canonical blocks are replicas of each
+  // other; ownership should split their work evenly.
+  std::map<std::vector<std::tuple<std::string, uint64_t, uint64_t, uint64_t>>,
+           std::vector<size_t>>
+      replica_sets;
   for (size_t r = 0; r < n; ++r) {
-    for (const layout::OwnedPiece& op : (*o)[r]) {
-      owned[r] += layout::PieceBytes(*l, op.piece);
-    }
+    for (const layout::OwnedPiece& op : (*o)[r]) owned[r] += bytes(op.piece);
     owned_pieces[r] = (*o)[r].size();
+    std::vector<std::tuple<std::string, uint64_t, uint64_t, uint64_t>> blocks;
     for (const layout::LocalTensor& t : l->ranks[r].tensors) {
-      for (const layout::Piece& p : t.pieces) mapped[r] += layout::PieceBytes(*l, p);
+      for (const layout::Piece& p : t.pieces) {
+        mapped[r] += bytes(p);
+        blocks.emplace_back(p.canonical, p.canon_offset, p.rows, p.cols);
+      }
     }
+    std::sort(blocks.begin(), blocks.end());
+    replica_sets[std::move(blocks)].push_back(r);
+  }
+  double worst_replica = 1.0;
+  size_t largest_set = 0;
+  for (const auto& [blocks, ranks] : replica_sets) {
+    largest_set = std::max(largest_set, ranks.size());
+    uint64_t sum = 0, hi = 0;
+    for (size_t r : ranks) sum += owned[r], hi = std::max(hi, owned[r]);
+    if (sum == 0) continue;
+    double mean_set = static_cast<double>(sum) / static_cast<double>(ranks.size());
+    worst_replica = std::max(worst_replica, static_cast<double>(hi) / mean_set);
   }
   uint64_t canonical = std::accumulate(owned.begin(), owned.end(), uint64_t{0});
   uint64_t max_owned = n ? *std::max_element(owned.begin(), owned.end()) : 0;
@@ -153,6 +181,9 @@ int RunCheck(const LayoutArgs& a) {
     j["owned_bytes_max"] = max_owned;
     j["owned_bytes_min"] = min_owned;
     j["balance_max_over_mean"] = balance;
+    j["replica_sets"] = replica_sets.size();
+    j["largest_replica_set"] = largest_set;
+    j["replica_balance_max_over_mean"] = worst_replica;
     j["seconds"] = {{"load", parse_s}, {"validate_and_own", own_s}, {"coverage", cover_s}};
     Json ranks = Json::array();
     for (size_t r = 0; r < n; ++r) {
@@ -179,6 +210,9 @@ int RunCheck(const LayoutArgs& a) {
   fmt::print("owned bytes per rank: min {}, mean {}, max {} (max/mean {:.3f})\n",
              HumanBytes(static_cast<double>(min_owned)), HumanBytes(mean),
              HumanBytes(static_cast<double>(max_owned)), balance);
+  fmt::print("replicas: {} sets of ranks mapping the same blocks (up to {} ranks each); "
+             "worst max/mean owned bytes within a set {:.3f}\n",
+             replica_sets.size(), largest_set, worst_replica);
   fmt::print("time: load {}, validate + own {}, coverage {}\n", HumanSeconds(parse_s),
              HumanSeconds(own_s), HumanSeconds(cover_s));
   return kExitOk;
