@@ -127,14 +127,15 @@ std::string LayoutToJson(const Layout& layout);
 // piece, canonical tensor and element or row.
 Status ValidateLayout(const Layout& layout);
 
-// Per rank, the sub-pieces it owns: every canonical element is owned by
-// exactly one rank. Deterministic, needs no communication: every rank
-// computes the same answer from the same layout. Where k ranks map the same
-// canonical region (replicas), it is split along the rows of the canonical
-// tensor into k parts of about equal bytes, one per replica, rotating which
-// replica gets the larger part so that totals stay balanced; per_block
-// quantized tensors are split only at block-row boundaries, per_tensor
-// quantized ones are owned whole by one replica. Validates first.
+// Per rank, the sub-pieces it owns (docs/layout.md, section 5): every
+// canonical element is owned by exactly one rank. Deterministic, needs no
+// communication: every rank computes the same answer from the same layout.
+// Pieces with the same canonical block on k ranks (replicas) are cut along
+// the piece's rows (its columns when it has one row) into at most k parts of
+// about equal size, none smaller than options.min_split_bytes; the largest
+// part goes to the replica with the fewest owned bytes so far, which
+// balances bytes across replicas. per_block quantized tensors are cut only
+// between quantization blocks; per_tensor ones are not cut. Validates first.
 // Errors: those of ValidateLayout; kUnimplemented for a quantized tensor
 // whose replicas overlap only in part (pieces that differ between replicas).
 Result<Ownership> AssignOwnership(const Layout& layout,
