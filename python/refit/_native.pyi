@@ -96,7 +96,9 @@ class StepResult:
     chunks_resent: int
     changed_elements: int
     bytes_fetched: int
+    chunks_before_manifest: int
     seconds: float
+    tail_seconds: float
     changed_tensors: List[str]
 
 class Checkpoint:
@@ -123,7 +125,8 @@ class Publisher:
     def serve(self, version: int, seconds: float) -> None: ...
 
 class Receiver:
-    def __init__(self, store: str, member: str, checkpoint: str, state_dir: str,
+    def __init__(self, store: str, member: str, checkpoint: str,
+                 tensors: Sequence[Triple] | None, state_dir: str,
                  key: bytes | None, key_file: str, threads: int, poll_interval: float,
                  decision_timeout: float, resend_timeout: float) -> None: ...
     @property

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import concurrent.futures
 import os
+import tempfile
 import threading
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
 from . import _native
-from ._tensors import import_torch, is_torch, named_items, prepare
+from ._tensors import is_torch, named_items, prepare
 from .errors import InvalidArgumentError, NotFoundError
 from .files import Checkpoint, PathLike, save
 
@@ -202,18 +203,21 @@ class Receiver:
 
     checkpoint_dir: a checkpoint (directory or .safetensors file) the
       receiver patches in place, as an engine that loads from disk keeps it.
-    tensors: named host tensors (NumPy arrays or torch tensors, CPU or CUDA)
-      to keep up to date. This is built on a private checkpoint under
-      `state_dir` that the receiver patches; after each commit the changed
-      tensors are copied into the caller's tensors (only those). When that
-      checkpoint does not exist yet it is written from `tensors`
-      (so they must hold the store's version 0 then); when it exists,
-      `tensors` are first overwritten with its contents (its active version).
+    tensors: named tensors in memory (NumPy arrays, torch tensors on the CPU
+      or CUDA) that the receiver patches in place: host tensors directly,
+      without a copy; CUDA tensors through a host copy, from which each
+      commit copies only the changed tensors to the device. They must hold
+      the receiver's active version when it opens: version 0 with a fresh
+      `state_dir` (the default, a temporary one), else the version that
+      `state_dir` recorded. Nothing makes them durable.
 
     member: this receiver's name in the publisher's members.
-    state_dir: the journal and active-version pointer; defaults to
-      ``<checkpoint_dir>.refit-<member>`` next to the checkpoint; required
-      with `tensors`.
+    state_dir: the journal and active-version pointer. Defaults to
+      ``<checkpoint_dir>.refit-<member>`` next to the checkpoint, or a
+      temporary directory (removed by :meth:`close`) with `tensors`.
+    dtypes: with `tensors`, the dtypes of bit-pattern arrays (uint16 arrays
+      holding BF16: ``dtypes="BF16"`` or per name); torch tensors and NumPy
+      float arrays carry their own.
     on_commit: callables run with the SyncReport after a sync that committed
       something (e.g. refit.adapters.HttpReload to tell an engine to reload).
     """
@@ -229,20 +233,25 @@ class Receiver:
             raise InvalidArgumentError("give exactly one of checkpoint_dir= and tensors=",
                                        "INVALID_ARGUMENT")
         self._targets: Optional[Dict[str, Any]] = None
+        self._staged: Dict[str, Tuple[Any, Any]] = {}  # name -> (device tensor, host copy)
+        self._tmp_state: Optional[tempfile.TemporaryDirectory] = None
+        triples = None
         if tensors is not None:
-            if state_dir is None:
-                raise InvalidArgumentError(
-                    "tensors= needs state_dir= (it holds the receiver's checkpoint and journal)",
-                    "INVALID_ARGUMENT")
-            state_dir = os.fspath(state_dir)
-            os.makedirs(state_dir, exist_ok=True)
             self._targets = dict(named_items(tensors))
-            ckpt = os.path.join(state_dir, "model.safetensors")
-            resumed = os.path.exists(ckpt)
-            if not resumed:
-                save(ckpt, list(self._targets.items()), dtypes=dtypes)
-            self._checkpoint = ckpt
-            self._state_dir = os.path.join(state_dir, "state")
+            if state_dir is None:
+                self._tmp_state = tempfile.TemporaryDirectory(prefix=f"refit-{member}-")
+                state_dir = self._tmp_state.name
+            host_items = []
+            for name, t in self._targets.items():
+                if is_torch(t) and t.device.type != "cpu":
+                    host = t.detach().to("cpu").contiguous()
+                    self._staged[name] = (t, host)
+                    t = host
+                host_items.append((name, t))
+            self._prepared = prepare(host_items, writable=True, dtypes=dtypes)
+            triples = self._prepared.triples
+            self._checkpoint = ""
+            self._state_dir = os.fspath(state_dir)
         else:
             self._checkpoint = os.fspath(checkpoint_dir)  # type: ignore[arg-type]
             self._state_dir = (os.fspath(state_dir) if state_dir is not None else
@@ -256,21 +265,37 @@ class Receiver:
             self._hooks = list(on_commit)
         self.member = member
         self._native = _native.Receiver(
-            store, member, self._checkpoint, self._state_dir, key,
+            store, member, self._checkpoint, triples, self._state_dir, key,
             os.fspath(key_file) if key_file else "", threads, float(poll_interval),
             float(decision_timeout), float(resend_timeout))
         self._last_changed: List[str] = []
-        if self._targets is not None and resumed:
-            self._copy_into_targets(list(self._targets))
 
     @property
     def active_version(self) -> int:
         return self._native.active_version
 
     @property
-    def checkpoint_dir(self) -> str:
-        """The checkpoint this receiver patches."""
-        return self._checkpoint
+    def checkpoint_dir(self) -> Optional[str]:
+        """The checkpoint this receiver patches (None with tensors=)."""
+        return self._checkpoint or None
+
+    @property
+    def state_dir(self) -> str:
+        return self._state_dir
+
+    def close(self) -> None:
+        """Releases the tensors and removes a temporary state directory."""
+        self._native = None
+        self._prepared = None
+        if self._tmp_state is not None:
+            self._tmp_state.cleanup()
+            self._tmp_state = None
+
+    def __enter__(self) -> "Receiver":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
 
     def sync(self, to_version: Optional[int] = None, *, timeout: float = 60.0) -> SyncReport:
         """Applies pending versions, votes, and waits for each decision.
@@ -298,36 +323,23 @@ class Receiver:
                     seen.add(n)
                     changed.append(n)
         self._last_changed = changed
-        if self._targets is not None and changed:
-            self._copy_into_targets(changed)
-        report = SyncReport(self.active_version, steps, changed,
-                            None if self._targets is not None else self._checkpoint)
+        for name in changed:
+            if name in self._staged:
+                device, host = self._staged[name]
+                device.copy_(host)
+        report = SyncReport(self.active_version, steps, changed, self.checkpoint_dir)
         if report.committed_versions:
             for hook in self._hooks:
                 hook(report)
         return report
-
-    def _copy_into_targets(self, names: List[str]) -> None:
-        assert self._targets is not None
-        ckpt = Checkpoint(self._checkpoint)
-        torch = None
-        for n in names:
-            dst = self._targets.get(n)
-            if dst is None:
-                continue
-            if is_torch(dst):
-                torch = torch or import_torch()
-                with torch.no_grad():
-                    dst.copy_(ckpt.torch(n).view(dst.dtype).reshape(dst.shape))
-            else:
-                np.copyto(dst, ckpt[n].view(dst.dtype).reshape(dst.shape), casting="no")
 
     def changed_tensors(self, framework: str = "numpy") -> Iterator[Tuple[str, Any]]:
         """(name, tensor) for every tensor the last sync's versions changed.
 
         With checkpoint_dir the tensors view the patched checkpoint's memory
         (read-only NumPy arrays, or CPU torch tensors of the real dtype with
-        framework="torch"), ready for an engine's ``load_weights(iterable)``.
+        framework="torch"), ready for an engine's ``load_weights(iterable)``;
+        they see later versions too, as the file is patched in place.
         With tensors= they are the caller's own (already updated) tensors.
         """
         if self._targets is not None:
@@ -339,7 +351,10 @@ class Receiver:
             yield n, ckpt.tensor(n, framework)
 
     def tensors(self, framework: str = "numpy") -> Iterator[Tuple[str, Any]]:
-        """(name, tensor) for every tensor of the receiver's checkpoint."""
+        """(name, tensor) for every tensor the receiver keeps current."""
+        if self._targets is not None:
+            yield from self._targets.items()
+            return
         ckpt = Checkpoint(self._checkpoint)
         for n in ckpt:
             yield n, ckpt.tensor(n, framework)

@@ -218,14 +218,20 @@ class PyPublisher {
 
 class PyReceiver {
  public:
+  // Patches `checkpoint`, or, when it is empty, the borrowed `tensors`
+  // ((name, dtype, object) triples, held until the receiver dies).
   PyReceiver(const std::string& store_url, const std::string& member,
-             const std::string& checkpoint, const std::string& state_dir,
-             const py::object& key, const std::string& key_file, int threads,
-             double poll_interval, double decision_timeout, double resend_timeout)
+             const std::string& checkpoint, const py::object& tensors,
+             const std::string& state_dir, const py::object& key, const std::string& key_file,
+             int threads, double poll_interval, double decision_timeout, double resend_timeout)
       : poll_ms_(Millis(poll_interval)) {
     ReceiverOptions o;
     o.member = member;
     o.checkpoint = checkpoint;
+    if (!tensors.is_none()) {
+      held_ = Unwrap(BorrowAll(tensors, /*writable=*/true));
+      o.tensors = MutableViews(held_);
+    }
     o.state_dir = state_dir;
     o.auth = MakeAuth(key, key_file);
     o.threads = threads;
@@ -278,6 +284,7 @@ class PyReceiver {
 
  private:
   int poll_ms_;
+  Borrowed held_;  // outlives rcv_, which writes into it (declared first)
   std::shared_ptr<ObjectStore> store_;
   std::unique_ptr<Receiver> rcv_;
 };
@@ -420,7 +427,9 @@ void BindReports(py::module_& m) {
       .def_readonly("chunks_resent", &StepResult::chunks_resent)
       .def_readonly("changed_elements", &StepResult::changed_elements)
       .def_readonly("bytes_fetched", &StepResult::bytes_fetched)
+      .def_readonly("chunks_before_manifest", &StepResult::chunks_before_manifest)
       .def_readonly("seconds", &StepResult::seconds)
+      .def_readonly("tail_seconds", &StepResult::tail_seconds)
       .def_readonly("changed_tensors", &StepResult::changed_tensors)
       .def("__repr__", [](const StepResult& r) {
         return std::string("StepResult(") + OutcomeName(r.outcome) + " version " +
@@ -594,9 +603,10 @@ void BindClasses(py::module_& m) {
 
   py::class_<PyReceiver>(m, "Receiver")
       .def(py::init<const std::string&, const std::string&, const std::string&,
-                    const std::string&, const py::object&, const std::string&, int, double,
-                    double, double>(),
-           py::arg("store"), py::arg("member"), py::arg("checkpoint"), py::arg("state_dir"),
+                    const py::object&, const std::string&, const py::object&,
+                    const std::string&, int, double, double, double>(),
+           py::arg("store"), py::arg("member"), py::arg("checkpoint"), py::arg("tensors"),
+           py::arg("state_dir"),
            py::arg("key"), py::arg("key_file"), py::arg("threads"), py::arg("poll_interval"),
            py::arg("decision_timeout"), py::arg("resend_timeout"))
       .def_property_readonly("active_version", &PyReceiver::active_version)

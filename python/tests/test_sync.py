@@ -61,15 +61,17 @@ def test_fixture_trajectory_checkpoint_dirs(qwen, tmp_path):
     pub.close()
 
 
-def test_tensors_mode_updates_only_changed_tensors_in_place(tmp_path):
+def test_tensors_mode_patches_the_callers_arrays_in_place(tmp_path):
     model = synthetic_model(seed=5)
     store = str(tmp_path / "store")
     pub = refit.Publisher(store, baseline=tmp_path / "baseline.safetensors", members=["w0"],
                           initial=model, dtypes=SYNTH_DTYPES, vote_timeout=30)
     mine = {n: a.copy() for n, a in model.items()}
     addresses = {n: a.ctypes.data for n, a in mine.items()}
+    views = {n: a[...] for n, a in mine.items()}
     rcv = refit.Receiver(store, member="w0", tensors=mine, dtypes=SYNTH_DTYPES,
                          state_dir=tmp_path / "w0")
+    assert rcv.checkpoint_dir is None
     target = dict(model)
     target["model.layers.0.mlp.weight"] = perturb(model, 1)["model.layers.0.mlp.weight"]
     future = pub.publish_async(1, target, copy=True)
@@ -77,18 +79,47 @@ def test_tensors_mode_updates_only_changed_tensors_in_place(tmp_path):
     assert future.result(timeout=30).committed
     assert report.changed_tensors == ["model.layers.0.mlp.weight"]
     for n in model:
+        # Written where the caller's arrays live: no copy anywhere.
         assert mine[n].ctypes.data == addresses[n]
-        assert np.array_equal(mine[n], target[n]), n
+        assert np.array_equal(views[n], target[n]), n
     pairs = list(rcv.changed_tensors())
     assert [n for n, _ in pairs] == ["model.layers.0.mlp.weight"]
     assert pairs[0][1] is mine["model.layers.0.mlp.weight"]
-    # A new Receiver over the same state brings fresh tensors to the active version.
-    fresh = {n: a.copy() for n, a in model.items()}
-    again = refit.Receiver(store, member="w0", tensors=fresh, state_dir=tmp_path / "w0")
+    rcv.close()
+    # A receiver reopened over the same state and the same (version 1) tensors goes on.
+    again = refit.Receiver(store, member="w0", tensors=mine, dtypes=SYNTH_DTYPES,
+                           state_dir=tmp_path / "w0")
     assert again.active_version == 1
+    target2 = perturb(target, 2)
+    future = pub.publish_async(2, target2)
+    assert again.sync(2, timeout=30).committed_versions == [2]
+    assert future.result(timeout=30).committed
     for n in model:
-        assert np.array_equal(fresh[n], target[n]), n
+        assert np.array_equal(mine[n], target2[n]), n
+    again.close()
     pub.close()
+
+
+def test_tensors_mode_default_state_is_temporary(tmp_path):
+    model = synthetic_model(seed=6)
+    store = str(tmp_path / "store")
+    refit.Publisher(store, baseline=tmp_path / "b.safetensors", members=["w0"], initial=model,
+                    dtypes=SYNTH_DTYPES)
+    mine = {n: a.copy() for n, a in model.items()}
+    with refit.Receiver(store, member="w0", tensors=mine, dtypes=SYNTH_DTYPES) as rcv:
+        state = rcv.state_dir
+        assert os.path.isdir(state) and rcv.active_version == 0
+        assert rcv.sync().steps == []
+    assert not os.path.exists(state)
+    # Bit patterns without dtypes do not match the store's BF16 tensors.
+    publish_one = refit.Publisher(store, baseline=tmp_path / "b.safetensors", members=["w0"],
+                                  vote_timeout=1)
+    future = publish_one.publish_async(1, perturb(model, 1))
+    with refit.Receiver(store, member="w0", tensors=mine) as untyped:
+        with pytest.raises(refit.VersionMismatchError, match="model.embed.weight"):
+            untyped.sync(1, timeout=10)
+    assert not future.result(timeout=30).committed  # no vote: aborted
+    publish_one.close()
 
 
 def test_publish_async_copy_lets_the_loop_mutate(tmp_path):
