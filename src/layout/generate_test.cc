@@ -188,10 +188,11 @@ TEST(Generate, Qwen2TinyEveryStorageOption) {
   for (bool fused : {false, true}) {
     for (int gu = 0; gu < 4; ++gu) {
       for (bool transposed : {false, true}) {
+        if (transposed && gu % 2 == 0) continue;  // element by element: slow
         Parallelism p;
         p.tp = 3;
         p.pp = 2;
-        p.dp = 2;
+        p.dp = transposed ? 1 : 2;  // element by element: keep it quick
         p.fused_qkv = fused;
         p.gate_up = gu == 0 ? GateUp::kSeparate
                             : (gu == 1 ? GateUp::kConcat : GateUp::kInterleaved);

@@ -773,7 +773,7 @@ bool IsSubPiece(const Piece& p, const Piece& o) {
   std::optional<std::pair<uint64_t, uint64_t>> rc = LocalToBlock(p, o.local_offset);
   if (!rc) return false;
   auto [a, b] = *rc;
-  if (a + o.rows > p.rows || b + o.cols > p.cols) return false;
+  if (o.rows > p.rows - a || o.cols > p.cols - b) return false;
   if (p.canon_offset + a * p.canon_row_stride + b * p.canon_col_stride !=
       o.canon_offset) {
     return false;
@@ -828,8 +828,11 @@ Status CheckCoverage(const Layout& layout, const Ownership& owned) {
       std::optional<Runs> r =
           PieceRuns(op.piece.canon_offset, op.piece.rows, op.piece.cols,
                     op.piece.canon_row_stride, op.piece.canon_col_stride);
+      if (!r) {  // cannot happen for a sub-block of a valid piece
+        return InternalError(what + ": its canonical block is not a strided range");
+      }
       by_canon[c].refs.push_back({ri, op.tensor, oi});
-      by_canon[c].runs.push_back(*r);  // a sub-block of a valid piece
+      by_canon[c].runs.push_back(*r);
     }
   }
   for (size_t c = 0; c < layout.canonical.size(); ++c) {

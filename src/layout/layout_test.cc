@@ -416,6 +416,39 @@ TEST(Layout, OwnershipOfPartlyOverlappingReplicas) {
   for (const auto& r : *o) EXPECT_FALSE(r.empty());
 }
 
+TEST(Layout, QuantizedReplicasThatOverlapInPartAreRefused) {
+  Layout l;
+  l.canonical = {{"q", "F8_E4M3", {8, 4}, "q_scale", "per_block", 4, 4},
+                 {"q_scale", "F32", {2, 1}, "", "", 0, 0}};
+  l.ranks = {RankLayout{0, {{"q", "F8_E4M3", {8, 4}, {Rows("q", 8, 4, 0, 0, 4, 4)}}}},
+             RankLayout{1, {{"q_top", "F8_E4M3", {4, 4}, {Rows("q", 4, 4, 0, 0, 4, 4)}}}}};
+  ASSERT_OK(ValidateLayout(l));
+  Result<Ownership> o = AssignOwnership(l);
+  ASSERT_FALSE(o.ok());
+  EXPECT_EQ(o.status().code(), StatusCode::kUnimplemented);
+  EXPECT_NE(o.status().message().find("replicas overlap only in part"),
+            std::string_view::npos)
+      << o.status().ToString();
+}
+
+TEST(Layout, CoverageRejectsOwnedPiecesOutsideTheirPiece) {
+  Layout l = Small();
+  Ownership o(4);
+  // Rank 0 claims rows 2..5 of its 4-row piece, and a huge one.
+  o[0].push_back({0, Rows("w", 4, 6, 12, 12, 6, 6)});
+  Status s = CheckCoverage(l, o);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("is not part of any piece"), std::string_view::npos)
+      << s.ToString();
+  o[0][0].piece.rows = ~uint64_t{0};
+  EXPECT_FALSE(CheckCoverage(l, o).ok());
+  o[0][0] = {7, Rows("w", 1, 6, 0, 0, 6, 6)};  // no local tensor 7
+  s = CheckCoverage(l, o);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("local tensor index 7 is out of range"),
+            std::string_view::npos);
+}
+
 // Random layouts: random canonical shapes split unevenly by rows or columns,
 // parts replicated on random ranks, stored plainly, transposed, or in
 // interleaved groups with padding rows; some tensors covered by two

@@ -5,6 +5,7 @@
 #ifndef REFIT_LAYOUT_TEST_LAYOUT_H_
 #define REFIT_LAYOUT_TEST_LAYOUT_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <map>
@@ -139,9 +140,20 @@ inline Result<TensorBytes> AssembleCanonical(const Layout& layout,
         std::vector<bool>& have = seen[c->name];
         if (dst.empty()) dst.assign(cn * uw, 0), have.assign(cn, false);
         for (uint64_t r = 0; r < p.rows; ++r) {
+          uint64_t l0 = p.local_offset + r * p.local_row_stride;
+          uint64_t c0 = p.canon_offset + r * p.canon_row_stride;
+          if (p.local_col_stride == 1 && p.canon_col_stride == 1 &&
+              std::none_of(have.begin() + static_cast<long>(c0),
+                           have.begin() + static_cast<long>(c0 + p.cols),
+                           [](bool b) { return b; })) {  // one fresh run
+            std::memcpy(&dst[c0 * uw], &src->second[l0 * uw], p.cols * uw);
+            std::fill(have.begin() + static_cast<long>(c0),
+                      have.begin() + static_cast<long>(c0 + p.cols), true);
+            continue;
+          }
           for (uint64_t col = 0; col < p.cols; ++col) {
-            uint64_t li = p.local_offset + r * p.local_row_stride + col * p.local_col_stride;
-            uint64_t ci = p.canon_offset + r * p.canon_row_stride + col * p.canon_col_stride;
+            uint64_t li = l0 + col * p.local_col_stride;
+            uint64_t ci = c0 + col * p.canon_col_stride;
             const uint8_t* from = &src->second[li * uw];
             if (have[ci] && std::memcmp(&dst[ci * uw], from, uw) != 0) {
               return InvalidArgumentError(
