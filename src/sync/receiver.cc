@@ -2,9 +2,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <condition_variable>
-#include <deque>
-#include <mutex>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -107,114 +104,102 @@ Hash128 RangeOf(const Bound& b, size_t t, uint64_t offset, uint64_t length) {
 
 Hash128 TensorHash(const Bound& b, size_t t) { return RangeHash(b.data[t], b.bytes[t]); }
 
-// Segment digests (64 KiB, docs/format.md "Range hash") of every tensor, so
-// a range hash aligned to segments composes from them without reading the
-// range, and a tensor hash composes from its digests after its changed
-// ranges were re-hashed. This is how a version is hashed about once instead
-// of three times (docs/protocol.md, "Receiver", "Hashing").
+// Segment digests (64 KiB, docs/format.md "Range hash") of a version's
+// base, hashed once per tensor, so a chunk's "before" range hash composes
+// from them without reading the range again, and what is known of each
+// tensor, so that the check of every tensor against the manifest reads
+// only the tensors that need it (docs/protocol.md, "Hashing").
 class Digests {
  public:
-  explicit Digests(size_t tensors) : digests_(tensors), known_(tensors), exact_(tensors, true) {}
+  explicit Digests(size_t tensors)
+      : digests_(tensors), known_(tensors), stale_(tensors), covered_(tensors) {}
 
-  bool known(size_t t) const { return known_[t]; }
-  // Hashes tensor t's segments (once).
-  void Ensure(const Bound& b, size_t t) {
-    if (known_[t]) return;
-    const uint64_t n = b.bytes[t];
-    std::vector<Hash128>& d = digests_[t];
-    d.clear();
-    uint64_t off = 0;
-    do {
-      uint64_t len = std::min<uint64_t>(kRangeHashSegment, n - off);
-      d.push_back(HashBytes(b.data[t] + off, len));
-      off += len;
-    } while (off < n);
-    known_[t] = true;
-  }
-  // Whether [offset, offset + length) of tensor t is made of whole segments
-  // of the tensor (the last one may be the tensor's short tail).
-  static bool Aligned(const Bound& b, size_t t, uint64_t offset, uint64_t length) {
-    return length > 0 && offset % kRangeHashSegment == 0 &&
-           (length % kRangeHashSegment == 0 || offset + length == b.bytes[t]);
-  }
-  Hash128 Range(size_t t, uint64_t offset, uint64_t length) const {
-    const size_t first = offset / kRangeHashSegment;
-    const size_t n = (length + kRangeHashSegment - 1) / kRangeHashSegment;
-    return HashSegmentDigests(digests_[t].data() + first, n);
-  }
-  // Re-hashes the segments of an aligned range after it was written.
-  void Update(const Bound& b, size_t t, uint64_t offset, uint64_t length) {
-    for (uint64_t off = offset; off < offset + length; off += kRangeHashSegment) {
-      uint64_t len = std::min<uint64_t>(kRangeHashSegment, offset + length - off);
-      digests_[t][off / kRangeHashSegment] = HashBytes(b.data[t] + off, len);
+  // Hashes tensor t's segments (once). Returns the tensor's hash.
+  Hash128 Ensure(const Bound& b, size_t t) {
+    if (!known_[t]) {
+      const uint64_t n = b.bytes[t];
+      std::vector<Hash128>& d = digests_[t];
+      uint64_t off = 0;
+      do {
+        uint64_t len = std::min<uint64_t>(kRangeHashSegment, n - off);
+        d.push_back(HashBytes(b.data[t] + off, len));
+        off += len;
+      } while (off < n);
+      known_[t] = true;
+      stale_[t].assign(d.size(), false);
     }
-  }
-  // Tensor t was written where its digests do not follow: its hash must be
-  // computed from its bytes.
-  void Invalidate(size_t t) { exact_[t] = false; }
-  Hash128 Tensor(const Bound& b, size_t t) const {
-    if (!known_[t] || !exact_[t]) return TensorHash(b, t);
     return HashSegmentDigests(digests_[t].data(), digests_[t].size());
   }
+  // The range hash of [offset, offset + length) of tensor t from the
+  // digests, when the range is made of whole segments of the tensor (the
+  // last may be the tensor's short tail) none of which was written since
+  // they were hashed; nullopt otherwise.
+  std::optional<Hash128> Range(const Bound& b, size_t t, uint64_t offset,
+                               uint64_t length) const {
+    if (!known_[t] || length == 0 || offset % kRangeHashSegment != 0 ||
+        (length % kRangeHashSegment != 0 && offset + length != b.bytes[t])) {
+      return std::nullopt;
+    }
+    const size_t first = offset / kRangeHashSegment;
+    const size_t n = (length + kRangeHashSegment - 1) / kRangeHashSegment;
+    for (size_t i = first; i < first + n; ++i) {
+      if (stale_[t][i]) return std::nullopt;
+    }
+    return HashSegmentDigests(digests_[t].data() + first, n);
+  }
+  // Bytes of tensor t were written: their digests no longer hold.
+  void Written(size_t t, uint64_t offset, uint64_t length) {
+    if (!known_[t] || length == 0) return;
+    const size_t last = std::min<size_t>((offset + length - 1) / kRangeHashSegment,
+                                         stale_[t].size() - 1);
+    for (size_t i = offset / kRangeHashSegment; i <= last; ++i) stale_[t][i] = true;
+  }
+  // Covered: tensor t was checked at the base as a whole, and every write
+  // since was a chunk whose range then hashed to the chunk's "after".
+  void SetCovered(size_t t, bool covered) { covered_[t] = covered; }
+  bool covered(size_t t) const { return covered_[t]; }
 
  private:
   std::vector<std::vector<Hash128>> digests_;
   std::vector<bool> known_;
-  std::vector<bool> exact_;
+  std::vector<std::vector<bool>> stale_;
+  std::vector<bool> covered_;
 };
 
-// Writes applied ranges back to the checkpoint file on a thread of its
-// own, so the durable flush before the vote finds little left to do.
+// Starts the write-back of applied ranges to the checkpoint's files while
+// the next chunks are applied (sync_file_range, SYNC_FILE_RANGE_WRITE: the
+// kernel writes the dirty pages of the range and does not wait), so the
+// durable flush before the vote (msync + fsync of everything) finds little
+// left to write. A hint only: durability comes from that flush.
 class Flusher {
  public:
-  explicit Flusher(Bound* b) : b_(b) {
-    if (b_->ckpt) thread_ = std::thread([this] { Run(); });
-  }
-  ~Flusher() { (void)Finish(); }
-  void Add(size_t t, uint64_t offset, uint64_t length) {
-    if (!b_->ckpt) return;
-    std::lock_guard<std::mutex> lock(mu_);
-    queue_.push_back({t, offset, length});
-    cv_.notify_all();
-  }
-  // Waits for every queued range; the first error, if any.
-  Status Finish() {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      done_ = true;
-      cv_.notify_all();
+  explicit Flusher(const Bound& b) : b_(b) {
+    if (!b_.ckpt) return;
+    for (const CheckpointFile& f : b_.ckpt->files()) {
+      fds_.push_back(open(f.path.c_str(), O_RDONLY | O_CLOEXEC));
     }
-    if (thread_.joinable()) thread_.join();
-    return error_;
+  }
+  ~Flusher() {
+    for (int fd : fds_) {
+      if (fd >= 0) close(fd);
+    }
+  }
+  Flusher(const Flusher&) = delete;
+  Flusher& operator=(const Flusher&) = delete;
+
+  void Add(size_t t, uint64_t offset, uint64_t length) {
+    if (!b_.ckpt) return;
+    const TensorInfo& info = b_.ckpt->tensors()[b_.ckpt_index[t]];
+    const int fd = info.file_index < fds_.size() ? fds_[info.file_index] : -1;
+    if (fd < 0) return;
+    // Errors here only cost the overlap; the flush before the vote reports.
+    (void)sync_file_range(fd, static_cast<off64_t>(info.offset + offset),
+                          static_cast<off64_t>(length), SYNC_FILE_RANGE_WRITE);
   }
 
  private:
-  struct Range {
-    size_t t;
-    uint64_t offset, length;
-  };
-  void Run() {
-    for (;;) {
-      Range r;
-      {
-        std::unique_lock<std::mutex> lock(mu_);
-        cv_.wait(lock, [&] { return !queue_.empty() || done_; });
-        if (queue_.empty()) return;
-        r = queue_.front();
-        queue_.pop_front();
-      }
-      if (!error_.ok()) continue;
-      Status s = b_->SyncRange(r.t, r.offset, r.length);
-      if (!s.ok()) error_ = s;
-    }
-  }
-  Bound* b_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<Range> queue_;
-  bool done_ = false;
-  Status error_;  // written by the thread, read after join
-  std::thread thread_;
+  const Bound& b_;
+  std::vector<int> fds_;
 };
 
 std::string StatePath(const ReceiverOptions& o, const char* name) {
@@ -645,7 +630,7 @@ Result<StepResult> Receiver::ProcessVersion(const Announcement& a,
   };
 
   Digests digests(a.tensors.size());
-  Flusher flusher(&b);
+  Flusher flusher(b);
 
   // Asks for overwrite re-sends of `torn` chunks (at V if `after`, else at
   // the base) and applies them as they arrive.
@@ -671,7 +656,8 @@ Result<StepResult> Receiver::ProcessVersion(const Announcement& a,
           const size_t t = c->header.tensor_id;
           REFIT_RETURN_IF_ERROR(ApplyChunkInPlace(*c, b.data[t], &scratch, nullptr, &undo));
           auto [off, len] = range_of(c->header);
-          digests.Invalidate(t);
+          digests.Written(t, off, len);
+          digests.SetCovered(t, false);  // checked from its bytes at the end
           flusher.Add(t, off, len);
           ++result.chunks_resent;
           break;
@@ -694,7 +680,6 @@ Result<StepResult> Receiver::ProcessVersion(const Announcement& a,
   // the ones that were applied; without a manifest they are probed in
   // order up to the first missing one (chunks are applied in order).
   auto roll_back = [&]() -> Status {
-    REFIT_RETURN_IF_ERROR(flusher.Finish());
     if (!manifest) REFIT_RETURN_IF_ERROR(read_manifest());
     uint64_t last_journaled = 0;
     for (const auto& [i, undo] : state->applied) last_journaled = std::max(last_journaled, i + 1);
@@ -745,19 +730,22 @@ Result<StepResult> Receiver::ProcessVersion(const Announcement& a,
 
   if (decision && !decision->commit) return aborted();
 
-  // Hashes tensors [next_hashed, upto] once. In a fresh version no chunk
-  // of them is applied yet (chunks come in tensor order), so each must be
-  // at the base: the one check of the base per version.
+  // Hashes tensors [next_hashed, upto] once, before any chunk of them is
+  // applied in this step (chunks come in tensor order). In a fresh version
+  // each must be at the base: the one check of the base per version. When
+  // resuming, earlier steps may have applied chunks: the tensor is not
+  // covered, and is checked from its bytes at the end.
   size_t next_hashed = 0;
   auto hash_through = [&](size_t upto) -> Status {
     for (; next_hashed <= upto && next_hashed < a.tensors.size(); ++next_hashed) {
-      digests.Ensure(b, next_hashed);
-      if (!resume && digests.Tensor(b, next_hashed) != a.tensors[next_hashed].before) {
-        return DataLossError("tensor '" + a.tensors[next_hashed].name +
-                             "' is not at version " + std::to_string(a.base_version) +
-                             ", the base of version " + V +
+      const size_t t = next_hashed;
+      const bool at_base = digests.Ensure(b, t) == a.tensors[t].before;
+      if (!resume && !at_base) {
+        return DataLossError("tensor '" + a.tensors[t].name + "' is not at version " +
+                             std::to_string(a.base_version) + ", the base of version " + V +
                              "; the local model was changed; resync this receiver");
       }
+      digests.SetCovered(t, at_base && !resume);
     }
     return Status();
   };
@@ -806,8 +794,8 @@ Result<StepResult> Receiver::ProcessVersion(const Announcement& a,
     const size_t t = c.header.tensor_id;
     REFIT_RETURN_IF_ERROR(hash_through(t));
     auto [off, len] = range_of(c.header);
-    const bool aligned = Digests::Aligned(b, t, off, len);
-    const Hash128 h = aligned ? digests.Range(t, off, len) : RangeOf(b, t, off, len);
+    const std::optional<Hash128> composed = digests.Range(b, t, off, len);
+    const Hash128 h = composed ? *composed : RangeOf(b, t, off, len);
     switch (ClassifyRange(c.header, h)) {
       case RangeState::kAfter:
         ++result.chunks_skipped;
@@ -819,11 +807,9 @@ Result<StepResult> Receiver::ProcessVersion(const Announcement& a,
         REFIT_RETURN_IF_ERROR(journal.Applied(i, undo));
         ++result.chunks_applied;
         result.changed_elements += c.header.changed;
-        if (aligned) {
-          digests.Update(b, t, off, len);
-        } else {
-          digests.Invalidate(t);
-        }
+        // ApplyChunkInPlace re-hashed the range to the chunk's "after": the
+        // tensor stays covered.
+        digests.Written(t, off, len);
         flusher.Add(t, off, len);
         if (!manifest) ++result.chunks_before_manifest;
         CrashPoint("receiver.after-chunk");
@@ -832,6 +818,7 @@ Result<StepResult> Receiver::ProcessVersion(const Announcement& a,
       }
       case RangeState::kNeither:
         torn.push_back(i);
+        digests.SetCovered(t, false);
         break;
     }
     seen.push_back(sha);
@@ -840,19 +827,27 @@ Result<StepResult> Receiver::ProcessVersion(const Announcement& a,
   REFIT_RETURN_IF_ERROR(repair(torn, /*after=*/true));
   CrashPoint("receiver.after-apply");
   REFIT_RETURN_IF_ERROR(hash_through(a.tensors.size()));
-  // Every tensor at the manifest's after hash. A tensor's digests are
-  // those of its bytes: hashed once above, and re-hashed over every range
-  // written since (ranges written where digests cannot follow invalidate
-  // them, and the tensor is hashed from its bytes).
+  // Every tensor at the manifest's after hash. A covered tensor was at
+  // the base as a whole and each of its chunks' ranges now hashes to that
+  // chunk's "after"; the bytes outside the chunks are the base's, which
+  // the manifest's chunk list (authenticated, and bound to the chunks by
+  // their SHA-256) states are unchanged: the tensor is the manifest's
+  // "after" without reading it again (docs/protocol.md, "Hashing"). A
+  // covered tensor without chunks must then be unchanged by the manifest's
+  // own account. Any other tensor is hashed from its bytes.
+  std::vector<bool> has_chunks(a.tensors.size(), false);
+  for (const ManifestChunk& mc : manifest->chunks) has_chunks[mc.tensor_id] = true;
   for (size_t t = 0; t < a.tensors.size(); ++t) {
-    if (digests.Tensor(b, t) != manifest->tensors[t].after) {
+    const bool ok = digests.covered(t)
+                        ? has_chunks[t] || manifest->tensors[t].after == a.tensors[t].before
+                        : TensorHash(b, t) == manifest->tensors[t].after;
+    if (!ok) {
       return DataLossError("after applying version " + V + ", tensor '" +
                            a.tensors[t].name +
                            "' does not hash to the manifest; the local model "
                            "was not at the base; resync this receiver");
     }
   }
-  REFIT_RETURN_IF_ERROR(flusher.Finish());
   REFIT_RETURN_IF_ERROR(b.Sync());
   CrashPoint("receiver.after-flush");
   REFIT_RETURN_IF_ERROR(journal.Sync());
