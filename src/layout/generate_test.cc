@@ -242,6 +242,50 @@ TEST(Generate, MoeWithExpertParallelism) {
   }
 }
 
+TEST(Generate, TiedEmbeddingsQkNormAndCasts) {
+  ModelConfig m = Tiny();
+  m.model_type = "qwen3";
+  m.qk_norm = true;
+  m.tie_word_embeddings = true;
+  for (uint32_t pp : {1u, 2u}) {
+    Parallelism p;
+    p.tp = 2;
+    p.pp = pp;
+    p.dp = 2;
+    Layout l = CheckGenerated(m, p, 40 + pp);
+    if (HasFailure()) return;
+    bool lm_head = false, q_norm = false;
+    for (const CanonicalTensor& c : l.canonical) {
+      lm_head |= c.name == "lm_head.weight";
+      q_norm |= c.name == "model.layers.3.self_attn.q_norm.weight";
+    }
+    EXPECT_FALSE(lm_head) << "tied: no lm_head in the checkpoint";
+    EXPECT_TRUE(q_norm);
+    // With stages, the last one holds a replica of the embedding.
+    const RankLayout& last = l.ranks.back();
+    bool output = false;
+    for (const LocalTensor& t : last.tensors) {
+      if (t.name == "output_layer.weight") {
+        output = true;
+        EXPECT_EQ(t.pieces.at(0).canonical, "model.embed_tokens.weight");
+      }
+    }
+    EXPECT_EQ(output, pp > 1);
+  }
+  // F32 master weights of a BF16 checkpoint: a cast, valid, ownership by
+  // canonical bytes.
+  Parallelism p;
+  p.tp = 2;
+  p.dp = 3;
+  p.local_dtype = "F32";
+  Result<Layout> l = GenerateLayout(Tiny(), p);
+  ASSERT_OK(l);
+  EXPECT_EQ(l->ranks[0].tensors[0].dtype, "F32");
+  Result<Ownership> o = AssignOwnership(*l);
+  ASSERT_OK(o);
+  ASSERT_OK(CheckCoverage(*l, *o));
+}
+
 TEST(Generate, RejectsImpossibleSizes) {
   ModelConfig m = Tiny();
   Parallelism p;
