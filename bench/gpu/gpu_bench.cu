@@ -324,6 +324,11 @@ int Main(int argc, char** argv) {
                   static_cast<unsigned long long>(er.groups),
                   static_cast<unsigned long long>(same), d.spans.size(),
                   static_cast<double>(er.peak_device_bytes) / (1 << 20));
+      std::printf("    per-group steps, ms summed over groups: cpu fallback %.1f, compact +"
+                  " histograms %.1f, models (CPU) %.1f, encode lanes %.1f, gather + copy"
+                  " back %.1f, framing (CPU) %.1f\n",
+                  er.cpu_fallback_ms, er.compact_ms, er.models_ms, er.encode_ms,
+                  er.gather_ms, er.frame_ms);
         return true;
   };
   if (encode_only) {

@@ -102,45 +102,49 @@ constexpr int kApplyThreads = 256;
 constexpr int kApplyItems = 4;       // consecutive records per thread
 constexpr uint32_t kTileRecords = kApplyThreads * kApplyItems;
 
-// A rANS lane's bytes, read 16 bits at a time through a window of three
-// aligned 16-byte blocks held in registers: the block holding the read
-// position and the two after it. When the first block is used up the
-// window slides and the load of the block 32 bytes ahead is issued, so a
-// renormalization never waits for memory unless the lane outruns 16
-// renormalizations of prefetch (a one-word prefetch, issued one
-// renormalization ahead, left each row waiting on a load from DRAM while
-// the scatter kept the memory system busy). Loads may read up to 48 bytes
-// past the lane's last byte; payload slots are padded for that
-// (kPayloadPad, kernels.h), and the checks on q never let such bytes be
-// used.
+// dst = *a when p; the load writes dst's own register, so nothing waits for
+// it until dst is read (a load into a temporary followed by a move would
+// wait at the move).
+__device__ inline void LoadIf(bool p, uint32_t& dst, const uint32_t* a) {
+  asm("{\n\t.reg .pred q;\n\tsetp.ne.b32 q, %2, 0;\n\t"
+      "@q ld.global.nc.u32 %0, [%1];\n\t}"
+      : "+r"(dst)
+      : "l"(a), "r"(static_cast<uint32_t>(p)));
+}
 
-struct LaneWindow {
-  const uint4* blocks;  // the payload, as aligned 16-byte blocks
-  uint4 w0, w1, w2;     // blocks blk, blk + 1, blk + 2
-  uint32_t blk;
-  uint32_t off;  // read position - 16 * blk, in [0, 16)
+// A rANS lane's bytes, read 16 bits at a time from a ring of four aligned
+// 32-bit words held in registers: the word holding the read position q sits
+// in slot (q / 4) % 4, followed by the next three. When a word is used up
+// its slot is refilled with the word 12 bytes ahead, so a renormalization
+// waits for memory only if the lane outruns six renormalizations of
+// prefetch. Loads may read up to 16 bytes past the lane's last byte;
+// payload slots are padded for that (kPayloadPad, kernels.h), and the
+// checks on q never let such bytes be used.
+struct LaneRing {
+  uint32_t w0, w1, w2, w3;
 
-  __device__ void Start(const uint8_t* payload, uint32_t q) {
-    blocks = reinterpret_cast<const uint4*>(payload);
-    blk = q >> 4;
-    off = q & 15;
-    w0 = __ldg(blocks + blk);
-    w1 = __ldg(blocks + blk + 1);
-    w2 = __ldg(blocks + blk + 2);
+  __device__ uint32_t Pick(uint32_t i) const {
+    return i == 0 ? w0 : i == 1 ? w1 : i == 2 ? w2 : w3;
   }
-  // The little-endian 16-bit word at the read position; advances by 2.
-  __device__ uint32_t Take16() {
-    const uint32_t i = off >> 2;
-    const uint32_t lo = i == 0 ? w0.x : i == 1 ? w0.y : i == 2 ? w0.z : w0.w;
-    const uint32_t hi = i == 0 ? w0.y : i == 1 ? w0.z : i == 2 ? w0.w : w1.x;
-    const uint32_t v = __funnelshift_r(lo, hi, 8 * (off & 3)) & 0xffffu;
-    off += 2;
-    if (off >= 16) {
-      off -= 16;
-      ++blk;
-      w0 = w1;
-      w1 = w2;
-      w2 = __ldg(blocks + blk + 2);
+  __device__ void Start(const uint32_t* words, uint32_t q) {
+    const uint32_t wi = q >> 2;
+    w0 = __ldg(words + wi + ((0 - wi) & 3));
+    w1 = __ldg(words + wi + ((1 - wi) & 3));
+    w2 = __ldg(words + wi + ((2 - wi) & 3));
+    w3 = __ldg(words + wi + ((3 - wi) & 3));
+  }
+  // The little-endian 16-bit word at q; advances q by 2.
+  __device__ uint32_t Take16(const uint32_t* words, uint32_t& q) {
+    const uint32_t wi = q >> 2, i = wi & 3;
+    const uint32_t v =
+        __funnelshift_r(Pick(i), Pick((i + 1) & 3), 8 * (q & 3)) & 0xffffu;
+    q += 2;
+    if ((q & 3) < 2) {  // word wi is used up
+      const uint32_t* a = words + wi + 4;
+      LoadIf(i == 0, w0, a);
+      LoadIf(i == 1, w1, a);
+      LoadIf(i == 2, w2, a);
+      LoadIf(i == 3, w3, a);
     }
     return v;
   }
@@ -219,8 +223,8 @@ __global__ void __launch_bounds__(kDecodeThreads)
     uint32_t q = beg + 4;
     uint32_t x = Rd32(payload + beg);
     if (x < kRansLow) err = kStatusLaneEnd;
-    LaneWindow win;  // loads ahead of the renormalizations
-    win.Start(payload, q);
+    LaneRing ring{0, 0, 0, 0};  // loads ahead of the renormalizations
+    ring.Start(reinterpret_cast<const uint32_t*>(payload), q);
     for (uint32_t i = lane; i < k && err == kStatusOk; i += L) {
       uint64_t gap = fixed_gap, val = fixed_value;
       for (uint32_t p = 0; p < coded; ++p) {
@@ -241,8 +245,8 @@ __global__ void __launch_bounds__(kDecodeThreads)
             err = kStatusLaneShort;
             break;
           }
-          x = (x << 16) | win.Take16();
-          q += 2;
+          x = (x << 16) |
+              ring.Take16(reinterpret_cast<const uint32_t*>(payload), q);
         }
         const uint32_t sh = s_shift[p];
         if (sh < 64) {
@@ -279,10 +283,11 @@ __global__ void __launch_bounds__(kDecodeThreads)
 // chunk, one thread per rANS lane (blockDim = the batch's widest chunk,
 // rounded up to a warp). The lanes advance in lockstep over "rows": row m
 // holds records m * L .. m * L + L - 1, one per lane (docs/format.md §5.3
-// deals record i to lane i mod L), so one block scan of (gap + 1) per row
-// turns the row's gaps into positions, and each thread scatters its record
-// at once. No record ever goes to staging memory, which is what bounded the
-// two-kernel path (kernels A and B) to a few chunks per batch.
+// deals record i to lane i mod L), so one scan of (gap + 1) per row (a warp
+// scan, then the warps' sums) turns the row's gaps into positions, and each
+// thread scatters its record at once. No record ever goes to staging
+// memory, which is what bounded the two-kernel path (kernels A and B) to a
+// few chunks per batch.
 //
 // A chunk that turns out corrupt (any check of kernel A: lane framing and
 // final state, zero XOR value, position >= n) may already have applied some
@@ -299,9 +304,10 @@ constexpr uint32_t kScanSat = (1u << 31) - 1;  // a + b fits in 32 bits
 // (RED.XOR at L2): the thread never waits for the element's old value,
 // which is what bounded a load-then-store scatter to one DRAM latency per
 // row. Widths 1 and 2 XOR the aligned 32-bit word holding the element,
-// with zeros elsewhere; every other access to such a word during this
-// kernel is another atomic, and other kernels touch it only before or
-// after (stream order), so no neighbouring byte is lost.
+// with zeros elsewhere; every other write to such a word is another atomic
+// or, from another batch's kernels running at the same time on another
+// stream (a neighbouring chunk), a store of its own bytes only, so no
+// neighbouring byte is lost.
 __device__ inline void XorRed(uint8_t* p, uint64_t v, int w) {
   if (w == 8) {
     atomicXor(reinterpret_cast<unsigned long long*>(p),
@@ -316,12 +322,12 @@ __device__ inline void XorRed(uint8_t* p, uint64_t v, int w) {
 }
 
 struct FusedShared {
-  uint32_t tot[2][kFusedMaxWarps];  // per-warp row sums, by parity
-  uint32_t err[2][kFusedMaxWarps];
+  // Per coded plane: t, byte offset of its slot lookup, bit shift of its
+  // byte (+64 for value planes), 1 << t - 1 (one 16-byte load a plane).
+  uint4 plane[kMaxCodedPlanes + 1];  // one more: read ahead, never used
+  // Per-warp row sums, by row parity: (row + 1) << 32 | error << 31 | sum.
+  unsigned long long row[2][kFusedMaxWarps];
   uint32_t code;
-  uint32_t t[kMaxCodedPlanes];
-  uint32_t shift[kMaxCodedPlanes];
-  uint32_t tab[kMaxCodedPlanes];
 };
 
 // Builds the chunk's per-plane tables in shared memory (any block size that
@@ -335,11 +341,10 @@ __device__ void BuildTablesAnyBlock(const BatchDevice& b, const DevChunk& cg,
     uint32_t off = coded * 1024;
     for (uint32_t p = 0; p < coded; ++p) {
       const uint32_t t = b.tables[cg.table_first + p].t;
-      sh.t[p] = t;
-      sh.shift[p] = cg.coded_shift[p];
-      sh.tab[p] = off;
+      sh.plane[p] = make_uint4(t, off, cg.coded_shift[p], (1u << t) - 1);
       off += 1u << min(t, uint32_t{kSlotTableBits});
     }
+    sh.plane[coded] = make_uint4(0, 0, 0, 0);
     sh.code = kStatusOk;
   }
   for (uint32_t p = warp; p < coded; p += warps) {
@@ -365,10 +370,10 @@ __device__ void BuildTablesAnyBlock(const BatchDevice& b, const DevChunk& cg,
   }
   __syncthreads();
   for (uint32_t p = 0; p < coded; ++p) {
-    const uint32_t t = sh.t[p];
+    const uint32_t t = sh.plane[p].x;
     const uint32_t bits = min(t, uint32_t{kSlotTableBits});
     const uint32_t* fc = fc_all + p * 256;
-    uint8_t* tab = smem + sh.tab[p];
+    uint8_t* tab = smem + sh.plane[p].y;
     for (uint32_t e = tid; e < (1u << bits); e += blockDim.x) {
       tab[e] = static_cast<uint8_t>(SearchSymbol(fc, e << (t - bits)));
     }
@@ -389,9 +394,11 @@ __device__ uint32_t FusedPass(const BatchDevice& b, const DevChunk& cg,
   const uint32_t warps = blockDim.x / 32;
   const uint32_t* fc_all = reinterpret_cast<const uint32_t*>(smem);
   const uint8_t* payload = b.payload;
+  const uint32_t* words = reinterpret_cast<const uint32_t*>(payload);
   const int w = cg.width;
   const uint64_t n = cg.n, start = cg.start, linear = cg.linear_address;
-  const uint64_t fixed_gap = cg.fixed_gap, fixed_value = cg.fixed_value;
+  const uint32_t fixed_gap = static_cast<uint32_t>(cg.fixed_gap);
+  const uint64_t fixed_value = cg.fixed_value;
   const DevicePlacement* pl = b.placements + cg.placement;
   const bool has_lane = tid < L;
   uint32_t beg = 0, end = 0;
@@ -403,24 +410,33 @@ __device__ uint32_t FusedPass(const BatchDevice& b, const DevChunk& cg,
   uint32_t x = has_lane ? Rd32(payload + beg) : kRansLow;
   uint32_t err = kStatusOk;
   if (check && x < kRansLow) err = kStatusLaneEnd;
-  LaneWindow win;
-  win.Start(payload, has_lane ? q : 0);
+  LaneRing ring{0, 0, 0, 0};
+  if (has_lane) ring.Start(words, q);
+  // The row words of an earlier pass must not be taken for this one's.
+  volatile unsigned long long* rows = &sh.row[0][0];
+  for (uint32_t v = tid; v < 2 * kFusedMaxWarps; v += blockDim.x) rows[v] = 0;
+  __syncthreads();
   uint64_t carry = 0;
   uint32_t m = 0;
   for (; m < row_limit; ++m) {
     const uint32_t i = tid + m * L;
     const bool has = has_lane && i < k && err == kStatusOk;
-    uint64_t gap = fixed_gap, val = fixed_value;
+    uint32_t gap = fixed_gap;
+    uint64_t val = fixed_value;
     if (has) {
+      // Plane p + 1's parameters load while plane p decodes.
+      uint4 next = sh.plane[0];
       for (uint32_t p = 0; p < coded; ++p) {
-        const uint32_t t = sh.t[p];
+        const uint4 pp = next;  // t, lookup offset, shift, mask
+        next = sh.plane[p + 1];
+        const uint32_t t = pp.x;
         const uint32_t* fc = fc_all + p * 256;
-        const uint32_t slot = x & ((1u << t) - 1);
+        const uint32_t slot = x & pp.w;
         uint32_t s;
         if (t <= kSlotTableBits) {
-          s = smem[sh.tab[p] + slot];
+          s = smem[pp.y + slot];
         } else {
-          s = smem[sh.tab[p] + (slot >> (t - kSlotTableBits))];
+          s = smem[pp.y + (slot >> (t - kSlotTableBits))];
           while (s < 255 && (fc[s + 1] >> 16) <= slot) ++s;
         }
         const uint32_t e = fc[s];
@@ -430,14 +446,12 @@ __device__ uint32_t FusedPass(const BatchDevice& b, const DevChunk& cg,
             err = kStatusLaneShort;
             break;
           }
-          x = (x << 16) | win.Take16();
-          q += 2;
+          x = (x << 16) | ring.Take16(words, q);
         }
-        const uint32_t shv = sh.shift[p];
-        if (shv < 64) {
-          gap |= uint64_t{s} << shv;
+        if (pp.z < 64) {
+          gap |= s << pp.z;
         } else {
-          val |= uint64_t{s} << (shv - 64);
+          val |= uint64_t{s} << (pp.z - 64);
         }
       }
       if (err == kStatusOk && val == 0) err = kStatusZeroXor;
@@ -445,27 +459,39 @@ __device__ uint32_t FusedPass(const BatchDevice& b, const DevChunk& cg,
     const bool ok_rec = has && err == kStatusOk;
     // 32-bit scan, saturating at kScanSat > n (n <= 2^28, docs/format.md
     // §7): a saturated sum can only give a position >= n, which is refused.
-    uint32_t incl = ok_rec ? static_cast<uint32_t>(min(gap + 1, uint64_t{kScanSat}))
-                           : 0;
+    uint32_t incl = ok_rec ? min(gap, kScanSat - 1) + 1 : 0;
 #pragma unroll
     for (int o = 1; o < 32; o <<= 1) {
       const uint32_t v = __shfl_up_sync(0xffffffffu, incl, o);
       if (wl >= static_cast<uint32_t>(o)) incl = min(incl + v, kScanSat);
     }
     const bool warp_err = __any_sync(0xffffffffu, err != kStatusOk);
-    const uint32_t par = m & 1;
-    if (wl == 31) {
-      sh.tot[par][warp] = incl;
-      sh.err[par][warp] = warp_err;
-    }
-    __syncthreads();
     uint64_t before = 0, row_total = 0;
-    bool any_err = false;
-    for (uint32_t v = 0; v < warps; ++v) {
-      const uint64_t tv = sh.tot[par][v];
-      if (v < warp) before += tv;
-      row_total += tv;
-      any_err |= sh.err[par][v] != 0;
+    bool any_err = warp_err;
+    if (warps == 1) {
+      row_total = __shfl_sync(0xffffffffu, incl, 31);
+    } else {
+      // The warps exchange their row sums through tagged shared-memory
+      // words rather than a block barrier. A warp can run at most one row
+      // ahead of the slowest (it needs every warp's sum of its row), so two
+      // words per warp, by row parity, suffice.
+      const uint32_t par = m & 1;
+      const unsigned long long tag = static_cast<unsigned long long>(m + 1)
+                                     << 32;
+      if (wl == 31) {
+        rows[par * kFusedMaxWarps + warp] =
+            tag | (warp_err ? 1ull << 31 : 0ull) | incl;
+      }
+      for (uint32_t v = 0; v < warps; ++v) {
+        unsigned long long word;
+        do {
+          word = rows[par * kFusedMaxWarps + v];
+        } while ((word & ~0xffffffffull) != tag);
+        const uint64_t tv = word & 0x7fffffffu;
+        if (v < warp) before += tv;
+        row_total += tv;
+        any_err |= (word >> 31 & 1) != 0;
+      }
     }
     if (check && any_err) break;
     if (ok_rec) {
@@ -515,6 +541,23 @@ __global__ void __launch_bounds__(kFusedMaxThreads)
   // Corrupt: put back the rows already scattered, then report.
   FusedPass(b, cg, sh, smem, false, done);
   if (threadIdx.x == 0) b.status[cg.status_index] = sh.code;
+}
+
+// Launches the fused kernel, one thread per lane of the batch's widest
+// chunk (rounded up to a warp).
+cudaError_t LaunchFused(const BatchDevice& b, int undo, cudaStream_t stream) {
+  static bool attr_set = false;  // the first call raises the dynamic limit
+  if (!attr_set) {
+    const cudaError_t e = cudaFuncSetAttribute(
+        FusedXorKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+        static_cast<int>(kMaxDecodeSmem));
+    if (e != cudaSuccess) return e;
+    attr_set = true;
+  }
+  const uint32_t threads = (b.fused_lanes + 31) / 32 * 32;
+  if (threads > kFusedMaxThreads) return cudaErrorInvalidValue;
+  FusedXorKernel<<<b.num_chunks, threads, b.smem, stream>>>(b, undo);
+  return cudaGetLastError();
 }
 
 // Scatters one thread's kApplyItems consecutive records (positions in
@@ -733,15 +776,11 @@ cudaError_t LaunchDecode(const BatchDevice& b, cudaStream_t stream) {
         DecodeLanesKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
         static_cast<int>(kMaxDecodeSmem));
     if (e != cudaSuccess) return e;
-    e = cudaFuncSetAttribute(FusedXorKernel,
-                             cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             static_cast<int>(kMaxDecodeSmem));
-    if (e != cudaSuccess) return e;
     attr_set = true;
   }
-  if (b.fused_threads > kFusedMaxThreads) return cudaErrorInvalidValue;
-  if (b.fused_threads != 0) {
-    FusedXorKernel<<<b.num_chunks, b.fused_threads, b.smem, stream>>>(b, 0);
+  if (b.fused_lanes != 0) {
+    const cudaError_t e = LaunchFused(b, 0, stream);
+    if (e != cudaSuccess) return e;
   }
   if (b.unfused != 0) {
     DecodeLanesKernel<<<b.num_chunks, kDecodeThreads, b.smem, stream>>>(b);
@@ -759,8 +798,9 @@ cudaError_t LaunchVerifyAfter(const BatchDevice& b, cudaStream_t stream) {
   if (b.num_chunks == 0) return cudaSuccess;
   SegmentDigestKernel<<<b.num_chunks, kThreads, 0, stream>>>(b);
   CheckKernel<<<b.num_chunks, kThreads, 0, stream>>>(b, 0, nullptr);
-  if (b.fused_threads != 0) {
-    FusedXorKernel<<<b.num_chunks, b.fused_threads, b.smem, stream>>>(b, 1);
+  if (b.fused_lanes != 0) {
+    const cudaError_t e = LaunchFused(b, 1, stream);
+    if (e != cudaSuccess) return e;
   }
   return cudaGetLastError();
 }

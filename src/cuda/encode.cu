@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <span>
 #include <cub/block/block_scan.cuh>
 #include <cub/device/device_scan.cuh>
 
@@ -462,6 +463,34 @@ class Arena {
   uint64_t held_ = 0, peak_ = 0;
 };
 
+// Page-locked host memory for what comes back each group (histograms,
+// streams), kept per thread across calls: a copy into pageable memory runs
+// at a fraction of the link's speed, and page-locking memory takes
+// milliseconds, too long to repeat per call.
+class PinnedHost {
+ public:
+  ~PinnedHost() {
+    if (p_) cudaFreeHost(p_);
+  }
+  // At least `bytes` bytes; the previous contents are not kept.
+  Status Reserve(uint64_t bytes) {
+    if (bytes <= size_) return Status::Ok();
+    if (p_) cudaFreeHost(p_);
+    p_ = nullptr;
+    size_ = 0;
+    const uint64_t want = std::max<uint64_t>(bytes + bytes / 4, 1 << 20);
+    REFIT_ENC_CUDA(cudaHostAlloc(&p_, want, cudaHostAllocDefault),
+                   "cudaHostAlloc");
+    size_ = want;
+    return Status::Ok();
+  }
+  uint8_t* data() const { return static_cast<uint8_t*>(p_); }
+
+ private:
+  void* p_ = nullptr;
+  uint64_t size_ = 0;
+};
+
 const void* HostPtr(uint64_t a) {
   return reinterpret_cast<const void*>(static_cast<uintptr_t>(a));
 }
@@ -635,6 +664,12 @@ Result<GpuEncodeReport> EncodeOnDevice(std::span<const DeviceTensorPair> pairs,
       need += more;
     }
     ++report.groups;
+    auto lap = std::chrono::steady_clock::now();
+    auto take = [&lap](double* into) {
+      const auto now = std::chrono::steady_clock::now();
+      *into += std::chrono::duration<double, std::milli>(now - lap).count();
+      lap = now;
+    };
     // CPU fallback for dense-prone ranges of this group.
     for (size_t i = g0; i < g1; ++i) {
       const HostRange& r = ranges[i];
@@ -660,6 +695,7 @@ Result<GpuEncodeReport> EncodeOnDevice(std::span<const DeviceTensorPair> pairs,
       SerializeChunk(res.header, payload, &chunk_bytes[i]);
       ++report.cpu_chunks;
     }
+    take(&report.cpu_fallback_ms);
     // GPU chunks: staging layout.
     std::vector<uint32_t> list;
     uint64_t recs = 0, val_bytes = 0;
@@ -717,13 +753,18 @@ Result<GpuEncodeReport> EncodeOnDevice(std::span<const DeviceTensorPair> pairs,
     internal::HistKernel<<<nchunks, 256, 0, st>>>(d_chunks, d_pos, d_vals, d_hist,
                                                   d_maxgap);
     REFIT_ENC_CUDA(cudaGetLastError(), "histogram launch");
-    std::vector<uint32_t> hist(uint64_t{nchunks} * internal::kPlanes * 256);
+    thread_local PinnedHost pinned_hist, pinned_streams;
+    const uint64_t hist_n = uint64_t{nchunks} * internal::kPlanes * 256;
+    REFIT_RETURN_IF_ERROR(pinned_hist.Reserve(4 * hist_n));
+    std::span<uint32_t> hist(reinterpret_cast<uint32_t*>(pinned_hist.data()),
+                             hist_n);
     std::vector<uint32_t> maxgap(nchunks);
     REFIT_ENC_CUDA(cudaMemcpyAsync(hist.data(), d_hist, 4 * hist.size(),
                                    cudaMemcpyDeviceToHost, st), "copy histograms");
     REFIT_ENC_CUDA(cudaMemcpyAsync(maxgap.data(), d_maxgap, 4 * nchunks,
                                    cudaMemcpyDeviceToHost, st), "copy gaps");
     REFIT_ENC_CUDA(cudaStreamSynchronize(st), "histograms");
+    take(&report.compact_ms);
 
     // Models, exactly as EncodeSparseW chooses them.
     std::vector<HostChunk> hc(nchunks);
@@ -757,6 +798,7 @@ Result<GpuEncodeReport> EncodeOnDevice(std::span<const DeviceTensorPair> pairs,
       e.lanes = static_cast<uint32_t>(
           codec::ChooseLanes(k, opt.records_per_lane, e.coded > 0));
     });
+    take(&report.models_ms);
     std::vector<EncTable> tables;
     uint64_t words = 0;
     uint32_t lanes = 0, max_coded = 0;
@@ -810,16 +852,19 @@ Result<GpuEncodeReport> EncodeOnDevice(std::span<const DeviceTensorPair> pairs,
     REFIT_ENC_CUDA(cudaMemcpyAsync(offs.data(), d_offs, 8 * nchunks,
                                    cudaMemcpyDeviceToHost, st), "copy offsets");
     REFIT_ENC_CUDA(cudaStreamSynchronize(st), "encode");
+    take(&report.encode_ms);
     const uint64_t total = offs.back() + sizes.back();
     uint8_t* d_out;
     REFIT_RETURN_IF_ERROR(arena.Get(total, &d_out));
     internal::GatherKernel<<<nchunks, 256, 0, st>>>(d_chunks, d_words, d_state,
                                                     d_used, d_offs, d_out);
     REFIT_ENC_CUDA(cudaGetLastError(), "gather launch");
-    std::vector<uint8_t> streams(total);
-    REFIT_ENC_CUDA(cudaMemcpyAsync(streams.data(), d_out, total,
+    REFIT_RETURN_IF_ERROR(pinned_streams.Reserve(total));
+    std::span<const uint8_t> streams(pinned_streams.data(), total);
+    REFIT_ENC_CUDA(cudaMemcpyAsync(pinned_streams.data(), d_out, total,
                                    cudaMemcpyDeviceToHost, st), "copy streams");
     REFIT_ENC_CUDA(cudaStreamSynchronize(st), "gather");
+    take(&report.gather_ms);
     ParallelForEach(nchunks, threads, [&](size_t c, int) {
       const uint32_t i = list[c];
       std::vector<uint8_t> payload = std::move(hc[c].header);
@@ -828,6 +873,7 @@ Result<GpuEncodeReport> EncodeOnDevice(std::span<const DeviceTensorPair> pairs,
       headers[i] = header_of(ranges[i]);
       SerializeChunk(headers[i], payload, &chunk_bytes[i]);
     });
+    take(&report.frame_ms);
     arena.Release(base_allocs);
     g0 = g1;
   }

@@ -21,7 +21,10 @@
 //
 // Device memory beyond the tensors: per-segment digests and counts, plus
 // staging for one group of records, bounded by GpuEncodeOptions::
-// staging_bytes (a single chunk larger than that still gets its own group).
+// staging_bytes (a single chunk larger than that still gets its own group),
+// kept across the groups of a call. Host memory: page-locked buffers for
+// the histograms and streams that come back, kept per calling thread
+// across calls (page-locking is too slow to repeat per call).
 // Not thread-safe; one call at a time per device.
 #ifndef REFIT_CUDA_ENCODER_H_
 #define REFIT_CUDA_ENCODER_H_
@@ -69,6 +72,14 @@ struct GpuEncodeReport {
   uint64_t peak_device_bytes = 0;  // device memory this call allocated
   double seconds = 0;
   double detect_ms = 0;          // step 1 (GPU events)
+  // Wall time of the per-group steps, summed over groups (host clock, each
+  // up to the synchronization that ends it).
+  double cpu_fallback_ms = 0;    // dense-prone ranges copied back and encoded
+  double compact_ms = 0;         // step 2 and its copy back
+  double models_ms = 0;          // step 3
+  double encode_ms = 0;          // step 4a-b and the stream sizes back
+  double gather_ms = 0;          // step 4c and the streams back
+  double frame_ms = 0;           // chunk framing on the host
 };
 
 // Encodes every changed chunk range of every pair, in pair then range

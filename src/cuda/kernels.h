@@ -28,13 +28,13 @@ struct BatchDevice {
   const DevicePiece* pieces = nullptr;
   uint32_t* status = nullptr;
   uint32_t smem = 0;  // dynamic shared memory for the decode kernels
-  uint32_t fused_threads = 0;  // block size of the fused kernel (0: none)
+  uint32_t fused_lanes = 0;    // lanes of the widest fused chunk (0: none)
   uint32_t unfused = 0;        // chunks for kernels A and B (0: skip them)
 };
 
 // Bytes a payload slot must hold past its batch's last byte: the decoders
-// read lanes through aligned 16-byte blocks, up to three past the one
-// holding the read position (decode_apply.cu, LaneWindow).
+// read lanes through aligned words loaded ahead of the read position
+// (decode_apply.cu, LaneRing).
 inline constexpr uint64_t kPayloadPad = 64;
 
 // Largest dynamic shared memory the decode kernel accepts (per block).
@@ -42,8 +42,8 @@ inline constexpr uint32_t kMaxDecodeSmem = 96 * 1024;
 
 // Sparse XOR chunks (DevChunk::fused): one kernel decodes, checks and
 // applies them (one block per chunk, one thread per rANS lane, positions
-// by a block scan per row of records); a chunk found corrupt is put back
-// before its status is set, so its range ends untouched.
+// by a scan per row of records); a chunk found corrupt is put back before
+// its status is set, so its range ends untouched.
 // Other sparse chunks, kernel A: decodes their lanes (one block per chunk,
 // one thread per rANS lane) into gaps and values in scratch and checks the
 // payload (lane framing and ends, positions < n, zero XOR values), setting

@@ -177,7 +177,7 @@ struct Receiver::Impl {
     d.pieces = static_cast<const DevicePiece*>(pieces.p);
     d.status = static_cast<uint32_t*>(status.p);
     d.smem = hb.smem;
-    d.fused_threads = (hb.max_fused_lanes + 31) / 32 * 32;
+    d.fused_lanes = hb.max_fused_lanes;
     d.unfused = hb.unfused;
     return d;
   }
