@@ -116,20 +116,47 @@ std::vector<Runs> MergeAdjacent(std::vector<Runs> sets) {
   return sets;
 }
 
-// Whether the ranges are pairwise disjoint and, when `total` is given, cover
-// [0, total) exactly. A fast test: callers that get false sweep again,
-// unmerged, to name the culprit.
-bool Disjoint(const std::vector<Runs>& sets, std::optional<uint64_t> total) {
+// The first place, in canonical order, where the ranges overlap or (when
+// `total` is given) leave a gap in [0, total). A fast test on merged
+// ranges; a gap needs no more, an overlap is swept again, unmerged, by the
+// caller to name the pieces involved.
+struct Problem {
+  enum Kind { kNone, kGap, kOverlap } kind = kNone;
+  uint64_t at = 0;
+};
+
+Problem FirstProblem(const std::vector<Runs>& sets, std::optional<uint64_t> total) {
   std::vector<Runs> merged = MergeAdjacent(sets);
+  Problem p;
+  if (merged.size() <= 1) {  // a strided range never overlaps itself
+    if (!total) return p;
+    if (merged.empty()) return *total ? Problem{Problem::kGap, 0} : p;
+    const Runs& r = merged[0];
+    if (r.offset > 0) return {Problem::kGap, 0};
+    if (r.run < *total) return {Problem::kGap, r.run};  // after the first run
+    return p;
+  }
   uint64_t reach = 0;
-  bool ok = true, first = true;
+  bool first = true;
   SweepRuns(merged, [&](size_t, uint64_t b, uint64_t e) {
-    if ((!first && b < reach) || (total && b != reach)) return ok = false;
+    if (!first && b < reach) {
+      p = {Problem::kOverlap, b};
+      return false;
+    }
+    if (total && b > reach) {
+      p = {Problem::kGap, reach};
+      return false;
+    }
     first = false;
     reach = e;
     return true;
   });
-  return ok && (!total || reach == *total);
+  if (p.kind == Problem::kNone && total && reach < *total) p = {Problem::kGap, reach};
+  return p;
+}
+
+bool Disjoint(const std::vector<Runs>& sets, std::optional<uint64_t> total) {
+  return FirstProblem(sets, total).kind == Problem::kNone;
 }
 
 // "element 1234 [6, 82]" of a tensor with `shape`.
@@ -419,7 +446,12 @@ Status CheckCanonicalCoverage(const Layout& l, const CanonInfo& ci, size_t c,
     }
   }
   Status st;
-  if (!same_dtype || !Disjoint(unique, ci.numel[c])) {
+  Problem problem = FirstProblem(unique, ci.numel[c]);
+  if (problem.kind == Problem::kGap) {
+    return InvalidArgumentError(what + ": gap: " + ElementName(ct.shape, problem.at) +
+                                " is mapped by no piece on any rank");
+  }
+  if (!same_dtype || problem.kind != Problem::kNone) {
     uint64_t reach = 0;
     size_t holder = 0;
     SweepRuns(m.runs, [&](size_t src, uint64_t b, uint64_t e) {
@@ -555,30 +587,29 @@ bool CanCut(const CanonicalTensor& ct, const Piece& p, uint64_t i) {
 }
 
 // Splits piece `p` along its outer dimension into at most `parts` parts of
-// about equal size, cutting only where CanCut allows. Returns the cut
-// positions including 0 and the end.
+// about equal size, cutting only where CanCut allows: each cut is the
+// allowed position nearest its ideal place, searched at most kCutSearch
+// positions away (a quantized piece with no allowed cut nearby gets fewer
+// parts). Returns the cut positions including 0 and the end.
+constexpr uint64_t kCutSearch = uint64_t{1} << 20;
+
 std::vector<uint64_t> Cuts(const CanonicalTensor& ct, const Piece& p,
                            uint64_t parts) {
   uint64_t n = p.rows > 1 ? p.rows : p.cols;
   std::vector<uint64_t> cuts = {0};
-  if (parts > 1 && n > 1) {
-    std::vector<uint64_t> allowed;
-    for (uint64_t i = 1; i < n; ++i) {
-      if (CanCut(ct, p, i)) allowed.push_back(i);
-    }
-    for (uint64_t j = 1; j < parts && !allowed.empty(); ++j) {
-      uint64_t target = (n * j + parts / 2) / parts;
-      auto it = std::lower_bound(allowed.begin(), allowed.end(), target);
-      uint64_t best;
-      if (it == allowed.end()) {
-        best = allowed.back();
-      } else if (it == allowed.begin()) {
-        best = *it;
-      } else {
-        best = (*it - target < target - *(it - 1)) ? *it : *(it - 1);
+  for (uint64_t j = 1; j < parts && n > 1; ++j) {
+    uint64_t target = (n * j + parts / 2) / parts;
+    auto usable = [&](uint64_t i) { return i > cuts.back() && i < n && CanCut(ct, p, i); };
+    std::optional<uint64_t> best;
+    for (uint64_t d = 0; d <= kCutSearch && !best; ++d) {
+      if (d > target && target + d >= n) break;
+      if (d <= target && usable(target - d)) {
+        best = target - d;
+      } else if (target + d < n && usable(target + d)) {
+        best = target + d;
       }
-      if (best > cuts.back()) cuts.push_back(best);
     }
+    if (best) cuts.push_back(*best);
   }
   cuts.push_back(n);
   return cuts;
@@ -839,8 +870,13 @@ Status CheckCoverage(const Layout& layout, const Ownership& owned) {
     if (v.info.derived[c]) continue;
     const CanonicalTensor& ct = layout.canonical[c];
     const Mapped& m = by_canon[c];
-    if (Disjoint(m.runs, v.info.numel[c])) continue;
     std::string what = "ownership of canonical tensor " + QuoteForMessage(ct.name);
+    Problem problem = FirstProblem(m.runs, v.info.numel[c]);
+    if (problem.kind == Problem::kNone) continue;
+    if (problem.kind == Problem::kGap) {
+      return InvalidArgumentError(what + ": gap: " + ElementName(ct.shape, problem.at) +
+                                  " is owned by no rank");
+    }
     uint64_t reach = 0;
     size_t holder = 0;
     Status st;

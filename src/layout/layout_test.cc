@@ -449,6 +449,44 @@ TEST(Layout, CoverageRejectsOwnedPiecesOutsideTheirPiece) {
             std::string_view::npos);
 }
 
+// Checks are arithmetic on runs: tensors of 2^40 elements cost nothing.
+TEST(Layout, HugeTensorsAreCheckedWithoutTouchingElements) {
+  const uint64_t kFlat = uint64_t{1} << 40, kSide = uint64_t{1} << 20;
+  Layout l;
+  l.canonical = {{"flat", "BF16", {kFlat}, "", "", 0, 0},
+                 {"square", "BF16", {kSide, kSide}, "", "", 0, 0}};
+  // 4 TP ranks split "square" by columns (row parallel), each with 3
+  // data-parallel replicas; "flat" is replicated on all 12.
+  for (uint32_t r = 0; r < 12; ++r) {
+    uint64_t t = r % 4, w = kSide / 4;
+    l.ranks.push_back(RankLayout{
+        r,
+        {{"flat", "BF16", {kFlat}, {Rows("flat", 1, kFlat, 0, 0, kFlat, kFlat)}},
+         {"square", "BF16", {kSide, w}, {Rows("square", kSide, w, 0, t * w, w, kSide)}}}});
+  }
+  ASSERT_OK(ValidateLayout(l));
+  Result<Ownership> o = AssignOwnership(l);
+  ASSERT_OK(o);
+  ASSERT_OK(CheckCoverage(l, *o));
+  uint64_t total = 0;
+  for (const auto& rank : *o) {
+    uint64_t bytes = 0;
+    for (const OwnedPiece& op : rank) bytes += PieceBytes(l, op.piece);
+    // Equal shares, up to rounding of the cuts (a row of "square" each).
+    uint64_t share = (kFlat + kSide * kSide) * 2 / 12;
+    EXPECT_LE(std::max(bytes, share) - std::min(bytes, share), 2 * 2 * kSide) << bytes;
+    total += bytes;
+  }
+  EXPECT_EQ(total, (kFlat + kSide * kSide) * 2);
+  // A gap of one element in the middle is still found.
+  for (uint32_t r = 0; r < 12; r += 4) l.ranks[r].tensors[1].pieces[0].rows = kSide - 1;
+  Status s = ValidateLayout(l);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("gap: element " + std::to_string((kSide - 1) * kSide)),
+            std::string_view::npos)
+      << s.ToString();
+}
+
 // Random layouts: random canonical shapes split unevenly by rows or columns,
 // parts replicated on random ranks, stored plainly, transposed, or in
 // interleaved groups with padding rows; some tensors covered by two
