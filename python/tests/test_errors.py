@@ -1,7 +1,5 @@
 """Bad input raises refit.errors classes with messages naming the problem."""
 
-import os
-import shutil
 
 import numpy as np
 import pytest

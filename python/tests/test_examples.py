@@ -1,6 +1,5 @@
 """The examples run as documented (those that need only NumPy)."""
 
-import os
 import pathlib
 import subprocess
 import sys
@@ -9,7 +8,6 @@ import numpy as np
 
 import refit
 from conftest import SYNTH_DTYPES, perturb, synthetic_model
-from test_http import Engine, engine  # noqa: F401 (the fixture)
 
 EXAMPLES = pathlib.Path(__file__).resolve().parents[2] / "examples"
 
@@ -21,7 +19,7 @@ def test_quickstart(tmp_path):
     assert "every receiver holds version 3 bit for bit" in out.stdout
 
 
-def test_receive_http_example(engine, tmp_path):  # noqa: F811
+def test_receive_http_example(engine, tmp_path):
     model = synthetic_model(seed=2)
     store = str(tmp_path / "store")
     pub = refit.Publisher(store, baseline=tmp_path / "b.safetensors", members=["e0"],

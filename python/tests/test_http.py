@@ -1,10 +1,5 @@
 """Receiver -> engine reload over HTTP (SGLang-style POST /update_weights_from_disk),
-against a small local server."""
-
-import concurrent.futures
-import http.server
-import json
-import threading
+against a small local server (conftest.py, the `engine` fixture)."""
 
 import numpy as np
 import pytest
@@ -12,50 +7,6 @@ import pytest
 import refit
 from refit.adapters import HttpReload
 from conftest import SYNTH_DTYPES, perturb, synthetic_model
-
-
-class Engine(http.server.ThreadingHTTPServer):
-    """Records reload calls; on each, reads the checkpoint it is told to load."""
-
-    def __init__(self):
-        super().__init__(("127.0.0.1", 0), Handler)
-        self.calls = []
-        self.answer = {"success": True, "message": "Succeeded to update model weights."}
-        self.status = 200
-
-    @property
-    def url(self):
-        return f"http://127.0.0.1:{self.server_address[1]}/update_weights_from_disk"
-
-
-class Handler(http.server.BaseHTTPRequestHandler):
-    def do_POST(self):
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        loaded = None
-        if "model_path" in body:
-            ck = refit.load(body["model_path"])
-            loaded = {n: np.array(ck[n]) for n in ck}
-        self.server.calls.append((self.path, body, loaded))
-        data = json.dumps(self.server.answer).encode()
-        self.send_response(self.server.status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *args):
-        pass
-
-
-@pytest.fixture
-def engine():
-    server = Engine()
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield server
-    server.shutdown()
-    server.server_close()
-    thread.join(timeout=10)
 
 
 def make_store(tmp_path, members):

@@ -5,7 +5,6 @@ CUDA tests need a CUDA device (docs/python.md gives the command)."""
 
 import concurrent.futures
 
-import numpy as np
 import pytest
 
 import refit
