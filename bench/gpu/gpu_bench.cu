@@ -326,7 +326,7 @@ int Main(int argc, char** argv) {
                   static_cast<double>(er.peak_device_bytes) / (1 << 20));
       std::printf("    per-group steps, ms summed over groups: cpu fallback %.1f, compact +"
                   " histograms %.1f, models (CPU) %.1f, encode lanes %.1f, gather + copy"
-                  " back %.1f, framing (CPU) %.1f\n",
+                  " back %.1f, framing (CPU, overlapped) %.1f\n",
                   er.cpu_fallback_ms, er.compact_ms, er.models_ms, er.encode_ms,
                   er.gather_ms, er.frame_ms);
         return true;

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <future>
 #include <span>
 #include <cub/block/block_scan.cuh>
 #include <cub/device/device_scan.cuh>
@@ -652,6 +653,13 @@ Result<GpuEncodeReport> EncodeOnDevice(std::span<const DeviceTensorPair> pairs,
 
   // Groups of consecutive ranges whose records fit the staging budget.
   const size_t base_allocs = arena.size();
+  // Chunk framing of group g runs on the host while group g + 1 goes
+  // through the GPU; its streams sit in page-locked buffer g % 2. At most
+  // one framing is in flight, and it is waited for before any return
+  // (the future is destroyed before what it writes).
+  thread_local PinnedHost pinned_streams[2];
+  std::future<double> framing;
+  uint64_t group_index = 0;
   size_t g0 = 0;
   while (g0 < ranges.size()) {
     uint64_t need = 0;
@@ -753,7 +761,7 @@ Result<GpuEncodeReport> EncodeOnDevice(std::span<const DeviceTensorPair> pairs,
     internal::HistKernel<<<nchunks, 256, 0, st>>>(d_chunks, d_pos, d_vals, d_hist,
                                                   d_maxgap);
     REFIT_ENC_CUDA(cudaGetLastError(), "histogram launch");
-    thread_local PinnedHost pinned_hist, pinned_streams;
+    thread_local PinnedHost pinned_hist;
     const uint64_t hist_n = uint64_t{nchunks} * internal::kPlanes * 256;
     REFIT_RETURN_IF_ERROR(pinned_hist.Reserve(4 * hist_n));
     std::span<uint32_t> hist(reinterpret_cast<uint32_t*>(pinned_hist.data()),
@@ -859,24 +867,36 @@ Result<GpuEncodeReport> EncodeOnDevice(std::span<const DeviceTensorPair> pairs,
     internal::GatherKernel<<<nchunks, 256, 0, st>>>(d_chunks, d_words, d_state,
                                                     d_used, d_offs, d_out);
     REFIT_ENC_CUDA(cudaGetLastError(), "gather launch");
-    REFIT_RETURN_IF_ERROR(pinned_streams.Reserve(total));
-    std::span<const uint8_t> streams(pinned_streams.data(), total);
-    REFIT_ENC_CUDA(cudaMemcpyAsync(pinned_streams.data(), d_out, total,
+    PinnedHost& pinned = pinned_streams[group_index++ % 2];
+    REFIT_RETURN_IF_ERROR(pinned.Reserve(total));
+    std::span<const uint8_t> streams(pinned.data(), total);
+    REFIT_ENC_CUDA(cudaMemcpyAsync(pinned.data(), d_out, total,
                                    cudaMemcpyDeviceToHost, st), "copy streams");
     REFIT_ENC_CUDA(cudaStreamSynchronize(st), "gather");
     take(&report.gather_ms);
-    ParallelForEach(nchunks, threads, [&](size_t c, int) {
-      const uint32_t i = list[c];
-      std::vector<uint8_t> payload = std::move(hc[c].header);
-      payload.insert(payload.end(), streams.begin() + static_cast<ptrdiff_t>(offs[c]),
-                     streams.begin() + static_cast<ptrdiff_t>(offs[c] + sizes[c]));
-      headers[i] = header_of(ranges[i]);
-      SerializeChunk(headers[i], payload, &chunk_bytes[i]);
-    });
-    take(&report.frame_ms);
+    if (framing.valid()) report.frame_ms += framing.get();
+    framing = std::async(
+        std::launch::async,
+        [&, streams, list = std::move(list), hc = std::move(hc),
+         offs = std::move(offs), sizes = std::move(sizes), nchunks]() mutable {
+          const auto f0 = std::chrono::steady_clock::now();
+          ParallelForEach(nchunks, threads, [&](size_t c, int) {
+            const uint32_t i = list[c];
+            std::vector<uint8_t> payload = std::move(hc[c].header);
+            payload.insert(payload.end(),
+                           streams.begin() + static_cast<ptrdiff_t>(offs[c]),
+                           streams.begin() +
+                               static_cast<ptrdiff_t>(offs[c] + sizes[c]));
+            headers[i] = header_of(ranges[i]);
+            SerializeChunk(headers[i], payload, &chunk_bytes[i]);
+          });
+          return std::chrono::duration<double, std::milli>(
+                     std::chrono::steady_clock::now() - f0).count();
+        });
     arena.Release(base_allocs);
     g0 = g1;
   }
+  if (framing.valid()) report.frame_ms += framing.get();
   for (size_t i = 0; i < ranges.size(); ++i) {
     if (ranges[i].k == 0) continue;
     GpuEncodedChunk c;

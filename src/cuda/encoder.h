@@ -14,7 +14,8 @@
 //   4. GPU: one thread per rANS lane encodes the lane's records in reverse
 //      (as codec::EncodeStream does), then one block per chunk gathers the
 //      lanes into the stream bytes, which come back to the host for framing
-//      (SerializeChunk).
+//      (SerializeChunk); a group's framing runs on the host while the next
+//      group goes through steps 2-4.
 // Chunks where the CPU encoder would also try dense encodings (at least
 // 1/16 of the range changed) are encoded on the CPU from copied-back ranges,
 // so every chunk matches. Only XOR encodings are produced (allow_xor).
@@ -79,7 +80,8 @@ struct GpuEncodeReport {
   double models_ms = 0;          // step 3
   double encode_ms = 0;          // step 4a-b and the stream sizes back
   double gather_ms = 0;          // step 4c and the streams back
-  double frame_ms = 0;           // chunk framing on the host
+  double frame_ms = 0;           // chunk framing on the host (runs while
+                                 // the next group goes through the GPU)
 };
 
 // Encodes every changed chunk range of every pair, in pair then range
