@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cctype>
 #include <map>
 #include <random>
 #include <set>
@@ -601,6 +602,49 @@ TEST(Layout, RandomLayoutsAreCoveredExactlyOnce) {
       break;
     }
   }
+}
+
+// Hostile numbers: every number of a valid layout's JSON replaced, one at a
+// time, by a random or extreme value. Whatever parses either fails
+// validation cleanly or is owned and covered exactly once (run under ASan
+// and UBSan in CI).
+TEST(Layout, MutatedLayoutsAreRejectedOrCovered) {
+  std::mt19937_64 rng(4242);
+  Layout base = RandomLayout(rng);
+  std::string json = LayoutToJson(base);
+  std::vector<size_t> numbers;  // offsets of digit runs
+  for (size_t i = 0; i < json.size(); ++i) {
+    if (std::isdigit(static_cast<unsigned char>(json[i])) &&
+        (i == 0 || !std::isdigit(static_cast<unsigned char>(json[i - 1])))) {
+      numbers.push_back(i);
+    }
+  }
+  ASSERT_FALSE(numbers.empty());
+  const std::vector<std::string> extremes = {
+      "0", "1", "2", "3", "18446744073709551615", "18446744073709551616",
+      "9223372036854775808", "4294967296", "65536"};
+  int accepted = 0;
+  for (int iter = 0; iter < 400; ++iter) {
+    size_t at = numbers[rng() % numbers.size()];
+    size_t len = 0;
+    while (at + len < json.size() &&
+           std::isdigit(static_cast<unsigned char>(json[at + len]))) {
+      ++len;
+    }
+    std::string value = iter % 2 ? extremes[rng() % extremes.size()]
+                                  : std::to_string(rng() % 64);
+    std::string mutated = json.substr(0, at) + value + json.substr(at + len);
+    Result<Layout> l = ParseLayout(mutated);
+    if (!l.ok()) continue;
+    if (!ValidateLayout(*l).ok()) continue;
+    ++accepted;
+    OwnershipOptions opt;
+    opt.min_split_bytes = 1;
+    Result<Ownership> o = AssignOwnership(*l, opt);
+    ASSERT_OK(o);
+    ASSERT_OK(CheckCoverage(*l, *o));
+  }
+  EXPECT_GT(accepted, 0);  // some mutations (e.g. a rank id) stay valid
 }
 
 // Ownership is a pure function of the layout: every rank computes the same.
