@@ -1,4 +1,4 @@
-// The trainer side of a version, per rank (docs/layout.md, "Projection"):
+// The trainer side of a version, per rank (docs/trainer.md):
 // detect the changes of the canonical elements this rank owns, bit by bit
 // against its own baseline, map them to canonical coordinates with the
 // layout's affine pieces, and encode them as chunks - without assembling
