@@ -267,7 +267,7 @@ Result<PreparedDelta> PrepareBatches(std::span<const uint8_t> buffer,
             : static_cast<long double>(need_p) /
                   static_cast<long double>(need_p + need_s);
     for (slots = static_cast<uint32_t>(std::max(2, opts.slots));; --slots) {
-      const uint64_t per = total / slots;
+      const uint64_t per = total / slots - kSlotPadding;
       limits.meta_bytes = per / 16;
       const uint64_t avail = per - limits.meta_bytes;
       const uint64_t min_side = avail / 16;

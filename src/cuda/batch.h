@@ -89,6 +89,11 @@ struct DevChunk {
   uint8_t reserved[1];
 };
 
+// Bytes of each staging slot's share held back for alignment (three parts
+// rounded up to 256 bytes) and the decoders' read-ahead past a batch's
+// payload (kernels.h, kPayloadPad).
+inline constexpr uint64_t kSlotPadding = 1024;
+
 struct BatchLimits {
   uint64_t payload_bytes = 32 << 20;   // per staging slot
   uint64_t scratch_bytes = 160 << 20;  // records, undo bytes, digests
@@ -107,7 +112,10 @@ struct PrepareOptions {
   // decode, apply) at once; lowered, down to 2, until the largest chunk
   // fits one slot. Batches are also cut at about 1/slots of the delta's
   // payload (at least 64 KiB), so that a small delta still gets several
-  // batches whose copies overlap the kernels.
+  // batches whose copies overlap the kernels. Each slot's share keeps
+  // kSlotPadding bytes back, so that the slots, each part rounded up to 256
+  // bytes and the payload part padded for the decoders' read-ahead, still
+  // fit staging_total.
   int slots = 2;
   bool verify = true;  // check "after" range hashes on the device
   int threads = 0;     // host threads for parsing (0: default)

@@ -60,8 +60,8 @@ struct Receiver::Impl {
   cudaEvent_t begin = nullptr, end = nullptr;
   std::vector<cudaEvent_t> marks;  // per batch: before kernels, before verify, after
   DeviceBuffer placements, pieces;
-  // The staging arena (ReceiverOptions::staging_bytes plus per-slot
-  // padding), allocated once; every Apply carves its slots from it.
+  // The staging arena (ReceiverOptions::staging_bytes), allocated once;
+  // every Apply carves its slots from it.
   DeviceBuffer arena;
   DeviceBuffer status, state;
   uint32_t slots = 0;
@@ -102,7 +102,8 @@ struct Receiver::Impl {
     slot_payload = Align256(p.largest_batch + internal::kPayloadPad);
     slot_meta = Align256(p.largest_meta);
     slot_scratch = Align256(p.largest_scratch);
-    const uint64_t arena_bytes = opt.staging_bytes + kMaxSlots * uint64_t{1024};
+    static_assert(internal::kPayloadPad + 3 * 255 <= kSlotPadding);
+    const uint64_t arena_bytes = opt.staging_bytes;
     if (slots * (slot_payload + slot_meta + slot_scratch) > arena_bytes) {
       return ResourceExhaustedError(
           "prepared batches need more than the staging budget of " +

@@ -22,9 +22,9 @@
 // contiguously on this GPU; shards and interleaved layouts must run with
 // verify = false (their canonical bytes are not all here).
 //
-// Device memory: one staging arena of ReceiverOptions::staging_bytes (plus
-// 1 KiB a slot of padding), allocated at the first Classify or Apply and
-// split into payload, metadata and scratch slots (digests, and decoded
+// Device memory: one staging arena of ReceiverOptions::staging_bytes,
+// allocated at the first Classify or Apply and split into payload, metadata
+// and scratch slots (digests, and decoded
 // records and undo bytes of non-XOR chunks; sparse XOR chunks are decoded
 // straight into the weights), plus the plan's small arrays and one status
 // word per chunk; host memory: pinned metadata slots. The engine's own
