@@ -111,9 +111,16 @@ void HostBatch::SerializeMeta(std::vector<uint8_t>* out) const {
   uint64_t t, l;
   MetaOffsets(&t, &l);
   out->assign(meta_bytes(), 0);
-  std::memcpy(out->data(), chunks.data(), chunks.size() * sizeof(DevChunk));
-  std::memcpy(out->data() + t, tables.data(), tables.size() * sizeof(DevTable));
-  std::memcpy(out->data() + l, lanes.data(), lanes.size() * 4);
+  // memcpy from an empty vector's data() (possibly null) is undefined.
+  if (!chunks.empty()) {
+    std::memcpy(out->data(), chunks.data(), chunks.size() * sizeof(DevChunk));
+  }
+  if (!tables.empty()) {
+    std::memcpy(out->data() + t, tables.data(), tables.size() * sizeof(DevTable));
+  }
+  if (!lanes.empty()) {
+    std::memcpy(out->data() + l, lanes.data(), lanes.size() * 4);
+  }
 }
 
 const char* ChunkStatusName(uint32_t status) {
