@@ -393,6 +393,36 @@ TEST_F(CliTest, FixtureStep0ToStep1) {
   EXPECT_EQ(Run({"apply", delta_, other}).exit_code, 5);
 }
 
+TEST_F(CliTest, LayoutGenerateCheckAndRefuse) {
+  REFIT_REQUIRE_FIXTURES();
+  const std::string config = FixturesDir() + "/sharded_step3/config.json";
+  const std::string layout = dir_.File("layout.json");
+  RunResult gen = Run({"layout", "generate", "--config", config, "--tp", "3", "--pp", "2",
+                       "--dp", "2", "--gate-up", "interleaved:64", "-o", layout});
+  ASSERT_EQ(gen.exit_code, 0) << gen.err;
+  RunResult check = Run({"layout", "check", layout});
+  ASSERT_EQ(check.exit_code, 0) << check.err;
+  EXPECT_NE(check.out.find("owned by exactly one rank"), std::string::npos) << check.out;
+  RunResult json = Run({"layout", "check", layout, "--json"});
+  ASSERT_EQ(json.exit_code, 0) << json.err;
+  EXPECT_TRUE(IsJson(dir_, json.out));
+
+  // One piece a row longer than its local tensor: refused, named, exit 2.
+  std::vector<uint8_t> bytes = ReadBytes(layout);
+  std::string text(bytes.begin(), bytes.end());
+  const size_t at = text.find("\"rows\":1366");
+  ASSERT_NE(at, std::string::npos);
+  text.replace(at, 11, "\"rows\":1367");
+  WriteBytes(layout, std::vector<uint8_t>(text.begin(), text.end()));
+  RunResult bad = Run({"layout", "check", layout});
+  EXPECT_EQ(bad.exit_code, 2) << bad.out;
+  EXPECT_NE(bad.err.find("shape mismatch"), std::string::npos) << bad.err;
+
+  RunResult unknown = Run({"layout", "generate", "--config", config, "--gate-up", "zigzag",
+                           "-o", layout});
+  EXPECT_EQ(unknown.exit_code, 2) << unknown.err;
+}
+
 TEST_F(CliTest, DemoOnFixtures) {
   REFIT_REQUIRE_FIXTURES();
   std::string parent =
