@@ -147,3 +147,20 @@ def delta_tensors(delta: str) -> Tuple[int, int, List[Tuple[str, str, List[int]]
 def save(path: str, tensors: Sequence[Triple], metadata: Dict[str, str]) -> None: ...
 def copy_checkpoint(src: str, dst: str) -> None: ...
 def data_address(dtype: str, tensor: Any) -> int: ...
+
+# True when the extension was built with the CUDA module; only then do the
+# two names below exist.
+has_cuda: bool
+
+class GpuApplyReport:
+    chunks: int
+    chunks_applied: int
+    chunks_skipped: int
+    records: int
+    batches: int
+    payload_bytes: int
+    device_bytes: int
+    seconds: float
+    kernel_ms: float
+
+def apply_cuda(delta: str, tensors: Sequence[Triple], staging_bytes: int) -> GpuApplyReport: ...

@@ -174,7 +174,8 @@ def _torch_capsule(t: Any, name: str) -> Any:
 
 def prepare(named: Iterable[Tuple[str, Any]], *, writable: bool,
             expected: Optional[Mapping[str, str]] = None,
-            dtypes: Optional[Union[str, Mapping[str, str]]] = None) -> Prepared:
+            dtypes: Optional[Union[str, Mapping[str, str]]] = None,
+            cuda_in_place: bool = False) -> Prepared:
     """Prepares (name, tensor) pairs for a native call.
 
     writable: the native call writes the tensors in place; device tensors are
@@ -182,6 +183,8 @@ def prepare(named: Iterable[Tuple[str, Any]], *, writable: bool,
     expected: dtypes the other side holds (a baseline, a delta); bit-pattern
       arrays adopt them.
     dtypes: explicit dtypes, one for all (a string) or per name.
+    cuda_in_place: hand CUDA tensors over as device memory (for native calls
+      that run on the GPU) instead of staging them.
     """
     p = Prepared()
     for name, t in named:
@@ -192,16 +195,17 @@ def prepare(named: Iterable[Tuple[str, Any]], *, writable: bool,
         dtype = resolve_dtype(name, given, definitive,
                               None if expected is None else expected.get(name))
         obj = t.tensor if isinstance(t, Typed) else t
-        p.triples.append((name, dtype, _borrowable(p, name, obj, writable)))
+        p.triples.append((name, dtype, _borrowable(p, name, obj, writable, cuda_in_place)))
         p.dtypes[name] = dtype
         p.definitive[name] = definitive or dtype != given
     return p
 
 
-def _borrowable(p: Prepared, name: str, obj: Any, writable: bool) -> Any:
+def _borrowable(p: Prepared, name: str, obj: Any, writable: bool,
+                cuda_in_place: bool = False) -> Any:
     if is_torch(obj):
         t = obj.detach()
-        if t.device.type != "cpu":
+        if t.device.type != "cpu" and not cuda_in_place:
             host = t.to("cpu").contiguous()
             if writable:
                 p._finalizers.append(lambda dst=t, src=host: dst.copy_(src))

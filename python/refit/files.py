@@ -9,7 +9,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
 import numpy as np
 
 from . import _native
-from ._tensors import Prepared, fspath, named_items, prepare, to_torch
+from ._tensors import Prepared, fspath, import_torch, is_torch, named_items, prepare, to_torch
 from .errors import InvalidArgumentError
 
 PathLike = Union[str, "os.PathLike[str]"]
@@ -145,19 +145,48 @@ def apply(delta: PathLike, checkpoint: Any, *, threads: int = 0,
 
     `checkpoint` is a checkpoint path (patched in the file, fsynced when
     `sync`) or named tensors, which refit writes into directly: NumPy arrays
-    and CPU torch tensors in place; CUDA tensors through a host copy that is
-    copied back. Raises :class:`refit.VersionMismatchError` (nothing written)
-    when the tensors are not the delta's base.
+    and CPU torch tensors in place; CUDA tensors all on one device in place
+    on the GPU when the extension was built with the CUDA module
+    (``refit._native.has_cuda``; the report is then a GpuApplyReport),
+    otherwise through a host copy that is copied back. Raises
+    :class:`refit.VersionMismatchError` (nothing written) when the tensors
+    are not the delta's base.
     """
     path = fspath(checkpoint)
     if path is not None:
         return _native.apply_path(os.fspath(delta), path, threads, sync)
     _, _, table = _native.delta_tensors(os.fspath(delta))
     expected = {name: dtype for name, dtype, _ in table}
+    if not isinstance(checkpoint, Checkpoint):
+        items = named_items(checkpoint)
+        if _all_on_one_cuda_device(items):
+            return _apply_cuda(os.fspath(delta), items, expected)
     p = _prepare_side(checkpoint, True, expected, None)
     report = _native.apply_tensors(os.fspath(delta), p.triples, threads)
     p.finish()
     return report
+
+
+def _all_on_one_cuda_device(items: List[Tuple[str, Any]]) -> bool:
+    if not getattr(_native, "has_cuda", False) or not items:
+        return False
+    devices = {t.device for _, t in items if is_torch(t)}
+    return (len(devices) == 1 and all(is_torch(t) for _, t in items)
+            and next(iter(devices)).type == "cuda")
+
+
+def _apply_cuda(delta: str, items: List[Tuple[str, Any]], expected: Dict[str, str]) -> Any:
+    # The GPU receiver writes the tensors where they live (no host copy).
+    torch = import_torch()
+    device = items[0][1].device
+    p = prepare(items, writable=True, expected=expected, cuda_in_place=True)
+    for name, t in items:
+        if not t.is_contiguous():
+            raise InvalidArgumentError(
+                f"tensor {name!r} is not contiguous, so refit cannot write it in place",
+                "INVALID_ARGUMENT")
+    torch.cuda.synchronize(device)  # pending writes by the caller's streams land first
+    return _native.apply_cuda(delta, p.triples, 256 << 20)
 
 
 def verify(checkpoint: PathLike, delta: PathLike, *, threads: int = 0) -> "_native.VerifyReport":

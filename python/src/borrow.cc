@@ -36,7 +36,8 @@ std::string PythonErrorText() {
 Result<std::unique_ptr<BorrowedTensor>> BorrowedTensor::Borrow(std::string name,
                                                                std::string dtype,
                                                                py::handle obj,
-                                                               bool writable) {
+                                                               bool writable,
+                                                               bool allow_cuda) {
   std::unique_ptr<BorrowedTensor> t(new BorrowedTensor());
   t->name_ = std::move(name);
   t->dtype_ = std::move(dtype);
@@ -45,7 +46,7 @@ Result<std::unique_ptr<BorrowedTensor>> BorrowedTensor::Borrow(std::string name,
   if (!width.ok()) return width.status().WithContext(Quoted(t->name_));
   t->width_ = *width;
   if (PyCapsule_CheckExact(obj.ptr())) {
-    REFIT_RETURN_IF_ERROR(t->FromCapsule(obj, writable));
+    REFIT_RETURN_IF_ERROR(t->FromCapsule(obj, writable, allow_cuda));
   } else {
     REFIT_RETURN_IF_ERROR(t->FromBuffer(obj, writable));
   }
@@ -89,13 +90,13 @@ Status BorrowedTensor::FromBuffer(py::handle obj, bool writable) {
   return Status();
 }
 
-Status BorrowedTensor::FromCapsule(py::handle capsule, bool writable) {
+Status BorrowedTensor::FromCapsule(py::handle capsule, bool writable, bool allow_cuda) {
   PyObject* c = capsule.ptr();
   if (PyCapsule_IsValid(c, "dltensor")) {
     managed_ = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(c, "dltensor"));
     // From here on this object owns the tensor and calls its deleter.
     PyCapsule_SetName(c, "used_dltensor");
-    return TakeDLTensor(managed_->dl_tensor);
+    return TakeDLTensor(managed_->dl_tensor, allow_cuda);
   }
   if (PyCapsule_IsValid(c, "dltensor_versioned")) {
     managed_versioned_ = static_cast<DLManagedTensorVersioned*>(
@@ -109,15 +110,18 @@ Status BorrowedTensor::FromCapsule(py::handle capsule, bool writable) {
     if (writable && (managed_versioned_->flags & kDLFlagReadOnly) != 0) {
       return InvalidArgumentError(Quoted(name_) + " is read-only; refit must write it in place");
     }
-    return TakeDLTensor(managed_versioned_->dl_tensor);
+    return TakeDLTensor(managed_versioned_->dl_tensor, allow_cuda);
   }
   return InvalidArgumentError(Quoted(name_) +
                               ": a capsule that is not an unused DLPack tensor "
                               "(each __dlpack__() capsule can be consumed once)");
 }
 
-Status BorrowedTensor::TakeDLTensor(const DLTensor& t) {
-  if (t.device.device_type != kDLCPU && t.device.device_type != kDLCUDAHost) {
+Status BorrowedTensor::TakeDLTensor(const DLTensor& t, bool allow_cuda) {
+  device_type_ = t.device.device_type == kDLCUDAHost ? kDLCPU : t.device.device_type;
+  device_id_ = t.device.device_id;
+  const bool cuda_ok = allow_cuda && t.device.device_type == kDLCUDA;
+  if (t.device.device_type != kDLCPU && t.device.device_type != kDLCUDAHost && !cuda_ok) {
     return InvalidArgumentError(
         Quoted(name_) + " lives on DLPack device type " + std::to_string(t.device.device_type) +
         (t.device.device_type == kDLCUDA ? " (CUDA)" : "") +
@@ -153,7 +157,8 @@ Status BorrowedTensor::TakeDLTensor(const DLTensor& t) {
 }
 
 Result<std::vector<std::unique_ptr<BorrowedTensor>>> BorrowAll(py::handle triples,
-                                                               bool writable) {
+                                                               bool writable,
+                                                               bool allow_cuda) {
   std::vector<std::unique_ptr<BorrowedTensor>> out;
   for (py::handle item : triples) {
     auto tuple = py::reinterpret_borrow<py::tuple>(item);
@@ -162,7 +167,7 @@ Result<std::vector<std::unique_ptr<BorrowedTensor>>> BorrowAll(py::handle triple
     }
     REFIT_ASSIGN_OR_RETURN(auto t, BorrowedTensor::Borrow(tuple[0].cast<std::string>(),
                                                          tuple[1].cast<std::string>(),
-                                                         tuple[2], writable));
+                                                         tuple[2], writable, allow_cuda));
     out.push_back(std::move(t));
   }
   return out;

@@ -73,10 +73,13 @@ class BorrowedTensor {
   // dtype's width, memory that is not C-contiguous, a device tensor, or (with
   // `writable`) read-only memory. A consumed capsule is renamed
   // "used_dltensor" and released when this object dies.
+  // With `allow_cuda`, a DLPack tensor on a CUDA device is accepted too:
+  // data() is then a device address on device_id().
   static Result<std::unique_ptr<BorrowedTensor>> Borrow(std::string name,
                                                         std::string dtype,
                                                         pybind11::handle obj,
-                                                        bool writable);
+                                                        bool writable,
+                                                        bool allow_cuda = false);
   ~BorrowedTensor();
   BorrowedTensor(const BorrowedTensor&) = delete;
   BorrowedTensor& operator=(const BorrowedTensor&) = delete;
@@ -87,6 +90,8 @@ class BorrowedTensor {
   const std::vector<uint64_t>& shape() const { return shape_; }
   uint8_t* data() const { return data_; }
   uint64_t byte_size() const { return byte_size_; }
+  bool on_cuda() const { return device_type_ == kDLCUDA; }
+  int device_id() const { return device_id_; }
 
   TensorView View() const { return {name_, dtype_, width_, shape_, data_}; }
   MutableTensorView MutableView() const { return {name_, dtype_, width_, shape_, data_}; }
@@ -94,8 +99,8 @@ class BorrowedTensor {
  private:
   BorrowedTensor() = default;
   Status FromBuffer(pybind11::handle obj, bool writable);
-  Status FromCapsule(pybind11::handle capsule, bool writable);
-  Status TakeDLTensor(const DLTensor& t);
+  Status FromCapsule(pybind11::handle capsule, bool writable, bool allow_cuda);
+  Status TakeDLTensor(const DLTensor& t, bool allow_cuda);
 
   std::string name_;
   std::string dtype_;
@@ -103,6 +108,8 @@ class BorrowedTensor {
   std::vector<uint64_t> shape_;
   uint8_t* data_ = nullptr;
   uint64_t byte_size_ = 0;
+  int32_t device_type_ = kDLCPU;
+  int device_id_ = 0;
 
   bool has_buffer_ = false;
   Py_buffer buffer_{};
@@ -112,7 +119,8 @@ class BorrowedTensor {
 
 // Borrows a list of (name, dtype, object) triples.
 Result<std::vector<std::unique_ptr<BorrowedTensor>>> BorrowAll(pybind11::handle triples,
-                                                               bool writable);
+                                                               bool writable,
+                                                               bool allow_cuda = false);
 
 }  // namespace refit::python
 

@@ -29,6 +29,9 @@
 #include "sync/publisher.h"
 #include "sync/receiver.h"
 #include "transport/object_store.h"
+#ifdef REFIT_PYTHON_CUDA
+#include "gpu_apply.h"
+#endif
 
 namespace py = pybind11;
 
@@ -623,4 +626,10 @@ PYBIND11_MODULE(_native, m) {
   refit::python::BindReports(m);
   refit::python::BindFunctions(m);
   refit::python::BindClasses(m);
+#ifdef REFIT_PYTHON_CUDA
+  refit::python::BindCuda(m, [](const refit::Status& s) { refit::python::Check(s); });
+  m.attr("has_cuda") = true;
+#else
+  m.attr("has_cuda") = false;
+#endif
 }

@@ -31,10 +31,30 @@ def test_apply_to_torch_tensors_in_place(qwen, tmp_path, device):
     if device == "cpu":
         for n, t in model.items():
             assert _native.data_address("BF16", t.__dlpack__()) == pointers[n]
-    refit.apply(delta, model)
+    report = refit.apply(delta, model)
+    if device == "cuda" and _native.has_cuda:
+        # Applied on the GPU, where the tensors live.
+        assert isinstance(report, _native.GpuApplyReport)
+        assert report.chunks_applied == report.chunks > 0
     for n, t in model.items():
         assert t.data_ptr() == pointers[n]
         assert torch.equal(t.cpu(), target.torch(n)), n
+    again = refit.apply(delta, model)  # at most once
+    assert again.chunks_applied == 0
+    for n, t in model.items():
+        assert torch.equal(t.cpu(), target.torch(n)), n
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_wrong_base_writes_nothing(qwen, tmp_path, device):
+    delta = tmp_path / "d"
+    refit.diff(qwen / "step0.safetensors", qwen / "step1.safetensors", delta)
+    step2 = refit.load(qwen / "step2.safetensors")
+    model = torch_model(step2, device)
+    with pytest.raises(refit.VersionMismatchError):
+        refit.apply(delta, model)
+    for n, t in model.items():
+        assert torch.equal(t.cpu(), step2.torch(n)), n
 
 
 @pytest.mark.parametrize("device", DEVICES)

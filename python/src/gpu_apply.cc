@@ -1,0 +1,153 @@
+// refit._native.apply_cuda: applies a delta file to tensors resident in
+// CUDA memory, in place, with the GPU receiver (src/cuda/pipeline.h). Built
+// only when the CUDA module is (REFIT_CUDA_ENABLED).
+//
+// The tensors arrive as DLPack capsules of device memory and are written
+// where they live: chunk payloads are copied to the GPU, decoded and applied
+// there. Same contract as ApplyToTensors: every tensor must hash to the
+// delta's "before" or "after" first (otherwise nothing is written), each
+// chunk applies at most once, and every tensor must hash to "after" at the
+// end.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "base/file.h"
+#include "borrow.h"
+#include "cuda/pipeline.h"
+#include "cuda/placement.h"
+#include "delta/delta_file.h"
+#include "gpu_apply.h"
+
+namespace py = pybind11;
+
+namespace refit::python {
+namespace {
+
+struct DeviceTensor {
+  const TensorEntry* entry;
+  const BorrowedTensor* tensor;
+};
+
+Result<cuda::GpuApplyReport> ApplyCudaImpl(const std::string& delta_path,
+                                           const std::vector<const BorrowedTensor*>& tensors,
+                                           uint64_t staging_bytes) {
+  REFIT_ASSIGN_OR_RETURN(DeltaReader reader, DeltaReader::Open(delta_path));
+  REFIT_ASSIGN_OR_RETURN(MappedFile file,
+                         MappedFile::Open(delta_path, MappedFile::Mode::kReadOnly));
+  std::map<std::string, const BorrowedTensor*> by_name;
+  int device = -1;
+  for (const BorrowedTensor* t : tensors) {
+    if (!t->on_cuda()) {
+      return InvalidArgumentError("tensor '" + t->name() + "' is not in CUDA memory");
+    }
+    if (device >= 0 && t->device_id() != device) {
+      return InvalidArgumentError("tensors are on CUDA devices " + std::to_string(device) +
+                                  " and " + std::to_string(t->device_id()) +
+                                  "; apply to one device at a time");
+    }
+    device = t->device_id();
+    by_name[t->name()] = t;
+  }
+  if (by_name.size() != reader.tensors().size()) {
+    return InvalidArgumentError("the delta has " + std::to_string(reader.tensors().size()) +
+                                " tensors but " + std::to_string(by_name.size()) +
+                                " were given");
+  }
+  std::vector<DeviceTensor> table;
+  std::vector<std::string> names;
+  cuda::PlacementPlan plan;
+  for (const TensorEntry& e : reader.tensors()) {
+    auto it = by_name.find(e.name);
+    if (it == by_name.end()) {
+      return InvalidArgumentError("tensor '" + e.name + "' of the delta was not given");
+    }
+    const BorrowedTensor* t = it->second;
+    if (t->dtype() != e.dtype || t->shape() != e.shape || t->width() != e.width) {
+      return FailedPreconditionError("tensor '" + e.name +
+                                     "' has a different dtype or shape than in the delta; "
+                                     "it is not the delta's base");
+    }
+    table.push_back({&e, t});
+    names.push_back(e.name);
+    if (e.num_elements > 0) {
+      REFIT_RETURN_IF_ERROR(plan.Add(cuda::WholePlacement(
+          e.name, e.width, e.num_elements, 1, reinterpret_cast<uint64_t>(t->data()))));
+    }
+  }
+  // Every tensor at "before" or "after", or nothing is written.
+  for (const DeviceTensor& d : table) {
+    if (d.tensor->byte_size() == 0) continue;
+    REFIT_ASSIGN_OR_RETURN(Hash128 h, cuda::RangeHashDevice(d.tensor->data(),
+                                                            d.tensor->byte_size()));
+    if (h != d.entry->before && h != d.entry->after) {
+      return FailedPreconditionError("tensor '" + d.entry->name +
+                                     "' is neither the delta's base nor its target; "
+                                     "nothing was written");
+    }
+  }
+  std::vector<cuda::ChunkSpan> spans;
+  for (const IndexEntry& i : reader.index()) spans.push_back({i.offset, i.size});
+  cuda::ReceiverOptions options;
+  options.device = device < 0 ? 0 : device;
+  options.staging_bytes = staging_bytes;
+  REFIT_ASSIGN_OR_RETURN(auto receiver,
+                         cuda::Receiver::Create(std::move(plan), names, options));
+  REFIT_ASSIGN_OR_RETURN(cuda::PreparedDelta prepared,
+                         receiver->Prepare(file.bytes(), spans));
+  REFIT_ASSIGN_OR_RETURN(std::vector<uint8_t> states,
+                         receiver->Classify(file.bytes(), prepared));
+  REFIT_ASSIGN_OR_RETURN(cuda::GpuApplyReport report,
+                         receiver->Apply(file.bytes(), prepared, &states));
+  for (const DeviceTensor& d : table) {
+    if (d.tensor->byte_size() == 0) continue;
+    REFIT_ASSIGN_OR_RETURN(Hash128 h, cuda::RangeHashDevice(d.tensor->data(),
+                                                            d.tensor->byte_size()));
+    if (h != d.entry->after) {
+      return DataLossError("tensor '" + d.entry->name +
+                           "' does not hash to the delta's target after the apply");
+    }
+  }
+  return report;
+}
+
+}  // namespace
+
+void BindCuda(py::module_& m, void (*raise)(const Status&)) {
+  py::class_<cuda::GpuApplyReport>(m, "GpuApplyReport")
+      .def_readonly("chunks", &cuda::GpuApplyReport::chunks)
+      .def_readonly("chunks_applied", &cuda::GpuApplyReport::chunks_applied)
+      .def_readonly("chunks_skipped", &cuda::GpuApplyReport::chunks_skipped)
+      .def_readonly("records", &cuda::GpuApplyReport::records)
+      .def_readonly("batches", &cuda::GpuApplyReport::batches)
+      .def_readonly("payload_bytes", &cuda::GpuApplyReport::payload_bytes)
+      .def_readonly("device_bytes", &cuda::GpuApplyReport::device_bytes)
+      .def_readonly("seconds", &cuda::GpuApplyReport::seconds)
+      .def_readonly("kernel_ms", &cuda::GpuApplyReport::kernel_ms)
+      .def("__repr__", [](const cuda::GpuApplyReport& r) {
+        return "GpuApplyReport(" + std::to_string(r.chunks_applied) + " chunks applied, " +
+               std::to_string(r.chunks_skipped) + " skipped)";
+      });
+  m.def(
+      "apply_cuda",
+      [raise](const std::string& delta, py::handle tensors, uint64_t staging_bytes) {
+        auto borrowed = BorrowAll(tensors, /*writable=*/true, /*allow_cuda=*/true);
+        if (!borrowed.ok()) raise(borrowed.status());
+        std::vector<const BorrowedTensor*> views;
+        for (const auto& t : *borrowed) views.push_back(t.get());
+        Result<cuda::GpuApplyReport> report = InternalError("not run");
+        {
+          py::gil_scoped_release release;
+          report = ApplyCudaImpl(delta, views, staging_bytes);
+        }
+        if (!report.ok()) raise(report.status());
+        return *report;
+      },
+      py::arg("delta"), py::arg("tensors"), py::arg("staging_bytes"),
+      "Applies a delta in place to CUDA tensors given as DLPack capsules.");
+}
+
+}  // namespace refit::python
