@@ -51,8 +51,10 @@ class Publisher:
                  keep_versions: int = 0) -> None:
         if layout is not None:
             raise NotImplementedError(
-                "refit.Publisher(layout=...) is not supported yet: pass the tensors in "
-                "canonical Hugging Face names and shapes with layout=None")
+                "refit.Publisher(layout=...) is not supported yet: publishing from several "
+                "ranks needs multi-publisher versions, which the protocol does not have yet "
+                "(docs/trainer.md, 'Not yet'); pass the tensors in canonical Hugging Face "
+                "names and shapes with layout=None")
         if rank != 0:
             raise NotImplementedError(
                 "refit.Publisher(rank=...) needs a layout (several ranks each owning part of "
