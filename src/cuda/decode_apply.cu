@@ -117,7 +117,7 @@ __device__ inline void LoadIf(bool p, uint32_t& dst, const uint32_t* a) {
 // in slot (q / 4) % 4, followed by the next three. When a word is used up
 // its slot is refilled with the word 12 bytes ahead, so a renormalization
 // waits for memory only if the lane outruns six renormalizations of
-// prefetch. Loads may read up to 16 bytes past the lane's last byte;
+// prefetch. Loads may read up to 20 bytes past the lane's last byte;
 // payload slots are padded for that (kPayloadPad, kernels.h), and the
 // checks on q never let such bytes be used.
 struct LaneRing {
