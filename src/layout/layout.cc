@@ -482,7 +482,8 @@ Status CheckCanonicalCoverage(const Layout& l, const CanonInfo& ci, size_t c,
   // Per rank: no element mapped twice.
   std::map<size_t, std::vector<size_t>> by_rank;
   for (size_t i = 0; i < m.refs.size(); ++i) by_rank[m.refs[i].rank].push_back(i);
-  for (const auto& [rank, idx] : by_rank) {
+  for (const auto& entry : by_rank) {
+    const std::vector<size_t>& idx = entry.second;  // (captured below: no binding)
     if (idx.size() < 2) continue;
     std::vector<Runs> sets;
     for (size_t i : idx) sets.push_back(m.runs[i]);
