@@ -25,10 +25,132 @@ struct Parsed {
   DevChunk dev{};
   std::vector<DevTable> tables;
   std::vector<uint32_t> lanes;  // offsets relative to the chunk start
-  std::vector<uint8_t> dense;
+  std::vector<DevDensePlane> planes;  // GPU dense planes (chunk-relative)
+  std::vector<uint8_t> dense;   // CPU-decoded dense bytes
+  uint64_t dense_bytes = 0;     // decoded dense bytes on the device
   uint64_t scratch = 0;
   uint32_t chunk_index = 0;
 };
+
+// Lane framing (docs/format.md §5.3) of the stream at `s`, which starts at
+// `offset` from the chunk start: lane start offsets, then the stream end.
+Status ParseLaneFraming(std::span<const uint8_t> s, uint64_t offset,
+                        std::vector<uint32_t>* lanes) {
+  ByteReader r(s);
+  const uint32_t L = r.U8();
+  if (!r.ok() || L == 0) return DataLossError("stream lane count missing or 0");
+  std::vector<uint64_t> size(L, 0);
+  for (uint32_t j = 0; j + 1 < L; ++j) size[j] = r.Varint();
+  if (!r.ok()) return DataLossError("stream lane sizes truncated");
+  uint64_t pos = offset + static_cast<uint64_t>(r.position() - s.data());
+  uint64_t left = r.remaining();
+  lanes->clear();
+  for (uint32_t j = 0; j < L; ++j) {
+    if (j + 1 == L) size[j] = left;
+    if (size[j] < 4 || size[j] > left) {
+      return DataLossError("lane " + std::to_string(j) +
+                           " is below 4 bytes or past the stream end");
+    }
+    lanes->push_back(static_cast<uint32_t>(pos));
+    pos += size[j];
+    left -= size[j];
+  }
+  lanes->push_back(static_cast<uint32_t>(pos));
+  return Status::Ok();
+}
+
+// Dense payload (docs/format.md §4.2): plane jobs for the GPU, or, when a
+// plane is zstd (mode 3), the whole chunk decoded here with the codec.
+// Checks what the codec's decoder checks before the symbols: modes, models,
+// sizes, lane framing, no bytes after the last plane; the GPU checks the
+// lanes' contents and ends. An entropy plane whose model is one symbol
+// decodes no bytes: its lanes must be bare final states, as the codec
+// requires, and it becomes a constant plane.
+Status ParseDense(const ParsedChunk& c, uint64_t payload_offset, Parsed* out) {
+  const ChunkHeader& h = c.header;
+  const uint32_t n = static_cast<uint32_t>(h.count);
+  const int w = h.width;
+  std::span<const uint8_t> p = c.payload;
+  ByteReader r(p);
+  std::vector<DevDensePlane> planes;
+  std::vector<DevTable> tables;
+  std::vector<uint32_t> lanes;
+  bool zstd = false;
+  for (int j = 0; j < w && !zstd; ++j) {
+    const uint8_t mode = r.U8();
+    if (!r.ok()) return DataLossError("dense plane " + std::to_string(j) + " truncated");
+    DevDensePlane d{};
+    d.j = static_cast<uint8_t>(j);
+    d.mode = mode;
+    if (mode == kPlaneConstant) {
+      d.src = r.U8();
+      if (!r.ok()) return DataLossError("constant plane truncated");
+    } else if (mode == kPlaneVerbatim) {
+      d.src = static_cast<uint32_t>(payload_offset + (r.position() - p.data()));
+      r.Bytes(n);
+      if (!r.ok()) return DataLossError("verbatim plane truncated");
+    } else if (mode == kPlaneEntropy) {
+      codec::Model m;
+      size_t used = 0;
+      Status s = codec::ReadModel(std::span<const uint8_t>(r.position(), r.remaining()),
+                                  codec::GapContext{}, &m, &used);
+      if (!s.ok()) return s.WithContext("dense plane " + std::to_string(j));
+      r.Bytes(used);
+      const uint64_t size = r.Varint();
+      if (!r.ok() || size > r.remaining()) {
+        return DataLossError("entropy plane size truncated or past the payload end");
+      }
+      const uint64_t at = payload_offset + static_cast<uint64_t>(r.position() - p.data());
+      std::span<const uint8_t> stream = r.Bytes(size);
+      std::vector<uint32_t> offs;
+      REFIT_RETURN_IF_ERROR(ParseLaneFraming(stream, at, &offs));
+      const uint32_t L = static_cast<uint32_t>(offs.size() - 1);
+      if (!m.coded()) {
+        // No symbol is coded: every lane is its 4-byte final state.
+        for (uint32_t l = 0; l < L; ++l) {
+          const uint8_t* q = p.data() + (offs[l] - payload_offset);
+          if (offs[l + 1] - offs[l] != 4 || LoadLE(q, 4) != uint64_t{1} << 16) {
+            return DataLossError("lane " + std::to_string(l) +
+                                 " of a one-symbol plane is not a bare final state");
+          }
+        }
+        d.mode = kPlaneConstant;
+        d.src = m.symbol;
+      } else {
+        DevTable t{};
+        t.t = static_cast<uint32_t>(m.t);
+        std::memcpy(t.f, m.f.data(), sizeof(t.f));
+        d.table = static_cast<uint32_t>(tables.size());
+        tables.push_back(t);
+        d.lane_first = static_cast<uint32_t>(lanes.size());
+        d.lanes = static_cast<uint8_t>(L);
+        lanes.insert(lanes.end(), offs.begin(), offs.end());
+      }
+    } else if (mode == 3) {
+      zstd = true;
+      break;
+    } else {
+      return DataLossError("dense plane " + std::to_string(j) + " has mode " +
+                           std::to_string(mode));
+    }
+    planes.push_back(d);
+  }
+  if (zstd) {
+    out->dense.resize(uint64_t{n} * w);
+    out->dense_bytes = out->dense.size();
+    return codec::DecodeDense(p, n, w, out->dense.data());
+  }
+  if (r.remaining() != 0) {
+    return DataLossError(std::to_string(r.remaining()) +
+                         " bytes left after the last dense plane");
+  }
+  out->planes = std::move(planes);
+  out->tables = std::move(tables);
+  out->lanes = std::move(lanes);
+  out->dense_bytes = uint64_t{n} * w;
+  out->dev.dense_gpu = 1;
+  return Status::Ok();
+}
 
 // Sparse payload header (docs/format.md §4.1) and lane framing (§5.3).
 Status ParseSparse(const ParsedChunk& c, uint64_t payload_offset, Parsed* out) {
@@ -70,26 +192,9 @@ Status ParseSparse(const ParsedChunk& c, uint64_t payload_offset, Parsed* out) {
   }
   d.smem = smem;
   // Lane framing; lane bytes must lie inside the payload.
-  ByteReader r(p.subspan(off));
-  const uint32_t L = r.U8();
-  if (!r.ok() || L == 0) return DataLossError("stream lane count missing or 0");
-  std::vector<uint64_t> size(L, 0);
-  for (uint32_t j = 0; j + 1 < L; ++j) size[j] = r.Varint();
-  if (!r.ok()) return DataLossError("stream lane sizes truncated");
-  uint64_t pos = payload_offset + static_cast<uint64_t>(r.position() - p.data());
-  uint64_t left = r.remaining();
-  out->lanes.clear();
-  for (uint32_t j = 0; j < L; ++j) {
-    if (j + 1 == L) size[j] = left;
-    if (size[j] < 4 || size[j] > left) {
-      return DataLossError("lane " + std::to_string(j) +
-                           " is below 4 bytes or past the stream end");
-    }
-    out->lanes.push_back(static_cast<uint32_t>(pos));
-    pos += size[j];
-    left -= size[j];
-  }
-  out->lanes.push_back(static_cast<uint32_t>(pos));
+  REFIT_RETURN_IF_ERROR(
+      ParseLaneFraming(p.subspan(off), payload_offset + off, &out->lanes));
+  const uint32_t L = static_cast<uint32_t>(out->lanes.size() - 1);
   d.lanes = static_cast<uint8_t>(L);
   return Status::Ok();
 }
@@ -97,19 +202,20 @@ Status ParseSparse(const ParsedChunk& c, uint64_t payload_offset, Parsed* out) {
 }  // namespace
 
 uint64_t HostBatch::meta_bytes() const {
-  uint64_t t, l;
-  MetaOffsets(&t, &l);
-  return l + 4 * lanes.size();
+  uint64_t t, l, d;
+  MetaOffsets(&t, &l, &d);
+  return d + planes.size() * sizeof(DevDensePlane);
 }
 
-void HostBatch::MetaOffsets(uint64_t* t, uint64_t* l) const {
+void HostBatch::MetaOffsets(uint64_t* t, uint64_t* l, uint64_t* d) const {
   *t = Align16(chunks.size() * sizeof(DevChunk));
   *l = Align16(*t + tables.size() * sizeof(DevTable));
+  if (d) *d = Align16(*l + 4 * lanes.size());
 }
 
 void HostBatch::SerializeMeta(std::vector<uint8_t>* out) const {
-  uint64_t t, l;
-  MetaOffsets(&t, &l);
+  uint64_t t, l, d;
+  MetaOffsets(&t, &l, &d);
   out->assign(meta_bytes(), 0);
   // memcpy from an empty vector's data() (possibly null) is undefined.
   if (!chunks.empty()) {
@@ -120,6 +226,10 @@ void HostBatch::SerializeMeta(std::vector<uint8_t>* out) const {
   }
   if (!lanes.empty()) {
     std::memcpy(out->data() + l, lanes.data(), lanes.size() * 4);
+  }
+  if (!planes.empty()) {
+    std::memcpy(out->data() + d, planes.data(),
+                planes.size() * sizeof(DevDensePlane));
   }
 }
 
@@ -229,8 +339,10 @@ Result<PreparedDelta> PrepareBatches(std::span<const uint8_t> buffer,
         }
       } else {
         d.layout = kDevDense;
-        p.dense.resize(bytes);
-        st = codec::DecodeDense(pc->payload, d.n, h.width, p.dense.data());
+        const uint64_t payload_offset =
+            static_cast<uint64_t>(pc->payload.data() - buffer.data()) -
+            chunks[i].offset;
+        st = ParseDense(*pc, payload_offset, &p);
         if (h.kind == ChunkKind::kRaw) p.scratch = Align8(bytes);
       }
       if (!st.ok()) {
@@ -258,14 +370,15 @@ Result<PreparedDelta> PrepareBatches(std::span<const uint8_t> buffer,
     uint64_t need_p = 0, need_s = 0, max_p = 0, max_s = 0, max_m = 0;
     for (size_t i = 0; i < chunks.size(); ++i) {
       for (const Parsed& q : parsed[i]) {
-        const uint64_t pb = chunks[i].size + Align8(q.dense.size()) + 8;
+        const uint64_t pb = chunks[i].size + Align8(q.dense_bytes) + 8;
         need_p += pb;
         need_s += q.scratch;
         max_p = std::max(max_p, pb);
         max_s = std::max(max_s, q.scratch);
         max_m = std::max<uint64_t>(
             max_m, sizeof(DevChunk) + q.tables.size() * sizeof(DevTable) +
-                       4 * q.lanes.size() + 80);
+                       4 * q.lanes.size() +
+                       q.planes.size() * sizeof(DevDensePlane) + 96);
       }
     }
     const long double share =
@@ -299,17 +412,21 @@ Result<PreparedDelta> PrepareBatches(std::span<const uint8_t> buffer,
   PreparedDelta out;
   HostBatch cur;
   bool open = false;
-  uint64_t dense_bytes = 0;
+  uint64_t dense_bytes = 0;  // CPU- and GPU-decoded dense bytes of `cur`
   auto close = [&]() {
     if (!open) return;
-    // Dense bytes follow the chunk bytes on the device; fix their offsets.
+    // Decoded dense bytes follow the chunk bytes on the device: first the
+    // CPU-decoded ones (copied), then room for the GPU-decoded ones; fix
+    // their offsets.
     cur.dense_offset = Align8(cur.payload_end - cur.payload_begin);
     for (DevChunk& d : cur.chunks) {
-      if (d.layout == kDevDense) d.data += cur.dense_offset;
+      if (d.layout != kDevDense) continue;
+      d.data += cur.dense_offset + (d.dense_gpu ? cur.dense.size() : 0);
     }
     out.payload_bytes += cur.device_bytes();
-    out.largest_batch = std::max(out.largest_batch,
-                                 cur.dense_offset + cur.dense.size());
+    out.largest_batch =
+        std::max(out.largest_batch,
+                 cur.dense_offset + cur.dense.size() + cur.gpu_dense_bytes);
     out.largest_scratch = std::max(out.largest_scratch, cur.scratch_bytes);
     out.largest_smem = std::max(out.largest_smem, cur.smem);
     out.largest_meta = std::max(out.largest_meta, cur.meta_bytes());
@@ -326,13 +443,14 @@ Result<PreparedDelta> PrepareBatches(std::span<const uint8_t> buffer,
     }
     const uint64_t chunk_end = chunks[i].offset + chunks[i].size;
     for (Parsed& p : parsed[i]) {
-      const uint64_t extra_dense = Align8(p.dense.size());
+      const uint64_t extra_dense = Align8(p.dense_bytes);
       if (open) {
         const uint64_t payload = chunk_end - cur.payload_begin + 8 +
                                  dense_bytes + extra_dense;
         const uint64_t meta = cur.meta_bytes() + sizeof(DevChunk) +
                               p.tables.size() * sizeof(DevTable) +
-                              4 * p.lanes.size() + 32;
+                              4 * p.lanes.size() +
+                              p.planes.size() * sizeof(DevDensePlane) + 48;
         if (payload > limits.payload_bytes ||
             cur.scratch_bytes + p.scratch > limits.scratch_bytes ||
             meta > limits.meta_bytes) {
@@ -365,10 +483,34 @@ Result<PreparedDelta> PrepareBatches(std::span<const uint8_t> buffer,
         d.values = d.records + Align16(4 * uint64_t{d.k});
         d.undo = d.values + Align16(uint64_t{d.width} * d.k);
         cur.records += d.k;
+      } else if (d.dense_gpu) {
+        // Room in device staging only; shifted when the batch closes.
+        d.data = cur.gpu_dense_bytes;
+        cur.gpu_dense_bytes += extra_dense;
+        dense_bytes += extra_dense;
+        const uint32_t lane_base = static_cast<uint32_t>(cur.lanes.size());
+        for (uint32_t lane : p.lanes) {
+          cur.lanes.push_back(static_cast<uint32_t>(rel + lane));
+        }
+        const uint32_t table_base = static_cast<uint32_t>(cur.tables.size());
+        cur.tables.insert(cur.tables.end(), p.tables.begin(), p.tables.end());
+        for (DevDensePlane q : p.planes) {
+          q.chunk = static_cast<uint32_t>(cur.chunks.size());
+          if (q.mode == kPlaneEntropy) {
+            q.table += table_base;
+            q.lane_first += lane_base;
+          } else if (q.mode == kPlaneVerbatim) {
+            q.src += static_cast<uint32_t>(rel);
+          }
+          cur.planes.push_back(q);
+        }
+        d.undo = cur.scratch_bytes;
       } else {
-        d.data = dense_bytes;  // shifted by dense_offset when the batch closes
+        // CPU-decoded; shifted by dense_offset when the batch closes.
+        const uint64_t cpu_bytes = cur.dense.size();
+        d.data = cpu_bytes;
         cur.dense.insert(cur.dense.end(), p.dense.begin(), p.dense.end());
-        cur.dense.resize(dense_bytes + extra_dense);
+        cur.dense.resize(cpu_bytes + extra_dense);
         dense_bytes += extra_dense;
         d.undo = cur.scratch_bytes;
       }

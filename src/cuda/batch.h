@@ -3,9 +3,11 @@
 // The CPU parses what is cheap and serial (chunk framing and checksum, the
 // per-plane models of docs/format.md §5.2 through the codec's own parser,
 // lane framing of §5.3) and lays it out as POD descriptors; the GPU does the
-// per-symbol work. Dense payloads (kinds 3, 4) are decoded here, on the CPU,
-// with the codec (their zstd planes could not run on the GPU anyway), and
-// their bytes travel with the batch.
+// per-symbol work. Dense payloads (kinds 3, 4): their constant, verbatim and
+// entropy planes (docs/format.md §4.2, modes 0-2) become plane jobs that the
+// GPU decodes into the batch's device staging; a chunk with a zstd plane
+// (mode 3) is decoded here, on the CPU, with the codec, and its decoded
+// bytes travel with the batch.
 //
 // A batch is a run of consecutive chunks of the caller's payload buffer,
 // bounded so that its payload, decoded records and digests fit the device
@@ -86,7 +88,23 @@ struct DevChunk {
                                           // +64 for value planes
   uint8_t fused;           // sparse XOR: decoded and applied in one kernel,
                            // no record staging (records/values unused)
-  uint8_t reserved[1];
+  uint8_t dense_gpu;       // dense, its planes decoded on the GPU into
+                           // staging at `data` (DevDensePlane)
+};
+
+// One byte plane of a dense chunk for the GPU to decode (docs/format.md
+// §4.2) into byte j of each of the chunk's n elements at DevChunk::data.
+enum : uint8_t { kPlaneConstant = 0, kPlaneVerbatim = 1, kPlaneEntropy = 2 };
+struct DevDensePlane {
+  uint32_t chunk;       // index into the batch's chunks
+  uint32_t table;       // entropy: index into the batch's tables
+  uint32_t lane_first;  // entropy: lanes[lane_first .. + lanes]
+  uint32_t src;         // verbatim: payload offset of the n bytes;
+                        // constant: the symbol
+  uint8_t mode;
+  uint8_t j;            // byte of the element
+  uint8_t lanes;        // entropy: rANS lanes
+  uint8_t reserved;
 };
 
 // Bytes of each staging slot's share held back for alignment (three parts
@@ -131,9 +149,12 @@ struct HostBatch {
   uint64_t payload_end = 0;
   uint64_t dense_offset = 0;   // decoded dense bytes go here on the device
   std::vector<uint8_t> dense;  // decoded dense payloads (CPU)
+  uint64_t gpu_dense_bytes = 0;  // device staging for GPU-decoded dense
+                                 // chunks, after `dense` (not copied)
   std::vector<DevChunk> chunks;
   std::vector<DevTable> tables;
   std::vector<uint32_t> lanes;  // payload-buffer offsets, per chunk L + 1
+  std::vector<DevDensePlane> planes;  // dense planes for the GPU
   uint64_t scratch_bytes = 0;
   uint64_t segments = 0;
   uint32_t smem = 0;            // largest per-chunk table need
@@ -141,13 +162,16 @@ struct HostBatch {
   uint64_t records = 0;         // changed records (sparse) in the batch
   uint32_t unfused = 0;         // chunks for kernels A and B (not fused)
   std::vector<uint8_t> meta;    // SerializeMeta's bytes, made by Prepare
+  // Bytes copied to the device (chunk bytes and CPU-decoded dense bytes).
   uint64_t device_bytes() const {
     return payload_end - payload_begin + dense.size();
   }
   // Descriptor bytes as uploaded: chunks, then tables, then lane offsets,
-  // each 16-byte aligned (MetaLayout gives the offsets).
+  // then dense plane jobs, each 16-byte aligned (MetaOffsets gives the
+  // offsets).
   uint64_t meta_bytes() const;
-  void MetaOffsets(uint64_t* tables, uint64_t* lanes) const;
+  void MetaOffsets(uint64_t* tables, uint64_t* lanes,
+                   uint64_t* planes = nullptr) const;
   void SerializeMeta(std::vector<uint8_t>* out) const;
 };
 

@@ -4,6 +4,8 @@
 
 #include <random>
 
+#include "codec/payload.h"
+#include "delta/chunk.h"
 #include "delta/encoder.h"
 
 namespace refit::cuda {
@@ -180,6 +182,108 @@ TEST(Batch, SplitsTheStagingBudgetIntoSlots) {
   EXPECT_LE(CarvedBytes(*p), opt.staging_total);
   ASSERT_EQ(p->batches.size(), 1u);
   EXPECT_EQ(p->batches[0].unfused, 1u);
+}
+
+// A dense chunk of w = 2 whose XOR is `pattern` at every element: plane
+// models as the encoder picks them.
+std::vector<uint8_t> DenseChunk(const std::vector<uint8_t>& a,
+                                const std::vector<uint8_t>& b,
+                                ChunkHeader* header) {
+  ChunkHeader ids;
+  ids.width = 2;
+  ids.version = 1;
+  ChunkEncodeOptions opt;
+  EncodeScratch scratch;
+  ChunkResult r;
+  EXPECT_TRUE(EncodeChunkRange(ids, a.data(), b.data(), 0, a.size() / 2, opt,
+                               &scratch, &r).ok());
+  *header = r.header;
+  return r.chunk;
+}
+
+TEST(Batch, DensePlanesBecomeGpuJobsUnlessZstd) {
+  const uint64_t n = 1 << 16;
+  std::mt19937_64 rng(7);
+  std::vector<uint8_t> a(2 * n);
+  for (auto& x : a) x = static_cast<uint8_t>(rng());
+  // New values cheaper to send whole (kind 4, dense) than as XORs: low
+  // bytes in 1..3 (an entropy plane), high bytes random.
+  std::vector<uint8_t> b(2 * n);
+  for (uint64_t i = 0; i < n; ++i) {
+    b[2 * i] = static_cast<uint8_t>(1 + rng() % 3);
+    b[2 * i + 1] = static_cast<uint8_t>(rng());
+  }
+  // New values repeating a random 521-element pattern: zstd's matches beat
+  // order-0 coding in both planes.
+  std::vector<uint8_t> pattern(2 * 521);
+  for (auto& x : pattern) x = static_cast<uint8_t>(rng());
+  std::vector<uint8_t> z(2 * n);
+  for (uint64_t i = 0; i < z.size(); ++i) z[i] = pattern[i % pattern.size()];
+  PlacementPlan plan;
+  ASSERT_TRUE(plan.Add(WholePlacement("t", 2, n, 1, 4096)).ok());
+  std::vector<std::string> names = {"t"};
+  for (const auto* target : {&b, &z}) {
+    ChunkHeader h;
+    auto chunk = DenseChunk(a, *target, &h);
+    ASSERT_EQ(h.kind, codec::ChunkKind::kRaw);
+    auto pc = ParseChunk(chunk);
+    ASSERT_TRUE(pc.ok());
+    auto info = codec::DescribePayload(pc->payload, h.kind, static_cast<uint32_t>(n),
+                                       2, static_cast<uint32_t>(h.changed));
+    ASSERT_TRUE(info.ok());
+    bool zstd = false;
+    for (const auto& plane : info->planes) zstd |= plane.model == "zstd";
+    EXPECT_EQ(zstd, target == &z) << "the encoder's plane choice changed";
+    ChunkSpan span{0, chunk.size()};
+    auto p = PrepareBatches(chunk, std::span(&span, 1), names, plan, {});
+    ASSERT_TRUE(p.ok()) << p.status().ToString();
+    ASSERT_EQ(p->batches.size(), 1u);
+    const HostBatch& hb = p->batches[0];
+    ASSERT_EQ(hb.chunks.size(), 1u);
+    EXPECT_EQ(hb.chunks[0].layout, kDevDense);
+    EXPECT_EQ(hb.chunks[0].dense_gpu, zstd ? 0 : 1);
+    if (zstd) {
+      // Decoded here: the decoded bytes travel, no plane jobs.
+      EXPECT_TRUE(hb.planes.empty());
+      ASSERT_EQ(hb.dense.size(), 2 * n);
+      EXPECT_EQ(hb.dense, z);  // kind 4: the new bytes
+      EXPECT_EQ(hb.gpu_dense_bytes, 0u);
+    } else {
+      // One job per plane, nothing decoded here; room for the decoded
+      // bytes after the chunk bytes.
+      ASSERT_EQ(hb.planes.size(), 2u);
+      EXPECT_TRUE(hb.dense.empty());
+      EXPECT_EQ(hb.gpu_dense_bytes, 2 * n);
+      EXPECT_GE(hb.chunks[0].data, hb.payload_end - hb.payload_begin);
+      EXPECT_EQ(p->largest_batch, hb.chunks[0].data + 2 * n);
+      for (size_t j = 0; j < 2; ++j) {
+        const DevDensePlane& q = hb.planes[j];
+        EXPECT_EQ(q.j, j);
+        EXPECT_EQ(q.chunk, 0u);
+        EXPECT_EQ(q.mode, info->planes[j].model == "verbatim" ? kPlaneVerbatim
+                          : info->planes[j].model == "constant" ? kPlaneConstant
+                                                               : kPlaneEntropy);
+        if (q.mode == kPlaneEntropy) {
+          ASSERT_LT(q.table, hb.tables.size());
+          ASSERT_LE(q.lane_first + q.lanes + 1u, hb.lanes.size());
+          EXPECT_LE(hb.lanes[q.lane_first + q.lanes], chunk.size() - 4);
+        }
+      }
+      std::vector<uint8_t> meta;
+      hb.SerializeMeta(&meta);
+      EXPECT_EQ(meta.size(), hb.meta_bytes());
+    }
+  }
+  // A dense plane's bytes cut short: refused here, as by the codec.
+  ChunkHeader h;
+  auto chunk = DenseChunk(a, b, &h);
+  auto pc = ParseChunk(chunk);
+  ASSERT_TRUE(pc.ok());
+  std::vector<uint8_t> payload(pc->payload.begin(), pc->payload.end() - 7);
+  std::vector<uint8_t> bad;
+  SerializeChunk(h, payload, &bad);
+  ChunkSpan span{0, bad.size()};
+  EXPECT_FALSE(PrepareBatches(bad, std::span(&span, 1), names, plan, {}).ok());
 }
 
 }  // namespace

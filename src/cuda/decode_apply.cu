@@ -278,6 +278,83 @@ __global__ void __launch_bounds__(kDecodeThreads)
   }
 }
 
+// Dense planes (docs/format.md §4.2, modes 0-2): one block per plane job.
+// Byte j of element i of the chunk goes to its decoded staging at
+// DevChunk::data + i * w + j; kernel B then applies the chunk from there.
+// An entropy plane decodes its n records one thread per lane (record i in
+// lane i mod L) with the same checks as the codec's DecodeStream: start and
+// final states, lane underrun, leftover bytes.
+__global__ void __launch_bounds__(256) DenseDecodeKernel(BatchDevice b) {
+  const DevDensePlane pj = b.planes[blockIdx.x];
+  const DevChunk& cg = b.chunks[pj.chunk];
+  if (b.status[cg.status_index] != kStatusOk) return;
+  const uint32_t n = cg.n, w = cg.width, tid = threadIdx.x;
+  // The decoded staging is this batch's own device memory.
+  uint8_t* out = const_cast<uint8_t*>(b.payload) + cg.data + pj.j;
+  if (pj.mode == kPlaneConstant) {
+    const uint8_t sym = static_cast<uint8_t>(pj.src);
+    for (uint32_t i = tid; i < n; i += blockDim.x) out[uint64_t{i} * w] = sym;
+    return;
+  }
+  if (pj.mode == kPlaneVerbatim) {
+    const uint8_t* src = b.payload + pj.src;
+    for (uint32_t i = tid; i < n; i += blockDim.x) out[uint64_t{i} * w] = src[i];
+    return;
+  }
+  using Scan = cub::BlockScan<uint32_t, 256>;
+  __shared__ typename Scan::TempStorage temp;
+  __shared__ uint32_t fc[256];
+  __shared__ uint8_t tab[1u << kSlotTableBits];
+  const DevTable& tb = b.tables[pj.table];
+  const uint32_t t = tb.t;
+  {
+    const uint32_t f = tb.f[tid];
+    uint32_t c;
+    Scan(temp).ExclusiveSum(f, c);
+    fc[tid] = f | c << 16;
+  }
+  __syncthreads();
+  const uint32_t bits = min(t, uint32_t{kSlotTableBits});
+  for (uint32_t e = tid; e < (1u << bits); e += blockDim.x) {
+    tab[e] = static_cast<uint8_t>(SearchSymbol(fc, e << (t - bits)));
+  }
+  __syncthreads();
+  const uint32_t L = pj.lanes;
+  if (tid >= L) return;
+  const uint8_t* payload = b.payload;
+  const uint32_t* words = reinterpret_cast<const uint32_t*>(payload);
+  const uint32_t beg = b.lanes[pj.lane_first + tid];
+  const uint32_t end = b.lanes[pj.lane_first + tid + 1];
+  uint32_t x = Rd32(payload + beg);
+  uint32_t q = beg + 4;
+  uint32_t err = x < kRansLow ? kStatusLaneEnd : kStatusOk;
+  LaneRing ring{0, 0, 0, 0};
+  ring.Start(words, q);
+  const uint32_t mask = (1u << t) - 1;
+  for (uint32_t i = tid; i < n && err == kStatusOk; i += L) {
+    const uint32_t slot = x & mask;
+    uint32_t s;
+    if (t <= kSlotTableBits) {
+      s = tab[slot];
+    } else {
+      s = tab[slot >> (t - kSlotTableBits)];
+      while (s < 255 && (fc[s + 1] >> 16) <= slot) ++s;
+    }
+    const uint32_t e = fc[s];
+    x = (e & 0xffff) * (x >> t) + slot - (e >> 16);
+    if (x < kRansLow) {
+      if (end - q < 2) {
+        err = kStatusLaneShort;
+        break;
+      }
+      x = (x << 16) | ring.Take16(words, q);
+    }
+    out[uint64_t{i} * w] = static_cast<uint8_t>(s);
+  }
+  if (err == kStatusOk && (q != end || x != kRansLow)) err = kStatusLaneEnd;
+  if (err != kStatusOk) atomicCAS(&b.status[cg.status_index], kStatusOk, err);
+}
+
 // ---------------------------------------------------------------------------
 // Fused decode + apply for sparse XOR chunks (DevChunk::fused). One block per
 // chunk, one thread per rANS lane (blockDim = the batch's widest chunk,
@@ -784,6 +861,9 @@ cudaError_t LaunchDecode(const BatchDevice& b, cudaStream_t stream) {
   }
   if (b.unfused != 0) {
     DecodeLanesKernel<<<b.num_chunks, kDecodeThreads, b.smem, stream>>>(b);
+  }
+  if (b.num_planes != 0) {
+    DenseDecodeKernel<<<b.num_planes, 256, 0, stream>>>(b);
   }
   return cudaGetLastError();
 }

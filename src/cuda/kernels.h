@@ -30,6 +30,8 @@ struct BatchDevice {
   uint32_t smem = 0;  // dynamic shared memory for the decode kernels
   uint32_t fused_lanes = 0;    // lanes of the widest fused chunk (0: none)
   uint32_t unfused = 0;        // chunks for kernels A and B (0: skip them)
+  const DevDensePlane* planes = nullptr;  // dense planes decoded on the GPU
+  uint32_t num_planes = 0;
 };
 
 // Bytes a payload slot must hold past its batch's last byte: the decoders
@@ -48,6 +50,10 @@ inline constexpr uint32_t kMaxDecodeSmem = 96 * 1024;
 // one thread per rANS lane) into gaps and values in scratch and checks the
 // payload (lane framing and ends, positions < n, zero XOR values), setting
 // the chunk's status on failure; writes nothing outside scratch.
+// Dense planes (DevDensePlane): one block per plane writes byte j of each
+// element of its chunk's decoded staging (constant, verbatim, or rANS lanes
+// checked as the codec checks them, one thread per lane); a bad lane sets
+// the chunk's status, so kernel B leaves its range alone.
 cudaError_t LaunchDecode(const BatchDevice& b, cudaStream_t stream);
 
 // Kernel B: for non-fused chunks still kStatusOk, turns gaps into positions (block

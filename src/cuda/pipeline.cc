@@ -165,8 +165,8 @@ struct Receiver::Impl {
   }
 
   internal::BatchDevice Device(const HostBatch& hb, int s) const {
-    uint64_t t, l;
-    hb.MetaOffsets(&t, &l);
+    uint64_t t, l, dp;
+    hb.MetaOffsets(&t, &l, &dp);
     internal::BatchDevice d;
     d.chunks = reinterpret_cast<const DevChunk*>(SlotMeta(s));
     d.num_chunks = static_cast<uint32_t>(hb.chunks.size());
@@ -180,6 +180,8 @@ struct Receiver::Impl {
     d.smem = hb.smem;
     d.fused_lanes = hb.max_fused_lanes;
     d.unfused = hb.unfused;
+    d.planes = reinterpret_cast<const DevDensePlane*>(SlotMeta(s) + dp);
+    d.num_planes = static_cast<uint32_t>(hb.planes.size());
     return d;
   }
 

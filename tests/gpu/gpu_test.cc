@@ -441,6 +441,102 @@ TEST(GpuApply, CorruptChunksAreRefusedLikeOnTheCpu) {
   }
 }
 
+// Dense chunks (kind 4 here): constant, verbatim and entropy planes are
+// decoded on the GPU, a chunk with a zstd plane on the CPU; all must give
+// the CPU's bytes. A corrupt entropy lane is refused on the GPU, its range
+// untouched, exactly when the CPU refuses it.
+TEST(GpuApply, DensePlanesMatchCpu) {
+  const int w = 2;
+  const uint64_t region = 1 << 17;  // elements a chunk
+  const uint64_t n = 3 * region;
+  auto a = RandomBytes(n * w, 61);
+  std::mt19937_64 rng(62);
+  std::vector<uint8_t> b(n * w);
+  std::vector<uint8_t> pattern(2 * 521);
+  for (auto& x : pattern) x = static_cast<uint8_t>(rng());
+  for (uint64_t i = 0; i < region; ++i) {
+    // Region 0: low bytes in 1..3 (entropy), high bytes random.
+    b[2 * i] = static_cast<uint8_t>(1 + rng() % 3);
+    b[2 * i + 1] = static_cast<uint8_t>(rng());
+    // Region 1: a repeated pattern (zstd planes, decoded on the CPU).
+    const uint64_t r1 = region + i;
+    b[2 * r1] = pattern[(2 * i) % pattern.size()];
+    b[2 * r1 + 1] = pattern[(2 * i + 1) % pattern.size()];
+    // Region 2: low bytes in 1..3, high bytes constant.
+    const uint64_t r2 = 2 * region + i;
+    b[2 * r2] = static_cast<uint8_t>(1 + rng() % 3);
+    b[2 * r2 + 1] = 0x3f;
+  }
+  Encoded e = EncodeTensor(a, b, w, region * w, true);
+  ASSERT_EQ(e.spans.size(), 3u);
+  for (const ChunkHeader& h : e.headers) ASSERT_FALSE(h.IsSparse());
+  DeviceMem d(a.size());
+  Upload(d, a);
+  PlacementPlan plan;
+  ASSERT_TRUE(plan.Add(WholePlacement("t", w, n, 1, d.addr())).ok());
+  auto rx = Receiver::Create(std::move(plan), {"t"}, {});
+  ASSERT_TRUE(rx.ok());
+  auto prep = (*rx)->Prepare(e.buf, e.spans);
+  ASSERT_TRUE(prep.ok()) << prep.status().ToString();
+  uint64_t gpu_planes = 0;
+  for (const HostBatch& hb : prep->batches) gpu_planes += hb.planes.size();
+  EXPECT_EQ(gpu_planes, 4u);  // regions 0 and 2
+  auto rep = (*rx)->Apply(e.buf, *prep);
+  ASSERT_TRUE(rep.ok()) << rep.status().ToString();
+  EXPECT_EQ(rep->chunks_applied, 3u);
+  EXPECT_EQ(Download(d, a.size()), b);
+
+  // Corrupt region 2's entropy plane (its stream ends 2 bytes before the
+  // payload's end: the constant plane follows).
+  const ChunkSpan sp = e.spans[2];
+  std::vector<uint8_t> one(e.buf.begin() + static_cast<ptrdiff_t>(sp.offset),
+                           e.buf.begin() + static_cast<ptrdiff_t>(sp.offset + sp.size));
+  auto good = ParseChunk(one);
+  ASSERT_TRUE(good.ok());
+  const size_t payload_end =
+      static_cast<size_t>(good->payload.data() - one.data()) + good->payload.size();
+  std::vector<uint8_t> a2(a.begin() + static_cast<ptrdiff_t>(2 * region * w), a.end());
+  std::vector<uint8_t> b2(b.begin() + static_cast<ptrdiff_t>(2 * region * w), b.end());
+  int refused = 0;
+  for (int t = 0; t < 30; ++t) {
+    std::vector<uint8_t> bad = one;
+    const size_t at = payload_end - 3 - rng() % 400;
+    bad[at] ^= static_cast<uint8_t>(1 + rng() % 255);
+    FixChecksum(bad.data(), bad.size());
+    auto pc = ParseChunk(bad);
+    ASSERT_TRUE(pc.ok());
+    ChunkHeader h = pc->header;
+    std::vector<uint8_t> cpu = a2;
+    ApplyScratch scratch;
+    // The chunk starts at element 2 * region; apply it to that range.
+    ParsedChunk shifted = *pc;
+    shifted.header.start = 0;
+    const bool cpu_ok =
+        ApplyChunkInPlace(shifted, cpu.data(), &scratch, nullptr, nullptr).ok();
+    DeviceMem d2(a2.size());
+    Upload(d2, a2);
+    PlacementPlan plan2;
+    // The whole tensor's placement, with only region 2 backed by d2.
+    ASSERT_TRUE(plan2.Add(WholePlacement("t", w, n, 1,
+                                         d2.addr() - 2 * region * w)).ok());
+    auto rx2 = Receiver::Create(std::move(plan2), {"t"}, {});
+    ASSERT_TRUE(rx2.ok());
+    ChunkSpan span{0, bad.size()};
+    auto p2 = (*rx2)->Prepare(bad, std::span(&span, 1));
+    if (!p2.ok()) {
+      EXPECT_FALSE(cpu_ok) << "host refused what the CPU applies";
+      ++refused;
+      continue;
+    }
+    auto r2 = (*rx2)->Apply(bad, *p2);
+    EXPECT_EQ(r2.ok(), cpu_ok) << (r2.ok() ? "" : r2.status().ToString());
+    EXPECT_EQ(Download(d2, a2.size()), cpu_ok ? b2 : a2);
+    refused += !r2.ok();
+    (void)h;
+  }
+  EXPECT_GT(refused, 0);
+}
+
 TEST(GpuApply, FixtureStepsMatchCpu) {
   const char* dir = std::getenv("REFIT_GPU_FIXTURES");
   if (dir == nullptr) GTEST_SKIP() << "set REFIT_GPU_FIXTURES";
