@@ -3,8 +3,9 @@
 //
 // Flow (docs/format.md §3 "Apply rule", per chunk):
 //   Prepare   (CPU, before the pause) parses and checksums every chunk,
-//             reads its models, decodes dense payloads, and cuts batches
-//             that fit the staging budget.
+//             reads its models and lane framing, decodes dense chunks
+//             that have a zstd plane (the GPU decodes the others), and
+//             cuts batches that fit the staging budget.
 //   Classify  (GPU, optional, before the pause) hashes each chunk's range:
 //             "before", "after" (already applied: skipped) or neither
 //             (refused: Apply writes nothing).
