@@ -281,6 +281,14 @@ Result<PreparedDelta> PrepareBatches(std::span<const uint8_t> buffer,
       return;
     }
     const ChunkHeader& h = pc->header;
+    if (h.IsStrided()) {
+      // The GPU path places contiguous ranges; strided regions (trainer
+      // ranks' chunks, docs/trainer.md) are applied by the CPU path.
+      errors[i] = UnimplementedError("chunk of tensor " + std::to_string(h.tensor_id) +
+                                     " is a strided region, which the GPU receiver does "
+                                     "not apply yet; apply it on the CPU path");
+      return;
+    }
     if (h.tensor_id >= tensor_names.size()) {
       errors[i] = DataLossError("chunk names tensor " +
                                 std::to_string(h.tensor_id) +

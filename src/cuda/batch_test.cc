@@ -94,6 +94,30 @@ TEST(Batch, RefusesVerificationOfNonContiguousRanges) {
   EXPECT_TRUE(PrepareBatches(chunk, std::span(&span, 1), names, plan, opt).ok());
 }
 
+TEST(Batch, RefusesStridedRegions) {
+  // A trainer rank's chunk of a column block: rows of 64 at stride 256.
+  std::mt19937_64 rng(4);
+  std::vector<uint8_t> a(64 * 32 * 2), b;
+  for (auto& x : a) x = static_cast<uint8_t>(rng());
+  b = a;
+  b[10] ^= 1;
+  ChunkHeader ids;
+  ids.width = 2;
+  ids.version = 1;
+  EncodeScratch scratch;
+  ChunkResult r;
+  ASSERT_TRUE(EncodeRegionChunk(ids, a.data(), b.data(), 64, 64 * 32, 64, 256, {}, &scratch,
+                                &r).ok());
+  ASSERT_TRUE(r.header.IsStrided());
+  PlacementPlan plan;
+  ASSERT_TRUE(plan.Add(WholePlacement("t", 2, 256, 256, 0)).ok());
+  std::vector<std::string> names = {"t"};
+  ChunkSpan span{0, r.chunk.size()};
+  auto p = PrepareBatches(r.chunk, std::span(&span, 1), names, plan, {});
+  ASSERT_FALSE(p.ok());
+  EXPECT_EQ(p.status().code(), StatusCode::kUnimplemented) << p.status().ToString();
+}
+
 TEST(Batch, SplitsBatchesAtTheStagingLimit) {
   std::vector<uint8_t> buf;
   std::vector<ChunkSpan> spans;
