@@ -29,12 +29,14 @@ void BuildDecPlane(const Model& m, DecPlane* p) {
   p->t = t;
   p->mask = (uint32_t{1} << t) - 1;
   p->slot_symbol.resize(size_t{1} << t);
+  p->slot_entry.resize(size_t{1} << t);
   uint32_t c = 0;
   for (int s = 0; s < 256; ++s) {
     const uint32_t f = m.f[s];
-    p->fc[s] = f | c << 16;
     if (f != 0) {
       std::memset(p->slot_symbol.data() + c, s, f);
+      uint32_t* entry = p->slot_entry.data() + c;
+      for (uint32_t k = 0; k < f; ++k) entry[k] = f | k << 16;
       c += f;
     }
   }

@@ -51,12 +51,14 @@ struct EncPlane {
   std::array<EncSymbol, 256> sym;
 };
 
-// Flat slot -> symbol lookup of 2^t entries, plus f and c per symbol.
+// Flat slot lookups of 2^t entries: the symbol s owning each slot, and
+// f[s] | (slot - c[s]) << 16 (both below 2^16 since t <= 15), so a decode
+// step is one lookup away from the next state.
 struct DecPlane {
   uint32_t t = 0;
   uint32_t mask = 0;
   std::vector<uint8_t> slot_symbol;
-  std::array<uint32_t, 256> fc{};  // f[s] | c[s] << 16
+  std::vector<uint32_t> slot_entry;
 };
 
 // `m` must be coded (not kConstant).
@@ -66,6 +68,42 @@ void BuildDecPlane(const Model& m, DecPlane* p);
 // Lanes the encoder uses for n records (section 5.3), given the
 // records-per-lane setting (>= 1) and whether any plane is coded.
 int ChooseLanes(uint32_t n_records, uint32_t records_per_lane, bool any_coded);
+
+namespace internal {
+
+// Records coded side by side, in as many lanes, when a stream has that many.
+inline constexpr uint32_t kRansGroup = 4;
+
+// Codes symbol e onto state *x, whose lane's words end at *p. The word is
+// stored whether or not renormalization keeps it: a branch here would
+// mispredict on about every other record.
+inline void EncStep(const EncSymbol& e, uint32_t shift, uint32_t* x,
+                    uint16_t** p) {
+  const uint32_t out = *x >= e.x_max;
+  (*p)[-1] = static_cast<uint16_t>(*x);
+  *p -= out;
+  const uint32_t y = *x >> (out << 4);  // not a select: GCC makes it a branch
+  const uint64_t q = (uint64_t{y} * e.rcp) >> shift;
+  *x = y + e.bias + static_cast<uint32_t>(q) * e.cmpl;
+}
+
+// Decodes one symbol from state *x, refilling from *q without a branch; the
+// caller guarantees two readable bytes at *q.
+inline uint8_t DecStep(const uint8_t* symbol, const uint32_t* entry,
+                       uint32_t t, uint32_t mask, uint32_t* x,
+                       const uint8_t** q) {
+  const uint32_t slot = *x & mask;
+  const uint32_t e = entry[slot];
+  uint32_t y = (e & 0xffff) * (*x >> t) + (e >> 16);
+  const uint32_t refill = y < kRansLow;
+  const uint32_t word = uint32_t{(*q)[0]} | uint32_t{(*q)[1]} << 8;
+  y = (y << (refill << 4)) | (word & (0u - refill));
+  *q += refill << 1;
+  *x = y;
+  return symbol[slot];
+}
+
+}  // namespace internal
 
 // Encodes a stream and appends it to *out. `coded` lists the coded planes in
 // plane order with their tables; fill(i, syms) must write record i's symbols
@@ -78,14 +116,17 @@ void EncodeStream(uint32_t n_records, int lanes, std::span<const int> coded,
   const uint32_t L = static_cast<uint32_t>(lanes);
   // Each coded symbol emits at most one word (t <= 15), so lane j needs at
   // most records(j) * nc words; lanes fill their regions from the back.
+  // Every region has one spare word below it: renormalization stores its
+  // word before knowing whether it keeps it (no branch to mispredict), and
+  // a kept word later overwrites a discarded one.
   std::array<size_t, kMaxLanes + 1> region_end;
   size_t total_words = 0;
   for (uint32_t j = 0; j < L; ++j) {
     const uint64_t recs = n_records > j ? (n_records - j + L - 1) / L : 0;
-    total_words += recs * static_cast<uint64_t>(nc);
+    total_words += 1 + recs * static_cast<uint64_t>(nc);
     region_end[j] = total_words;
   }
-  auto words = std::make_unique_for_overwrite<uint16_t[]>(total_words + 1);
+  auto words = std::make_unique_for_overwrite<uint16_t[]>(total_words);
   std::array<uint16_t*, kMaxLanes> ptr;
   std::array<uint32_t, kMaxLanes> state;
   for (uint32_t j = 0; j < L; ++j) {
@@ -93,21 +134,51 @@ void EncodeStream(uint32_t n_records, int lanes, std::span<const int> coded,
     state[j] = kRansLow;
   }
   if (nc > 0 && n_records > 0) {
-    std::array<uint8_t, kMaxPlanes> syms{};
-    uint32_t j = (n_records - 1) % L;
-    for (uint32_t i = n_records; i-- > 0;) {
-      fill(i, syms.data());
+    // Local copies, so the compiler sees no aliasing with the output.
+    std::array<const EncSymbol*, kMaxPlanes> sym;
+    std::array<uint32_t, kMaxPlanes> shift;
+    std::array<int, kMaxPlanes> index;
+    for (int c = 0; c < nc; ++c) {
+      sym[c] = enc[c]->sym.data();
+      shift[c] = enc[c]->shift;
+      index[c] = coded[c];
+    }
+    constexpr uint32_t G = internal::kRansGroup;
+    std::array<std::array<uint8_t, kMaxPlanes>, G> syms{};
+    uint32_t i = n_records;            // records [0, i) are left
+    uint32_t j = (n_records - 1) % L;  // the lane of record i - 1
+    // G consecutive records sit in G distinct lanes: coding them plane by
+    // plane side by side hands the CPU G independent chains at once.
+    if (L >= G) {
+      while (i >= G) {
+        std::array<uint32_t, G> lane, x;
+        std::array<uint16_t*, G> p;
+        for (uint32_t r = 0; r < G; ++r) {
+          lane[r] = j >= r ? j - r : j + L - r;
+          fill(i - 1 - r, syms[r].data());
+          x[r] = state[lane[r]];
+          p[r] = ptr[lane[r]];
+        }
+        for (int c = nc - 1; c >= 0; --c) {
+          for (uint32_t r = 0; r < G; ++r) {
+            internal::EncStep(sym[c][syms[r][index[c]]], shift[c], &x[r],
+                              &p[r]);
+          }
+        }
+        for (uint32_t r = 0; r < G; ++r) {
+          state[lane[r]] = x[r];
+          ptr[lane[r]] = p[r];
+        }
+        i -= G;
+        j = lane[G - 1] == 0 ? L - 1 : lane[G - 1] - 1;
+      }
+    }
+    for (; i > 0; --i) {
+      fill(i - 1, syms[0].data());
       uint32_t x = state[j];
       uint16_t* p = ptr[j];
       for (int c = nc - 1; c >= 0; --c) {
-        const EncPlane& ep = *enc[c];
-        const EncSymbol& e = ep.sym[syms[coded[c]]];
-        if (x >= e.x_max) {
-          *--p = static_cast<uint16_t>(x);
-          x >>= 16;
-        }
-        const uint64_t q = (x * e.rcp) >> ep.shift;
-        x += e.bias + static_cast<uint32_t>(q) * e.cmpl;
+        internal::EncStep(sym[c][syms[0][index[c]]], shift[c], &x, &p);
       }
       state[j] = x;
       ptr[j] = p;
@@ -165,18 +236,68 @@ Status DecodeStream(std::span<const uint8_t> in, uint32_t n_records, int P,
     left -= size[j];
   }
   const int nc = static_cast<int>(coded.size());
-  std::array<uint8_t, kMaxPlanes> syms{};
-  std::memcpy(syms.data(), fixed, static_cast<size_t>(P));
-  uint32_t j = 0;
-  for (uint32_t i = 0; i < n_records; ++i) {
+  std::array<const uint8_t*, kMaxPlanes> symbol_of;
+  std::array<const uint32_t*, kMaxPlanes> entry_of;
+  std::array<uint32_t, kMaxPlanes> tbits, mask;
+  std::array<int, kMaxPlanes> index;
+  for (int c = 0; c < nc; ++c) {
+    symbol_of[c] = dec[c]->slot_symbol.data();
+    entry_of[c] = dec[c]->slot_entry.data();
+    tbits[c] = dec[c]->t;
+    mask[c] = dec[c]->mask;
+    index[c] = coded[c];
+  }
+  // A record reads at most one word per coded plane; lanes with that many
+  // bytes left decode without per-word bounds checks.
+  const ptrdiff_t record_bytes = 2 * nc;
+  constexpr uint32_t G = internal::kRansGroup;
+  std::array<std::array<uint8_t, kMaxPlanes>, G> syms;
+  for (auto& row : syms) std::memcpy(row.data(), fixed, static_cast<size_t>(P));
+  uint32_t i = 0;
+  uint32_t j = 0;  // the lane of record i
+  while (i < n_records) {
+    if (L >= G && n_records - i >= G) {
+      // As in EncodeStream: G records in G distinct lanes, side by side.
+      std::array<uint32_t, G> lane;
+      bool fast = true;
+      for (uint32_t g = 0; g < G; ++g) {
+        lane[g] = j + g < L ? j + g : j + g - L;
+        fast &= end[lane[g]] - ptr[lane[g]] >= record_bytes;
+      }
+      if (fast) {
+        std::array<uint32_t, G> x;
+        std::array<const uint8_t*, G> q;
+        for (uint32_t g = 0; g < G; ++g) {
+          x[g] = state[lane[g]];
+          q[g] = ptr[lane[g]];
+        }
+        for (int c = 0; c < nc; ++c) {
+          for (uint32_t g = 0; g < G; ++g) {
+            syms[g][index[c]] = internal::DecStep(
+                symbol_of[c], entry_of[c], tbits[c], mask[c], &x[g], &q[g]);
+          }
+        }
+        for (uint32_t g = 0; g < G; ++g) {
+          state[lane[g]] = x[g];
+          ptr[lane[g]] = q[g];
+          if (const char* err = emit(i + g, syms[g].data())) {
+            return DataLossError(std::string(err) + " at record " +
+                                 std::to_string(i + g));
+          }
+        }
+        i += G;
+        j = lane[G - 1] + 1 == L ? 0 : lane[G - 1] + 1;
+        continue;
+      }
+    }
+    // One record, every word read checked against its lane's end.
     uint32_t x = state[j];
     const uint8_t* q = ptr[j];
     for (int c = 0; c < nc; ++c) {
-      const DecPlane& d = *dec[c];
-      const uint32_t slot = x & d.mask;
-      const uint8_t s = d.slot_symbol[slot];
-      const uint32_t e = d.fc[s];
-      x = (e & 0xffff) * (x >> d.t) + slot - (e >> 16);
+      const uint32_t slot = x & mask[c];
+      const uint32_t e = entry_of[c][slot];
+      syms[0][index[c]] = symbol_of[c][slot];
+      x = (e & 0xffff) * (x >> tbits[c]) + (e >> 16);
       if (x < kRansLow) {
         if (end[j] - q < 2) {
           return DataLossError("lane " + std::to_string(j) +
@@ -186,14 +307,14 @@ Status DecodeStream(std::span<const uint8_t> in, uint32_t n_records, int P,
         x = (x << 16) | (uint32_t{q[0]} | uint32_t{q[1]} << 8);
         q += 2;
       }
-      syms[coded[c]] = s;
     }
     state[j] = x;
     ptr[j] = q;
-    if (const char* err = emit(i, syms.data())) {
+    if (const char* err = emit(i, syms[0].data())) {
       return DataLossError(std::string(err) + " at record " +
                            std::to_string(i));
     }
+    ++i;
     if (++j == L) j = 0;
   }
   for (uint32_t jj = 0; jj < L; ++jj) {

@@ -4,6 +4,8 @@
 
 #include <random>
 
+#include "base/bytes.h"
+
 namespace refit::codec {
 namespace {
 
@@ -88,6 +90,73 @@ Status Decode(const Fixture& fx, std::span<const uint8_t> in,
                       });
 }
 
+// The stream of section 5.3 written the plain way, as the oracle for
+// EncodeStream (lanes side by side, branch-free renormalization, division
+// by reciprocals): one record at a time from the back, a branch per
+// renormalization, x / f and x % f by division.
+std::vector<uint8_t> ReferenceEncode(const Fixture& fx, int lanes) {
+  const uint32_t L = static_cast<uint32_t>(lanes);
+  std::vector<uint32_t> state(L, kRansLow);
+  std::vector<std::vector<uint16_t>> emitted(L);  // in emission order
+  for (uint32_t i = fx.n; i-- > 0;) {
+    const uint32_t j = i % L;
+    uint64_t x = state[j];
+    for (int plane = Fixture::kPlanes - 1; plane >= 0; --plane) {
+      const Model& m = fx.models[plane];
+      if (!m.coded()) continue;
+      const uint8_t s = fx.records[i][plane];
+      const uint64_t f = m.f[s];
+      uint64_t c = 0;
+      for (int below = 0; below < s; ++below) c += m.f[below];
+      if (x >= f << (32 - m.t)) {
+        emitted[j].push_back(static_cast<uint16_t>(x));
+        x >>= 16;
+      }
+      x = ((x / f) << m.t) + x % f + c;
+    }
+    state[j] = static_cast<uint32_t>(x);
+  }
+  std::vector<uint8_t> out;
+  ByteWriter w(&out);
+  w.U8(static_cast<uint8_t>(L));
+  for (uint32_t j = 0; j + 1 < L; ++j) w.Varint(4 + 2 * emitted[j].size());
+  for (uint32_t j = 0; j < L; ++j) {
+    w.U32(state[j]);
+    for (size_t k = emitted[j].size(); k-- > 0;) {
+      w.U8(static_cast<uint8_t>(emitted[j][k]));
+      w.U8(static_cast<uint8_t>(emitted[j][k] >> 8));
+    }
+  }
+  return out;
+}
+
+TEST(RansTest, MatchesReferenceEncoder) {
+  // Lane counts below, at and above the records coded side by side, and
+  // record counts that leave every remainder.
+  for (uint32_t n : {1u, 3u, 4u, 5u, 7u, 8u, 9u, 33u, 1000u, 4099u}) {
+    Fixture fx(n, n + 7);
+    for (int lanes : {1, 2, 3, 4, 5, 7, 8, 9, 31, 64, 255}) {
+      ASSERT_EQ(Encode(fx, lanes), ReferenceEncode(fx, lanes))
+          << "n=" << n << " L=" << lanes;
+    }
+  }
+  // Skewed tables: words on almost every symbol of one plane, almost none
+  // on another.
+  Fixture fx(20000, 3);
+  fx.models[1].mode = ModelMode::kTable;
+  fx.models[1].t = 15;
+  fx.models[1].f.fill(1);
+  fx.models[1].f[0] = static_cast<uint16_t>(32768 - 255);
+  for (auto& r : fx.records) r[1] = (r[2] % 5 == 0) ? r[2] : 0;
+  for (int lanes : {1, 4, 6, 100}) {
+    ASSERT_EQ(Encode(fx, lanes), ReferenceEncode(fx, lanes)) << lanes;
+    std::vector<std::array<uint8_t, Fixture::kPlanes>> got;
+    const std::vector<uint8_t> buf = Encode(fx, lanes);
+    ASSERT_TRUE(Decode(fx, buf, &got).ok());
+    EXPECT_EQ(got, fx.records);
+  }
+}
+
 TEST(RansTest, RoundTripAllLaneCounts) {
   for (uint32_t n : {1u, 2u, 100u, 5000u}) {
     Fixture fx(n, n);
@@ -137,21 +206,24 @@ TEST(RansTest, ReciprocalDivisionIsExact) {
 }
 
 TEST(RansTest, CorruptStreamsFailCleanly) {
-  Fixture fx(3000, 11);
-  const std::vector<uint8_t> buf = Encode(fx, 3);
-  std::vector<std::array<uint8_t, Fixture::kPlanes>> got;
-  for (size_t cut = 0; cut < buf.size(); ++cut) {
-    const Status s = Decode(fx, std::span(buf.data(), cut), &got);
-    ASSERT_EQ(s.code(), StatusCode::kDataLoss) << cut;
-  }
-  std::vector<uint8_t> longer = buf;
-  longer.push_back(0);
-  EXPECT_FALSE(Decode(fx, longer, &got).ok());
-  std::mt19937 rng(2);
-  for (int i = 0; i < 2000; ++i) {
-    std::vector<uint8_t> b = buf;
-    b[rng() % b.size()] ^= static_cast<uint8_t>(1u << (rng() % 8));
-    (void)Decode(fx, b, &got);  // must not crash or read out of bounds
+  // With 3 lanes records decode one at a time; with 9, side by side.
+  for (int lanes : {3, 9}) {
+    Fixture fx(3000, 11);
+    const std::vector<uint8_t> buf = Encode(fx, lanes);
+    std::vector<std::array<uint8_t, Fixture::kPlanes>> got;
+    for (size_t cut = 0; cut < buf.size(); ++cut) {
+      const Status s = Decode(fx, std::span(buf.data(), cut), &got);
+      ASSERT_EQ(s.code(), StatusCode::kDataLoss) << cut;
+    }
+    std::vector<uint8_t> longer = buf;
+    longer.push_back(0);
+    EXPECT_FALSE(Decode(fx, longer, &got).ok());
+    std::mt19937 rng(2);
+    for (int i = 0; i < 2000; ++i) {
+      std::vector<uint8_t> b = buf;
+      b[rng() % b.size()] ^= static_cast<uint8_t>(1u << (rng() % 8));
+      (void)Decode(fx, b, &got);  // must not crash or read out of bounds
+    }
   }
 }
 
