@@ -64,43 +64,115 @@ struct RegionAddr {
   }
 };
 
+template <int W>
+struct Elem;
+template <>
+struct Elem<1> { using T = uint8_t; };
+template <>
+struct Elem<2> { using T = uint16_t; };
+template <>
+struct Elem<4> { using T = uint32_t; };
+template <>
+struct Elem<8> { using T = uint64_t; };
+
+// Element loads and stores of one width; byte order does not matter since
+// values are only XORed, compared and copied.
+template <int W>
+inline typename Elem<W>::T Load(const uint8_t* p) {
+  typename Elem<W>::T v;
+  std::memcpy(&v, p, W);
+  return v;
+}
+template <int W>
+inline void Store(uint8_t* p, typename Elem<W>::T v) {
+  std::memcpy(p, &v, W);
+}
+
+// XORs the sparse records into the region. Positions ascend, so a strided
+// region walks its rows instead of dividing per record.
+template <int W, bool kCount>
+void XorSparse(const RegionAddr& at, const uint32_t* pos, const uint8_t* values,
+               uint32_t k, PageCounter* pages) {
+  if (at.run == 0) {
+    uint8_t* base = at.base;
+    for (uint32_t r = 0; r < k; ++r) {
+      uint8_t* p = base + static_cast<size_t>(pos[r]) * W;
+      Store<W>(p, Load<W>(p) ^ Load<W>(values + static_cast<size_t>(r) * W));
+      if constexpr (kCount) pages->Touch(p);
+    }
+    return;
+  }
+  uint64_t row_first = 0;  // region index of the current row's first element
+  uint8_t* row = at.base;
+  for (uint32_t r = 0; r < k; ++r) {
+    const uint64_t i = pos[r];
+    if (i - row_first >= at.run) {
+      row_first = i - i % at.run;
+      row = at.base + (i / at.run) * at.stride * W;
+    }
+    uint8_t* p = row + (i - row_first) * W;
+    Store<W>(p, Load<W>(p) ^ Load<W>(values + static_cast<size_t>(r) * W));
+    if constexpr (kCount) pages->Touch(p);
+  }
+}
+
 // Stores the chunk's decoded records (in scratch) into the region. XOR
 // kinds toggle bits, so calling this twice restores the region; overwrite
 // kinds record what they replace in *undo.
-void StoreRecords(const ChunkHeader& h, const RegionAddr& at, ApplyScratch* s,
-                  PageCounter* pages, UndoRecord* undo) {
-  const int w = h.width;
-  if (h.IsSparse()) {
+template <int W>
+void StoreRecordsW(const ChunkHeader& h, const RegionAddr& at, ApplyScratch* s,
+                   PageCounter* pages, UndoRecord* undo) {
+  if (h.kind == ChunkKind::kSparseXor) {
+    const uint32_t k = static_cast<uint32_t>(h.changed);
+    if (pages) {
+      XorSparse<W, true>(at, s->positions.data(), s->values.data(), k, pages);
+    } else {
+      XorSparse<W, false>(at, s->positions.data(), s->values.data(), k, pages);
+    }
+    return;
+  }
+  if (h.kind == ChunkKind::kSparseOverwrite) {
     const uint32_t k = static_cast<uint32_t>(h.changed);
     for (uint32_t r = 0; r < k; ++r) {
       uint8_t* p = at.At(s->positions[r]);
-      const uint8_t* v = s->values.data() + static_cast<size_t>(r) * w;
-      if (h.kind == ChunkKind::kSparseXor) {
-        StoreLE(p, LoadLE(p, w) ^ LoadLE(v, w), w);
-      } else {
-        undo->at.push_back(s->positions[r]);
-        undo->old.insert(undo->old.end(), p, p + w);
-        std::memcpy(p, v, static_cast<size_t>(w));
-      }
+      undo->at.push_back(s->positions[r]);
+      undo->old.insert(undo->old.end(), p, p + W);
+      std::memcpy(p, s->values.data() + static_cast<size_t>(r) * W, W);
       if (pages) pages->Touch(p);
     }
     return;
   }
   const uint32_t n = static_cast<uint32_t>(h.count);
   const uint8_t* d = s->dense.data();
+  const bool xor_kind = h.kind == ChunkKind::kDenseXor;
   for (uint32_t i = 0; i < n; ++i) {
+    const auto v = Load<W>(d + static_cast<size_t>(i) * W);
     uint8_t* p = at.At(i);
-    uint64_t v = LoadLE(d + static_cast<uint64_t>(i) * w, w);
-    if (h.kind == ChunkKind::kDenseXor) {
+    const auto old = Load<W>(p);
+    if (xor_kind) {
       if (v == 0) continue;
-      StoreLE(p, LoadLE(p, w) ^ v, w);
+      Store<W>(p, old ^ v);
     } else {
-      if (LoadLE(p, w) == v) continue;
+      if (old == v) continue;
       undo->at.push_back(i);
-      undo->old.insert(undo->old.end(), p, p + w);
-      StoreLE(p, v, w);
+      undo->old.insert(undo->old.end(), p, p + W);
+      Store<W>(p, v);
     }
     if (pages) pages->Touch(p);
+  }
+}
+
+void StoreRecords(const ChunkHeader& h, const RegionAddr& at, ApplyScratch* s,
+                  PageCounter* pages, UndoRecord* undo) {
+  switch (h.width) {
+    case 1:
+      return StoreRecordsW<1>(h, at, s, pages, undo);
+    case 2:
+      return StoreRecordsW<2>(h, at, s, pages, undo);
+    case 4:
+      return StoreRecordsW<4>(h, at, s, pages, undo);
+    default:
+      return StoreRecordsW<8>(h, at, s, pages, undo);
   }
 }
 
@@ -128,9 +200,15 @@ void Restore(const ChunkHeader& h, const RegionAddr& at, const UndoRecord& undo)
 
 }  // namespace
 
-Status ApplyChunkInPlace(const ParsedChunk& chunk, uint8_t* tensor_data,
-                         ApplyScratch* s, uint64_t* pages_written,
-                         UndoRecord* undo) {
+namespace {
+
+// ApplyChunkInPlace, which also hands back the 64 KiB segment digests of a
+// contiguous range after the apply (empty for strided regions): the check
+// against "after" already hashed every segment, and ApplyDelta would
+// otherwise hash the range a second time to refresh its tensor digests.
+Status ApplyChunk(const ParsedChunk& chunk, uint8_t* tensor_data,
+                  ApplyScratch* s, uint64_t* pages_written, UndoRecord* undo,
+                  std::vector<Hash128>* after_digests) {
   const ChunkHeader& h = chunk.header;
   const RegionAddr at(h, tensor_data);
   // Stores happen only after the payload decoded completely, so a corrupt
@@ -141,7 +219,17 @@ Status ApplyChunkInPlace(const ParsedChunk& chunk, uint8_t* tensor_data,
   s->undo.old.clear();
   StoreRecords(h, at, s, &pages, &s->undo);
 
-  if (RegionHash(h, tensor_data) == h.after) {
+  Hash128 got;
+  if (after_digests != nullptr && !h.IsStrided()) {
+    const uint64_t bytes = h.count * h.width;
+    after_digests->resize(SegmentCount(bytes));
+    SegmentDigests(at.base, bytes, after_digests->data());
+    got = HashSegmentDigests(after_digests->data(), after_digests->size());
+  } else {
+    if (after_digests != nullptr) after_digests->clear();
+    got = RegionHash(h, tensor_data);
+  }
+  if (got == h.after) {
     if (pages_written) *pages_written += pages.pages;
     if (undo) *undo = s->undo;
     return Status();
@@ -154,6 +242,14 @@ Status ApplyChunkInPlace(const ParsedChunk& chunk, uint8_t* tensor_data,
   return DataLossError("chunk decoded but its result does not hash to the "
                        "chunk's \"after\" hash; the chunk is corrupt and was "
                        "not applied");
+}
+
+}  // namespace
+
+Status ApplyChunkInPlace(const ParsedChunk& chunk, uint8_t* tensor_data,
+                         ApplyScratch* s, uint64_t* pages_written,
+                         UndoRecord* undo) {
+  return ApplyChunk(chunk, tensor_data, s, pages_written, undo, nullptr);
 }
 
 Status UndoChunkInPlace(const ParsedChunk& chunk, uint8_t* tensor_data,
@@ -374,15 +470,17 @@ Result<ApplyReport> ApplyDelta(const DeltaReader& delta,
   for (size_t c : todo) {
     todo_bytes += delta.index()[c].count * bindings[delta.index()[c].tensor_id].entry->width;
   }
+  std::vector<std::vector<Hash128>> after_digests(static_cast<size_t>(threads));
   ParallelForEach(todo.size(), threads, [&](size_t j, int worker) {
     if (failed.load()) return;
     const size_t c = todo[j];
     auto chunk = delta.ReadChunk(c);
     Status st = chunk.status();
     Binding& b = bindings[delta.index()[c].tensor_id];
+    std::vector<Hash128>& digests = after_digests[static_cast<size_t>(worker)];
     if (st.ok()) {
-      st = ApplyChunkInPlace(*chunk, b.data, &scratch[static_cast<size_t>(worker)],
-                             &pages[static_cast<size_t>(worker)], &undo[j]);
+      st = ApplyChunk(*chunk, b.data, &scratch[static_cast<size_t>(worker)],
+                      &pages[static_cast<size_t>(worker)], &undo[j], &digests);
     }
     if (!st.ok()) {
       std::lock_guard<std::mutex> lock(err_mu);
@@ -399,8 +497,13 @@ Result<ApplyReport> ApplyDelta(const DeltaReader& delta,
     // disjoint segments (chunk ranges are segment-aligned).
     const uint64_t w = b.entry->width;
     const uint64_t off = chunk->header.start * w;
-    SegmentDigests(b.data + off, chunk->header.count * w,
-                   b.digests.data() + off / kRangeHashSegment);
+    if (!digests.empty() && off % kRangeHashSegment == 0) {
+      std::copy(digests.begin(), digests.end(),
+                b.digests.begin() + static_cast<ptrdiff_t>(off / kRangeHashSegment));
+    } else {
+      SegmentDigests(b.data + off, chunk->header.count * w,
+                     b.digests.data() + off / kRangeHashSegment);
+    }
     uint64_t d = done_bytes.fetch_add(chunk->header.count * w) + chunk->header.count * w;
     if (options.progress && worker == 0) options.progress("apply", d, todo_bytes);
   });
