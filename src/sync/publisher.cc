@@ -238,7 +238,7 @@ Status Publisher::ServeRequests(uint64_t version, const std::vector<TensorEntry>
     auto it = served_requests_.find(info.key);
     if (it != served_requests_.end() && it->second == sha) continue;
     const std::string member = info.key.substr(info.key.find_last_of('/') + 1);
-    auto body = opt_.auth.Open(bytes);
+    auto body = opt_.auth.OpenMember(bytes);
     if (!body.ok()) continue;  // not from a member holding the key: ignore
     auto q = DecodeRequest(*body);
     if (!q.ok()) continue;
@@ -505,7 +505,7 @@ Result<PublishReport> Publisher::Publish(uint64_t version,
           if (v.status().code() != StatusCode::kNotFound) return v.status();
           continue;
         }
-        auto body = opt_.auth.Open(*v);
+        auto body = opt_.auth.OpenMember(*v);
         if (!body.ok()) continue;  // forged or damaged: not a vote
         auto vote = DecodeVote(*body);
         if (!vote.ok()) continue;

@@ -2,9 +2,13 @@
 
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <optional>
 #include <thread>
@@ -167,10 +171,12 @@ class Digests {
 };
 
 // Starts the write-back of applied ranges to the checkpoint's files while
-// the next chunks are applied (sync_file_range, SYNC_FILE_RANGE_WRITE: the
-// kernel writes the dirty pages of the range and does not wait), so the
-// durable flush before the vote (msync + fsync of everything) finds little
-// left to write. A hint only: durability comes from that flush.
+// the next chunks are applied: a thread of its own hands each range to the
+// kernel (sync_file_range, SYNC_FILE_RANGE_WRITE: start writing the range's
+// dirty pages, do not wait for them), so the durable flush before the vote
+// (msync + fsync of everything) finds little left to write, and the apply
+// loop never blocks on the disk queue. A hint only: durability comes from
+// that flush, and an error here only costs the overlap.
 class Flusher {
  public:
   explicit Flusher(const Bound& b) : b_(b) {
@@ -178,8 +184,15 @@ class Flusher {
     for (const CheckpointFile& f : b_.ckpt->files()) {
       fds_.push_back(open(f.path.c_str(), O_RDONLY | O_CLOEXEC));
     }
+    thread_ = std::thread([this] { Run(); });
   }
   ~Flusher() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      done_ = true;
+    }
+    cv_.notify_all();
+    if (thread_.joinable()) thread_.join();
     for (int fd : fds_) {
       if (fd >= 0) close(fd);
     }
@@ -190,16 +203,133 @@ class Flusher {
   void Add(size_t t, uint64_t offset, uint64_t length) {
     if (!b_.ckpt) return;
     const TensorInfo& info = b_.ckpt->tensors()[b_.ckpt_index[t]];
-    const int fd = info.file_index < fds_.size() ? fds_[info.file_index] : -1;
-    if (fd < 0) return;
-    // Errors here only cost the overlap; the flush before the vote reports.
-    (void)sync_file_range(fd, static_cast<off64_t>(info.offset + offset),
-                          static_cast<off64_t>(length), SYNC_FILE_RANGE_WRITE);
+    if (info.file_index >= fds_.size() || fds_[info.file_index] < 0) return;
+    std::lock_guard<std::mutex> lock(mu_);
+    queue_.push_back({fds_[info.file_index], info.offset + offset, length});
+    cv_.notify_all();
   }
 
  private:
+  struct Range {
+    int fd;
+    uint64_t offset, length;
+  };
+  void Run() {
+    for (;;) {
+      Range r;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [&] { return !queue_.empty() || done_; });
+        if (done_) return;  // what is left is written by the flush
+        r = queue_.front();
+        queue_.pop_front();
+      }
+      (void)sync_file_range(r.fd, static_cast<off64_t>(r.offset),
+                            static_cast<off64_t>(r.length), SYNC_FILE_RANGE_WRITE);
+    }
+  }
   const Bound& b_;
   std::vector<int> fds_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Range> queue_;
+  bool done_ = false;
+  std::thread thread_;
+};
+
+// Applies chunks on worker threads while the caller fetches and checks
+// the next ones (distinct chunks touch distinct ranges, docs/format.md §3,
+// so they may be applied concurrently). With one thread, Submit applies at
+// once on the caller's thread. The caller drains finished jobs and does
+// the bookkeeping (journal, counters) itself, on its own thread.
+class ApplyPool {
+ public:
+  struct Job {
+    uint64_t index = 0;
+    size_t tensor = 0;
+    uint64_t offset = 0, length = 0;
+    bool early = false;             // submitted before the manifest was seen
+    std::vector<uint8_t> object;    // owns the bytes `chunk` points into
+    ParsedChunk chunk;
+    uint8_t* data = nullptr;        // the tensor's first byte
+  };
+  struct Done {
+    Job job;
+    Status status;
+    UndoRecord undo;
+  };
+
+  explicit ApplyPool(int threads) : threads_(std::max(1, threads)) {
+    if (threads_ == 1) return;
+    for (int i = 0; i < threads_; ++i) workers_.emplace_back([this] { Work(); });
+  }
+  ~ApplyPool() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    for (auto& w : workers_) w.join();
+  }
+  ApplyPool(const ApplyPool&) = delete;
+  ApplyPool& operator=(const ApplyPool&) = delete;
+
+  // Blocks while 2 * threads jobs are in flight.
+  void Submit(Job job) {
+    if (workers_.empty()) {
+      Done d{std::move(job), Status(), {}};
+      d.status = ApplyChunkInPlace(d.job.chunk, d.job.data, &scratch_, nullptr, &d.undo);
+      done_.push_back(std::move(d));
+      return;
+    }
+    std::unique_lock<std::mutex> lock(mu_);
+    // Jobs finished but not drained do not count: the caller drains them.
+    cv_.wait(lock, [&] {
+      return in_flight_ - done_.size() < 2 * static_cast<size_t>(threads_);
+    });
+    ++in_flight_;
+    queue_.push_back(std::move(job));
+    cv_.notify_all();
+  }
+  // Finished jobs, in any order; with `all`, waits until none is in flight.
+  std::vector<Done> Drain(bool all) {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (all) cv_.wait(lock, [&] { return in_flight_ == done_.size(); });
+    std::vector<Done> out = std::move(done_);
+    done_.clear();
+    in_flight_ -= workers_.empty() ? 0 : out.size();
+    cv_.notify_all();
+    return out;
+  }
+
+ private:
+  void Work() {
+    ApplyScratch scratch;
+    for (;;) {
+      Job job;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [&] { return !queue_.empty() || stop_; });
+        if (stop_) return;
+        job = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      Done d{std::move(job), Status(), {}};
+      d.status = ApplyChunkInPlace(d.job.chunk, d.job.data, &scratch, nullptr, &d.undo);
+      std::lock_guard<std::mutex> lock(mu_);
+      done_.push_back(std::move(d));
+      cv_.notify_all();
+    }
+  }
+  const int threads_;
+  std::vector<std::thread> workers_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Job> queue_;
+  std::vector<Done> done_;
+  size_t in_flight_ = 0;  // submitted and not yet drained
+  bool stop_ = false;
+  ApplyScratch scratch_;  // the inline (one thread) case
 };
 
 std::string StatePath(const ReceiverOptions& o, const char* name) {
@@ -642,7 +772,7 @@ Result<StepResult> Receiver::ProcessVersion(const Announcement& a,
       q.after.push_back(after);
     }
     REFIT_RETURN_IF_ERROR(store_->Put(RequestKey(a.version, opt_.member),
-                                      opt_.auth.Seal(EncodeRequest(q))));
+                                      opt_.auth.SealMember(EncodeRequest(q))));
     auto start = Clock::now();
     for (uint64_t i : torn) {
       for (;;) {
@@ -751,6 +881,37 @@ Result<StepResult> Receiver::ProcessVersion(const Announcement& a,
   };
 
   // Apply every chunk at most once, as it lands.
+  const int threads = opt_.threads > 0 ? opt_.threads
+                                       : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  ApplyPool pool(threads);
+  Status apply_error;
+  auto drain = [&](bool all) -> Status {
+    for (ApplyPool::Done& d : pool.Drain(all)) {
+      if (!d.status.ok()) {
+        if (apply_error.ok()) apply_error = d.status;
+        continue;
+      }
+      const ApplyPool::Job& job = d.job;
+      ++chunks_applied_total_;
+      REFIT_RETURN_IF_ERROR(journal.Applied(job.index, d.undo));
+      ++result.chunks_applied;
+      result.changed_elements += job.chunk.header.changed;
+      // ApplyChunkInPlace re-hashed the range to the chunk's "after": the
+      // tensor stays covered.
+      digests.Written(job.tensor, job.offset, job.length);
+      flusher.Add(job.tensor, job.offset, job.length);
+      if (job.early) ++result.chunks_before_manifest;
+      CrashPoint("receiver.after-chunk");
+      if (job.early) CrashPoint("receiver.after-early-chunk");
+    }
+    return apply_error;
+  };
+  // Whatever way this step ends, chunks applied by the workers are counted
+  // and journaled (with their pre-images) before it returns.
+  struct DrainOnExit {
+    std::function<void()> drain;
+    ~DrainOnExit() { drain(); }
+  } drain_on_exit{[&] { (void)drain(true); }};
   CrashPoint("receiver.before-apply");
   std::vector<uint64_t> torn;
   auto last_progress = Clock::now();
@@ -773,9 +934,13 @@ Result<StepResult> Receiver::ProcessVersion(const Announcement& a,
       if (manifest) continue;
       // The publisher is still uploading (or stopped): an abort decision
       // ends the wait, and so does the deadline.
+      REFIT_RETURN_IF_ERROR(drain(false));
       if (++polls % 8 == 0) {
         REFIT_ASSIGN_OR_RETURN(decision, ReadDecision(a.version));
-        if (decision && !decision->commit) return aborted();
+        if (decision && !decision->commit) {
+          REFIT_RETURN_IF_ERROR(drain(true));
+          return aborted();
+        }
       }
       if (ElapsedMs(last_progress) > opt_.chunk_timeout_ms) {
         return DeadlineExceededError(
@@ -801,19 +966,17 @@ Result<StepResult> Receiver::ProcessVersion(const Announcement& a,
         ++result.chunks_skipped;
         break;
       case RangeState::kBefore: {
-        UndoRecord undo;
-        REFIT_RETURN_IF_ERROR(ApplyChunkInPlace(c, b.data[t], &scratch, nullptr, &undo));
-        ++chunks_applied_total_;
-        REFIT_RETURN_IF_ERROR(journal.Applied(i, undo));
-        ++result.chunks_applied;
-        result.changed_elements += c.header.changed;
-        // ApplyChunkInPlace re-hashed the range to the chunk's "after": the
-        // tensor stays covered.
-        digests.Written(t, off, len);
-        flusher.Add(t, off, len);
-        if (!manifest) ++result.chunks_before_manifest;
-        CrashPoint("receiver.after-chunk");
-        if (!manifest) CrashPoint("receiver.after-early-chunk");
+        ApplyPool::Job job;
+        job.index = i;
+        job.tensor = t;
+        job.offset = off;
+        job.length = len;
+        job.early = !manifest;
+        job.chunk = c;  // points into `object`'s buffer, which moves along
+        job.object = std::move(object);
+        job.data = b.data[t];
+        pool.Submit(std::move(job));
+        REFIT_RETURN_IF_ERROR(drain(false));
         break;
       }
       case RangeState::kNeither:
@@ -824,6 +987,7 @@ Result<StepResult> Receiver::ProcessVersion(const Announcement& a,
     seen.push_back(sha);
     ++i;
   }
+  REFIT_RETURN_IF_ERROR(drain(true));
   REFIT_RETURN_IF_ERROR(repair(torn, /*after=*/true));
   CrashPoint("receiver.after-apply");
   REFIT_RETURN_IF_ERROR(hash_through(a.tensors.size()));
@@ -855,7 +1019,7 @@ Result<StepResult> Receiver::ProcessVersion(const Announcement& a,
 
   if (vote) {
     REFIT_RETURN_IF_ERROR(store_->Put(VoteKey(a.version, opt_.member),
-                                      opt_.auth.Seal(EncodeVote(Vote{true, ""}))));
+                                      opt_.auth.SealMember(EncodeVote(Vote{true, ""}))));
     result.tail_seconds = std::chrono::duration<double>(Clock::now() - *manifest_seen).count();
     REFIT_RETURN_IF_ERROR(journal.Voted());
     REFIT_RETURN_IF_ERROR(journal.Sync());

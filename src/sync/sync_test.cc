@@ -57,6 +57,79 @@ TEST(AuthTest, SealOpenAndTamper) {
   EXPECT_FALSE(Authenticator::Hmac({1, 2}).ok());
 }
 
+TEST(AuthTest, Ed25519SignaturesTamperingAndWrongKeys) {
+  auto pair = Authenticator::GenerateEd25519();
+  ASSERT_OK(pair);
+  auto other = Authenticator::GenerateEd25519();
+  ASSERT_OK(other);
+  auto signer = Key().WithSigningKey(pair->first);
+  ASSERT_OK(signer);
+  auto verifier = Key().WithVerifyKey(pair->second);
+  ASSERT_OK(verifier);
+  std::vector<uint8_t> body = {5, 6, 7, 8, 9};
+  auto env = signer->Seal(body);
+  EXPECT_EQ(env[4], 2);  // scheme 2
+  auto opened = verifier->Open(env);
+  ASSERT_OK(opened);
+  EXPECT_EQ(std::vector<uint8_t>(opened->begin(), opened->end()), body);
+  ASSERT_OK(signer->Open(env));  // the publisher reads its own objects
+  // Any changed byte, in body or signature, is refused.
+  for (size_t i = 0; i < env.size(); ++i) {
+    auto bad = env;
+    bad[i] ^= 0x20;
+    EXPECT_FALSE(verifier->Open(bad).ok()) << i;
+  }
+  // Another publisher's key, and nodes without a verify key.
+  auto wrong = Key().WithVerifyKey(other->second);
+  ASSERT_OK(wrong);
+  EXPECT_EQ(wrong->Open(env).status().code(), StatusCode::kUnauthenticated);
+  EXPECT_EQ(Key().Open(env).status().code(), StatusCode::kUnauthenticated);
+  EXPECT_EQ(Authenticator::None().Open(env).status().code(), StatusCode::kUnauthenticated);
+  // A holder of the shared key (any member) cannot pass off a publisher
+  // object: a verifier takes only signed ones.
+  EXPECT_EQ(verifier->Open(Key().Seal(body)).status().code(), StatusCode::kUnauthenticated);
+  EXPECT_EQ(verifier->Open(Authenticator::None().Seal(body)).status().code(),
+            StatusCode::kUnauthenticated);
+  // Member objects (votes, requests) use the shared key, never a signature.
+  auto vote = verifier->SealMember(body);
+  EXPECT_EQ(vote[4], 1);
+  ASSERT_OK(signer->OpenMember(vote));
+  EXPECT_EQ(signer->SealMember(body)[4], 1);
+  EXPECT_EQ(signer->OpenMember(env).status().code(), StatusCode::kUnauthenticated);
+  // Without a shared key, member objects carry no tag.
+  auto bare = Authenticator::None().WithVerifyKey(pair->second);
+  ASSERT_OK(bare);
+  EXPECT_EQ(bare->SealMember(body)[4], 0);
+  EXPECT_FALSE(bare->Open(bare->SealMember(body)).ok());
+  // Key sizes.
+  EXPECT_FALSE(Key().WithSigningKey(std::vector<uint8_t>(31, 1)).ok());
+  EXPECT_FALSE(Key().WithVerifyKey(std::vector<uint8_t>(33, 1)).ok());
+}
+
+TEST(AuthTest, Ed25519KeyFiles) {
+  TempDir dir;
+  const std::string priv = dir.File("sign.pem"), pub = dir.File("verify.pem");
+  ASSERT_OK(Authenticator::WriteEd25519KeyFiles(priv, pub));
+  EXPECT_EQ(std::filesystem::status(priv).permissions() & std::filesystem::perms::others_read,
+            std::filesystem::perms::none);
+  // Never overwrites a key.
+  EXPECT_EQ(Authenticator::WriteEd25519KeyFiles(priv, dir.File("x.pem")).code(),
+            StatusCode::kFailedPrecondition);
+  auto signer = Authenticator::None().WithSigningKeyFile(priv);
+  ASSERT_OK(signer);
+  auto verifier = Authenticator::None().WithVerifyKeyFile(pub);
+  ASSERT_OK(verifier);
+  std::vector<uint8_t> body = {1, 2, 3};
+  ASSERT_OK(verifier->Open(signer->Seal(body)));
+  // The public key is not a private key, and an HMAC key file is neither.
+  EXPECT_EQ(Authenticator::None().WithSigningKeyFile(pub).status().code(),
+            StatusCode::kInvalidArgument);
+  testing::WriteBytes(dir.File("hmac.key"), std::vector<uint8_t>(40, 'k'));
+  auto refused = Authenticator::None().WithVerifyKeyFile(dir.File("hmac.key"));
+  EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.status().message().find("hmac.key"), std::string::npos);
+}
+
 TEST(ProtocolTest, ObjectsRoundTripAndRejectGarbage) {
   Manifest m;
   m.version = 5;
@@ -821,6 +894,95 @@ class GateStore final : public ObjectStore {
   std::condition_variable cv_;
   bool open_ = false;
 };
+
+// A signing publisher: receivers with its public key follow versions; a
+// receiver with another key, and a chunk forged by a holder of the shared
+// key, are refused before anything is applied.
+TEST_P(SyncTest, SignedVersionsAndForgedChunks) {
+  auto pair = Authenticator::GenerateEd25519();
+  ASSERT_OK(pair);
+  auto other = Authenticator::GenerateEd25519();
+  ASSERT_OK(other);
+  auto popts = MakePublisher(1);
+  auto signer = Key().WithSigningKey(pair->first);
+  ASSERT_OK(signer);
+  popts.auth = *signer;
+  popts.vote_timeout_ms = 1500;
+  auto pub = Publisher::Open(store_.get(), dir_.File("baseline.safetensors"), popts);
+  ASSERT_OK(pub);
+  auto ropts = MakeReceiver(0);
+  auto verifier = Key().WithVerifyKey(pair->second);
+  ASSERT_OK(verifier);
+  ropts.auth = *verifier;
+  auto r0 = Receiver::Open(store_.get(), ropts);
+  ASSERT_OK(r0);
+  Model trainer = model_;
+  std::mt19937_64 rng(31);
+  trainer.Step(rng, 0.03);
+  std::thread t([&] { EXPECT_OK((*r0)->SyncTo(1, 20000)); });
+  auto report = (*pub)->Publish(1, trainer.Views());
+  t.join();
+  ASSERT_OK(report);
+  ASSERT_TRUE(report->committed) << report->reason;
+  EXPECT_TRUE(trainer.Matches(ropts.checkpoint));
+
+  // A receiver holding another publisher's key refuses version 1.
+  auto wopts = MakeReceiver(1);
+  auto wrong = Key().WithVerifyKey(other->second);
+  ASSERT_OK(wrong);
+  wopts.auth = *wrong;
+  auto r1 = Receiver::Open(store_.get(), wopts);
+  ASSERT_OK(r1);
+  auto refused = (*r1)->Step();
+  EXPECT_EQ(refused.status().code(), StatusCode::kUnauthenticated) << refused.status().ToString();
+  EXPECT_TRUE(model_.Matches(wopts.checkpoint));
+
+  // A member (it has the shared key, not the private one) plants a forged
+  // version 2: announcement and first chunk re-sealed with the shared key.
+  Model forged = trainer;
+  forged.Step(rng, 0.03);
+  auto a1 = store_->Get(IndexKey(1));
+  ASSERT_OK(a1);
+  auto a1body = verifier->Open(*a1);
+  ASSERT_OK(a1body);
+  auto ann = DecodeAnnouncement(*a1body);
+  ASSERT_OK(ann);
+  ann->version = 2;
+  ann->base_version = 1;
+  ASSERT_OK(store_->Put(IndexKey(2), Key().Seal(EncodeAnnouncement(*ann))));
+  auto before = testing::ReadBytes(ropts.checkpoint);
+  auto s = (*r0)->Step();
+  EXPECT_EQ(s.status().code(), StatusCode::kUnauthenticated) << s.status().ToString();
+  EXPECT_EQ(testing::ReadBytes(ropts.checkpoint), before);
+  ASSERT_OK(store_->Delete(IndexKey(2)));
+  // Forged chunk while the real version 2 streams: chunk 0 re-sealed with
+  // the shared key after a bit flip in its payload.
+  GateStore gate(store_.get(), ManifestKey(2));
+  auto pub2 = Publisher::Open(&gate, dir_.File("baseline.safetensors"), popts);
+  ASSERT_OK(pub2);
+  Result<PublishReport> r2 = InternalError("not run");
+  std::thread pt([&] { r2 = (*pub2)->Publish(2, forged.Views()); });
+  for (int i = 0; i < 10000 && !gate.held(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  ASSERT_TRUE(gate.held());
+  auto c0 = store_->Get(ChunkKey(2, 0));
+  ASSERT_OK(c0);
+  auto c0body = verifier->Open(*c0);
+  ASSERT_OK(c0body);
+  std::vector<uint8_t> evil(c0body->begin(), c0body->end());
+  evil[evil.size() / 2] ^= 1;
+  ASSERT_OK(store_->Put(ChunkKey(2, 0), Key().Seal(evil)));
+  before = testing::ReadBytes(ropts.checkpoint);
+  s = (*r0)->Step();
+  EXPECT_EQ(s.status().code(), StatusCode::kUnauthenticated) << s.status().ToString();
+  EXPECT_EQ(testing::ReadBytes(ropts.checkpoint), before);
+  EXPECT_EQ((*r0)->active_version(), 1u);
+  gate.Release();
+  pt.join();
+  ASSERT_OK(r2);
+  EXPECT_FALSE(r2->committed);  // r0 could not vote
+}
 
 // Receivers apply every chunk while the manifest is still held back; after
 // it, only the tail (checks, flush, vote) remains.

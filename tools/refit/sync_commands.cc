@@ -163,10 +163,25 @@ namespace {
 
 namespace fs = std::filesystem;
 
-Result<Authenticator> LoadAuth(const std::string& key_file) {
-  if (key_file.empty()) return Authenticator::None();
-  REFIT_RETURN_IF_ERROR(CheckExists(key_file, "--key-file"));
-  return Authenticator::FromKeyFile(key_file);
+// The shared HMAC key (--key-file), plus the publisher's Ed25519 signing
+// key (--sign-key) or its public key (--verify-key).
+Result<Authenticator> LoadAuth(const std::string& key_file,
+                               const std::string& sign_key = "",
+                               const std::string& verify_key = "") {
+  Authenticator auth = Authenticator::None();
+  if (!key_file.empty()) {
+    REFIT_RETURN_IF_ERROR(CheckExists(key_file, "--key-file"));
+    REFIT_ASSIGN_OR_RETURN(auth, Authenticator::FromKeyFile(key_file));
+  }
+  if (!sign_key.empty()) {
+    REFIT_RETURN_IF_ERROR(CheckExists(sign_key, "--sign-key"));
+    REFIT_ASSIGN_OR_RETURN(auth, auth.WithSigningKeyFile(sign_key));
+  }
+  if (!verify_key.empty()) {
+    REFIT_RETURN_IF_ERROR(CheckExists(verify_key, "--verify-key"));
+    REFIT_ASSIGN_OR_RETURN(auth, auth.WithVerifyKeyFile(verify_key));
+  }
+  return auth;
 }
 
 Result<uint64_t> ChunkBytes(double chunk_mib) {
@@ -322,7 +337,7 @@ Result<TreeWait> WaitForTree(RelayRootStore* relay, Publisher* publisher,
     for (auto it = waiting.begin(); it != waiting.end();) {
       Result<std::vector<uint8_t>> b =
           relay->root()->Get(RelayDoneKey(version, *it));
-      if (b.ok() && auth.Open(*b).ok()) {
+      if (b.ok() && auth.OpenMember(*b).ok()) {
         w.done.push_back(*it);
         it = waiting.erase(it);
       } else {
@@ -384,7 +399,7 @@ int RunPublish(const PublishArgs& args) {
   if (Status s = CheckExists(args.baseline, "--baseline"); !s.ok())
     return fail(s);
   if (Status s = CheckExists(args.target, "TARGET"); !s.ok()) return fail(s);
-  Result<Authenticator> auth = LoadAuth(args.key_file);
+  Result<Authenticator> auth = LoadAuth(args.key_file, args.sign_key);
   if (!auth.ok()) return fail(auth.status());
   if (args.store.empty() && args.relay_listen.empty()) {
     return fail(InvalidArgumentError("give --store, --relay-listen, or both"));
@@ -708,7 +723,7 @@ int RunReceive(const ReceiveArgs& args) {
         fmt::format("cannot create the state directory '{}': {}", args.state,
                     ec.message())));
   }
-  Result<Authenticator> auth = LoadAuth(args.key_file);
+  Result<Authenticator> auth = LoadAuth(args.key_file, "", args.verify_key);
   if (!auth.ok()) return fail(auth.status());
   if (args.store.empty() == args.relay_parent.empty()) {
     return fail(
@@ -802,7 +817,7 @@ int RunReceive(const ReceiveArgs& args) {
     done_frames = node->status().frames_out;  // before: the send is async
     Status s = node->Put(
         RelayDoneKey(version, args.member),
-        auth->Seal(std::span<const uint8_t>(
+        auth->SealMember(std::span<const uint8_t>(
             reinterpret_cast<const uint8_t*>(body.data()), body.size())));
     if (!s.ok()) {
       fmt::print(stderr, "refit: receive: reporting version {}: {}\n", version,
@@ -958,7 +973,7 @@ Result<VersionStatus> ReadVersion(ObjectStore* store, const Authenticator& auth,
   for (const std::string& member : m.members) {
     std::string state = "missing";
     if (auto b = store->Get(VoteKey(version, member)); b.ok()) {
-      auto body = auth.Open(*b);
+      auto body = auth.OpenMember(*b);
       auto vote = body.ok() ? DecodeVote(*body) : Result<Vote>(body.status());
       if (!vote.ok()) {
         state = "invalid";
@@ -1014,7 +1029,7 @@ LocalStatus ReadLocal(const std::string& dir) {
 int RunSyncStatus(const StatusArgs& args) {
   constexpr std::string_view kCmd = "status";
   auto fail = [&](const Status& s) { return Fail(kCmd, s, args.json); };
-  Result<Authenticator> auth = LoadAuth(args.key_file);
+  Result<Authenticator> auth = LoadAuth(args.key_file, "", args.verify_key);
   if (!auth.ok()) return fail(auth.status());
   Result<std::unique_ptr<ObjectStore>> store = OpenObjectStore(args.store);
   if (!store.ok()) return fail(store.status());
@@ -1205,6 +1220,10 @@ void RegisterSyncCommands(CLI::App* app, SyncCommandArgs* args) {
   pub->add_option("TARGET", p.target, "the new checkpoint (file or directory)")
       ->required();
   add_key(pub, &p.key_file);
+  pub->add_option("--sign-key", p.sign_key,
+                  "Ed25519 private key (PEM, e.g. from `openssl genpkey "
+                  "-algorithm ed25519`): sign every object the publisher "
+                  "writes; receivers check them with --verify-key");
   pub->add_option("--snapshot-every", p.snapshot_every,
                   "store a full snapshot every N committed versions (and of "
                   "version 0), for receivers that are new or fall behind the "
@@ -1288,6 +1307,9 @@ void RegisterSyncCommands(CLI::App* app, SyncCommandArgs* args) {
                   "(created if absent)")
       ->required();
   add_key(rcv, &r.key_file);
+  rcv->add_option("--verify-key", r.verify_key,
+                  "the publisher's Ed25519 public key (PEM, `openssl pkey "
+                  "-pubout`): accept only objects it signed");
   rcv->add_option("--until", r.until,
                   "exit 0 once the active version is at least this");
   rcv->add_flag("--once", r.once, "exit after handling one version");
@@ -1320,6 +1342,8 @@ void RegisterSyncCommands(CLI::App* app, SyncCommandArgs* args) {
   args->status_cmd = sts;
   sts->add_option("--store", st.store, "store URL")->required();
   add_key(sts, &st.key_file);
+  sts->add_option("--verify-key", st.verify_key,
+                  "the publisher's Ed25519 public key, when it signs");
   sts->add_option("--state", st.states,
                   "a receiver's state directory (repeatable)");
   sts->add_option("--recent", st.recent, "how many versions to list")

@@ -43,6 +43,7 @@ struct PublishArgs {
   uint64_t version = 0;
   std::string target;
   std::string key_file;  // empty: unauthenticated (scheme 0)
+  std::string sign_key;  // Ed25519 private key: sign publisher objects
   int vote_timeout_ms = 60000;
   std::string policy = "abort";  // or "drop"
   double chunk_mib = 8;
@@ -66,6 +67,7 @@ struct ReceiveArgs {
   std::string checkpoint;
   std::string state;
   std::string key_file;
+  std::string verify_key;  // Ed25519 public key: require signed objects
   int64_t until = -1;  // -1: run until stopped
   bool once = false;
   int poll_ms = 50;
@@ -79,6 +81,7 @@ int RunReceive(const ReceiveArgs& args);
 struct StatusArgs {
   std::string store;
   std::string key_file;
+  std::string verify_key;
   std::vector<std::string> states;
   int recent = 10;  // versions listed, newest first
   bool json = false;
