@@ -16,7 +16,7 @@ import numpy as np
 
 from . import _native
 from ._tensors import is_torch, named_items, prepare
-from .errors import InvalidArgumentError, NotFoundError
+from .errors import Error, InvalidArgumentError, NotFoundError
 from .files import Checkpoint, PathLike, save
 
 CommitHook = Callable[["SyncReport"], Any]
@@ -274,7 +274,12 @@ class Receiver:
 
     @property
     def active_version(self) -> int:
-        return self._native.active_version
+        return self._open().active_version
+
+    def _open(self) -> Any:
+        if self._native is None:
+            raise Error(f"receiver {self.member!r} is closed", "FAILED_PRECONDITION")
+        return self._native
 
     @property
     def checkpoint_dir(self) -> Optional[str]:
@@ -311,7 +316,7 @@ class Receiver:
         if to_version is not None and to_version <= 0:
             raise InvalidArgumentError("to_version must be positive (or None)",
                                        "INVALID_ARGUMENT")
-        steps = self._native.sync(to_version or 0, float(timeout))
+        steps = self._open().sync(to_version or 0, float(timeout))
         changed: List[str] = []
         seen = set()
         for s in steps:

@@ -111,6 +111,8 @@ def test_tensors_mode_default_state_is_temporary(tmp_path):
         assert os.path.isdir(state) and rcv.active_version == 0
         assert rcv.sync().steps == []
     assert not os.path.exists(state)
+    with pytest.raises(refit.Error, match="closed"):
+        rcv.sync()
     # Bit patterns without dtypes do not match the store's BF16 tensors.
     publish_one = refit.Publisher(store, baseline=tmp_path / "b.safetensors", members=["w0"],
                                   vote_timeout=1)
