@@ -29,6 +29,36 @@ void Keep(ChunkKind kind, EncodeScratch* s, ChunkKind* best_kind, bool* have) {
 
 namespace {
 
+template <int W>
+struct Word;
+template <>
+struct Word<1> { using T = uint8_t; };
+template <>
+struct Word<2> { using T = uint16_t; };
+template <>
+struct Word<4> { using T = uint32_t; };
+template <>
+struct Word<8> { using T = uint64_t; };
+
+// For the `found` changed elements of a segment (indices relative to it in
+// pos[]): writes their values (new bits, or new XOR old) to vout and makes
+// the indices relative to the range by adding base_index.
+template <int W>
+void ExtractValues(const uint8_t* a, const uint8_t* b, uint32_t* pos,
+                   size_t found, uint32_t base_index, bool allow_xor,
+                   uint8_t* vout) {
+  using T = typename Word<W>::T;
+  for (size_t i = 0; i < found; ++i) {
+    const size_t p = pos[i];
+    pos[i] = static_cast<uint32_t>(p) + base_index;
+    T x, y;
+    std::memcpy(&x, b + p * W, W);
+    std::memcpy(&y, a + p * W, W);
+    if (allow_xor) x = static_cast<T>(x ^ y);
+    std::memcpy(vout + i * W, &x, W);
+  }
+}
+
 // Encodes the `count` region elements whose old and new bytes are at a and
 // b (contiguous, in region order); `region` carries the header's start,
 // run and stride.
@@ -61,23 +91,23 @@ Status EncodeElements(const ChunkHeader& ids, const uint8_t* a, const uint8_t* b
     const size_t found = s->positions.size() - first;
     if (found > 0) {
       s->values.resize(s->values.size() + found * w);
+      uint32_t* pos = s->positions.data() + first;
       uint8_t* vout = s->values.data() + first * w;
-      for (size_t i = first; i < s->positions.size(); ++i, vout += w) {
-        const uint64_t p = s->positions[i];
-        s->positions[i] += base_index;
-        const uint8_t* pb = b + off + p * w;
-        const uint8_t* pa = a + off + p * w;
-        if (w == 2) {
-          uint16_t x, y;
-          std::memcpy(&x, pb, 2);
-          std::memcpy(&y, pa, 2);
-          if (options.allow_xor) x = static_cast<uint16_t>(x ^ y);
-          std::memcpy(vout, &x, 2);
-        } else {
-          uint64_t v = LoadLE(pb, w);
-          if (options.allow_xor) v ^= LoadLE(pa, w);
-          StoreLE(vout, v, w);
-        }
+      const uint8_t* sa = a + off;
+      const uint8_t* sb = b + off;
+      switch (w) {
+        case 1:
+          ExtractValues<1>(sa, sb, pos, found, base_index, options.allow_xor, vout);
+          break;
+        case 2:
+          ExtractValues<2>(sa, sb, pos, found, base_index, options.allow_xor, vout);
+          break;
+        case 4:
+          ExtractValues<4>(sa, sb, pos, found, base_index, options.allow_xor, vout);
+          break;
+        default:
+          ExtractValues<8>(sa, sb, pos, found, base_index, options.allow_xor, vout);
+          break;
       }
     }
     Hash128 before = HashBytes(a + off, len);
