@@ -1095,6 +1095,51 @@ TEST_P(SyncTest, VersionWithoutManifestIsAbortedAndRolledBack) {
   EXPECT_TRUE(next.Matches(opts.checkpoint));
 }
 
+// The base is checked once per version, tensor by tensor, before any chunk
+// of the tensor is applied: a receiver whose model was changed locally
+// refuses the version and writes nothing into that tensor.
+TEST_P(SyncTest, ChangedLocalModelIsRefusedBeforeItsChunksApply) {
+  auto popts = MakePublisher(1);
+  popts.vote_timeout_ms = 500;
+  auto pub = Publisher::Open(store_.get(), dir_.File("baseline.safetensors"), popts);
+  ASSERT_OK(pub);
+  auto opts = MakeReceiver(0);
+  std::vector<uint8_t> changed;
+  {
+    // One bit of the last tensor ("c.bias", tensor table order: a, b, c).
+    auto ck = Checkpoint::Open(opts.checkpoint, Checkpoint::Mode::kReadWrite);
+    ASSERT_OK(ck);
+    auto d = ck->MutableData(*ck->IndexOf("c.bias"));
+    d[7] ^= 0x40;
+    changed.assign(d.begin(), d.end());
+    ASSERT_OK(ck->Sync());
+  }
+  auto r0 = Receiver::Open(store_.get(), opts);
+  ASSERT_OK(r0);
+  Model trainer = model_;
+  std::mt19937_64 rng(41);
+  trainer.Step(rng, 0.05);
+  Result<StepResult> step = InternalError("not run");
+  std::thread t([&] {
+    for (int i = 0; i < 2000; ++i) {
+      step = (*r0)->Step();
+      if (!step.ok() || step->outcome != StepResult::Outcome::kIdle) return;
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+  });
+  auto report = (*pub)->Publish(1, trainer.Views());
+  t.join();
+  ASSERT_OK(report);
+  EXPECT_FALSE(report->committed);
+  EXPECT_EQ(step.status().code(), StatusCode::kDataLoss) << step.status().ToString();
+  EXPECT_NE(step.status().message().find("c.bias"), std::string::npos);
+  auto ck = Checkpoint::Open(opts.checkpoint, Checkpoint::Mode::kReadOnly);
+  ASSERT_OK(ck);
+  auto d = ck->Data(*ck->IndexOf("c.bias"));
+  EXPECT_EQ(std::vector<uint8_t>(d.begin(), d.end()), changed);
+  EXPECT_EQ((*r0)->active_version(), 0u);
+}
+
 // A restarted publisher that re-encodes other tensors under an announced
 // version cannot change the chunks receivers may already have applied.
 TEST_P(SyncTest, AnnouncedChunksNeverChange) {
