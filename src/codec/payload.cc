@@ -226,15 +226,49 @@ enum DenseMode : uint8_t {
   kDenseZstd = 3,
 };
 
+// Byte counts of plane j of n elements of width w, and in *repeats how many
+// bytes equal the one before. Four interleaved count tables: in a plane
+// dominated by one byte (the high bytes of XOR values) a single table would
+// chain every increment through a store and its reload.
+Histogram PlaneHistogram(const uint8_t* data, uint32_t n, int w, int j,
+                         uint64_t* repeats) {
+  std::array<std::array<uint32_t, 256>, 4> counts{};  // n <= 2^28
+  const uint8_t* p = data + j;
+  const size_t stride = static_cast<size_t>(w);
+  uint64_t same = 0;
+  uint32_t i = 0;
+  uint8_t prev = p[0];
+  for (; i + 4 <= n; i += 4) {
+    const uint8_t b0 = p[i * stride];
+    const uint8_t b1 = p[(i + 1) * stride];
+    const uint8_t b2 = p[(i + 2) * stride];
+    const uint8_t b3 = p[(i + 3) * stride];
+    ++counts[0][b0];
+    ++counts[1][b1];
+    ++counts[2][b2];
+    ++counts[3][b3];
+    same += (b0 == prev) + (b1 == b0) + (b2 == b1) + (b3 == b2);
+    prev = b3;
+  }
+  for (; i < n; ++i) {
+    const uint8_t b = p[i * stride];
+    ++counts[0][b];
+    same += b == prev;
+    prev = b;
+  }
+  // Element 0 was compared with itself.
+  *repeats = same - 1;
+  Histogram hist;
+  for (int s = 0; s < 256; ++s) {
+    hist[s] = uint64_t{counts[0][s]} + counts[1][s] + counts[2][s] + counts[3][s];
+  }
+  return hist;
+}
+
 // Whether a plane has clearly more repeats than an order-0 model expects
 // (sum c^2 / n), the case where zstd's matches can beat rANS. Integer only,
 // so the decision is deterministic.
-bool WorthTryingZstd(const uint8_t* data, uint32_t n, int w, int j,
-                     const Histogram& hist) {
-  uint64_t repeats = 0;
-  for (uint32_t i = 1; i < n; ++i) {
-    repeats += data[size_t{i} * w + j] == data[size_t{i - 1} * w + j];
-  }
+bool WorthTryingZstd(uint64_t repeats, uint32_t n, const Histogram& hist) {
   // n <= 2^28, so every product below fits 64 bits.
   uint64_t expected = 0;
   for (uint64_t c : hist) expected += c * c;
@@ -262,8 +296,8 @@ bool ZstdSampleWins(const uint8_t* data, uint32_t n, int w, int j,
 
 void EncodeDensePlane(uint32_t n, int w, int j, const uint8_t* data,
                       const EncodeOptions& opt, std::vector<uint8_t>* out) {
-  Histogram hist{};
-  for (uint32_t i = 0; i < n; ++i) ++hist[data[size_t{i} * w + j]];
+  uint64_t repeats = 0;
+  const Histogram hist = PlaneHistogram(data, n, w, j, &repeats);
   int present = 0;
   int symbol = 0;
   for (int s = 0; s < 256; ++s) {
@@ -305,7 +339,7 @@ void EncodeDensePlane(uint32_t n, int w, int j, const uint8_t* data,
       best = std::move(e);
     }
   }
-  if (opt.allow_zstd && (WorthTryingZstd(data, n, w, j, hist) ||
+  if (opt.allow_zstd && (WorthTryingZstd(repeats, n, hist) ||
                          ZstdSampleWins(data, n, w, j, cost))) {
     std::vector<uint8_t> plane(n);
     for (uint32_t i = 0; i < n; ++i) plane[i] = data[size_t{i} * w + j];
