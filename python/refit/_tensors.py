@@ -175,7 +175,8 @@ def _torch_capsule(t: Any, name: str) -> Any:
 def prepare(named: Iterable[Tuple[str, Any]], *, writable: bool,
             expected: Optional[Mapping[str, str]] = None,
             dtypes: Optional[Union[str, Mapping[str, str]]] = None,
-            cuda_in_place: bool = False) -> Prepared:
+            cuda_in_place: bool = False,
+            unchanged: Optional[Iterable[str]] = None) -> Prepared:
     """Prepares (name, tensor) pairs for a native call.
 
     writable: the native call writes the tensors in place; device tensors are
@@ -185,8 +186,11 @@ def prepare(named: Iterable[Tuple[str, Any]], *, writable: bool,
     dtypes: explicit dtypes, one for all (a string) or per name.
     cuda_in_place: hand CUDA tensors over as device memory (for native calls
       that run on the GPU) instead of staging them.
+    unchanged: names the write leaves as they are; their staged host copies
+      are not copied back.
     """
     p = Prepared()
+    skip_back = set(unchanged or ())
     for name, t in named:
         explicit = dtypes if isinstance(dtypes, str) else (dtypes or {}).get(name)
         if explicit is not None:
@@ -195,19 +199,20 @@ def prepare(named: Iterable[Tuple[str, Any]], *, writable: bool,
         dtype = resolve_dtype(name, given, definitive,
                               None if expected is None else expected.get(name))
         obj = t.tensor if isinstance(t, Typed) else t
-        p.triples.append((name, dtype, _borrowable(p, name, obj, writable, cuda_in_place)))
+        p.triples.append((name, dtype, _borrowable(p, name, obj, writable, cuda_in_place,
+                                                   copy_back=name not in skip_back)))
         p.dtypes[name] = dtype
         p.definitive[name] = definitive or dtype != given
     return p
 
 
 def _borrowable(p: Prepared, name: str, obj: Any, writable: bool,
-                cuda_in_place: bool = False) -> Any:
+                cuda_in_place: bool = False, copy_back: bool = True) -> Any:
     if is_torch(obj):
         t = obj.detach()
         if t.device.type != "cpu" and not cuda_in_place:
             host = t.to("cpu").contiguous()
-            if writable:
+            if writable and copy_back:
                 p._finalizers.append(lambda dst=t, src=host: dst.copy_(src))
             p._keep.append(host)
             return _torch_capsule(host, name)

@@ -156,12 +156,16 @@ def apply(delta: PathLike, checkpoint: Any, *, threads: int = 0,
     if path is not None:
         return _native.apply_path(os.fspath(delta), path, threads, sync)
     _, _, table = _native.delta_tensors(os.fspath(delta))
-    expected = {name: dtype for name, dtype, _ in table}
-    if not isinstance(checkpoint, Checkpoint):
+    expected = {name: dtype for name, dtype, _, _ in table}
+    if isinstance(checkpoint, Checkpoint):
+        p = _prepare_side(checkpoint, True, expected, None)
+    else:
         items = named_items(checkpoint)
         if _all_on_one_cuda_device(items):
             return _apply_cuda(os.fspath(delta), items, expected)
-    p = _prepare_side(checkpoint, True, expected, None)
+        # Staged device tensors are copied back only where the delta changes them.
+        p = prepare(items, writable=True, expected=expected,
+                    unchanged=[name for name, _, _, changed in table if not changed])
     report = _native.apply_tensors(os.fspath(delta), p.triples, threads)
     p.finish()
     return report

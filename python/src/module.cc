@@ -526,13 +526,13 @@ void BindFunctions(py::module_& m) {
         DeltaReader r = Unwrap(DeltaReader::Open(delta));
         py::list out;
         for (const TensorEntry& e : r.tensors()) {
-          out.append(py::make_tuple(e.name, e.dtype, e.shape));
+          out.append(py::make_tuple(e.name, e.dtype, e.shape, e.before != e.after));
         }
         return py::make_tuple(r.version(), r.base_version(), out);
       },
       py::arg("delta"),
-      "(version, base_version, [(name, dtype, shape)]) from a delta's trailer, "
-      "without decoding chunks.");
+      "(version, base_version, [(name, dtype, shape, changed)]) from a delta's "
+      "trailer, without decoding chunks.");
 
   m.def(
       "save",

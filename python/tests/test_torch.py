@@ -118,3 +118,19 @@ def test_load_state_dict_adapter(qwen, tmp_path):
     assert n == 1 and torch.equal(m.norm.data, target.torch("model.norm.weight"))
     with pytest.raises(refit.InvalidArgumentError, match="nope"):
         refit.adapters.load_state_dict(m, [("nope", target.torch("model.norm.weight"))])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+def test_apply_cuda_through_host_memory(qwen, tmp_path, monkeypatch):
+    # What a build without the CUDA module does with CUDA tensors.
+    monkeypatch.setattr(_native, "has_cuda", False, raising=False)
+    delta = tmp_path / "d"
+    refit.diff(qwen / "step1.safetensors", qwen / "step2.safetensors", delta)
+    model = torch_model(refit.load(qwen / "step1.safetensors"), "cuda")
+    pointers = {n: t.data_ptr() for n, t in model.items()}
+    report = refit.apply(delta, model)
+    assert isinstance(report, _native.ApplyReport)
+    target = refit.load(qwen / "step2.safetensors")
+    for n, t in model.items():
+        assert t.data_ptr() == pointers[n]
+        assert torch.equal(t.cpu(), target.torch(n)), n
