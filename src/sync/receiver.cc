@@ -279,6 +279,8 @@ class ApplyPool {
     if (workers_.empty()) {
       Done d{std::move(job), Status(), {}};
       d.status = ApplyChunkInPlace(d.job.chunk, d.job.data, &scratch_, nullptr, &d.undo);
+      std::lock_guard<std::mutex> lock(mu_);
+      ++in_flight_;
       done_.push_back(std::move(d));
       return;
     }
@@ -297,7 +299,7 @@ class ApplyPool {
     if (all) cv_.wait(lock, [&] { return in_flight_ == done_.size(); });
     std::vector<Done> out = std::move(done_);
     done_.clear();
-    in_flight_ -= workers_.empty() ? 0 : out.size();
+    in_flight_ -= out.size();
     cv_.notify_all();
     return out;
   }
