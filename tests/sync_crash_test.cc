@@ -37,6 +37,7 @@
 #include "sync/auth.h"
 #include "sync/journal.h"
 #include "sync/protocol.h"
+#include "sync/receiver.h"
 #include "cli_process.h"
 #include "testing.h"
 #include "transport/object_store.h"
@@ -124,8 +125,9 @@ class Cluster {
   std::string PubErr() const { return dir_.File("publish.err"); }
   const std::string& store() const { return store_; }
 
-  void StartReceiver(Proc* p, int i, const std::string& crash_at = "") {
-    p->Start({"receive",
+  void StartReceiver(Proc* p, int i, const std::string& crash_at = "",
+                     const std::vector<std::string>& extra = {}) {
+    std::vector<std::string> args = {"receive",
               "--store",
               store_,
               "--member",
@@ -147,13 +149,15 @@ class Cluster {
               "20000",
               "--threads",
               "1",
-              "--json"},
-             Log(i), Err(i), crash_at);
+              "--json"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    p->Start(args, Log(i), Err(i), crash_at);
   }
 
   void StartPublisher(Proc* p, int vote_timeout_ms,
-                      const std::string& policy = "abort", int serve_ms = 0) {
-    p->Start({"publish",
+                      const std::string& policy = "abort", int serve_ms = 0,
+                      const std::vector<std::string>& extra = {}) {
+    std::vector<std::string> args = {"publish",
               "--store",
               store_,
               "--baseline",
@@ -177,8 +181,9 @@ class Cluster {
               "2",
               "--serve-ms",
               std::to_string(serve_ms),
-              "--json"},
-             PubLog(), PubErr());
+              "--json"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    p->Start(args, PubLog(), PubErr());
   }
 
   uint64_t Active(int i) const {
@@ -655,4 +660,46 @@ TEST(ReceiveTest, SigtermStopsBetweenSteps) {
 }
 
 }  // namespace
+// ------------------------------------------------------------ signatures
+
+// A publisher started with --sign-key signs every object it stores; the
+// receivers started with its public key (--verify-key) commit the version,
+// and one started with another publisher's key refuses the first object it
+// reads and exits with an error, applying nothing (the version commits
+// without it under the drop policy).
+TEST(SignedCliTest, SignedPublishAndAReceiverWithAnotherKey) {
+  TempDir keys;
+  const std::string priv = keys.File("publisher.pem"), pub = keys.File("publisher.pub");
+  const std::string other_priv = keys.File("other.pem"), other_pub = keys.File("other.pub");
+  ASSERT_TRUE(Authenticator::WriteEd25519KeyFiles(priv, pub).ok());
+  ASSERT_TRUE(Authenticator::WriteEd25519KeyFiles(other_priv, other_pub).ok());
+  Cluster cl;
+  Proc receivers[kReceivers];
+  Proc publisher;
+  for (int i = 0; i < kReceivers; ++i) {
+    cl.StartReceiver(&receivers[i], i, "", {"--verify-key", i == 2 ? other_pub : pub});
+  }
+  cl.StartPublisher(&publisher, 1500, "drop", 0, {"--sign-key", priv});
+  ASSERT_TRUE(publisher.Wait(30)) << "publisher hangs";
+  EXPECT_EQ(publisher.exit_code(), 0) << ReadText(cl.PubErr());
+  for (int i = 0; i < kReceivers; ++i) {
+    ASSERT_TRUE(receivers[i].Wait(30)) << "r" << i << " hangs";
+  }
+  EXPECT_EQ(receivers[0].exit_code(), 0) << ReadText(cl.Err(0));
+  EXPECT_EQ(receivers[1].exit_code(), 0) << ReadText(cl.Err(1));
+  EXPECT_NE(receivers[2].exit_code(), 0);
+  EXPECT_NE(ReadText(cl.Err(2)).find("signature"), std::string::npos) << ReadText(cl.Err(2));
+  EXPECT_EQ(cl.Active(0), 1u);
+  EXPECT_EQ(cl.Active(1), 1u);
+  EXPECT_EQ(cl.Active(2), 0u);
+  EXPECT_EQ(TensorDigests(cl.CheckpointPath(0)), Inputs::Get().digests[1]);
+  EXPECT_EQ(TensorDigests(cl.CheckpointPath(2)), Inputs::Get().digests[0]);
+  // Every publisher object in the store is signed (envelope scheme 2).
+  for (const std::string& key : {IndexKey(1), ChunkKey(1, 0), ManifestKey(1), DecisionKey(1)}) {
+    std::vector<uint8_t> bytes = ReadBytes(cl.store() + "/" + key);
+    ASSERT_GT(bytes.size(), 5u) << key;
+    EXPECT_EQ(bytes[4], 2) << key;
+  }
+}
+
 }  // namespace refit
