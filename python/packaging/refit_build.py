@@ -75,6 +75,20 @@ def get_requires_for_build_wheel(config_settings=None):
     return []
 
 
+def prepare_metadata_for_build_wheel(metadata_directory, config_settings=None):
+    # Metadata without a build, so pip compiles once (in build_wheel).
+    dist_info = pathlib.Path(metadata_directory) / f"{NAME}-{VERSION}.dist-info"
+    dist_info.mkdir(parents=True, exist_ok=True)
+    (dist_info / "METADATA").write_text(METADATA)
+    impl, abi, plat = _tag()
+    (dist_info / "WHEEL").write_text(_wheel_text(f"{impl}-{abi}-{plat}"))
+    return dist_info.name
+
+
+def _wheel_text(tag):
+    return f"Wheel-Version: 1.0\nGenerator: refit_build\nRoot-Is-Purelib: false\nTag: {tag}\n"
+
+
 def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
     ext = _build_extension()
     impl, abi, plat = _tag()
@@ -87,9 +101,7 @@ def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
             files.append((f"refit/{src.name}", src.read_bytes()))
     files.append((f"refit/{ext.name}", ext.read_bytes()))
     files.append((f"{dist_info}/METADATA", METADATA.encode()))
-    wheel_meta = (f"Wheel-Version: 1.0\nGenerator: refit_build\nRoot-Is-Purelib: false\n"
-                  f"Tag: {tag}\n")
-    files.append((f"{dist_info}/WHEEL", wheel_meta.encode()))
+    files.append((f"{dist_info}/WHEEL", _wheel_text(tag).encode()))
     record = [_record_line(name, data) for name, data in files]
     record.append(f"{dist_info}/RECORD,,")
     files.append((f"{dist_info}/RECORD", ("\n".join(record) + "\n").encode()))
