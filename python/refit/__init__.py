@@ -30,6 +30,17 @@ from .sync import Publisher, Receiver, SyncReport
 __version__ = "0.1.0"
 
 
+def generate_signing_key() -> tuple:
+    """A fresh Ed25519 key pair (private, public), 32 raw bytes each.
+
+    The publisher signs with the private key (``Publisher(sign_key=...)``),
+    receivers verify with the public one (``Receiver(verify_key=...)``).
+    """
+    from . import _native
+
+    return _native.generate_ed25519()
+
+
 def as_dtype(tensor, dtype: str) -> Typed:
     """Marks `tensor` as holding elements of safetensors dtype `dtype`.
 
@@ -45,5 +56,5 @@ __all__ = [
     "NotFoundError", "PublishReport", "Publisher", "Receiver", "StepResult", "SyncReport",
     "TensorInspect", "TransportError", "UnsupportedError", "VerifyReport",
     "VersionMismatchError", "adapters", "apply", "as_dtype", "copy_checkpoint", "diff",
-    "errors", "inspect", "load", "save", "verify",
+    "errors", "generate_signing_key", "inspect", "load", "save", "verify",
 ]

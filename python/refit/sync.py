@@ -35,6 +35,9 @@ class Publisher:
       rank in it. Only ``layout=None, rank=0`` (tensors already in canonical
       Hugging Face names and shapes) is supported so far.
     key / key_file: HMAC key (bytes, at least 16) authenticating every object.
+    sign_key / sign_key_file: an Ed25519 private key (32 raw bytes, or a PEM
+      file) signing every object the publisher writes; receivers check them
+      with the public half (Receiver(verify_key=...)).
     vote_timeout: seconds to wait for the votes; policy "abort" (default) or
       "drop" (commit with those that voted).
 
@@ -45,7 +48,8 @@ class Publisher:
     def __init__(self, store: str, *, baseline: PathLike, members: Sequence[str],
                  layout: Any = None, rank: int = 0, initial: Any = None,
                  dtypes: Any = None, key: Optional[bytes] = None,
-                 key_file: Optional[PathLike] = None, vote_timeout: float = 60.0,
+                 key_file: Optional[PathLike] = None, sign_key: Optional[bytes] = None,
+                 sign_key_file: Optional[PathLike] = None, vote_timeout: float = 60.0,
                  policy: str = "abort", threads: int = 0, chunk_bytes: int = 0,
                  upload_threads: int = 4, snapshot_every: int = 0,
                  keep_versions: int = 0) -> None:
@@ -75,7 +79,7 @@ class Publisher:
         self._dtypes = dict(Checkpoint(baseline).dtypes)
         self._native = _native.Publisher(
             store, baseline, list(members), key, os.fspath(key_file) if key_file else "",
-            float(vote_timeout), policy, threads, chunk_bytes, upload_threads, snapshot_every,
+            sign_key, os.fspath(sign_key_file) if sign_key_file else "", float(vote_timeout), policy, threads, chunk_bytes, upload_threads, snapshot_every,
             keep_versions)
         self._executor: Optional[concurrent.futures.ThreadPoolExecutor] = None
         self._lock = threading.Lock()
@@ -220,6 +224,9 @@ class Receiver:
     dtypes: with `tensors`, the dtypes of bit-pattern arrays (uint16 arrays
       holding BF16: ``dtypes="BF16"`` or per name); torch tensors and NumPy
       float arrays carry their own.
+    key / key_file: the store's shared HMAC key; verify_key /
+      verify_key_file: the publisher's Ed25519 public key (32 raw bytes, or a
+      PEM file); then only objects it signed are accepted.
     on_commit: callables run with the SyncReport after a sync that committed
       something (e.g. refit.adapters.HttpReload to tell an engine to reload).
     """
@@ -227,7 +234,8 @@ class Receiver:
     def __init__(self, store: str, *, member: str, checkpoint_dir: Optional[PathLike] = None,
                  tensors: Any = None, state_dir: Optional[PathLike] = None,
                  dtypes: Any = None, key: Optional[bytes] = None,
-                 key_file: Optional[PathLike] = None, threads: int = 0,
+                 key_file: Optional[PathLike] = None, verify_key: Optional[bytes] = None,
+                 verify_key_file: Optional[PathLike] = None, threads: int = 0,
                  poll_interval: float = 0.02, decision_timeout: float = 60.0,
                  resend_timeout: float = 30.0,
                  on_commit: Union[None, CommitHook, Iterable[CommitHook]] = None) -> None:
@@ -268,7 +276,8 @@ class Receiver:
         self.member = member
         self._native = _native.Receiver(
             store, member, self._checkpoint, triples, self._state_dir, key,
-            os.fspath(key_file) if key_file else "", threads, float(poll_interval),
+            os.fspath(key_file) if key_file else "", verify_key,
+            os.fspath(verify_key_file) if verify_key_file else "", threads, float(poll_interval),
             float(decision_timeout), float(resend_timeout))
         self._last_changed: List[str] = []
 

@@ -95,14 +95,37 @@ int Millis(double seconds) {
   return ms > 2e9 ? 2000000000 : static_cast<int>(ms);
 }
 
-Authenticator MakeAuth(const py::object& key, const std::string& key_file) {
+std::vector<uint8_t> Bytes(const py::object& b) {
+  std::string s = b.cast<py::bytes>();
+  return std::vector<uint8_t>(s.begin(), s.end());
+}
+
+// The shared HMAC key (key / key_file) plus, optionally, an Ed25519 signing
+// key (publisher) or verify key (receivers): raw bytes or a PEM file each.
+Authenticator MakeAuth(const py::object& key, const std::string& key_file,
+                       const py::object& ed_key = py::none(), const std::string& ed_key_file = "",
+                       bool signing = false) {
   if (!key.is_none() && !key_file.empty()) {
     throw StatusError(InvalidArgumentError("give key or key_file, not both"));
   }
-  if (!key_file.empty()) return Unwrap(Authenticator::FromKeyFile(key_file));
-  if (key.is_none()) return Authenticator::None();
-  std::string bytes = key.cast<py::bytes>();
-  return Unwrap(Authenticator::Hmac(std::vector<uint8_t>(bytes.begin(), bytes.end())));
+  const char* what = signing ? "sign_key" : "verify_key";
+  if (!ed_key.is_none() && !ed_key_file.empty()) {
+    throw StatusError(InvalidArgumentError(std::string("give ") + what + " or " + what +
+                                           "_file, not both"));
+  }
+  Authenticator a = Authenticator::None();
+  if (!key_file.empty()) {
+    a = Unwrap(Authenticator::FromKeyFile(key_file));
+  } else if (!key.is_none()) {
+    a = Unwrap(Authenticator::Hmac(Bytes(key)));
+  }
+  if (!ed_key.is_none()) {
+    std::vector<uint8_t> k = Bytes(ed_key);
+    a = Unwrap(signing ? a.WithSigningKey(k) : a.WithVerifyKey(k));
+  } else if (!ed_key_file.empty()) {
+    a = Unwrap(signing ? a.WithSigningKeyFile(ed_key_file) : a.WithVerifyKeyFile(ed_key_file));
+  }
+  return a;
 }
 
 // A numpy dtype that holds a safetensors dtype's elements: the native type
@@ -169,12 +192,13 @@ class PyPublisher {
  public:
   PyPublisher(const std::string& store_url, const std::string& baseline,
               std::vector<std::string> members, const py::object& key,
-              const std::string& key_file, double vote_timeout, const std::string& policy,
+              const std::string& key_file, const py::object& sign_key,
+              const std::string& sign_key_file, double vote_timeout, const std::string& policy,
               int threads, uint64_t chunk_bytes, int upload_threads, uint64_t snapshot_every,
               uint64_t keep_versions) {
     PublisherOptions o;
     o.members = std::move(members);
-    o.auth = MakeAuth(key, key_file);
+    o.auth = MakeAuth(key, key_file, sign_key, sign_key_file, /*signing=*/true);
     o.vote_timeout_ms = Millis(vote_timeout);
     if (policy == "abort") {
       o.policy = DeadlinePolicy::kAbort;
@@ -226,7 +250,8 @@ class PyReceiver {
   PyReceiver(const std::string& store_url, const std::string& member,
              const std::string& checkpoint, const py::object& tensors,
              const std::string& state_dir, const py::object& key, const std::string& key_file,
-             int threads, double poll_interval, double decision_timeout, double resend_timeout)
+             const py::object& verify_key, const std::string& verify_key_file, int threads,
+             double poll_interval, double decision_timeout, double resend_timeout)
       : poll_ms_(Millis(poll_interval)) {
     ReceiverOptions o;
     o.member = member;
@@ -236,7 +261,7 @@ class PyReceiver {
       o.tensors = MutableViews(held_);
     }
     o.state_dir = state_dir;
-    o.auth = MakeAuth(key, key_file);
+    o.auth = MakeAuth(key, key_file, verify_key, verify_key_file, /*signing=*/false);
     o.threads = threads;
     o.poll_ms = poll_ms_;
     o.decision_timeout_ms = Millis(decision_timeout);
@@ -558,6 +583,16 @@ void BindFunctions(py::module_& m) {
       py::arg("src"), py::arg("dst"));
 
   m.def(
+      "generate_ed25519",
+      []() {
+        auto pair = Unwrap(Authenticator::GenerateEd25519());
+        return py::make_tuple(
+            py::bytes(reinterpret_cast<const char*>(pair.first.data()), pair.first.size()),
+            py::bytes(reinterpret_cast<const char*>(pair.second.data()), pair.second.size()));
+      },
+      "A fresh Ed25519 key pair: (private, public), 32 raw bytes each.");
+
+  m.def(
       "data_address",
       [](const std::string& dtype, py::handle obj) {
         auto t = Unwrap(BorrowedTensor::Borrow("probe", dtype, obj, false));
@@ -592,10 +627,12 @@ void BindClasses(py::module_& m) {
 
   py::class_<PyPublisher>(m, "Publisher")
       .def(py::init<const std::string&, const std::string&, std::vector<std::string>,
-                    const py::object&, const std::string&, double, const std::string&, int,
-                    uint64_t, int, uint64_t, uint64_t>(),
+                    const py::object&, const std::string&, const py::object&,
+                    const std::string&, double, const std::string&, int, uint64_t, int,
+                    uint64_t, uint64_t>(),
            py::arg("store"), py::arg("baseline"), py::arg("members"), py::arg("key"),
-           py::arg("key_file"), py::arg("vote_timeout"), py::arg("policy"), py::arg("threads"),
+           py::arg("key_file"), py::arg("sign_key"), py::arg("sign_key_file"),
+           py::arg("vote_timeout"), py::arg("policy"), py::arg("threads"),
            py::arg("chunk_bytes"), py::arg("upload_threads"), py::arg("snapshot_every"),
            py::arg("keep_versions"))
       .def_property_readonly("committed_version", &PyPublisher::committed_version)
@@ -607,10 +644,11 @@ void BindClasses(py::module_& m) {
   py::class_<PyReceiver>(m, "Receiver")
       .def(py::init<const std::string&, const std::string&, const std::string&,
                     const py::object&, const std::string&, const py::object&,
-                    const std::string&, int, double, double, double>(),
+                    const std::string&, const py::object&, const std::string&, int, double,
+                    double, double>(),
            py::arg("store"), py::arg("member"), py::arg("checkpoint"), py::arg("tensors"),
-           py::arg("state_dir"),
-           py::arg("key"), py::arg("key_file"), py::arg("threads"), py::arg("poll_interval"),
+           py::arg("state_dir"), py::arg("key"), py::arg("key_file"), py::arg("verify_key"),
+           py::arg("verify_key_file"), py::arg("threads"), py::arg("poll_interval"),
            py::arg("decision_timeout"), py::arg("resend_timeout"))
       .def_property_readonly("active_version", &PyReceiver::active_version)
       .def("step", &PyReceiver::Step)

@@ -207,3 +207,31 @@ def test_authenticated_store(tmp_path):
     assert right.sync(1, timeout=30).active_version == 1
     assert future.result(timeout=30).committed
     pub.close()
+
+
+def test_signed_store(tmp_path):
+    model = synthetic_model()
+    private, public = refit.generate_signing_key()
+    assert len(private) == 32 and len(public) == 32
+    store = str(tmp_path / "store")
+    pub = refit.Publisher(store, baseline=tmp_path / "b.safetensors", members=["r0"],
+                          initial=model, dtypes=SYNTH_DTYPES, sign_key=private, vote_timeout=30)
+    refit.save(tmp_path / "r0.safetensors", model, dtypes=SYNTH_DTYPES)
+    _, other_public = refit.generate_signing_key()
+    wrong = refit.Receiver(store, member="r0", checkpoint_dir=tmp_path / "r0.safetensors",
+                           state_dir=tmp_path / "st", verify_key=other_public)
+    target = perturb(model, 1)
+    future = pub.publish_async(1, target)
+    with pytest.raises(refit.AuthenticationError):
+        wrong.sync(1, timeout=10)
+    right = refit.Receiver(store, member="r0", checkpoint_dir=tmp_path / "r0.safetensors",
+                           state_dir=tmp_path / "st", verify_key=public)
+    assert right.sync(1, timeout=30).active_version == 1
+    assert future.result(timeout=30).committed
+    got = refit.load(tmp_path / "r0.safetensors")
+    for n in model:
+        assert np.array_equal(got[n], target[n]), n
+    with pytest.raises(refit.InvalidArgumentError):
+        refit.Receiver(store, member="r1", checkpoint_dir=tmp_path / "r0.safetensors",
+                       state_dir=tmp_path / "st1", verify_key=b"short")
+    pub.close()
