@@ -256,7 +256,10 @@ Status DecodeStream(std::span<const uint8_t> in, uint32_t n_records, int P,
   uint32_t i = 0;
   uint32_t j = 0;  // the lane of record i
   while (i < n_records) {
-    if (L >= G && n_records - i >= G) {
+    // A single coded plane (dense payloads) decodes faster one record at a
+    // time: its renormalization branch is mostly predictable, and the
+    // bookkeeping of G lanes would cost more than the one symbol it serves.
+    if (nc >= 2 && L >= G && n_records - i >= G) {
       // As in EncodeStream: G records in G distinct lanes, side by side.
       std::array<uint32_t, G> lane;
       bool fast = true;
