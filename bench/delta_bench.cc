@@ -3,7 +3,9 @@
 // (page faults of MAP_SHARED stores are measured by `refit bench`).
 // Checkpoint bytes/s = bytes of the model processed per second.
 #include <benchmark/benchmark.h>
+#include <unistd.h>
 
+#include <cstdio>
 #include <cstring>
 #include <map>
 #include <string>
@@ -21,6 +23,21 @@ struct Pair {
   std::vector<uint16_t> base, target;
   std::string delta;
 };
+
+// Delta files this process wrote, removed when it exits.
+struct TempFiles {
+  std::vector<std::string> paths;
+  ~TempFiles() {
+    for (const std::string& p : paths) std::remove(p.c_str());
+  }
+};
+
+std::string TempPath(const std::string& suffix) {
+  static TempFiles files;
+  files.paths.push_back("/tmp/refit_delta_bench_" + std::to_string(getpid()) +
+                        "_" + suffix + ".rfd");
+  return files.paths.back();
+}
 
 // BF16-looking weights and a step moving `rate` of them by 1-3 ulps.
 const Pair& MakePair(double rate) {
@@ -42,7 +59,9 @@ const Pair& MakePair(double rate) {
   for (auto& v : p.target) {
     if (change(rng)) v = static_cast<uint16_t>(v + 1 + (rng() % 8 == 0));
   }
-  p.delta = "/tmp/refit_delta_bench_" + std::to_string(rate) + ".rfd";
+  // Per process, so concurrent runs (a baseline build beside this one) do
+  // not overwrite each other's files.
+  p.delta = TempPath(std::to_string(rate));
   DiffOptions opts;
   opts.threads = 1;
   (void)DiffTensors({{"w", "BF16", 2, {kElements}, reinterpret_cast<uint8_t*>(p.base.data())}},
@@ -56,11 +75,12 @@ void BM_Encode(benchmark::State& state) {
   const Pair& p = MakePair(rate);
   DiffOptions opts;
   opts.threads = 1;
+  static const std::string out = TempPath("out");
   for (auto _ : state) {
     auto r = DiffTensors(
         {{"w", "BF16", 2, {kElements}, reinterpret_cast<const uint8_t*>(p.base.data())}},
         {{"w", "BF16", 2, {kElements}, reinterpret_cast<const uint8_t*>(p.target.data())}},
-        "/tmp/refit_delta_bench_out.rfd", opts);
+        out, opts);
     if (!r.ok()) state.SkipWithError(r.status().ToString().c_str());
   }
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * kElements * 2));
