@@ -17,6 +17,7 @@ function(refit_module)
     target_link_libraries(${target}_test PRIVATE ${target} refit_testing
                           GTest::gtest GTest::gtest_main GTest::gmock)
     gtest_discover_tests(${target}_test DISCOVERY_TIMEOUT 60 TEST_PREFIX "${M_NAME}."
-      PROPERTIES ENVIRONMENT "REFIT_FIXTURES_DIR=${REFIT_FIXTURES_DIR}")
+      PROPERTIES ENVIRONMENT "REFIT_FIXTURES_DIR=${REFIT_FIXTURES_DIR}"
+                 TIMEOUT 300)
   endif()
 endfunction()
