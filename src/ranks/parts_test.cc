@@ -1,0 +1,359 @@
+// Versions from many ranks: four trainer ranks (TP 2 x DP 2) publish their
+// parts concurrently, the coordinator assembles and publishes each version,
+// two receivers follow; every receiver ends bit-exact with the canonical
+// target, and ranks advance their baselines only on commit.
+#include "ranks/parts.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <random>
+#include <thread>
+
+#include "format/safetensors.h"
+#include "layout/generate.h"
+#include "layout/test_layout.h"
+#include "sync/receiver.h"
+#include "testing.h"
+
+namespace refit::ranks {
+namespace {
+
+using layout::Layout;
+using layout::testing::TensorBytes;
+using testing::TempDir;
+
+Authenticator Key() {
+  auto a = Authenticator::Hmac(std::vector<uint8_t>(32, 7));
+  EXPECT_TRUE(a.ok());
+  return *a;
+}
+
+Layout SmallLayout() {
+  layout::ModelConfig m;
+  m.model_type = "qwen2";
+  m.hidden_size = 64;
+  m.intermediate_size = 96;
+  m.num_hidden_layers = 2;
+  m.num_attention_heads = 4;
+  m.num_key_value_heads = 2;
+  m.head_dim = 16;
+  m.vocab_size = 200;
+  m.attention_bias = true;
+  layout::Parallelism p;
+  p.tp = 2;
+  p.dp = 2;
+  p.gate_up = layout::GateUp::kInterleaved;
+  p.gate_up_group = 8;
+  auto l = layout::GenerateLayout(m, p);
+  EXPECT_TRUE(l.ok()) << l.status().ToString();
+  return *l;
+}
+
+void Write(const std::string& path, const Layout& l, const TensorBytes& t) {
+  std::vector<SafetensorsTensorView> views;
+  for (const auto& c : l.canonical) views.push_back({c.name, c.dtype, c.shape, t.at(c.name)});
+  ASSERT_TRUE(WriteSafetensors(path, {}, views).ok());
+}
+
+bool Matches(const std::string& path, const TensorBytes& t) {
+  auto ck = Checkpoint::Open(path, Checkpoint::Mode::kReadOnly);
+  if (!ck.ok()) return false;
+  for (size_t i = 0; i < ck->tensors().size(); ++i) {
+    auto d = ck->Data(i);
+    const auto& want = t.at(ck->tensors()[i].name);
+    if (!std::equal(d.begin(), d.end(), want.begin(), want.end())) return false;
+  }
+  return true;
+}
+
+std::vector<TensorView> LocalViews(const Layout& l, size_t ri, const TensorBytes& b) {
+  std::vector<TensorView> v;
+  for (const auto& t : l.ranks[ri].tensors) v.push_back({t.name, t.dtype, 2, t.shape, b.at(t.name).data()});
+  return v;
+}
+
+class PartsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    layout_ = SmallLayout();
+    std::mt19937_64 rng(1);
+    for (const auto& c : layout_.canonical) {
+      uint64_t n = 1;
+      for (uint64_t d : c.shape) n *= d;
+      std::vector<uint8_t> b(n * 2);
+      for (auto& x : b) x = static_cast<uint8_t>(rng());
+      canon_[c.name] = std::move(b);
+    }
+    Write(dir_.File("baseline.safetensors"), layout_, canon_);
+    for (int r = 0; r < 2; ++r) {
+      std::filesystem::create_directories(dir_.File("r" + std::to_string(r)));
+      Write(dir_.File("r" + std::to_string(r) + "/model.safetensors"), layout_, canon_);
+    }
+    auto s = OpenObjectStore(dir_.File("store"));
+    ASSERT_TRUE(s.ok());
+    store_ = std::move(*s);
+    auto p = OpenObjectStore(dir_.File("parts"));
+    ASSERT_TRUE(p.ok());
+    parts_ = std::move(*p);
+    PublisherOptions po;
+    po.members = {"r0", "r1"};
+    po.auth = Key();
+    po.poll_ms = 2;
+    po.vote_timeout_ms = 20000;
+    po.diff.chunk_bytes = 64 * 1024;
+    auto pub = Publisher::Open(store_.get(), dir_.File("baseline.safetensors"), po);
+    ASSERT_TRUE(pub.ok()) << pub.status().ToString();
+    publisher_ = std::move(*pub);
+    CoordinatorOptions co;
+    for (const auto& r : layout_.ranks) co.ranks.push_back(r.rank);
+    co.auth = Key();
+    co.poll_ms = 2;
+    co.parts_timeout_ms = 20000;
+    auto c = PartsCoordinator::Open(parts_.get(), publisher_.get(),
+                                    dir_.File("baseline.safetensors"),
+                                    dir_.File("staging.safetensors"), co);
+    ASSERT_TRUE(c.ok()) << c.status().ToString();
+    coordinator_ = std::move(*c);
+    auto local = layout::testing::ScatterToRanks(layout_, canon_);
+    ASSERT_TRUE(local.ok());
+    local_ = *local;
+    for (size_t ri = 0; ri < layout_.ranks.size(); ++ri) {
+      auto e = trainer::RankEncoder::Create(layout_, layout_.ranks[ri].rank, {});
+      ASSERT_TRUE(e.ok()) << e.status().ToString();
+      ASSERT_TRUE((*e)->SetBaselineFromLocal(LocalViews(layout_, ri, local_[ri])).ok());
+      RankPublisherOptions ro;
+      ro.auth = Key();
+      ro.poll_ms = 2;
+      auto rp = RankPublisher::Open(parts_.get(), store_.get(), e->get(), layout_.ranks[ri].rank,
+                                    0, ro);
+      ASSERT_TRUE(rp.ok());
+      encoders_.push_back(std::move(*e));
+      ranks_.push_back(std::move(*rp));
+    }
+  }
+
+  ReceiverOptions MakeReceiver(int i) {
+    ReceiverOptions o;
+    o.member = "r" + std::to_string(i);
+    o.checkpoint = dir_.File(o.member + "/model.safetensors");
+    o.state_dir = dir_.File(o.member);
+    o.auth = Key();
+    o.poll_ms = 2;
+    o.decision_timeout_ms = 20000;
+    return o;
+  }
+
+  // One training step on the canonical model, scattered to every rank.
+  void Step(std::mt19937_64& rng) {
+    std::uniform_real_distribution<double> u(0, 1);
+    for (auto& [name, b] : canon_) {
+      for (size_t i = 0; i < b.size(); i += 2) {
+        if (u(rng) < 0.03) b[i] ^= static_cast<uint8_t>(1 + rng() % 3);
+      }
+    }
+    auto local = layout::testing::ScatterToRanks(layout_, canon_);
+    ASSERT_TRUE(local.ok());
+    local_ = *local;
+  }
+
+  // Every rank publishes its part on its own thread.
+  void PublishParts(uint64_t version) {
+    std::vector<std::thread> threads;
+    std::vector<Status> results(ranks_.size());
+    for (size_t ri = 0; ri < ranks_.size(); ++ri) {
+      threads.emplace_back([&, ri] {
+        results[ri] = ranks_[ri]->Publish(version, LocalViews(layout_, ri, local_[ri])).status();
+      });
+    }
+    for (auto& t : threads) t.join();
+    for (const Status& s : results) ASSERT_TRUE(s.ok()) << s.ToString();
+  }
+
+  TempDir dir_;
+  Layout layout_;
+  TensorBytes canon_;
+  std::vector<TensorBytes> local_;
+  std::unique_ptr<ObjectStore> store_, parts_;
+  std::unique_ptr<Publisher> publisher_;
+  std::unique_ptr<PartsCoordinator> coordinator_;
+  std::vector<std::unique_ptr<trainer::RankEncoder>> encoders_;
+  std::vector<std::unique_ptr<RankPublisher>> ranks_;
+};
+
+TEST_F(PartsTest, RanksPartsBecomeVersionsEveryReceiverHolds) {
+  std::mt19937_64 rng(2);
+  for (uint64_t version = 1; version <= 3; ++version) {
+    Step(rng);
+    std::vector<std::thread> receivers;
+    for (int i = 0; i < 2; ++i) {
+      receivers.emplace_back([&, i] {
+        auto r = Receiver::Open(store_.get(), MakeReceiver(i));
+        ASSERT_TRUE(r.ok()) << r.status().ToString();
+        auto s = (*r)->SyncTo(version, 30000);
+        EXPECT_TRUE(s.ok()) << s.status().ToString();
+      });
+    }
+    // The coordinator starts first and waits for the parts.
+    Result<CoordinatedReport> report = InternalError("not run");
+    std::thread coord([&] { report = coordinator_->Publish(version); });
+    PublishParts(version);
+    coord.join();
+    for (auto& t : receivers) t.join();
+    ASSERT_TRUE(report.ok()) << report.status().ToString();
+    EXPECT_TRUE(report->publish.committed);
+    EXPECT_GT(report->part_chunks, 0u);
+    EXPECT_GT(report->changed_elements, 0u);
+    EXPECT_EQ(report->changed_elements, report->publish.diff.changed_elements);
+    for (int i = 0; i < 2; ++i) {
+      EXPECT_TRUE(Matches(dir_.File("r" + std::to_string(i) + "/model.safetensors"), canon_))
+          << "receiver " << i << " version " << version;
+    }
+    for (auto& r : ranks_) {
+      auto d = r->AwaitDecision(10000);
+      ASSERT_TRUE(d.ok()) << d.status().ToString();
+      EXPECT_TRUE(*d);
+      EXPECT_EQ(r->committed_version(), version);
+    }
+  }
+}
+
+TEST_F(PartsTest, MissingPartPublishesNothingAndAbortedVersionsKeepBaselines) {
+  std::mt19937_64 rng(3);
+  Step(rng);
+  // Rank 3 never reports: the coordinator gives up, nothing is announced.
+  CoordinatorOptions co;
+  for (const auto& r : layout_.ranks) co.ranks.push_back(r.rank);
+  co.auth = Key();
+  co.poll_ms = 2;
+  co.parts_timeout_ms = 300;
+  auto c = PartsCoordinator::Open(parts_.get(), publisher_.get(),
+                                  dir_.File("baseline.safetensors"),
+                                  dir_.File("staging.safetensors"), co);
+  ASSERT_TRUE(c.ok());
+  for (size_t ri = 0; ri + 1 < ranks_.size(); ++ri) {
+    ASSERT_TRUE(ranks_[ri]->Publish(1, LocalViews(layout_, ri, local_[ri])).ok());
+  }
+  auto missing = (*c)->Publish(1);
+  ASSERT_EQ(missing.status().code(), StatusCode::kDeadlineExceeded) << missing.status().ToString();
+  EXPECT_NE(missing.status().message().find("rank(s) 3"), std::string::npos);
+  auto listed = store_->List("");
+  ASSERT_TRUE(listed.ok());
+  for (const auto& o : *listed) EXPECT_EQ(o.key.rfind("v/", 0), std::string::npos) << o.key;
+
+  // The last part arrives; no receiver votes, so the version aborts and
+  // the ranks keep their baselines.
+  ASSERT_TRUE(ranks_.back()->Publish(1, LocalViews(layout_, ranks_.size() - 1, local_.back())).ok());
+  PublisherOptions po;
+  po.members = {"r0", "r1"};
+  po.auth = Key();
+  po.poll_ms = 2;
+  po.vote_timeout_ms = 200;
+  po.diff.chunk_bytes = 64 * 1024;
+  publisher_.reset();
+  auto pub = Publisher::Open(store_.get(), dir_.File("baseline.safetensors"), po);
+  ASSERT_TRUE(pub.ok());
+  publisher_ = std::move(*pub);
+  co.parts_timeout_ms = 5000;
+  c = PartsCoordinator::Open(parts_.get(), publisher_.get(), dir_.File("baseline.safetensors"),
+                             dir_.File("staging.safetensors"), co);
+  ASSERT_TRUE(c.ok());
+  auto aborted = (*c)->Publish(1);
+  ASSERT_TRUE(aborted.ok()) << aborted.status().ToString();
+  EXPECT_FALSE(aborted->publish.committed);
+  for (auto& r : ranks_) {
+    auto d = r->AwaitDecision(5000);
+    ASSERT_TRUE(d.ok());
+    EXPECT_FALSE(*d);
+    EXPECT_EQ(r->committed_version(), 0u);
+  }
+  // Version 2 from the same base carries the same step, and commits.
+  po.vote_timeout_ms = 20000;
+  publisher_.reset();
+  pub = Publisher::Open(store_.get(), dir_.File("baseline.safetensors"), po);
+  ASSERT_TRUE(pub.ok());
+  publisher_ = std::move(*pub);
+  c = PartsCoordinator::Open(parts_.get(), publisher_.get(), dir_.File("baseline.safetensors"),
+                             dir_.File("staging.safetensors"), co);
+  ASSERT_TRUE(c.ok());
+  std::vector<std::thread> receivers;
+  for (int i = 0; i < 2; ++i) {
+    receivers.emplace_back([&, i] {
+      auto r = Receiver::Open(store_.get(), MakeReceiver(i));
+      ASSERT_TRUE(r.ok());
+      auto s = (*r)->SyncTo(2, 30000);
+      EXPECT_TRUE(s.ok()) << s.status().ToString();
+    });
+  }
+  Result<CoordinatedReport> report = InternalError("not run");
+  std::thread coord([&] { report = (*c)->Publish(2); });
+  PublishParts(2);
+  coord.join();
+  for (auto& t : receivers) t.join();
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  EXPECT_TRUE(report->publish.committed);
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_TRUE(Matches(dir_.File("r" + std::to_string(i) + "/model.safetensors"), canon_));
+  }
+}
+
+TEST_F(PartsTest, TamperedOrForeignPartsAreRefused) {
+  std::mt19937_64 rng(4);
+  Step(rng);
+  PublishParts(1);
+  // A chunk object replaced by other bytes: its SHA-256 is not the list's.
+  const std::string key = PartChunkKey(1, layout_.ranks[1].rank, 0);
+  auto bytes = parts_->Get(key);
+  ASSERT_TRUE(bytes.ok());
+  (*bytes)[bytes->size() / 2] ^= 1;
+  ASSERT_TRUE(parts_->Put(key, *bytes).ok());
+  auto bad = coordinator_->Publish(1);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), StatusCode::kDataLoss) << bad.status().ToString();
+  // The staging copy was rolled back: the coordinator reopens on it as is.
+  CoordinatorOptions co;
+  co.ranks = {0};
+  co.auth = Key();
+  auto again = PartsCoordinator::Open(parts_.get(), publisher_.get(),
+                                      dir_.File("baseline.safetensors"),
+                                      dir_.File("staging.safetensors"), co);
+  ASSERT_TRUE(again.ok());
+  // A part list sealed with another key is refused before it is parsed.
+  auto other = Authenticator::Hmac(std::vector<uint8_t>(32, 9));
+  ASSERT_TRUE(other.ok());
+  PartList forged;
+  forged.version = 1;
+  forged.rank = 0;
+  ASSERT_TRUE(parts_->Put(PartListKey(1, 0), other->Seal(EncodePartList(forged))).ok());
+  auto refused = (*again)->Publish(1);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), StatusCode::kUnauthenticated) << refused.status().ToString();
+}
+
+TEST(PartListTest, RoundTripAndCorruption) {
+  PartList l;
+  l.version = 9;
+  l.base_version = 4;
+  l.rank = 3;
+  l.tensor_count = 51;
+  l.names_hash = 0x1234;
+  l.chunks = {{100, {}}, {200, {}}};
+  l.chunks[1].sha256[5] = 7;
+  auto bytes = EncodePartList(l);
+  auto back = DecodePartList(bytes);
+  ASSERT_TRUE(back.ok());
+  EXPECT_EQ(back->chunks.size(), 2u);
+  EXPECT_EQ(back->chunks[1].sha256[5], 7);
+  EXPECT_EQ(back->names_hash, 0x1234u);
+  for (size_t i = 0; i < bytes.size(); ++i) {
+    auto c = bytes;
+    c[i] ^= 0x10;
+    EXPECT_FALSE(DecodePartList(c).ok()) << i;
+  }
+  for (size_t n = 0; n < bytes.size(); ++n) {
+    EXPECT_FALSE(DecodePartList(std::span(bytes).first(n)).ok()) << n;
+  }
+}
+
+}  // namespace
+}  // namespace refit::ranks
