@@ -25,7 +25,7 @@ from .errors import (AbortedError, AuthenticationError, CorruptDataError, Deadli
                      Error, InvalidArgumentError, NotFoundError, TransportError,
                      UnsupportedError, VersionMismatchError)
 from .files import Checkpoint, apply, copy_checkpoint, diff, inspect, load, save, verify
-from .sync import Publisher, Receiver, SyncReport
+from .sync import Coordinator, Publisher, Receiver, SyncReport
 
 __version__ = "0.1.0"
 
@@ -53,7 +53,7 @@ def as_dtype(tensor, dtype: str) -> Typed:
 __all__ = [
     "AbortedError", "ApplyReport", "AuthenticationError", "Checkpoint", "CorruptDataError",
     "DeadlineExceededError", "DiffReport", "Error", "InspectReport", "InvalidArgumentError",
-    "NotFoundError", "PublishReport", "Publisher", "Receiver", "StepResult", "SyncReport",
+    "NotFoundError", "PublishReport", "Publisher", "Coordinator", "Receiver", "StepResult", "SyncReport",
     "TensorInspect", "TransportError", "UnsupportedError", "VerifyReport",
     "VersionMismatchError", "adapters", "apply", "as_dtype", "copy_checkpoint", "diff",
     "errors", "generate_signing_key", "inspect", "load", "save", "verify",

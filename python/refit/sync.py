@@ -7,6 +7,7 @@ examples.
 from __future__ import annotations
 
 import concurrent.futures
+import json
 import os
 import tempfile
 import threading
@@ -22,6 +23,55 @@ from .files import Checkpoint, PathLike, save
 CommitHook = Callable[["SyncReport"], Any]
 
 
+def _layout_text(layout: Any) -> str:
+    """A layout as JSON text: from a dict, a path, or the text itself."""
+    if isinstance(layout, dict):
+        return json.dumps(layout)
+    if not isinstance(layout, (str, os.PathLike)):
+        raise InvalidArgumentError("layout= must be a layout file path, its JSON text or a "
+                                   f"dict, not {type(layout).__name__}", "INVALID_ARGUMENT")
+    if not str(layout).lstrip().startswith("{"):
+        with open(os.fspath(layout), encoding="utf-8") as f:
+            return f.read()
+    return str(layout)
+
+
+class Coordinator:
+    """Assembles the versions that several trainer ranks publish (docs/trainer.md).
+
+    Waits until every rank in ``ranks`` has uploaded its part of a version
+    to ``parts`` (default: the store), applies the parts to its staging copy
+    of the canonical checkpoint and publishes it through the joint commit to
+    ``members`` (the receivers). ``baseline`` is its copy of the committed
+    version; ``staging`` a working copy next to it (default: baseline +
+    ".staging").
+    """
+
+    def __init__(self, store: str, *, baseline: PathLike, members: Sequence[str],
+                 ranks: Sequence[int], parts: Optional[str] = None,
+                 staging: Optional[PathLike] = None, key: Optional[bytes] = None,
+                 key_file: Optional[PathLike] = None, vote_timeout: float = 60.0,
+                 parts_timeout: float = 600.0, threads: int = 0) -> None:
+        baseline = os.fspath(baseline)
+        staging = os.fspath(staging) if staging is not None else baseline + ".staging"
+        self._native = _native.Coordinator(
+            store, parts or "", baseline, staging, list(members), [int(r) for r in ranks], key,
+            os.fspath(key_file) if key_file else "", float(vote_timeout), float(parts_timeout),
+            threads)
+
+    @property
+    def committed_version(self) -> int:
+        return self._native.committed_version
+
+    def publish(self, version: int) -> Tuple["_native.PublishReport", Dict[str, Any]]:
+        """Waits for every rank's part of `version` and publishes it.
+
+        Returns the publish report (``committed``, ...) and the parts'
+        totals (chunks, bytes, changed elements, wait and apply seconds).
+        """
+        return self._native.publish(version)
+
+
 class Publisher:
     """Publishes versions of a model's weights to a store and coordinates their commit.
 
@@ -31,9 +81,17 @@ class Publisher:
       exist, ``initial`` (named tensors: the weights every receiver starts
       from) is written there first.
     members: the receivers' names; a version commits when all of them voted.
-    layout, rank: the trainer's local layout of the canonical tensors and this
-      rank in it. Only ``layout=None, rank=0`` (tensors already in canonical
-      Hugging Face names and shapes) is supported so far.
+    layout, rank: one trainer rank of a job whose ranks each hold part of the
+      model (docs/trainer.md): ``layout`` is a layout file path, its JSON
+      text or a dict (docs/layout.md; ``refit layout generate`` writes one),
+      and ``publish`` takes this rank's local tensors by their local names.
+      The rank uploads its part to ``parts`` (a store URL; default: the
+      store) and waits for the version's decision; a :class:`Coordinator`
+      assembles and publishes the version once every rank reported. The
+      rank's baseline is the canonical checkpoint ``baseline`` at the
+      committed version, or its own local tensors ``initial``. With
+      ``layout=None`` (default) the tensors are canonical (Hugging Face
+      names and shapes) and this object is the coordinator itself.
     key / key_file: HMAC key (bytes, at least 16) authenticating every object.
     sign_key / sign_key_file: an Ed25519 private key (32 raw bytes, or a PEM
       file) signing every object the publisher writes; receivers check them
@@ -45,29 +103,35 @@ class Publisher:
     background thread, in order.
     """
 
-    def __init__(self, store: str, *, baseline: PathLike, members: Sequence[str],
+    def __init__(self, store: str, *, baseline: Optional[PathLike] = None,
+                 members: Optional[Sequence[str]] = None,
                  layout: Any = None, rank: int = 0, initial: Any = None,
                  dtypes: Any = None, key: Optional[bytes] = None,
                  key_file: Optional[PathLike] = None, sign_key: Optional[bytes] = None,
                  sign_key_file: Optional[PathLike] = None, vote_timeout: float = 60.0,
                  policy: str = "abort", threads: int = 0, chunk_bytes: int = 0,
                  upload_threads: int = 4, snapshot_every: int = 0,
-                 keep_versions: int = 0) -> None:
+                 keep_versions: int = 0, parts: Optional[str] = None,
+                 decision_timeout: float = 600.0) -> None:
+        self._executor: Optional[concurrent.futures.ThreadPoolExecutor] = None
+        self._lock = threading.Lock()
+        self._layout = layout
+        self._rank = rank
         if layout is not None:
-            raise NotImplementedError(
-                "refit.Publisher(layout=...) is not supported yet: publishing from several "
-                "ranks needs multi-publisher versions, which the protocol does not have yet "
-                "(docs/trainer.md, 'Not yet'); pass the tensors in canonical Hugging Face "
-                "names and shapes with layout=None")
+            self._init_rank(store, layout, rank, baseline, initial, key, key_file, threads,
+                            chunk_bytes, upload_threads, parts, decision_timeout)
+            return
         if rank != 0:
             raise NotImplementedError(
                 "refit.Publisher(rank=...) needs a layout (several ranks each owning part of "
                 "the canonical tensors); with layout=None, publish from rank 0 only")
+        if baseline is None or members is None:
+            raise InvalidArgumentError("refit.Publisher needs baseline= and members= "
+                                       "(or layout= and rank= for one trainer rank)",
+                                       "INVALID_ARGUMENT")
         if isinstance(members, str):
             raise InvalidArgumentError("members must be a list of names, not one string",
                                        "INVALID_ARGUMENT")
-        self._layout = layout
-        self._rank = rank
         baseline = os.fspath(baseline)
         if not os.path.exists(baseline):
             if initial is None:
@@ -81,8 +145,40 @@ class Publisher:
             store, baseline, list(members), key, os.fspath(key_file) if key_file else "",
             sign_key, os.fspath(sign_key_file) if sign_key_file else "", float(vote_timeout), policy, threads, chunk_bytes, upload_threads, snapshot_every,
             keep_versions)
-        self._executor: Optional[concurrent.futures.ThreadPoolExecutor] = None
-        self._lock = threading.Lock()
+        self._decision_timeout = float(decision_timeout)
+
+    def _init_rank(self, store: str, layout: Any, rank: int, baseline: Optional[PathLike],
+                   initial: Any, key: Optional[bytes], key_file: Optional[PathLike],
+                   threads: int, chunk_bytes: int, upload_threads: int,
+                   parts: Optional[str], decision_timeout: float) -> None:
+        # One trainer rank of a version published by many (docs/trainer.md):
+        # this rank's local tensors, in its own layout, become its part.
+        text = _layout_text(layout)
+        local = {}
+        try:
+            parsed = json.loads(text)
+        except ValueError as e:
+            raise InvalidArgumentError(f"layout is not JSON: {e}", "INVALID_ARGUMENT") from None
+        for r in parsed.get("ranks", []) if isinstance(parsed, dict) else []:
+            if r.get("rank") == rank:
+                local = {t["name"]: t["dtype"] for t in r.get("tensors", [])}
+        if not local:
+            raise InvalidArgumentError(f"the layout has no rank {rank}", "INVALID_ARGUMENT")
+        self._dtypes = local
+        triples = None
+        if baseline is None:
+            if initial is None:
+                raise InvalidArgumentError(
+                    "a rank publisher needs baseline= (the canonical checkpoint at the "
+                    "committed version) or initial= (this rank's local tensors at it)",
+                    "INVALID_ARGUMENT")
+            self._initial = prepare(named_items(initial), writable=False, expected=local)
+            triples = self._initial.triples
+        self._baseline = os.fspath(baseline) if baseline is not None else ""
+        self._decision_timeout = float(decision_timeout)
+        self._native = _native.RankPublisher(
+            store, parts or "", text, rank, -1, self._baseline, triples, key,
+            os.fspath(key_file) if key_file else "", threads, chunk_bytes, upload_threads)
 
     @property
     def committed_version(self) -> int:
@@ -113,7 +209,13 @@ class Publisher:
     def _publish_now(self, version: int, items: List[Tuple[str, Any]]) -> Any:
         with self._lock:
             p = prepare(items, writable=False, expected=self._dtypes)
-            return self._native.publish(version, p.triples)
+            if self._layout is None:
+                return self._native.publish(version, p.triples)
+            # A rank: upload the part, then wait for the version's decision
+            # (the coordinator assembles it once every rank reported).
+            report = self._native.publish(version, p.triples)
+            report["committed"] = self._native.await_decision(self._decision_timeout)
+            return report
 
     def publish_async(self, version: int, named_tensors: Any, *,
                       copy: bool = True) -> "concurrent.futures.Future[Any]":
@@ -135,6 +237,9 @@ class Publisher:
 
     def publish_checkpoint(self, version: int, path: PathLike) -> "_native.PublishReport":
         """Publishes the tensors of a checkpoint on disk as `version`."""
+        if self._layout is not None:
+            raise NotImplementedError("a rank publisher publishes its local tensors; "
+                                      "publish_checkpoint is for canonical checkpoints")
         self.wait()
         with self._lock:
             return self._native.publish_checkpoint(version, os.fspath(path))

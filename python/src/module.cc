@@ -25,8 +25,12 @@
 #include "refit/checkpoint.h"
 #include "refit/delta.h"
 #include "refit/status.h"
+#include "layout/layout.h"
+#include "ranks/parts.h"
 #include "sync/auth.h"
+#include "sync/protocol.h"
 #include "sync/publisher.h"
+#include "trainer/rank_encoder.h"
 #include "sync/receiver.h"
 #include "transport/object_store.h"
 #ifdef REFIT_PYTHON_CUDA
@@ -241,6 +245,140 @@ class PyPublisher {
  private:
   std::shared_ptr<ObjectStore> store_;  // outlives pub_ (declared first)
   std::unique_ptr<Publisher> pub_;
+};
+
+class PyRankPublisher {
+ public:
+  // This rank's side of versions published by many ranks (docs/trainer.md):
+  // `layout` is the layout's JSON text; the baseline comes from a
+  // canonical checkpoint at the committed version, or from this rank's
+  // own local tensors (`initial`, (name, dtype, object) triples).
+  PyRankPublisher(const std::string& store_url, const std::string& parts_url,
+                  const std::string& layout_json, uint32_t rank, int64_t committed,
+                  const std::string& baseline, const py::object& initial, const py::object& key,
+                  const std::string& key_file, int threads, uint64_t chunk_bytes,
+                  int upload_threads) {
+    layout::Layout l = Unwrap(layout::ParseLayout(layout_json));
+    trainer::RankEncoderOptions eo;
+    eo.threads = threads;
+    if (chunk_bytes != 0) eo.chunk_bytes = chunk_bytes;
+    ranks::RankPublisherOptions ro;
+    ro.auth = MakeAuth(key, key_file);
+    ro.upload_threads = upload_threads;
+    store_ = OpenStore(store_url);
+    parts_ = parts_url.empty() ? store_ : OpenStore(parts_url);
+    Borrowed init;
+    if (!initial.is_none()) init = Unwrap(BorrowAll(initial, /*writable=*/false));
+    py::gil_scoped_release release;
+    if (committed < 0) {
+      // The store's head: the version every rank's baseline must be at.
+      auto head = store_->Get(kHeadKey);
+      if (head.ok()) {
+        committed = static_cast<int64_t>(
+            Unwrap(DecodeHead(Unwrap(ro.auth.Open(*head)))));
+      } else if (head.status().code() == StatusCode::kNotFound) {
+        committed = 0;
+      } else {
+        Check(head.status());
+      }
+    }
+    encoder_ = Unwrap(trainer::RankEncoder::Create(l, rank, eo));
+    if (!baseline.empty()) {
+      Checkpoint ck = Unwrap(Checkpoint::Open(baseline, Checkpoint::Mode::kReadOnly));
+      std::vector<TensorView> views;
+      for (size_t i = 0; i < ck.tensors().size(); ++i) {
+        const TensorInfo& t = ck.tensors()[i];
+        views.push_back({t.name, t.dtype, t.element_width, t.shape, ck.Data(i).data()});
+      }
+      Check(encoder_->SetBaseline(views));
+    } else {
+      Check(encoder_->SetBaselineFromLocal(Views(init)));
+    }
+    pub_ = Unwrap(ranks::RankPublisher::Open(parts_.get(), store_.get(), encoder_.get(), rank,
+                                             static_cast<uint64_t>(committed), std::move(ro)));
+  }
+
+  uint64_t committed_version() const { return pub_->committed_version(); }
+  uint64_t owned_bytes() const { return encoder_->owned_bytes(); }
+
+  py::dict Publish(uint64_t version, py::handle triples) {
+    Borrowed b = Unwrap(BorrowAll(triples, /*writable=*/false));
+    std::vector<TensorView> views = Views(b);
+    ranks::RankPartReport r;
+    {
+      py::gil_scoped_release release;
+      r = Unwrap(pub_->Publish(version, views));
+    }
+    py::dict d;
+    d["version"] = r.version;
+    d["base_version"] = r.base_version;
+    d["owned_bytes"] = r.encode.owned_bytes;
+    d["changed_direct"] = r.encode.changed_direct;
+    d["changed_residual"] = r.encode.changed_residual;
+    d["chunks"] = r.encode.chunks;
+    d["bytes_uploaded"] = r.bytes_uploaded;
+    d["seconds"] = r.seconds;
+    return d;
+  }
+
+  bool AwaitDecision(double timeout) {
+    int ms = Millis(timeout);
+    py::gil_scoped_release release;
+    return Unwrap(pub_->AwaitDecision(ms));
+  }
+
+ private:
+  std::shared_ptr<ObjectStore> store_, parts_;  // outlive pub_ (declared first)
+  std::unique_ptr<trainer::RankEncoder> encoder_;
+  std::unique_ptr<ranks::RankPublisher> pub_;
+};
+
+class PyCoordinator {
+ public:
+  PyCoordinator(const std::string& store_url, const std::string& parts_url,
+                const std::string& baseline, const std::string& staging,
+                std::vector<std::string> members, std::vector<uint32_t> ranks,
+                const py::object& key, const std::string& key_file, double vote_timeout,
+                double parts_timeout, int threads) {
+    PublisherOptions o;
+    o.members = std::move(members);
+    o.auth = MakeAuth(key, key_file);
+    o.vote_timeout_ms = Millis(vote_timeout);
+    o.diff.threads = threads;
+    ranks::CoordinatorOptions co;
+    co.ranks = std::move(ranks);
+    co.auth = o.auth;
+    co.parts_timeout_ms = Millis(parts_timeout);
+    co.threads = threads;
+    store_ = OpenStore(store_url);
+    parts_ = parts_url.empty() ? store_ : OpenStore(parts_url);
+    py::gil_scoped_release release;
+    pub_ = Unwrap(Publisher::Open(store_.get(), baseline, std::move(o)));
+    coord_ = Unwrap(ranks::PartsCoordinator::Open(parts_.get(), pub_.get(), baseline, staging,
+                                                  std::move(co)));
+  }
+
+  uint64_t committed_version() const { return pub_->committed_version(); }
+
+  py::tuple Publish(uint64_t version) {
+    ranks::CoordinatedReport r;
+    {
+      py::gil_scoped_release release;
+      r = Unwrap(coord_->Publish(version));
+    }
+    py::dict parts;
+    parts["chunks"] = r.part_chunks;
+    parts["bytes"] = r.part_bytes;
+    parts["changed_elements"] = r.changed_elements;
+    parts["wait_seconds"] = r.wait_seconds;
+    parts["apply_seconds"] = r.apply_seconds;
+    return py::make_tuple(r.publish, parts);
+  }
+
+ private:
+  std::shared_ptr<ObjectStore> store_, parts_;
+  std::unique_ptr<Publisher> pub_;
+  std::unique_ptr<ranks::PartsCoordinator> coord_;
 };
 
 class PyReceiver {
@@ -640,6 +778,29 @@ void BindClasses(py::module_& m) {
       .def("publish_checkpoint", &PyPublisher::PublishCheckpoint, py::arg("version"),
            py::arg("path"))
       .def("serve", &PyPublisher::Serve, py::arg("version"), py::arg("seconds"));
+
+  py::class_<PyRankPublisher>(m, "RankPublisher")
+      .def(py::init<const std::string&, const std::string&, const std::string&, uint32_t,
+                    int64_t, const std::string&, const py::object&, const py::object&,
+                    const std::string&, int, uint64_t, int>(),
+           py::arg("store"), py::arg("parts"), py::arg("layout"), py::arg("rank"),
+           py::arg("committed"), py::arg("baseline"), py::arg("initial"), py::arg("key"),
+           py::arg("key_file"), py::arg("threads"), py::arg("chunk_bytes"),
+           py::arg("upload_threads"))
+      .def_property_readonly("committed_version", &PyRankPublisher::committed_version)
+      .def_property_readonly("owned_bytes", &PyRankPublisher::owned_bytes)
+      .def("publish", &PyRankPublisher::Publish, py::arg("version"), py::arg("tensors"))
+      .def("await_decision", &PyRankPublisher::AwaitDecision, py::arg("timeout"));
+
+  py::class_<PyCoordinator>(m, "Coordinator")
+      .def(py::init<const std::string&, const std::string&, const std::string&,
+                    const std::string&, std::vector<std::string>, std::vector<uint32_t>,
+                    const py::object&, const std::string&, double, double, int>(),
+           py::arg("store"), py::arg("parts"), py::arg("baseline"), py::arg("staging"),
+           py::arg("members"), py::arg("ranks"), py::arg("key"), py::arg("key_file"),
+           py::arg("vote_timeout"), py::arg("parts_timeout"), py::arg("threads"))
+      .def_property_readonly("committed_version", &PyCoordinator::committed_version)
+      .def("publish", &PyCoordinator::Publish, py::arg("version"));
 
   py::class_<PyReceiver>(m, "Receiver")
       .def(py::init<const std::string&, const std::string&, const std::string&,

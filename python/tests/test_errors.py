@@ -102,8 +102,10 @@ def test_mismatched_tensor_sets(tmp_path):
 def test_publisher_arguments(tmp_path):
     base = tmp_path / "b.safetensors"
     refit.save(base, synthetic_model(), dtypes=SYNTH_DTYPES)
-    with pytest.raises(NotImplementedError, match="layout"):
+    with pytest.raises(refit.InvalidArgumentError, match="layout"):
         refit.Publisher(str(tmp_path / "s"), baseline=base, members=["r0"], layout=object())
+    with pytest.raises(refit.InvalidArgumentError, match="not JSON"):
+        refit.Publisher(str(tmp_path / "s"), layout="{not json", rank=0)
     with pytest.raises(NotImplementedError, match="rank"):
         refit.Publisher(str(tmp_path / "s"), baseline=base, members=["r0"], rank=1)
     with pytest.raises(refit.NotFoundError, match="initial="):

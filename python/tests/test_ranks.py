@@ -1,0 +1,127 @@
+"""Versions published by several trainer ranks (docs/trainer.md): each rank
+passes its local tensors in its own layout (a column shard, a replicated
+bias, an FP32 master cast to BF16), a Coordinator assembles each version
+once every rank reported, and receivers end bit-exact with the canonical
+model."""
+
+import json
+import threading
+
+import numpy as np
+import pytest
+
+import refit
+
+
+def bf16(x):
+    u = x.astype(np.float32).view(np.uint32).astype(np.uint64)
+    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+
+
+def piece(canon, rows, cols, local, canon_map):
+    return {"canonical": canon, "rows": rows, "cols": cols, "local": local, "canon": canon_map}
+
+
+LAYOUT = {
+    "format": "refit-layout", "version": 1,
+    "canonical": [
+        {"name": "b", "dtype": "BF16", "shape": [6]},
+        {"name": "v", "dtype": "BF16", "shape": [4, 6]},
+        {"name": "w", "dtype": "BF16", "shape": [8, 6]},
+    ],
+    "ranks": [
+        {"rank": 0, "tensors": [
+            {"name": "w0", "dtype": "BF16", "shape": [8, 3],
+             "pieces": [piece("w", 8, 3, [0, 3, 1], [0, 6, 1])]},
+            {"name": "bias", "dtype": "BF16", "shape": [6],
+             "pieces": [piece("b", 1, 6, [0, 6, 1], [0, 6, 1])]}]},
+        {"rank": 1, "tensors": [
+            {"name": "w1", "dtype": "BF16", "shape": [8, 3],
+             "pieces": [piece("w", 8, 3, [0, 3, 1], [3, 6, 1])]},
+            {"name": "bias", "dtype": "BF16", "shape": [6],
+             "pieces": [piece("b", 1, 6, [0, 6, 1], [0, 6, 1])]},
+            {"name": "m", "dtype": "F32", "shape": [4, 6],
+             "pieces": [piece("v", 4, 6, [0, 6, 1], [0, 6, 1])]}]},
+    ],
+}
+
+
+def canonical(s):
+    return {"w": np.concatenate([s["w0"], s["w1"]], axis=1), "b": s["bias"], "v": bf16(s["m"])}
+
+
+def local(s, rank):
+    if rank == 0:
+        return {"w0": s["w0"], "bias": s["bias"]}
+    return {"w1": s["w1"], "bias": s["bias"], "m": s["m"]}
+
+
+def test_ranks_publish_parts_and_receivers_follow(tmp_path):
+    rng = np.random.default_rng(1)
+    state = {"w0": rng.integers(0, 1 << 16, (8, 3), dtype=np.uint16),
+             "w1": rng.integers(0, 1 << 16, (8, 3), dtype=np.uint16),
+             "bias": rng.integers(0, 1 << 16, 6, dtype=np.uint16),
+             "m": rng.normal(0, 0.02, (4, 6)).astype(np.float32)}
+    base = tmp_path / "baseline.safetensors"
+    refit.save(base, canonical(state), dtypes="BF16")
+    members = ["r0", "r1"]
+    for m in members:
+        refit.copy_checkpoint(base, tmp_path / f"{m}.safetensors")
+    store = str(tmp_path / "store")
+    key = b"k" * 32
+    layout_file = tmp_path / "layout.json"
+    layout_file.write_text(json.dumps(LAYOUT))
+
+    coordinator = refit.Coordinator(store, baseline=base, members=members, ranks=[0, 1],
+                                    key=key, vote_timeout=30, parts_timeout=30)
+    # Rank 0 starts from the canonical checkpoint, rank 1 from its own tensors.
+    ranks = [refit.Publisher(store, layout=layout_file, rank=0, baseline=base, key=key,
+                             decision_timeout=30),
+             refit.Publisher(store, layout=LAYOUT, rank=1, initial=local(state, 1), key=key,
+                             decision_timeout=30)]
+    receivers = [refit.Receiver(store, member=m, checkpoint_dir=tmp_path / f"{m}.safetensors",
+                                key=key, decision_timeout=30) for m in members]
+
+    for version in (1, 2):
+        state["w0"] = state["w0"].copy()
+        state["w0"][rng.integers(0, 8), rng.integers(0, 3)] ^= 1
+        state["w1"] = state["w1"].copy()
+        state["w1"][rng.integers(0, 8), :] ^= 3
+        state["m"] = state["m"] * np.float32(1.01)
+        results, errors = {}, []
+
+        def run(name, fn):
+            try:
+                results[name] = fn()
+            except Exception as e:  # reported below
+                errors.append((name, e))
+
+        threads = [threading.Thread(target=run, args=("coordinator", lambda: coordinator.publish(version)))]
+        threads += [threading.Thread(target=run, args=(f"rank{r}", (lambda r=r: ranks[r].publish(version, local(state, r)))))
+                    for r in (0, 1)]
+        threads += [threading.Thread(target=run, args=(m, (lambda rc=rc: rc.sync(version))))
+                    for m, rc in zip(members, receivers)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=120)
+            assert not t.is_alive(), "a participant hung"
+        assert not errors, errors
+        report, parts = results["coordinator"]
+        assert report.committed
+        assert parts["chunks"] > 0
+        for r in (0, 1):
+            assert results[f"rank{r}"]["committed"] is True
+        assert results["rank1"]["changed_residual"] > 0
+        want = canonical(state)
+        for m in members:
+            got = refit.load(tmp_path / f"{m}.safetensors")
+            for name, arr in want.items():
+                np.testing.assert_array_equal(np.asarray(got[name]).view(np.uint16).reshape(arr.shape), arr)
+
+
+def test_rank_publisher_refuses_unknown_rank_and_missing_baseline(tmp_path):
+    with pytest.raises(refit.InvalidArgumentError, match="no rank 5"):
+        refit.Publisher(str(tmp_path / "store"), layout=LAYOUT, rank=5, initial={})
+    with pytest.raises(refit.InvalidArgumentError, match="baseline= "):
+        refit.Publisher(str(tmp_path / "store"), layout=LAYOUT, rank=0)
