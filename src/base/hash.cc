@@ -5,8 +5,33 @@
 #include <cstdio>
 #include <cstring>
 
+#include "base/xxh3_kernels.h"
+
 namespace refit {
 namespace {
+
+using Kernel = internal::Xxh3Digest (*)(const void*, size_t);
+
+Kernel PickKernel() {
+#if defined(REFIT_XXH3_X86)
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")) {
+    return &internal::Xxh3Avx512;
+  }
+  if (__builtin_cpu_supports("avx2")) return &internal::Xxh3Avx2;
+#endif
+  return &internal::Xxh3Baseline;
+}
+
+const Kernel kXxh3 = PickKernel();
+
+XXH128_hash_t OneShot(const void* data, size_t size) {
+  internal::Xxh3Digest d = kXxh3(data, size);
+  XXH128_hash_t h;
+  h.low64 = d.lo;
+  h.high64 = d.hi;
+  return h;
+}
 
 void PutDigest(const XXH128_hash_t& h, uint8_t out[16]) {
   for (int i = 0; i < 8; ++i) out[i] = static_cast<uint8_t>(h.low64 >> (8 * i));
@@ -26,8 +51,8 @@ std::string Hash128::Hex() const {
 }
 
 Hash128 HashBytes(const void* data, size_t size) {
-  XXH128_hash_t h = XXH3_128bits(data, size);
-  return Hash128{h.low64, h.high64};
+  internal::Xxh3Digest d = kXxh3(data, size);
+  return Hash128{d.lo, d.hi};
 }
 
 Hash128 HashSegmentDigests(const Hash128* digests, size_t n) {
@@ -51,7 +76,7 @@ Hash128 RangeHash(const void* data, size_t size) {
   do {
     size_t n = size - off < kRangeHashSegment ? size - off : kRangeHashSegment;
     uint8_t d[16];
-    PutDigest(XXH3_128bits(p + off, n), d);
+    PutDigest(OneShot(p + off, n), d);
     XXH3_128bits_update(outer, d, sizeof d);
     off += n;
   } while (off < size);

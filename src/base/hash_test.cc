@@ -1,9 +1,12 @@
 #include "base/hash.h"
 
 #include <gtest/gtest.h>
+#include <xxhash.h>
 
 #include <random>
 #include <vector>
+
+#include "base/xxh3_kernels.h"
 
 namespace refit {
 namespace {
@@ -46,6 +49,49 @@ TEST(HashTest, GoldenValues) {
   EXPECT_EQ(RangeHash(v.data(), v.size()).Hex(),
             "3b49324677c6ea9b5f8428cf45e0bd64");
   EXPECT_EQ(RangeHash(nullptr, 0), RangeHash(v.data(), 0));
+}
+
+}  // namespace
+}  // namespace refit
+
+namespace refit {
+namespace {
+
+// Every XXH3 kernel this CPU can run gives the library's digests, at every
+// size class (short inputs, the 240-byte boundary, stripes, blocks, and
+// whole 64 KiB segments) and alignment.
+TEST(HashTest, InlineKernelsMatchTheLibrary) {
+  std::vector<uint8_t> buf(kRangeHashSegment + 64);
+  uint64_t x = 88172645463325252ull;
+  for (auto& b : buf) {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    b = static_cast<uint8_t>(x);
+  }
+  std::vector<internal::Xxh3Digest (*)(const void*, size_t)> kernels = {&internal::Xxh3Baseline};
+#if defined(REFIT_XXH3_X86)
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx2")) kernels.push_back(&internal::Xxh3Avx2);
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")) {
+    kernels.push_back(&internal::Xxh3Avx512);
+  }
+#endif
+  for (size_t size : {size_t{0}, size_t{1}, size_t{3}, size_t{16}, size_t{17}, size_t{128},
+                      size_t{129}, size_t{240}, size_t{241}, size_t{1024}, size_t{1025},
+                      size_t{4096}, size_t{60000}, kRangeHashSegment}) {
+    for (size_t align : {size_t{0}, size_t{1}, size_t{7}}) {
+      XXH128_hash_t want = XXH3_128bits(buf.data() + align, size);
+      for (auto k : kernels) {
+        internal::Xxh3Digest got = k(buf.data() + align, size);
+        EXPECT_EQ(got.lo, want.low64) << size << " " << align;
+        EXPECT_EQ(got.hi, want.high64) << size << " " << align;
+      }
+      Hash128 h = HashBytes(buf.data() + align, size);
+      EXPECT_EQ(h.lo, want.low64);
+      EXPECT_EQ(h.hi, want.high64);
+    }
+  }
 }
 
 }  // namespace
