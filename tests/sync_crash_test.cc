@@ -671,7 +671,19 @@ TEST(SignedCliTest, SignedPublishAndAReceiverWithAnotherKey) {
   TempDir keys;
   const std::string priv = keys.File("publisher.pem"), pub = keys.File("publisher.pub");
   const std::string other_priv = keys.File("other.pem"), other_pub = keys.File("other.pub");
-  ASSERT_TRUE(Authenticator::WriteEd25519KeyFiles(priv, pub).ok());
+  {
+    // `refit keygen` writes the pair; it never overwrites a key.
+    Proc keygen;
+    keygen.Start({"keygen", priv, pub}, keys.File("keygen.out"), keys.File("keygen.err"));
+    ASSERT_TRUE(keygen.Wait(10));
+    ASSERT_EQ(keygen.exit_code(), 0) << ReadText(keys.File("keygen.err"));
+    Proc again;
+    again.Start({"keygen", priv, keys.File("x.pub")}, keys.File("again.out"),
+                keys.File("again.err"));
+    ASSERT_TRUE(again.Wait(10));
+    EXPECT_NE(again.exit_code(), 0);
+    EXPECT_FALSE(fs::exists(keys.File("x.pub")));
+  }
   ASSERT_TRUE(Authenticator::WriteEd25519KeyFiles(other_priv, other_pub).ok());
   Cluster cl;
   Proc receivers[kReceivers];

@@ -198,6 +198,13 @@ Result<std::pair<std::vector<uint8_t>, std::vector<uint8_t>>> Authenticator::Gen
 
 Status Authenticator::WriteEd25519KeyFiles(const std::string& private_pem,
                                            const std::string& public_pem) {
+  for (const std::string& path : {private_pem, public_pem}) {
+    struct stat st;
+    if (lstat(path.c_str(), &st) == 0) {
+      return FailedPreconditionError("key file '" + path +
+                                     "' exists; an existing key file is never overwritten");
+    }
+  }
   EVP_PKEY* key = EVP_PKEY_Q_keygen(nullptr, nullptr, "ED25519");
   if (key == nullptr) return InternalError("Ed25519 key generation failed");
   auto owned = Own(key);

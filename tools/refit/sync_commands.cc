@@ -1334,6 +1334,17 @@ void RegisterSyncCommands(CLI::App* app, SyncCommandArgs* args) {
       "with the codes of `refit --help`.");
 
   StatusArgs& st = args->status;
+  KeygenArgs& k = args->keygen;
+  CLI::App* kg = app->add_subcommand(
+      "keygen",
+      "Write a fresh Ed25519 key pair as PEM files: PRIVATE (mode 0600) for "
+      "`publish --sign-key`, PUBLIC for `receive --verify-key`. Existing files "
+      "are never overwritten.");
+  args->keygen_cmd = kg;
+  kg->add_option("PRIVATE", k.private_key, "private key file to create")->required();
+  kg->add_option("PUBLIC", k.public_key, "public key file to create")->required();
+  add_json(kg, &k.json);
+
   CLI::App* sts = app->add_subcommand(
       "status",
       "Show the store's head, recent versions with their decision and each "
@@ -1400,7 +1411,35 @@ void RegisterSyncDemoOptions(CLI::App* demo_cmd, DemoArgs* demo,
       ->capture_default_str();
 }
 
+int RunKeygen(const KeygenArgs& args) {
+  constexpr std::string_view kCmd = "keygen";
+  if (args.private_key == args.public_key) {
+    return Fail(kCmd, InvalidArgumentError("PRIVATE and PUBLIC must be two files"),
+                args.json);
+  }
+  if (Status s = Authenticator::WriteEd25519KeyFiles(args.private_key, args.public_key);
+      !s.ok()) {
+    return Fail(kCmd, s, args.json,
+                "choose new file names");
+  }
+  if (args.json) {
+    PrintJson(Json{{"ok", true},
+                   {"command", "keygen"},
+                   {"private_key", args.private_key},
+                   {"public_key", args.public_key}});
+  } else {
+    fmt::print("refit keygen: Ed25519 signing key {} (mode 0600: keep it with the "
+               "publisher, --sign-key), public key {} (for receivers, --verify-key)\n",
+               args.private_key, args.public_key);
+  }
+  return kExitOk;
+}
+
 std::optional<int> RunSyncCommand(SyncCommandArgs* args, bool global_json) {
+  if (args->keygen_cmd && *args->keygen_cmd) {
+    args->keygen.json |= global_json;
+    return RunKeygen(args->keygen);
+  }
   if (args->publish_cmd && *args->publish_cmd) {
     args->publish.json |= global_json;
     return RunPublish(args->publish);

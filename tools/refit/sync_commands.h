@@ -165,10 +165,21 @@ std::string RelayDoneKey(uint64_t version, const std::string& member);
 
 // Command-line plumbing for main.cc: registers publish, receive and status
 // on `app` (binding to `args`) and the distribution options on `demo`.
+// `refit keygen PRIVATE PUBLIC`: a fresh Ed25519 key pair as PEM files
+// (--sign-key and --verify-key; docs/protocol.md, "Signatures").
+struct KeygenArgs {
+  std::string private_key;
+  std::string public_key;
+  bool json = false;
+};
+int RunKeygen(const KeygenArgs& args);
+
 struct SyncCommandArgs {
   PublishArgs publish;
   ReceiveArgs receive;
   StatusArgs status;
+  KeygenArgs keygen;
+  CLI::App* keygen_cmd = nullptr;
   SyncDemoArgs demo;
   CLI::App* publish_cmd = nullptr;
   CLI::App* receive_cmd = nullptr;
