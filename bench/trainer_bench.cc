@@ -131,10 +131,10 @@ int Run(const Args& a) {
   uint64_t stage_bytes = 0;
   for (const auto& [n, _] : in_stage) stage_bytes += Elements(canon_by_name[n]->shape) * 2;
   fmt::print("model: {} layers, {} tensors, {:.2f} GB canonical BF16; TP {} x PP {}, {} ranks\n",
-             cfg.num_hidden_layers, l.canonical.size(), model_bytes / 1e9, a.tp, a.pp,
+             cfg.num_hidden_layers, l.canonical.size(), static_cast<double>(model_bytes) / 1e9, a.tp, a.pp,
              l.ranks.size());
   fmt::print("stage 0: {} canonical tensors, {:.2f} GB; change rate {:.1f}%, threads {}\n",
-             in_stage.size(), stage_bytes / 1e9, a.rate * 100,
+             in_stage.size(), static_cast<double>(stage_bytes) / 1e9, a.rate * 100,
              a.threads > 0 ? a.threads : DefaultThreads());
 
   // Canonical base and target of stage 0 (the target only to scatter).
@@ -299,8 +299,10 @@ int Run(const Args& a) {
   fmt::print("| --- | --- | --- | --- | --- | --- | --- | --- |\n");
   auto line = [&](const char* name, const Row& r, double data) {
     fmt::print("| {} | {:.3f} | {:.3f} | {:.2f}x | {:.2f} | {} | {:.3f} | {:.3f} |\n", name,
-               data / 1e9, r.best, r.best / refit_row.best, r.payload / 1e6, r.chunks,
-               r.extra_bytes / 1e9, r.extra_bytes / owned);
+               data / 1e9, r.best, r.best / refit_row.best,
+               static_cast<double>(r.payload) / 1e6, r.chunks,
+               static_cast<double>(r.extra_bytes) / 1e9,
+               static_cast<double>(r.extra_bytes) / owned);
   };
   uint64_t share_bytes = 0;
   for (const auto& n : share) share_bytes += base.at(n).size();

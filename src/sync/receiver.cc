@@ -734,6 +734,12 @@ Result<StepResult> Receiver::ProcessVersion(const Announcement& a,
     REFIT_ASSIGN_OR_RETURN(auto body, opt_.auth.Open(object));
     REFIT_ASSIGN_OR_RETURN(ParsedChunk c, ParseChunk(body));
     const ChunkHeader& h = c.header;
+    if (h.IsStrided()) {
+      // Versions carry contiguous ranges (ranks' strided regions are
+      // assembled by the coordinator, docs/trainer.md).
+      return DataLossError("chunk " + std::to_string(i) + " of version " + V +
+                           " is a strided region, which versions do not carry");
+    }
     if (h.tensor_id >= a.tensors.size() || h.width != a.tensors[h.tensor_id].width ||
         h.count == 0 || h.start > a.tensors[h.tensor_id].num_elements ||
         h.count > a.tensors[h.tensor_id].num_elements - h.start) {
