@@ -32,18 +32,11 @@ std::string Digits(uint64_t v, int width) {
   return buf;
 }
 
-// Writes once; an existing object with the same bytes is success (a rank
-// re-running its part), other bytes are refused.
+// Parts are written once; a rank re-running its part writes the same bytes.
 Status PutOnce(ObjectStore* store, const std::string& key, std::span<const uint8_t> bytes) {
-  Status st = store->PutIfAbsent(key, bytes);
-  if (st.code() != StatusCode::kAlreadyExists) return st;
-  REFIT_ASSIGN_OR_RETURN(std::vector<uint8_t> have, store->Get(key));
-  if (have.size() == bytes.size() && std::equal(have.begin(), have.end(), bytes.begin())) {
-    return Status();
-  }
-  return FailedPreconditionError("'" + key + "' already holds other bytes: this version's "
-                                 "part was started from other tensors or another baseline; "
-                                 "publish a higher version");
+  return refit::PutOnce(store, key, bytes,
+                        "this version's part was started from other tensors or another "
+                        "baseline; publish a higher version");
 }
 
 // Uploads sealed objects on `threads` workers; at most 2 * threads queued.

@@ -28,22 +28,13 @@ int ElapsedMs(Clock::time_point since) {
       std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - since).count());
 }
 
-// Stores an object of an announced version that must never change:
-// chunks, the announcement and the manifest. Receivers apply chunks before
-// the manifest exists, so a chunk once stored is final: PutIfAbsent, and a
-// key already holding the same bytes (a restarted publisher re-encoding the
-// same tensors) is success; other bytes are refused.
+// Objects of an announced version never change: receivers apply chunks
+// before the manifest exists, so a chunk once stored is final (PutOnce).
 Status PutOnce(ObjectStore* store, const std::string& key, std::span<const uint8_t> bytes) {
-  Status s = store->PutIfAbsent(key, bytes);
-  if (s.code() != StatusCode::kAlreadyExists) return s;
-  REFIT_ASSIGN_OR_RETURN(auto held, store->Get(key));
-  if (held.size() == bytes.size() && std::equal(held.begin(), held.end(), bytes.begin())) {
-    return Status();
-  }
-  return FailedPreconditionError(
-      "'" + key + "' already holds other bytes: this version was started with other "
-      "tensors, another baseline or another membership; publish them as a higher "
-      "version (it aborts this one)");
+  return refit::PutOnce(store, key, bytes,
+                        "this version was started with other tensors, another baseline or "
+                        "another membership; publish them as a higher version (it aborts "
+                        "this one)");
 }
 
 // Seals each chunk and uploads it on a small pool while the encoder goes

@@ -276,4 +276,15 @@ std::unique_ptr<ObjectStore> NewRetryingStore(
   return std::make_unique<RetryingStore>(std::move(inner), options);
 }
 
+Status PutOnce(ObjectStore* store, const std::string& key, std::span<const uint8_t> bytes,
+               const std::string& on_conflict) {
+  Status s = store->PutIfAbsent(key, bytes);
+  if (s.code() != StatusCode::kAlreadyExists) return s;
+  REFIT_ASSIGN_OR_RETURN(std::vector<uint8_t> held, store->Get(key));
+  if (held.size() == bytes.size() && std::equal(held.begin(), held.end(), bytes.begin())) {
+    return Status();
+  }
+  return FailedPreconditionError("'" + key + "' already holds other bytes: " + on_conflict);
+}
+
 }  // namespace refit

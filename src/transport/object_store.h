@@ -83,6 +83,13 @@ struct StoreOptions {
 };
 
 // Opens a store by URL: "s3://bucket/prefix" for S3-compatible storage,
+// Stores an object that must never change once written: PutIfAbsent, where
+// a key already holding exactly `bytes` is success (a writer re-running
+// the same deterministic work) and other bytes are kFailedPrecondition,
+// with `on_conflict` (what to do about it) appended to the message.
+Status PutOnce(ObjectStore* store, const std::string& key, std::span<const uint8_t> bytes,
+               const std::string& on_conflict);
+
 // "file:///abs/dir" or a plain path for a directory (created if absent).
 // An s3 URL may carry "?endpoint=URL&region=NAME"; they fill the options
 // fields left empty (docs/protocol.md, "Object stores").
