@@ -53,6 +53,14 @@ struct MutableTensorView {
   uint8_t* data = nullptr;
 };
 
+class Checkpoint;
+
+// Views of every tensor of an open checkpoint (in its canonical order),
+// pointing into its mapping: valid while `ckpt` is open. The mutable form
+// needs a read-write checkpoint.
+std::vector<TensorView> CheckpointViews(const Checkpoint& ckpt);
+std::vector<MutableTensorView> MutableCheckpointViews(Checkpoint& ckpt);
+
 struct DiffOptions {
   uint64_t version = 1;
   uint64_t base_version = 0;

@@ -285,12 +285,7 @@ class PyRankPublisher {
     encoder_ = Unwrap(trainer::RankEncoder::Create(l, rank, eo));
     if (!baseline.empty()) {
       Checkpoint ck = Unwrap(Checkpoint::Open(baseline, Checkpoint::Mode::kReadOnly));
-      std::vector<TensorView> views;
-      for (size_t i = 0; i < ck.tensors().size(); ++i) {
-        const TensorInfo& t = ck.tensors()[i];
-        views.push_back({t.name, t.dtype, t.element_width, t.shape, ck.Data(i).data()});
-      }
-      Check(encoder_->SetBaseline(views));
+      Check(encoder_->SetBaseline(CheckpointViews(ck)));
     } else {
       Check(encoder_->SetBaselineFromLocal(Views(init)));
     }

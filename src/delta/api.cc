@@ -8,9 +8,8 @@
 #include "refit/delta.h"
 
 namespace refit {
-namespace {
 
-std::vector<TensorView> Views(const Checkpoint& ckpt) {
+std::vector<TensorView> CheckpointViews(const Checkpoint& ckpt) {
   std::vector<TensorView> out;
   out.reserve(ckpt.tensors().size());
   for (size_t i = 0; i < ckpt.tensors().size(); ++i) {
@@ -21,7 +20,7 @@ std::vector<TensorView> Views(const Checkpoint& ckpt) {
   return out;
 }
 
-std::vector<MutableTensorView> MutableViews(Checkpoint& ckpt) {
+std::vector<MutableTensorView> MutableCheckpointViews(Checkpoint& ckpt) {
   std::vector<MutableTensorView> out;
   out.reserve(ckpt.tensors().size());
   for (size_t i = 0; i < ckpt.tensors().size(); ++i) {
@@ -31,8 +30,6 @@ std::vector<MutableTensorView> MutableViews(Checkpoint& ckpt) {
   }
   return out;
 }
-
-}  // namespace
 
 Result<DiffReport> DiffTensors(const std::vector<TensorView>& base,
                                const std::vector<TensorView>& target,
@@ -53,7 +50,7 @@ Result<DiffReport> Diff(const std::string& base_path,
                          Checkpoint::Open(base_path, Checkpoint::Mode::kReadOnly));
   REFIT_ASSIGN_OR_RETURN(Checkpoint target,
                          Checkpoint::Open(target_path, Checkpoint::Mode::kReadOnly));
-  return DiffTensors(Views(base), Views(target), out_path, options);
+  return DiffTensors(CheckpointViews(base), CheckpointViews(target), out_path, options);
 }
 
 Result<ApplyReport> ApplyToTensors(const std::string& delta_path,
@@ -71,7 +68,7 @@ Result<ApplyReport> Apply(const std::string& delta_path,
   REFIT_ASSIGN_OR_RETURN(Checkpoint ckpt,
                          Checkpoint::Open(checkpoint_path,
                                           Checkpoint::Mode::kReadWrite));
-  auto views = MutableViews(ckpt);
+  auto views = MutableCheckpointViews(ckpt);
   return ApplyDelta(delta, views, options, [&](size_t tensor) {
     const TensorInfo& t = ckpt.tensors()[tensor];
     return ckpt.SyncRange(tensor, 0, t.byte_size);
@@ -84,7 +81,7 @@ Result<VerifyReport> Verify(const std::string& checkpoint_path,
   REFIT_ASSIGN_OR_RETURN(Checkpoint ckpt,
                          Checkpoint::Open(checkpoint_path,
                                           Checkpoint::Mode::kReadOnly));
-  return VerifyTensors(delta, Views(ckpt), threads);
+  return VerifyTensors(delta, CheckpointViews(ckpt), threads);
 }
 
 }  // namespace refit

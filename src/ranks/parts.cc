@@ -459,12 +459,7 @@ Result<CoordinatedReport> PartsCoordinator::Publish(uint64_t version) {
   }
 
   // 3. The joint commit of the assembled version.
-  std::vector<TensorView> views;
-  for (size_t i = 0; i < staging_->tensors().size(); ++i) {
-    const TensorInfo& t = staging_->tensors()[i];
-    views.push_back({t.name, t.dtype, t.element_width, t.shape, staging_->Data(i).data()});
-  }
-  auto published = publisher_->Publish(version, views);
+  auto published = publisher_->Publish(version, CheckpointViews(*staging_));
   if (!published.ok()) {
     roll_back();
     return published.status().WithContext("publishing the assembled version");

@@ -199,25 +199,14 @@ Result<std::unique_ptr<Publisher>> Publisher::Open(ObjectStore* store,
 }
 
 std::vector<TensorView> Publisher::BaselineViews() const {
-  std::vector<TensorView> out;
-  for (size_t i = 0; i < baseline_->tensors().size(); ++i) {
-    const TensorInfo& t = baseline_->tensors()[i];
-    out.push_back(TensorView{t.name, t.dtype, t.element_width, t.shape,
-                             baseline_->Data(i).data()});
-  }
-  return out;
+  return CheckpointViews(*baseline_);
 }
 
 Result<PublishReport> Publisher::PublishCheckpoint(uint64_t version,
                                                    const std::string& target_path) {
   REFIT_ASSIGN_OR_RETURN(Checkpoint target,
                          Checkpoint::Open(target_path, Checkpoint::Mode::kReadOnly));
-  std::vector<TensorView> views;
-  for (size_t i = 0; i < target.tensors().size(); ++i) {
-    const TensorInfo& t = target.tensors()[i];
-    views.push_back(TensorView{t.name, t.dtype, t.element_width, t.shape, target.Data(i).data()});
-  }
-  return Publish(version, views);
+  return Publish(version, CheckpointViews(target));
 }
 
 Status Publisher::ServeRequests(uint64_t version, const std::vector<TensorEntry>& tensors,

@@ -591,13 +591,7 @@ int Run(const SyncBenchArgs& args, const std::string& command_line) {
       fulls.push_back(*full);
       auto target = Checkpoint::Open(step1, Checkpoint::Mode::kReadOnly);
       if (!target.ok()) return Fail(kCmd, target.status(), json);
-      std::vector<TensorView> views;
-      for (size_t i = 0; i < target->tensors().size(); ++i) {
-        const TensorInfo& t = target->tensors()[i];
-        views.push_back(TensorView{t.name, t.dtype, t.element_width, t.shape,
-                                   target->Data(i).data()});
-      }
-      auto v = (*fleet)->PublishVersion(views, mbit * 1e6 / 8, both);
+      auto v = (*fleet)->PublishVersion(CheckpointViews(*target), mbit * 1e6 / 8, both);
       if (!v.ok()) return Fail(kCmd, v.status(), json);
       Row r{"fixture", 0, mbit, receivers, *v, IdealSeconds(*v, mbit, both),
             *full};
