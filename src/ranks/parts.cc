@@ -4,16 +4,14 @@
 
 #include <algorithm>
 #include <chrono>
-#include <condition_variable>
 #include <cstdio>
-#include <deque>
-#include <mutex>
 #include <thread>
 
 #include "base/bytes.h"
 #include "delta/apply.h"
 #include "delta/chunk.h"
 #include "sync/protocol.h"
+#include "transport/once_uploader.h"
 
 namespace refit::ranks {
 namespace {
@@ -33,73 +31,9 @@ std::string Digits(uint64_t v, int width) {
 }
 
 // Parts are written once; a rank re-running its part writes the same bytes.
-Status PutOnce(ObjectStore* store, const std::string& key, std::span<const uint8_t> bytes) {
-  return refit::PutOnce(store, key, bytes,
-                        "this version's part was started from other tensors or another "
-                        "baseline; publish a higher version");
-}
-
-// Uploads sealed objects on `threads` workers; at most 2 * threads queued.
-class Uploader {
- public:
-  Uploader(ObjectStore* store, int threads) : store_(store) {
-    for (int i = 0; i < std::max(threads, 1); ++i) workers_.emplace_back([this] { Run(); });
-    limit_ = 2 * workers_.size();
-  }
-  ~Uploader() { (void)Finish(); }
-  Status Add(std::string key, std::vector<uint8_t> bytes) {
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [&] { return queue_.size() < limit_ || !error_.ok(); });
-    if (!error_.ok()) return error_;
-    bytes_ += bytes.size();
-    queue_.emplace_back(std::move(key), std::move(bytes));
-    cv_.notify_all();
-    return Status();
-  }
-  Status Finish() {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      done_ = true;
-      cv_.notify_all();
-    }
-    for (auto& t : workers_) {
-      if (t.joinable()) t.join();
-    }
-    std::lock_guard<std::mutex> lock(mu_);
-    return error_;
-  }
-  uint64_t bytes() const { return bytes_; }
-
- private:
-  void Run() {
-    for (;;) {
-      std::pair<std::string, std::vector<uint8_t>> item;
-      {
-        std::unique_lock<std::mutex> lock(mu_);
-        cv_.wait(lock, [&] { return !queue_.empty() || done_ || !error_.ok(); });
-        if (!error_.ok() || queue_.empty()) return;
-        item = std::move(queue_.front());
-        queue_.pop_front();
-        cv_.notify_all();
-      }
-      Status st = PutOnce(store_, item.first, item.second);
-      if (!st.ok()) {
-        std::lock_guard<std::mutex> lock(mu_);
-        if (error_.ok()) error_ = st.WithContext("uploading '" + item.first + "'");
-        cv_.notify_all();
-      }
-    }
-  }
-  ObjectStore* store_;
-  std::vector<std::thread> workers_;
-  size_t limit_ = 2;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::pair<std::string, std::vector<uint8_t>>> queue_;
-  bool done_ = false;
-  Status error_;
-  uint64_t bytes_ = 0;
-};
+constexpr char kPartConflict[] =
+    "this version's part was started from other tensors or another baseline; publish a "
+    "higher version";
 
 }  // namespace
 
@@ -217,7 +151,7 @@ Result<RankPartReport> RankPublisher::Publish(uint64_t version,
   for (const auto& c : encoder_->canonical_tensors()) names.push_back(c.name);
   list.tensor_count = names.size();
   list.names_hash = HashTensorNames(names);
-  Uploader up(parts_, opt_.upload_threads);
+  OnceUploader up(parts_, opt_.upload_threads, kPartConflict);
   auto encoded = encoder_->Encode(
       version, committed_, local, [&](std::span<const uint8_t> chunk, const ChunkHeader&) {
         std::vector<uint8_t> sealed = opt_.auth.Seal(chunk);
@@ -234,7 +168,7 @@ Result<RankPartReport> RankPublisher::Publish(uint64_t version,
     return finished;
   }
   std::vector<uint8_t> sealed_list = opt_.auth.Seal(EncodePartList(list));
-  Status st = PutOnce(parts_, PartListKey(version, rank_), sealed_list);
+  Status st = PutOnce(parts_, PartListKey(version, rank_), sealed_list, kPartConflict);
   if (!st.ok()) {
     encoder_->Abort();
     return st;

@@ -2,11 +2,8 @@
 
 #include <algorithm>
 #include <chrono>
-#include <condition_variable>
 #include <cstring>
-#include <deque>
 #include <map>
-#include <mutex>
 #include <set>
 #include <thread>
 
@@ -17,6 +14,7 @@
 #include "delta/chunk.h"
 #include "delta/encoder.h"
 #include "sync/receiver.h"
+#include "transport/once_uploader.h"
 
 namespace refit {
 namespace {
@@ -30,26 +28,22 @@ int ElapsedMs(Clock::time_point since) {
 
 // Objects of an announced version never change: receivers apply chunks
 // before the manifest exists, so a chunk once stored is final (PutOnce).
+constexpr char kVersionConflict[] =
+    "this version was started with other tensors, another baseline or another "
+    "membership; publish them as a higher version (it aborts this one)";
+
 Status PutOnce(ObjectStore* store, const std::string& key, std::span<const uint8_t> bytes) {
-  return refit::PutOnce(store, key, bytes,
-                        "this version was started with other tensors, another baseline or "
-                        "another membership; publish them as a higher version (it aborts "
-                        "this one)");
+  return refit::PutOnce(store, key, bytes, kVersionConflict);
 }
 
 // Seals each chunk and uploads it on a small pool while the encoder goes
-// on; records the manifest entries. The queue is bounded so encoding never
-// runs far ahead of the link.
+// on (OnceUploader: bounded, so encoding never runs far ahead of the
+// link); records the manifest entries.
 class StoreSink : public ChunkSink {
  public:
   StoreSink(ObjectStore* store, const Authenticator& auth, uint64_t version,
             int threads)
-      : store_(store), auth_(auth), version_(version) {
-    for (int i = 0; i < std::max(1, threads); ++i) {
-      pool_.emplace_back([this] { Work(); });
-    }
-  }
-  ~StoreSink() override { Stop(); }
+      : auth_(auth), version_(version), uploader_(store, threads, kVersionConflict) {}
 
   Status AddChunk(std::span<const uint8_t> chunk, const ChunkHeader& h) override {
     std::vector<uint8_t> sealed = auth_.Seal(chunk);
@@ -61,69 +55,26 @@ class StoreSink : public ChunkSink {
     mc.count = h.count;
     mc.changed = h.changed;
     mc.kind = static_cast<uint8_t>(h.kind);
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [&] { return queue_.size() < 2 * pool_.size() || !error_.ok(); });
-    if (!error_.ok()) return error_;
-    bytes_ += sealed.size();
-    queue_.emplace_back(ChunkKey(version_, chunks_.size()), std::move(sealed));
+    REFIT_RETURN_IF_ERROR(uploader_.Add(ChunkKey(version_, chunks_.size()), std::move(sealed)));
     chunks_.push_back(mc);
-    cv_.notify_all();
     return Status();
   }
 
   Status Finish(const std::vector<TensorEntry>& tensors) override {
     tensors_ = tensors;
-    Stop();
-    return error_;
+    return uploader_.Finish();
   }
 
   std::vector<ManifestChunk> chunks() const { return chunks_; }
   const std::vector<TensorEntry>& tensors() const { return tensors_; }
-  uint64_t bytes() const { return bytes_; }
+  uint64_t bytes() const { return uploader_.bytes(); }
 
  private:
-  void Work() {
-    for (;;) {
-      std::pair<std::string, std::vector<uint8_t>> item;
-      {
-        std::unique_lock<std::mutex> lock(mu_);
-        cv_.wait(lock, [&] { return !queue_.empty() || done_; });
-        if (queue_.empty()) return;
-        item = std::move(queue_.front());
-        queue_.pop_front();
-        cv_.notify_all();
-      }
-      Status s = PutOnce(store_, item.first, item.second);
-      if (!s.ok()) {
-        std::lock_guard<std::mutex> lock(mu_);
-        if (error_.ok()) error_ = s.WithContext("uploading " + item.first);
-        cv_.notify_all();
-      }
-    }
-  }
-  void Stop() {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      done_ = true;
-    }
-    cv_.notify_all();
-    for (auto& t : pool_) {
-      if (t.joinable()) t.join();
-    }
-  }
-
-  ObjectStore* store_;
   const Authenticator& auth_;
   uint64_t version_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::pair<std::string, std::vector<uint8_t>>> queue_;
-  std::vector<std::thread> pool_;
-  bool done_ = false;
-  Status error_;
+  OnceUploader uploader_;
   std::vector<ManifestChunk> chunks_;
   std::vector<TensorEntry> tensors_;
-  uint64_t bytes_ = 0;
 };
 
 // An overwrite re-send of `original`'s range holding `desired` (the
