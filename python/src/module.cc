@@ -599,18 +599,26 @@ void BindReports(py::module_& m) {
       });
 }
 
+// The diff functions' options; chunk_bytes 0 keeps the default.
+DiffOptions MakeDiffOptions(uint64_t version, uint64_t base_version, uint64_t chunk_bytes,
+                            int threads, bool allow_xor) {
+  DiffOptions o;
+  o.version = version;
+  o.base_version = base_version;
+  if (chunk_bytes != 0) o.chunk_bytes = chunk_bytes;
+  o.threads = threads;
+  o.allow_xor = allow_xor;
+  return o;
+}
+
 void BindFunctions(py::module_& m) {
   m.def(
       "diff_paths",
       [](const std::string& base, const std::string& target, const std::string& out,
          uint64_t version, uint64_t base_version, uint64_t chunk_bytes, int threads,
          bool allow_xor) {
-        DiffOptions o;
-        o.version = version;
-        o.base_version = base_version;
-        if (chunk_bytes != 0) o.chunk_bytes = chunk_bytes;
-        o.threads = threads;
-        o.allow_xor = allow_xor;
+        const DiffOptions o =
+            MakeDiffOptions(version, base_version, chunk_bytes, threads, allow_xor);
         py::gil_scoped_release release;
         return Unwrap(Diff(base, target, out, o));
       },
@@ -625,12 +633,8 @@ void BindFunctions(py::module_& m) {
         Borrowed b = Unwrap(BorrowAll(base, false));
         Borrowed t = Unwrap(BorrowAll(target, false));
         std::vector<TensorView> bv = Views(b), tv = Views(t);
-        DiffOptions o;
-        o.version = version;
-        o.base_version = base_version;
-        if (chunk_bytes != 0) o.chunk_bytes = chunk_bytes;
-        o.threads = threads;
-        o.allow_xor = allow_xor;
+        const DiffOptions o =
+            MakeDiffOptions(version, base_version, chunk_bytes, threads, allow_xor);
         py::gil_scoped_release release;
         return Unwrap(DiffTensors(bv, tv, out, o));
       },
