@@ -124,6 +124,9 @@ Result<std::unique_ptr<RankPublisher>> RankPublisher::Open(ObjectStore* parts,
   p->rank_ = rank;
   p->committed_ = committed;
   p->opt_ = std::move(options);
+  std::vector<std::string> names;
+  for (const auto& c : encoder->canonical_tensors()) names.push_back(c.name);
+  p->names_hash_ = HashTensorNames(std::move(names));
   return p;
 }
 
@@ -147,10 +150,8 @@ Result<RankPartReport> RankPublisher::Publish(uint64_t version,
   list.version = version;
   list.base_version = committed_;
   list.rank = rank_;
-  std::vector<std::string> names;
-  for (const auto& c : encoder_->canonical_tensors()) names.push_back(c.name);
-  list.tensor_count = names.size();
-  list.names_hash = HashTensorNames(names);
+  list.tensor_count = encoder_->canonical_tensors().size();
+  list.names_hash = names_hash_;
   OnceUploader up(parts_, opt_.upload_threads, kPartConflict);
   auto encoded = encoder_->Encode(
       version, committed_, local, [&](std::span<const uint8_t> chunk, const ChunkHeader&) {

@@ -104,6 +104,7 @@ class RankPublisher {
   uint32_t rank_ = 0;
   uint64_t committed_ = 0;
   uint64_t pending_ = 0;  // the version published last, 0 when none
+  uint64_t names_hash_ = 0;  // of the encoder's canonical tensors
   RankPublisherOptions opt_;
 };
 
