@@ -51,24 +51,12 @@ TEST(HashTest, GoldenValues) {
   EXPECT_EQ(RangeHash(nullptr, 0), RangeHash(v.data(), 0));
 }
 
-}  // namespace
-}  // namespace refit
-
-namespace refit {
-namespace {
 
 // Every XXH3 kernel this CPU can run gives the library's digests, at every
 // size class (short inputs, the 240-byte boundary, stripes, blocks, and
 // whole 64 KiB segments) and alignment.
 TEST(HashTest, InlineKernelsMatchTheLibrary) {
-  std::vector<uint8_t> buf(kRangeHashSegment + 64);
-  uint64_t x = 88172645463325252ull;
-  for (auto& b : buf) {
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    b = static_cast<uint8_t>(x);
-  }
+  const std::vector<uint8_t> buf = Random(kRangeHashSegment + 64, 11);
   std::vector<internal::Xxh3Digest (*)(const void*, size_t)> kernels = {&internal::Xxh3Baseline};
 #if defined(REFIT_XXH3_X86)
   __builtin_cpu_init();
