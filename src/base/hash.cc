@@ -23,21 +23,16 @@ Kernel PickKernel() {
   return &internal::Xxh3Baseline;
 }
 
-const Kernel kXxh3 = PickKernel();
-
-XXH128_hash_t OneShot(const void* data, size_t size) {
-  internal::Xxh3Digest d = kXxh3(data, size);
-  XXH128_hash_t h;
-  h.low64 = d.lo;
-  h.high64 = d.hi;
-  return h;
+// Picked on first use (not during static initialization, when another
+// translation unit might already hash).
+Kernel Xxh3() {
+  static const Kernel kernel = PickKernel();
+  return kernel;
 }
 
-void PutDigest(const XXH128_hash_t& h, uint8_t out[16]) {
-  for (int i = 0; i < 8; ++i) out[i] = static_cast<uint8_t>(h.low64 >> (8 * i));
-  for (int i = 0; i < 8; ++i) {
-    out[8 + i] = static_cast<uint8_t>(h.high64 >> (8 * i));
-  }
+void PutDigest(uint64_t lo, uint64_t hi, uint8_t out[16]) {
+  for (int i = 0; i < 8; ++i) out[i] = static_cast<uint8_t>(lo >> (8 * i));
+  for (int i = 0; i < 8; ++i) out[8 + i] = static_cast<uint8_t>(hi >> (8 * i));
 }
 
 }  // namespace
@@ -51,7 +46,7 @@ std::string Hash128::Hex() const {
 }
 
 Hash128 HashBytes(const void* data, size_t size) {
-  internal::Xxh3Digest d = kXxh3(data, size);
+  internal::Xxh3Digest d = Xxh3()(data, size);
   return Hash128{d.lo, d.hi};
 }
 
@@ -60,7 +55,7 @@ Hash128 HashSegmentDigests(const Hash128* digests, size_t n) {
   XXH3_128bits_reset(outer);
   for (size_t i = 0; i < n; ++i) {
     uint8_t d[16];
-    PutDigest(XXH128_hash_t{digests[i].lo, digests[i].hi}, d);
+    PutDigest(digests[i].lo, digests[i].hi, d);
     XXH3_128bits_update(outer, d, sizeof d);
   }
   XXH128_hash_t h = XXH3_128bits_digest(outer);
@@ -76,7 +71,8 @@ Hash128 RangeHash(const void* data, size_t size) {
   do {
     size_t n = size - off < kRangeHashSegment ? size - off : kRangeHashSegment;
     uint8_t d[16];
-    PutDigest(OneShot(p + off, n), d);
+    const Hash128 h = HashBytes(p + off, n);
+    PutDigest(h.lo, h.hi, d);
     XXH3_128bits_update(outer, d, sizeof d);
     off += n;
   } while (off < size);
@@ -99,7 +95,8 @@ RangeHasher::~RangeHasher() {
 void RangeHasher::FlushSegment() {
   auto* seg = static_cast<XXH3_state_t*>(segment_state_);
   uint8_t d[16];
-  PutDigest(XXH3_128bits_digest(seg), d);
+  const XXH128_hash_t h = XXH3_128bits_digest(seg);
+  PutDigest(h.low64, h.high64, d);
   XXH3_128bits_update(static_cast<XXH3_state_t*>(outer_state_), d, sizeof d);
   XXH3_128bits_reset(seg);
   in_segment_ = 0;
