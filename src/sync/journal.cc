@@ -14,7 +14,9 @@
 namespace refit {
 namespace {
 
-enum RecordType : uint8_t { kBegin = 1, kApplied = 2, kVoted = 3 };
+enum RecordType : uint8_t { kBegin = 1, kApplied = 2, kVoted = 3, kBeginFold = 4 };
+// A chain longer than this is not a fold any receiver writes.
+constexpr uint64_t kMaxFoldVersions = 1u << 16;
 constexpr uint32_t kMaxRecord = 1u << 30;
 
 uint32_t Checksum(uint8_t type, const uint8_t* p, size_t n) {
@@ -66,6 +68,29 @@ Result<std::optional<JournalState>> Journal::Load(const std::string& path) {
       state->base_version = b.U64();
       auto h = b.Bytes(32);
       if (b.ok()) std::memcpy(state->announcement_sha256.data(), h.data(), 32);
+    } else if (type == kBeginFold) {
+      state.emplace();
+      state->base_version = b.U64();
+      const uint64_t n = b.Varint();
+      if (n < 2 || n > kMaxFoldVersions || n * 40 > body.size()) {
+        return DataLossError("journal '" + path + "': malformed fold record");
+      }
+      for (uint64_t i = 0; i < n && b.ok(); ++i) {
+        state->fold_versions.push_back(b.U64());
+        Sha256 sha{};
+        auto h = b.Bytes(32);
+        if (b.ok()) std::memcpy(sha.data(), h.data(), 32);
+        state->fold_announcements.push_back(sha);
+      }
+      if (b.ok()) {
+        state->version = state->fold_versions.back();
+        state->announcement_sha256 = state->fold_announcements.back();
+        uint64_t prev = state->base_version;
+        for (uint64_t v : state->fold_versions) {
+          if (v <= prev) return DataLossError("journal '" + path + "': fold versions out of order");
+          prev = v;
+        }
+      }
     } else if (!state) {
       return DataLossError("journal '" + path + "' does not start with a begin record");
     } else if (type == kApplied) {
@@ -98,6 +123,30 @@ Result<Journal> Journal::Begin(const std::string& path, uint64_t version,
   w.U64(base_version);
   w.Bytes(manifest.data(), manifest.size());
   REFIT_RETURN_IF_ERROR(j.Append(kBegin, body));
+  REFIT_RETURN_IF_ERROR(j.Sync());
+  return j;
+}
+
+Result<Journal> Journal::BeginFold(const std::string& path, uint64_t base_version,
+                                   const std::vector<uint64_t>& versions,
+                                   const std::vector<Sha256>& announcements) {
+  if (versions.size() < 2 || versions.size() > kMaxFoldVersions ||
+      announcements.size() != versions.size()) {
+    return InvalidArgumentError("a fold journals at least two versions, each with its announcement");
+  }
+  Journal j;
+  j.path_ = path;
+  j.fd_ = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (j.fd_ < 0) return Errno("cannot create journal", path);
+  std::vector<uint8_t> body;
+  ByteWriter w(&body);
+  w.U64(base_version);
+  w.Varint(versions.size());
+  for (size_t i = 0; i < versions.size(); ++i) {
+    w.U64(versions[i]);
+    w.Bytes(announcements[i].data(), announcements[i].size());
+  }
+  REFIT_RETURN_IF_ERROR(j.Append(kBeginFold, body));
   REFIT_RETURN_IF_ERROR(j.Sync());
   return j;
 }

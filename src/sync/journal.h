@@ -6,6 +6,13 @@
 // XXH3-64 of type and body), so a record torn by a crash is detected and
 // ignored with everything after it. Append() writes; Sync() makes all
 // records so far durable (fdatasync). Not thread-safe.
+//
+// A journal begun with BeginFold() records a fold: committed versions
+// V1..Vk applied in one step from the active version to Vk
+// (docs/protocol.md, "Catch-up by folding"). Its first record names Vk,
+// the active version as the base, and the chain, so that a restarted
+// receiver resumes the same fold rather than treating Vk as a version
+// built on the active one.
 #ifndef REFIT_SYNC_JOURNAL_H_
 #define REFIT_SYNC_JOURNAL_H_
 
@@ -28,6 +35,10 @@ struct JournalState {
   // Chunks known applied, with their undo records (overwrite kinds).
   std::map<uint64_t, UndoRecord> applied;
   bool voted = false;
+  // A fold: the chain V1..Vk (k >= 2, ascending; Vk == version) with the
+  // SHA-256 of each stored announcement. Empty for a single version.
+  std::vector<uint64_t> fold_versions;
+  std::vector<Sha256> fold_announcements;
 };
 
 class Journal {
@@ -39,6 +50,13 @@ class Journal {
   // `announcement` is the SHA-256 of the version's stored announcement.
   static Result<Journal> Begin(const std::string& path, uint64_t version,
                                uint64_t base_version, const Sha256& announcement);
+  // Starts a fresh journal for a fold of `versions` (ascending, at least
+  // two, each building on the previous one) onto `base_version`;
+  // `announcements` holds the SHA-256 of each version's stored
+  // announcement. One record, so a crash leaves either all of it or none.
+  static Result<Journal> BeginFold(const std::string& path, uint64_t base_version,
+                                   const std::vector<uint64_t>& versions,
+                                   const std::vector<Sha256>& announcements);
   // Reopens for appending after Load().
   static Result<Journal> Reopen(const std::string& path);
 

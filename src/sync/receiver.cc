@@ -19,6 +19,7 @@
 #include "base/file.h"
 #include "base/hash.h"
 #include "delta/apply.h"
+#include "codec/payload.h"
 #include "delta/chunk.h"
 #include "refit/checkpoint.h"
 #include "sync/crash_point.h"
@@ -244,19 +245,24 @@ class Flusher {
 // the bookkeeping (journal, counters) itself, on its own thread.
 class ApplyPool {
  public:
+  // One range: a chunk of a version, or the chunks of several versions
+  // for one range in version order (a fold), applied in sequence while
+  // the range is in cache.
   struct Job {
     uint64_t index = 0;
     size_t tensor = 0;
     uint64_t offset = 0, length = 0;
     bool early = false;             // submitted before the manifest was seen
-    std::vector<uint8_t> object;    // owns the bytes `chunk` points into
-    ParsedChunk chunk;
+    bool keep_undo = true;          // hand back the pre-images (one chunk only)
+    std::vector<std::vector<uint8_t>> objects;  // own the bytes `chunks` point into
+    std::vector<ParsedChunk> chunks;
     uint8_t* data = nullptr;        // the tensor's first byte
   };
   struct Done {
     Job job;
     Status status;
     UndoRecord undo;
+    size_t applied = 0;  // chunks of the job applied, a prefix of them
   };
 
   explicit ApplyPool(int threads) : threads_(std::max(1, threads)) {
@@ -277,8 +283,8 @@ class ApplyPool {
   // Blocks while 2 * threads jobs are in flight.
   void Submit(Job job) {
     if (workers_.empty()) {
-      Done d{std::move(job), Status(), {}};
-      d.status = ApplyChunkInPlace(d.job.chunk, d.job.data, &scratch_, nullptr, &d.undo);
+      Done d{std::move(job), Status(), {}, 0};
+      Run(&d, &scratch_);
       std::lock_guard<std::mutex> lock(mu_);
       ++in_flight_;
       done_.push_back(std::move(d));
@@ -305,6 +311,17 @@ class ApplyPool {
   }
 
  private:
+  // Applies the job's chunks in order; each checks its own "after" hash,
+  // which is the next one's "before". Stops at the first failure (the
+  // range then holds the last applied chunk's "after").
+  static void Run(Done* d, ApplyScratch* scratch) {
+    for (const ParsedChunk& c : d->job.chunks) {
+      d->status = ApplyChunkInPlace(c, d->job.data, scratch, nullptr,
+                                    d->job.keep_undo ? &d->undo : nullptr);
+      if (!d->status.ok()) return;
+      ++d->applied;
+    }
+  }
   void Work() {
     ApplyScratch scratch;
     for (;;) {
@@ -316,8 +333,8 @@ class ApplyPool {
         job = std::move(queue_.front());
         queue_.pop_front();
       }
-      Done d{std::move(job), Status(), {}};
-      d.status = ApplyChunkInPlace(d.job.chunk, d.job.data, &scratch, nullptr, &d.undo);
+      Done d{std::move(job), Status(), {}, 0};
+      Run(&d, &scratch);
       std::lock_guard<std::mutex> lock(mu_);
       done_.push_back(std::move(d));
       cv_.notify_all();
@@ -468,6 +485,42 @@ Result<StepResult> Receiver::Step() {
   }
   // Then an interrupted version.
   REFIT_ASSIGN_OR_RETURN(auto journal, Journal::Load(StatePath(opt_, "journal")));
+  if (journal && journal->version > active_ && !journal->fold_versions.empty()) {
+    // An interrupted fold: finish the same fold (its ranges may hold any
+    // of the chain's versions, so it cannot go on one version at a time).
+    if (journal->base_version != active_) {
+      return DataLossError("the journal holds a fold onto version " +
+                           std::to_string(journal->base_version) + " but the active version is " +
+                           std::to_string(active_));
+    }
+    std::vector<Announcement> chain;
+    std::vector<Sha256> shas;
+    for (size_t j = 0; j < journal->fold_versions.size(); ++j) {
+      const uint64_t v = journal->fold_versions[j];
+      Sha256 sha;
+      auto announced = ReadAnnouncement(v, &sha);
+      if (!announced.ok() && announced.status().code() == StatusCode::kNotFound &&
+          !opt_.checkpoint.empty()) {
+        REFIT_ASSIGN_OR_RETURN(auto snap, NewestSnapshot());
+        if (snap && *snap >= journal->version) return CatchUpFromSnapshot(*snap);
+      }
+      REFIT_ASSIGN_OR_RETURN(Announcement a, std::move(announced));
+      if (sha != journal->fold_announcements[j]) {
+        return DataLossError("the stored announcement of version " + std::to_string(v) +
+                             " differs from the one this receiver journaled");
+      }
+      REFIT_ASSIGN_OR_RETURN(auto decision, ReadDecision(v));
+      if (!decision || !decision->commit) {
+        return DataLossError("the journaled fold names version " + std::to_string(v) +
+                             ", which is not committed");
+      }
+      chain.push_back(std::move(a));
+      shas.push_back(sha);
+    }
+    REFIT_ASSIGN_OR_RETURN(auto folded, Fold(chain, shas, /*resume=*/true));
+    if (!folded) return InternalError("a journaled fold could not be resumed");
+    return std::move(*folded);
+  }
   if (journal && journal->version > active_) {
     Sha256 sha;
     auto announced = ReadAnnouncement(journal->version, &sha);
@@ -517,6 +570,30 @@ Result<StepResult> Receiver::Step() {
     if (decision && !decision->commit) continue;  // aborted: not ours to apply
     bool member = std::find(a.members.begin(), a.members.end(), opt_.member) != a.members.end();
     if (!decision && !member) return StepResult{};  // not ours; wait for its decision
+    if (decision && opt_.max_fold_versions > 1) {
+      // Committed: extend it with the committed versions that follow, each
+      // built on the previous one (aborted ones are passed over; an
+      // undecided one ends the chain).
+      std::vector<Announcement> chain{a};
+      std::vector<Sha256> shas{sha};
+      for (auto it = std::upper_bound(versions.begin(), versions.end(), v);
+           it != versions.end() &&
+           chain.size() < static_cast<size_t>(opt_.max_fold_versions);
+           ++it) {
+        REFIT_ASSIGN_OR_RETURN(auto d, ReadDecision(*it));
+        if (!d) break;
+        if (!d->commit) continue;
+        Sha256 next_sha;
+        REFIT_ASSIGN_OR_RETURN(Announcement next, ReadAnnouncement(*it, &next_sha));
+        if (next.base_version != chain.back().version) break;
+        chain.push_back(std::move(next));
+        shas.push_back(next_sha);
+      }
+      if (chain.size() >= 2) {
+        REFIT_ASSIGN_OR_RETURN(auto folded, Fold(chain, shas, /*resume=*/false));
+        if (folded) return std::move(*folded);
+      }
+    }
     return ProcessVersion(a, sha, member && !decision, /*resume=*/false);
   }
   return StepResult{};
@@ -671,6 +748,7 @@ Result<StepResult> Receiver::ProcessVersion(const Announcement& a,
   auto t0 = Clock::now();
   StepResult result;
   result.version = a.version;
+  result.versions_folded = 1;
   const std::string V = std::to_string(a.version);
   const std::string journal_path = StatePath(opt_, "journal");
   std::optional<JournalState> state;
@@ -903,7 +981,7 @@ Result<StepResult> Receiver::ProcessVersion(const Announcement& a,
       ++chunks_applied_total_;
       REFIT_RETURN_IF_ERROR(journal.Applied(job.index, d.undo));
       ++result.chunks_applied;
-      result.changed_elements += job.chunk.header.changed;
+      result.changed_elements += job.chunks.front().header.changed;
       // ApplyChunkInPlace re-hashed the range to the chunk's "after": the
       // tensor stays covered.
       digests.Written(job.tensor, job.offset, job.length);
@@ -980,8 +1058,8 @@ Result<StepResult> Receiver::ProcessVersion(const Announcement& a,
         job.offset = off;
         job.length = len;
         job.early = !manifest;
-        job.chunk = c;  // points into `object`'s buffer, which moves along
-        job.object = std::move(object);
+        job.chunks.push_back(c);  // points into `object`'s buffer, which moves along
+        job.objects.push_back(std::move(object));
         job.data = b.data[t];
         pool.Submit(std::move(job));
         REFIT_RETURN_IF_ERROR(drain(false));
@@ -1066,6 +1144,390 @@ Result<StepResult> Receiver::ProcessVersion(const Announcement& a,
   }
   result.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   return result;
+}
+
+// Catch-up by folding (docs/protocol.md, "Catch-up by folding").
+//
+// Committed versions never roll back, so a fold journals no pre-images:
+// whatever state a crash leaves a range in, the way out is forward to Vk.
+// Each range (a cell) only ever holds one of its chunks' "before"/"after"
+// states, or a torn mix inside the chunk being applied; its range hash
+// tells which, so a resumed fold re-applies exactly the chunks not in
+// place, and a torn cell is repaired with overwrite re-sends.
+Result<std::optional<StepResult>> Receiver::Fold(const std::vector<Announcement>& chain,
+                                                 const std::vector<Sha256>& shas,
+                                                 bool resume) {
+  auto t0 = Clock::now();
+  const size_t k = chain.size();
+  const Announcement& first = chain.front();
+  const Announcement& last = chain.back();
+  const size_t tensors = first.tensors.size();
+  StepResult result;
+  result.version = last.version;
+  const std::string what = "the fold of versions " + std::to_string(first.version) + ".." +
+                           std::to_string(last.version) + " onto version " +
+                           std::to_string(first.base_version);
+  auto vname = [&](size_t j) { return "version " + std::to_string(chain[j].version); };
+
+  // Every version's manifest, checked against its announcement.
+  std::vector<Manifest> manifests;
+  for (size_t j = 0; j < k; ++j) {
+    const Announcement& a = chain[j];
+    Sha256 sha;
+    REFIT_ASSIGN_OR_RETURN(Manifest m, ReadManifest(a.version, &sha));
+    bool same = m.base_version == a.base_version && m.members == a.members &&
+                m.tensors.size() == a.tensors.size();
+    for (size_t t = 0; same && t < m.tensors.size(); ++t) {
+      const TensorEntry& x = m.tensors[t];
+      const TensorEntry& y = a.tensors[t];
+      same = x.name == y.name && x.dtype == y.dtype && x.width == y.width &&
+             x.shape == y.shape && x.before == y.before;
+    }
+    for (size_t i = 0; same && i < m.chunks.size(); ++i) {
+      const ManifestChunk& mc = m.chunks[i];
+      same = mc.tensor_id < tensors && mc.count > 0 &&
+             mc.start <= a.tensors[mc.tensor_id].num_elements &&
+             mc.count <= a.tensors[mc.tensor_id].num_elements - mc.start;
+    }
+    if (!same) {
+      return DataLossError("the manifest of " + vname(j) + " does not match its announcement");
+    }
+    manifests.push_back(std::move(m));
+  }
+
+  // Foldable: one tensor table throughout, each version starting where
+  // the previous one ended, and chunk ranges that are equal or disjoint
+  // across versions (one chunk grid).
+  bool foldable = true;
+  for (size_t j = 1; foldable && j < k; ++j) {
+    const Announcement& a = chain[j];
+    foldable = a.base_version == chain[j - 1].version && a.tensors.size() == tensors;
+    for (size_t t = 0; foldable && t < tensors; ++t) {
+      const TensorEntry& x = a.tensors[t];
+      const TensorEntry& y = first.tensors[t];
+      foldable = x.name == y.name && x.dtype == y.dtype && x.width == y.width &&
+                 x.shape == y.shape && x.before == manifests[j - 1].tensors[t].after;
+    }
+  }
+  // Cells: the chunks of all versions grouped by range, in version order.
+  struct Ref {
+    size_t j;    // position in the chain
+    uint64_t i;  // chunk index in that version
+  };
+  struct Cell {
+    size_t tensor;
+    uint64_t start, count;
+    std::vector<Ref> chunks;
+  };
+  std::vector<Cell> cells;
+  if (foldable) {
+    std::map<std::pair<uint64_t, uint64_t>, Cell> by_range;  // (tensor, start)
+    for (size_t j = 0; foldable && j < k; ++j) {
+      for (uint64_t i = 0; i < manifests[j].chunks.size(); ++i) {
+        const ManifestChunk& mc = manifests[j].chunks[i];
+        auto [it, fresh] = by_range.try_emplace(
+            {mc.tensor_id, mc.start}, Cell{static_cast<size_t>(mc.tensor_id), mc.start, mc.count, {}});
+        if (!fresh && it->second.count != mc.count) {
+          foldable = false;
+          break;
+        }
+        if (!fresh && it->second.chunks.back().j == j) {
+          return DataLossError("the manifest of " + vname(j) + " lists one range twice");
+        }
+        it->second.chunks.push_back({j, i});
+      }
+    }
+    for (auto& [key, cell] : by_range) {
+      if (!cells.empty() && cells.back().tensor == cell.tensor &&
+          cells.back().start + cells.back().count > cell.start) {
+        foldable = false;  // the chunk size changed between versions
+      }
+      cells.push_back(std::move(cell));
+    }
+  }
+  if (!foldable) {
+    if (resume) {
+      return DataLossError(what + " was journaled but its versions no longer fold");
+    }
+    return std::optional<StepResult>();
+  }
+
+  const std::string journal_path = StatePath(opt_, "journal");
+  if (!resume) {
+    std::vector<uint64_t> versions;
+    for (const Announcement& a : chain) versions.push_back(a.version);
+    REFIT_RETURN_IF_ERROR(
+        Journal::BeginFold(journal_path, first.base_version, versions, shas).status());
+    CrashPoint("receiver.after-begin");
+  }
+  result.versions_folded = k;
+  REFIT_ASSIGN_OR_RETURN(Bound b, BindTensors(opt_, first.tensors, last.version));
+  Digests digests(tensors);
+  Flusher flusher(b);
+
+  // Hashes tensors [next_hashed, upto] once, before any cell of them is
+  // applied in this step (cells come in tensor order): the one check of
+  // the base, as for a single version.
+  size_t next_hashed = 0;
+  auto hash_through = [&](size_t upto) -> Status {
+    for (; next_hashed <= upto && next_hashed < tensors; ++next_hashed) {
+      const size_t t = next_hashed;
+      const bool at_base = digests.Ensure(b, t) == first.tensors[t].before;
+      if (!resume && !at_base) {
+        return DataLossError("tensor '" + first.tensors[t].name + "' is not at version " +
+                             std::to_string(first.base_version) + ", the base of " + what +
+                             "; the local model was changed; resync this receiver");
+      }
+      digests.SetCovered(t, at_base && !resume);
+    }
+    return Status();
+  };
+
+  // Fetches chunk i of chain[j] and checks it against its manifest entry,
+  // its announcement and its version.
+  auto fetch = [&](size_t j, uint64_t i, std::vector<uint8_t>* object) -> Result<ParsedChunk> {
+    const Announcement& a = chain[j];
+    const ManifestChunk& mc = manifests[j].chunks[i];
+    const std::string name = "chunk " + std::to_string(i) + " of " + vname(j);
+    REFIT_ASSIGN_OR_RETURN(*object, store_->Get(ChunkKey(a.version, i)));
+    result.bytes_fetched += object->size();
+    if (object->size() != mc.size || ComputeSha256(*object) != mc.sha256) {
+      return DataLossError(name + " does not match its manifest hash");
+    }
+    REFIT_ASSIGN_OR_RETURN(auto body, opt_.auth.Open(*object));
+    REFIT_ASSIGN_OR_RETURN(ParsedChunk c, ParseChunk(body));
+    const ChunkHeader& h = c.header;
+    if (h.IsStrided()) {
+      return DataLossError(name + " is a strided region, which versions do not carry");
+    }
+    if (h.tensor_id != mc.tensor_id || h.start != mc.start || h.count != mc.count ||
+        h.kind != static_cast<codec::ChunkKind>(mc.kind) ||
+        h.width != a.tensors[h.tensor_id].width) {
+      return DataLossError(name + " does not match its manifest entry");
+    }
+    if (h.version != a.version || h.base_version != a.base_version) {
+      return DataLossError(name + " belongs to another version");
+    }
+    return c;
+  };
+
+  const int threads = opt_.threads > 0 ? opt_.threads
+                                       : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  ApplyPool pool(threads);
+  Status apply_error;
+  auto drain = [&](bool all) -> Status {
+    for (ApplyPool::Done& d : pool.Drain(all)) {
+      chunks_applied_total_ += d.applied;
+      result.chunks_applied += d.applied;
+      for (size_t q = 0; q < d.applied; ++q) {
+        result.changed_elements += d.job.chunks[q].header.changed;
+      }
+      if (d.applied > 0) {
+        digests.Written(d.job.tensor, d.job.offset, d.job.length);
+        flusher.Add(d.job.tensor, d.job.offset, d.job.length);
+      }
+      if (!d.status.ok()) {
+        // The range holds the last applied chunk's "after" (or is as it
+        // was); the step fails and a later one resumes from there.
+        if (apply_error.ok()) apply_error = d.status;
+        continue;
+      }
+      CrashPoint("receiver.after-fold-cell");
+    }
+    return apply_error;
+  };
+  struct DrainOnExit {
+    std::function<void()> drain;
+    ~DrainOnExit() { drain(); }
+  } drain_on_exit{[&] { (void)drain(true); }};
+  CrashPoint("receiver.before-apply");
+
+  struct Torn {
+    size_t cell;
+    Hash128 after;  // the cell's last chunk's "after": the range at Vk
+  };
+  std::vector<Torn> torn;
+  for (size_t n = 0; n < cells.size(); ++n) {
+    const Cell& cell = cells[n];
+    const size_t t = cell.tensor;
+    const uint64_t w = first.tensors[t].width;
+    const uint64_t off = cell.start * w, len = cell.count * w;
+    // The cell's chunks, fetched now (one cell's worth of payload in
+    // memory per job in flight), each starting where the previous ended.
+    ApplyPool::Job job;
+    job.tensor = t;
+    job.offset = off;
+    job.length = len;
+    job.keep_undo = false;
+    job.data = b.data[t];
+    for (const Ref& r : cell.chunks) {
+      std::vector<uint8_t> object;
+      REFIT_ASSIGN_OR_RETURN(ParsedChunk c, fetch(r.j, r.i, &object));
+      if (!job.chunks.empty() && job.chunks.back().header.after != c.header.before) {
+        return DataLossError("chunk " + std::to_string(r.i) + " of " + vname(r.j) +
+                             " does not start where the previous version's chunk of its range "
+                             "ends (tensor '" + first.tensors[t].name + "', elements " +
+                             std::to_string(cell.start) + ".." +
+                             std::to_string(cell.start + cell.count) + ")");
+      }
+      job.chunks.push_back(c);  // points into `object`'s buffer, which moves along
+      job.objects.push_back(std::move(object));
+    }
+    REFIT_RETURN_IF_ERROR(hash_through(t));
+    const std::optional<Hash128> composed = digests.Range(b, t, off, len);
+    const Hash128 h = composed ? *composed : RangeOf(b, t, off, len);
+    const size_t m = job.chunks.size();
+    if (h == job.chunks.back().header.after) {
+      result.chunks_skipped += m;
+      continue;
+    }
+    // The latest chunk whose "before" the range holds (equal states are
+    // equal bytes, so the latest is the shortest way to Vk).
+    size_t from = m;
+    for (size_t q = m; q-- > 0;) {
+      if (h == job.chunks[q].header.before) {
+        from = q;
+        break;
+      }
+    }
+    if (from == m) {
+      torn.push_back({n, job.chunks.back().header.after});
+      digests.SetCovered(t, false);
+      continue;
+    }
+    result.chunks_skipped += from;
+    job.chunks.erase(job.chunks.begin(), job.chunks.begin() + static_cast<std::ptrdiff_t>(from));
+    job.objects.erase(job.objects.begin(), job.objects.begin() + static_cast<std::ptrdiff_t>(from));
+    pool.Submit(std::move(job));
+    REFIT_RETURN_IF_ERROR(drain(false));
+  }
+  REFIT_RETURN_IF_ERROR(drain(true));
+
+  // Torn cells: a crash inside one of the cell's chunks. Every chunk of
+  // the cell is asked for again as an overwrite re-send at its version
+  // (one request per version); together they name every element any of
+  // them changed, and the cell is rebuilt in scratch from its bytes (the
+  // rest of the range is the base's, which no version changed) with the
+  // re-sent values applied in version order. It is written back only when
+  // it hashes to the last chunk's "after". A publisher answers a re-send
+  // from its committed baseline, so this holds when that baseline has the
+  // range as at Vk: always while Vk is the head.
+  if (!torn.empty()) {
+    std::map<size_t, ResendRequest> requests;  // by chain position
+    for (const Torn& x : torn) {
+      for (const Ref& r : cells[x.cell].chunks) {
+        requests[r.j].chunks.push_back(r.i);
+        requests[r.j].after.push_back(true);
+      }
+    }
+    for (const auto& [j, q] : requests) {
+      REFIT_RETURN_IF_ERROR(store_->Put(RequestKey(chain[j].version, opt_.member),
+                                        opt_.auth.SealMember(EncodeRequest(q))));
+    }
+    auto start = Clock::now();
+    std::vector<uint32_t> positions;
+    std::vector<uint8_t> values;
+    for (const Torn& x : torn) {
+      const Cell& cell = cells[x.cell];
+      const size_t t = cell.tensor;
+      const int w = first.tensors[t].width;
+      const uint64_t off = cell.start * static_cast<uint64_t>(w);
+      const uint64_t len = cell.count * static_cast<uint64_t>(w);
+      const uint32_t n = static_cast<uint32_t>(cell.count);
+      std::vector<uint8_t> range(b.data[t] + off, b.data[t] + off + len);
+      for (const Ref& r : cell.chunks) {
+        const std::string name = "the re-send of chunk " + std::to_string(r.i) + " of " + vname(r.j);
+        std::vector<uint8_t> object;
+        for (;;) {
+          auto got = store_->Get(ResendKey(chain[r.j].version, opt_.member, r.i, true));
+          if (got.ok()) {
+            object = std::move(*got);
+            break;
+          }
+          if (got.status().code() != StatusCode::kNotFound) return got.status();
+          if (ElapsedMs(start) > opt_.resend_timeout_ms) {
+            return DeadlineExceededError(
+                "no " + name + " within " + std::to_string(opt_.resend_timeout_ms) +
+                " ms (" + what + " found its range torn); a publisher must serve re-sends "
+                "of that version; the work is journaled and resumes on the next step");
+          }
+          std::this_thread::sleep_for(std::chrono::milliseconds(opt_.poll_ms));
+        }
+        result.bytes_fetched += object.size();
+        REFIT_ASSIGN_OR_RETURN(auto body, opt_.auth.Open(object));
+        REFIT_ASSIGN_OR_RETURN(ParsedChunk c, ParseChunk(body));
+        const ChunkHeader& h = c.header;
+        if (h.IsStrided() || h.tensor_id != t || h.start != cell.start ||
+            h.count != cell.count || h.width != w || h.version != chain[r.j].version) {
+          return DataLossError(name + " does not name its range");
+        }
+        if (h.kind == codec::ChunkKind::kRaw) {
+          REFIT_RETURN_IF_ERROR(codec::DecodeDense(c.payload, n, w, range.data()));
+        } else if (h.kind == codec::ChunkKind::kSparseOverwrite && h.changed <= n) {
+          const uint32_t changed = static_cast<uint32_t>(h.changed);
+          positions.resize(changed);
+          values.resize(static_cast<size_t>(changed) * static_cast<size_t>(w));
+          REFIT_RETURN_IF_ERROR(codec::DecodeSparse(c.payload, h.kind, n, w, changed,
+                                                    positions.data(), values.data()));
+          const size_t ws = static_cast<size_t>(w);
+          for (size_t q = 0; q < changed; ++q) {
+            std::memcpy(range.data() + positions[q] * ws, values.data() + q * ws, ws);
+          }
+        } else {
+          return DataLossError(name + " is not an overwrite");
+        }
+        ++result.chunks_resent;
+      }
+      if (RangeHash(range.data(), len) != x.after) {
+        return DataLossError(
+            "the re-sends of tensor '" + first.tensors[t].name + "' elements " +
+            std::to_string(cell.start) + ".." + std::to_string(cell.start + cell.count) +
+            " do not bring it to " + vname(cell.chunks.back().j) +
+            "; the serving publisher's baseline no longer holds that range as at version " +
+            std::to_string(last.version) + "; resync this receiver from a snapshot");
+      }
+      std::memcpy(b.data[t] + off, range.data(), len);
+      digests.Written(t, off, len);
+      flusher.Add(t, off, len);
+    }
+  }
+  CrashPoint("receiver.after-apply");
+  REFIT_RETURN_IF_ERROR(hash_through(tensors));
+
+  // Every tensor at Vk's manifest "after" hash. A covered tensor was at
+  // the base A as a whole and every cell of it now hashes to its last
+  // chunk's "after", the range at Vk; its bytes outside all cells are A's,
+  // and no version of the chain changed them (each manifest's chunk list
+  // covers every range its version changed). Other tensors are hashed.
+  const Manifest& mk = manifests.back();
+  std::vector<bool> has_chunks(tensors, false), touched(tensors, false);
+  for (const Manifest& m : manifests) {
+    for (const ManifestChunk& mc : m.chunks) {
+      has_chunks[mc.tensor_id] = true;
+      if (mc.changed > 0) touched[mc.tensor_id] = true;
+    }
+  }
+  for (size_t t = 0; t < tensors; ++t) {
+    const bool ok = digests.covered(t)
+                        ? has_chunks[t] || mk.tensors[t].after == first.tensors[t].before
+                        : TensorHash(b, t) == mk.tensors[t].after;
+    if (!ok) {
+      return DataLossError("after " + what + ", tensor '" + first.tensors[t].name +
+                           "' does not hash to the manifest of version " +
+                           std::to_string(last.version) +
+                           "; the local model was not at the base; resync this receiver");
+    }
+  }
+  REFIT_RETURN_IF_ERROR(b.Sync());
+  CrashPoint("receiver.after-flush");
+  REFIT_RETURN_IF_ERROR(Activate(last.version));
+  result.outcome = StepResult::Outcome::kCaughtUp;
+  for (size_t t = 0; t < tensors; ++t) {
+    if (touched[t]) result.changed_tensors.push_back(first.tensors[t].name);
+  }
+  result.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  result.tail_seconds = result.seconds;
+  return std::optional<StepResult>(std::move(result));
 }
 
 }  // namespace refit

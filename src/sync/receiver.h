@@ -9,7 +9,9 @@
 // the one decision, then activate (pointer file: temp, rename, fsync) or
 // roll back. A receiver killed anywhere resumes from its journal and the
 // range hashes on the next Step(), asking the publisher for overwrite
-// re-sends of only the ranges it finds torn. Not thread-safe.
+// re-sends of only the ranges it finds torn. A receiver several committed
+// versions behind folds them: one pass applies each range's chunks of all
+// of them in sequence and activates the last. Not thread-safe.
 #ifndef REFIT_SYNC_RECEIVER_H_
 #define REFIT_SYNC_RECEIVER_H_
 
@@ -46,6 +48,11 @@ struct ReceiverOptions {
   // How long a version may go without a new chunk or its manifest while
   // the receiver applies it (the publisher stopped mid-upload).
   int chunk_timeout_ms = 60000;
+  // Catch-up by folding (docs/protocol.md, "Catch-up by folding"): a step
+  // that finds committed versions V1..Vk chained on the active version
+  // applies up to this many of them in one pass over the model and
+  // activates Vk directly. 1 (or less) applies them one by one.
+  int max_fold_versions = 16;
 };
 
 struct StepResult {
@@ -63,6 +70,11 @@ struct StepResult {
   // publisher was still uploading (docs/protocol.md, "Receiver").
   uint64_t chunks_before_manifest = 0;
   double seconds = 0;
+  // Committed versions this step brought the receiver through: k for a
+  // fold of V1..Vk (then `version` is Vk and the counters and
+  // `changed_tensors` cover all of them), 1 for a single version, 0 when
+  // no version was applied (idle, snapshot, rollback of none).
+  uint64_t versions_folded = 0;
   // From the manifest being seen (the publisher's upload done) to the vote
   // stored (member) or the version activated (catch-up): the part of the
   // step that the upload does not hide.
@@ -104,6 +116,14 @@ class Receiver {
       : store_(store), opt_(std::move(options)) {}
   Result<StepResult> ProcessVersion(const Announcement& a, const Sha256& announcement_sha,
                                     bool vote, bool resume);
+  // Applies the committed chain V1..Vk (chain[0] builds on the active
+  // version, each next one on the previous one) in one pass and activates
+  // Vk. nullopt, having changed nothing, when the chain cannot be folded
+  // (tensor tables or hashes that do not line up, chunk ranges that
+  // overlap without being equal): the caller applies them one by one.
+  // With `resume`, a fold journaled by an earlier step is finished.
+  Result<std::optional<StepResult>> Fold(const std::vector<Announcement>& chain,
+                                         const std::vector<Sha256>& shas, bool resume);
   Result<Announcement> ReadAnnouncement(uint64_t version, Sha256* sha);
   // True when the receiver has a model to apply to (in memory, or a
   // checkpoint that exists).

@@ -1,0 +1,433 @@
+// Catch-up by folding (docs/protocol.md, "Catch-up by folding"): a
+// receiver several committed versions behind applies them in one step,
+// bit-exact, resumes an interrupted fold, repairs a torn range from
+// re-sends, refuses tampered chunks, and falls back to one version at a
+// time when the versions do not fold.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <filesystem>
+#include <random>
+#include <thread>
+
+#include "base/file.h"
+#include "refit/checkpoint.h"
+#include "sync/journal.h"
+#include "sync/protocol.h"
+#include "sync/publisher.h"
+#include "sync/receiver.h"
+#include "sync/test_model.h"
+#include "testing.h"
+#include "transport/object_store.h"
+
+namespace refit {
+namespace {
+
+using testing::TempDir;
+using Model = testing::TestModel;
+
+Authenticator Key() { return *Authenticator::Hmac(std::vector<uint8_t>(32, 7)); }
+
+TEST(FoldJournalTest, FoldRecordRoundTripsAndATornOneIsNoJournal) {
+  TempDir dir;
+  const std::string path = dir.File("journal");
+  std::vector<Sha256> shas(3);
+  for (size_t i = 0; i < shas.size(); ++i) shas[i][0] = static_cast<uint8_t>(i + 1);
+  ASSERT_OK(Journal::BeginFold(path, 4, {5, 7, 9}, shas).status());
+  auto loaded = Journal::Load(path);
+  ASSERT_OK(loaded);
+  ASSERT_TRUE(loaded->has_value());
+  EXPECT_EQ((*loaded)->version, 9u);
+  EXPECT_EQ((*loaded)->base_version, 4u);
+  EXPECT_EQ((*loaded)->fold_versions, (std::vector<uint64_t>{5, 7, 9}));
+  EXPECT_EQ((*loaded)->fold_announcements, shas);
+  EXPECT_EQ((*loaded)->announcement_sha256, shas[2]);
+  // One record: any truncation leaves all of it or nothing.
+  auto bytes = testing::ReadBytes(path);
+  for (size_t n = 0; n < bytes.size(); ++n) {
+    testing::WriteBytes(path, std::vector<uint8_t>(bytes.begin(), bytes.begin() + static_cast<long>(n)));
+    auto part = Journal::Load(path);
+    ASSERT_OK(part);
+    EXPECT_FALSE(part->has_value()) << n;
+  }
+  // A fold is two versions or more, each with its announcement.
+  EXPECT_FALSE(Journal::BeginFold(path, 4, {5}, {shas[0]}).ok());
+  EXPECT_FALSE(Journal::BeginFold(path, 4, {5, 6}, {shas[0]}).ok());
+}
+
+class FoldTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto s = OpenObjectStore(dir_.File("store"));
+    ASSERT_OK(s);
+    store_ = std::move(*s);
+    model_.Write(dir_.File("baseline.safetensors"));
+    follower_ = model_;
+    committed_.push_back(model_);
+    trainer_ = model_;
+  }
+
+  PublisherOptions MakePublisher(uint64_t chunk_bytes = 64 * 1024, bool allow_xor = true) {
+    PublisherOptions o;
+    o.members = {"f"};
+    o.auth = Key();
+    o.poll_ms = 2;
+    o.vote_timeout_ms = 1500;  // only aborted versions wait for it
+    o.diff.chunk_bytes = chunk_bytes;
+    o.diff.allow_xor = allow_xor;
+    return o;
+  }
+  void OpenPublisher(PublisherOptions o) {
+    pub_.reset();
+    auto p = Publisher::Open(store_.get(), dir_.File("baseline.safetensors"), std::move(o));
+    ASSERT_OK(p);
+    pub_ = std::move(*p);
+    ReceiverOptions f = Base("f");
+    for (size_t i = 0; i < follower_.names.size(); ++i) {
+      f.tensors.push_back({follower_.names[i], "BF16", 2, {follower_.sizes[i]},
+                           follower_.data[i].data()});
+    }
+    auto r = Receiver::Open(store_.get(), f);
+    ASSERT_OK(r);
+    follower_rcv_ = std::move(*r);
+  }
+  ReceiverOptions Base(const std::string& name) {
+    std::filesystem::create_directories(dir_.File(name));
+    ReceiverOptions o;
+    o.member = name;
+    o.state_dir = dir_.File(name);
+    o.auth = Key();
+    o.poll_ms = 2;
+    o.decision_timeout_ms = 20000;
+    o.resend_timeout_ms = 20000;
+    o.threads = 2;
+    return o;
+  }
+  // A receiver that is not a member, on a checkpoint at version 0.
+  ReceiverOptions Lagging(const std::string& name, int max_fold) {
+    ReceiverOptions o = Base(name);
+    o.checkpoint = dir_.File(name + "/model.safetensors");
+    model_.Write(o.checkpoint);
+    o.max_fold_versions = max_fold;
+    return o;
+  }
+
+  // Publishes the next version at `rate`; the member follows it (and the
+  // version commits) unless `abort`, when it stays silent.
+  uint64_t Publish(double rate, bool abort = false) {
+    const uint64_t v = ++version_;
+    trainer_.Step(rng_, rate);
+    std::thread t;
+    if (!abort) t = std::thread([&] { EXPECT_OK(follower_rcv_->SyncTo(v, 20000)); });
+    auto report = pub_->Publish(v, trainer_.Views());
+    if (t.joinable()) t.join();
+    EXPECT_OK(report);
+    if (report.ok()) {
+      EXPECT_EQ(report->committed, !abort) << report->reason;
+      for (const auto& [kind, n] : report->diff.chunks_by_kind) kinds_[kind] += n;
+      if (report->committed) chunks_[v] = report->diff.chunks;
+    }
+    if (abort) {
+      trainer_ = committed_.back();  // the next version starts from the baseline
+    } else {
+      committed_.push_back(trainer_);
+      committed_version_.push_back(v);
+    }
+    return v;
+  }
+  // The model at committed version v.
+  const Model& At(uint64_t v) const {
+    for (size_t i = 0; i < committed_version_.size(); ++i) {
+      if (committed_version_[i] == v) return committed_[i + 1];
+    }
+    return committed_.front();
+  }
+  Sha256 AnnouncementSha(uint64_t v) {
+    auto bytes = store_->Get(IndexKey(v));
+    EXPECT_OK(bytes);
+    return bytes.ok() ? ComputeSha256(*bytes) : Sha256{};
+  }
+
+  TempDir dir_;
+  std::unique_ptr<ObjectStore> store_;
+  Model model_{11};
+  Model follower_{11};
+  Model trainer_{11};
+  std::vector<Model> committed_;
+  std::vector<uint64_t> committed_version_;
+  std::map<uint64_t, uint64_t> chunks_;  // chunks of each committed version
+  std::map<std::string, uint64_t> kinds_;
+  std::unique_ptr<Publisher> pub_;
+  std::unique_ptr<Receiver> follower_rcv_;
+  std::mt19937_64 rng_{12};
+  uint64_t version_ = 0;
+};
+
+TEST_F(FoldTest, FoldsTwoToSixVersionsBitExact) {
+  OpenPublisher(MakePublisher());
+  for (int i = 0; i < 6; ++i) Publish(i == 2 ? 0.4 : 0.02);
+  EXPECT_GT(kinds_["dense-xor"], 0u);
+  EXPECT_GT(kinds_["sparse-xor"], 0u);
+  for (int k = 2; k <= 6; ++k) {
+    const std::string name = "k" + std::to_string(k);
+    auto opts = Lagging(name, k);
+    auto r = Receiver::Open(store_.get(), opts);
+    ASSERT_OK(r);
+    auto s = (*r)->Step();
+    ASSERT_OK(s);
+    EXPECT_EQ(s->outcome, StepResult::Outcome::kCaughtUp);
+    EXPECT_EQ(s->version, static_cast<uint64_t>(k));
+    EXPECT_EQ(s->versions_folded, static_cast<uint64_t>(k));
+    uint64_t chunks = 0;
+    for (uint64_t v = 1; v <= static_cast<uint64_t>(k); ++v) chunks += chunks_[v];
+    // Every chunk of every version applied once, in one step.
+    EXPECT_EQ(s->chunks_applied, chunks);
+    EXPECT_EQ(s->chunks_skipped, 0u);
+    EXPECT_EQ(s->changed_tensors, model_.names);
+    EXPECT_EQ((*r)->active_version(), static_cast<uint64_t>(k));
+    EXPECT_TRUE(At(static_cast<uint64_t>(k)).Matches(opts.checkpoint)) << k;
+    EXPECT_FALSE(PathExists(opts.state_dir + "/journal"));
+    // The rest of the way in one more fold (or one version).
+    uint64_t folded = 0;
+    while ((*r)->active_version() < 6) {
+      auto rest = (*r)->Step();
+      ASSERT_OK(rest);
+      EXPECT_LE(rest->versions_folded, static_cast<uint64_t>(k));
+      folded += rest->versions_folded;
+    }
+    EXPECT_EQ(folded, 6u - static_cast<uint64_t>(k));
+    EXPECT_TRUE(At(6).Matches(opts.checkpoint)) << k;
+  }
+  // Folding off: one version per step, the same bits and the same chunks.
+  auto opts = Lagging("one", 1);
+  auto r = Receiver::Open(store_.get(), opts);
+  ASSERT_OK(r);
+  uint64_t chunks = 0;
+  for (uint64_t v = 1; v <= 6; ++v) {
+    auto s = (*r)->Step();
+    ASSERT_OK(s);
+    EXPECT_EQ(s->versions_folded, 1u);
+    EXPECT_EQ(s->version, v);
+    chunks += s->chunks_applied;
+  }
+  EXPECT_EQ(chunks, chunks_[1] + chunks_[2] + chunks_[3] + chunks_[4] + chunks_[5] + chunks_[6]);
+  EXPECT_TRUE(At(6).Matches(opts.checkpoint));
+}
+
+TEST_F(FoldTest, AbortedVersionsArePassedOver) {
+  OpenPublisher(MakePublisher());
+  Publish(0.02);
+  Publish(0.02, /*abort=*/true);
+  Publish(0.02);
+  Publish(0.02, /*abort=*/true);
+  const uint64_t last = Publish(0.02);
+  ASSERT_EQ(last, 5u);
+  auto opts = Lagging("lag", 16);
+  auto r = Receiver::Open(store_.get(), opts);
+  ASSERT_OK(r);
+  auto s = (*r)->Step();
+  ASSERT_OK(s);
+  EXPECT_EQ(s->outcome, StepResult::Outcome::kCaughtUp);
+  EXPECT_EQ(s->version, 5u);
+  EXPECT_EQ(s->versions_folded, 3u);  // 1, 3, 5
+  EXPECT_EQ(s->chunks_applied, chunks_[1] + chunks_[3] + chunks_[5]);
+  EXPECT_TRUE(At(5).Matches(opts.checkpoint));
+  auto idle = (*r)->Step();
+  ASSERT_OK(idle);
+  EXPECT_EQ(idle->outcome, StepResult::Outcome::kIdle);
+}
+
+TEST_F(FoldTest, ChangedChunkSizeFallsBackToOneVersionAtATime) {
+  OpenPublisher(MakePublisher(64 * 1024));
+  Publish(0.02);
+  Publish(0.02);
+  OpenPublisher(MakePublisher(128 * 1024));  // a restarted publisher, new grid
+  Publish(0.02);
+  Publish(0.02);
+  auto opts = Lagging("lag", 16);
+  auto r = Receiver::Open(store_.get(), opts);
+  ASSERT_OK(r);
+  // 1..4 and 2..4 straddle the change: one version each. 3..4 fold.
+  std::vector<uint64_t> folded;
+  while ((*r)->active_version() < 4) {
+    auto s = (*r)->Step();
+    ASSERT_OK(s);
+    ASSERT_EQ(s->outcome, StepResult::Outcome::kCaughtUp);
+    folded.push_back(s->versions_folded);
+    EXPECT_TRUE(At(s->version).Matches(opts.checkpoint)) << s->version;
+  }
+  EXPECT_EQ(folded, (std::vector<uint64_t>{1, 1, 2}));
+  // With the cap at two, 1..2 fold on the old grid.
+  auto capped = Lagging("capped", 2);
+  auto c = Receiver::Open(store_.get(), capped);
+  ASSERT_OK(c);
+  auto s = (*c)->Step();
+  ASSERT_OK(s);
+  EXPECT_EQ(s->versions_folded, 2u);
+  EXPECT_TRUE(At(2).Matches(capped.checkpoint));
+}
+
+TEST_F(FoldTest, OverwriteChunksFold) {
+  OpenPublisher(MakePublisher(64 * 1024, /*allow_xor=*/false));
+  Publish(0.02);
+  Publish(1.0);  // every element: raw chunks
+  Publish(0.02);
+  Publish(0.03);
+  EXPECT_GT(kinds_["raw"], 0u);
+  EXPECT_GT(kinds_["sparse-overwrite"], 0u);
+  auto opts = Lagging("lag", 16);
+  auto r = Receiver::Open(store_.get(), opts);
+  ASSERT_OK(r);
+  auto s = (*r)->Step();
+  ASSERT_OK(s);
+  EXPECT_EQ(s->versions_folded, 4u);
+  EXPECT_EQ(s->chunks_applied, chunks_[1] + chunks_[2] + chunks_[3] + chunks_[4]);
+  EXPECT_TRUE(At(4).Matches(opts.checkpoint));
+}
+
+TEST_F(FoldTest, InMemoryReceiverFolds) {
+  OpenPublisher(MakePublisher());
+  for (int i = 0; i < 4; ++i) Publish(0.03);
+  Model memory = model_;
+  ReceiverOptions o = Base("mem");
+  for (size_t i = 0; i < memory.names.size(); ++i) {
+    o.tensors.push_back({memory.names[i], "BF16", 2, {memory.sizes[i]}, memory.data[i].data()});
+  }
+  auto r = Receiver::Open(store_.get(), o);
+  ASSERT_OK(r);
+  auto s = (*r)->Step();
+  ASSERT_OK(s);
+  EXPECT_EQ(s->versions_folded, 4u);
+  EXPECT_EQ(s->version, 4u);
+  EXPECT_EQ(memory.data, At(4).data);
+}
+
+// A fold stopped part way (here by a tampered chunk of an intermediate
+// version, found after earlier ranges were applied) is refused with
+// DATA_LOSS, leaves `active` alone, and resumes from the range hashes once
+// the store holds the right object again: applied ranges are skipped.
+TEST_F(FoldTest, TamperedIntermediateChunkIsRefusedAndTheFoldResumes) {
+  OpenPublisher(MakePublisher());
+  for (int i = 0; i < 3; ++i) Publish(0.02);
+  auto listed = store_->List(VersionPrefix(2) + "chunk/");
+  ASSERT_OK(listed);
+  ASSERT_GE(listed->size(), 2u);
+  const std::string key = listed->back().key;  // the last range's chunk
+  auto original = store_->Get(key);
+  ASSERT_OK(original);
+  auto bad = *original;
+  bad[bad.size() / 2] ^= 0x10;
+  ASSERT_OK(store_->Put(key, bad));
+
+  auto opts = Lagging("lag", 16);
+  {
+    auto r = Receiver::Open(store_.get(), opts);
+    ASSERT_OK(r);
+    auto s = (*r)->Step();
+    EXPECT_EQ(s.status().code(), StatusCode::kDataLoss) << s.status().ToString();
+    EXPECT_EQ((*r)->active_version(), 0u);
+    EXPECT_GT((*r)->chunks_applied_total(), 0u);  // earlier ranges are in place
+    // Another version's valid chunk in its place is refused too.
+    ASSERT_OK(store_->Put(key, *store_->Get(listed->front().key)));
+    s = (*r)->Step();
+    EXPECT_EQ(s.status().code(), StatusCode::kDataLoss) << s.status().ToString();
+    EXPECT_FALSE(At(3).Matches(opts.checkpoint));
+  }
+  auto journal = Journal::Load(opts.state_dir + "/journal");
+  ASSERT_OK(journal);
+  ASSERT_TRUE(journal->has_value());
+  EXPECT_EQ((*journal)->fold_versions, (std::vector<uint64_t>{1, 2, 3}));
+
+  ASSERT_OK(store_->Put(key, *original));
+  auto r = Receiver::Open(store_.get(), opts);  // as after a restart
+  ASSERT_OK(r);
+  auto s = (*r)->Step();
+  ASSERT_OK(s);
+  EXPECT_EQ(s->versions_folded, 3u);
+  EXPECT_GT(s->chunks_skipped, 0u);
+  EXPECT_EQ(s->chunks_applied + s->chunks_skipped, chunks_[1] + chunks_[2] + chunks_[3]);
+  EXPECT_TRUE(At(3).Matches(opts.checkpoint));
+  EXPECT_EQ((*r)->active_version(), 3u);
+}
+
+// A receiver killed inside a fold: the journal names the fold; one range
+// is already at the last version, one at an intermediate version, one torn
+// inside a chunk. The restarted receiver finishes the same fold: skips the
+// first, applies the rest of the second's chunks, and rebuilds the torn
+// one from overwrite re-sends of its chunks, which the publisher serves.
+TEST_F(FoldTest, CrashedFoldResumesAndRepairsATornRange) {
+  OpenPublisher(MakePublisher());
+  for (int i = 0; i < 4; ++i) Publish(0.02);
+  auto opts = Lagging("lag", 16);
+  {
+    auto ck = Checkpoint::Open(opts.checkpoint, Checkpoint::Mode::kReadWrite);
+    ASSERT_OK(ck);
+    auto d = ck->MutableData(*ck->IndexOf("a.weight"));
+    const size_t cell = 64 * 1024;  // bytes of a range (the chunk size)
+    ASSERT_GT(d.size(), 2 * cell);
+    const auto& v4 = At(4).data[0];
+    const auto& v2 = At(2).data[0];
+    const auto& v3 = At(3).data[0];
+    std::copy(v4.begin(), v4.begin() + cell, d.begin());                   // done
+    std::copy(v2.begin() + cell, v2.begin() + 2 * cell, d.begin() + cell);  // at 2
+    std::copy(v2.begin() + 2 * cell, v2.end(), d.begin() + 2 * cell);       // torn 2..3
+    size_t copied = 0;
+    for (size_t i = 2 * cell; i < d.size() && copied < 5; ++i) {
+      if (v2[i] != v3[i]) {
+        d[i] = v3[i];
+        ++copied;
+      }
+    }
+    ASSERT_GT(copied, 0u);
+    ASSERT_OK(ck->Sync());
+  }
+  ASSERT_OK(Journal::BeginFold(opts.state_dir + "/journal", 0, {1, 2, 3, 4},
+                               {AnnouncementSha(1), AnnouncementSha(2), AnnouncementSha(3),
+                                AnnouncementSha(4)})
+                .status());
+  std::atomic<bool> done{false};
+  std::thread serve([&] {
+    while (!done) {
+      for (uint64_t v = 1; v <= 4; ++v) ASSERT_OK(pub_->Serve(v, 5));
+    }
+  });
+  auto r = Receiver::Open(store_.get(), opts);
+  ASSERT_OK(r);
+  auto s = (*r)->Step();
+  done = true;
+  serve.join();
+  ASSERT_OK(s);
+  EXPECT_EQ(s->outcome, StepResult::Outcome::kCaughtUp);
+  EXPECT_EQ(s->version, 4u);
+  EXPECT_EQ(s->versions_folded, 4u);
+  EXPECT_EQ(s->chunks_resent, 4u);    // the torn range: one re-send per version
+  EXPECT_GE(s->chunks_skipped, 6u);   // 4 of the done range, 2 of the one at 2
+  EXPECT_EQ(s->chunks_applied + s->chunks_skipped + s->chunks_resent,
+            chunks_[1] + chunks_[2] + chunks_[3] + chunks_[4]);
+  EXPECT_TRUE(At(4).Matches(opts.checkpoint));
+  EXPECT_EQ((*r)->active_version(), 4u);
+  EXPECT_FALSE(PathExists(opts.state_dir + "/journal"));
+}
+
+TEST_F(FoldTest, ChangedLocalModelIsRefusedBeforeAnythingIsWritten) {
+  OpenPublisher(MakePublisher());
+  for (int i = 0; i < 3; ++i) Publish(0.02);
+  auto opts = Lagging("lag", 16);
+  Model changed = model_;
+  changed.data[1][10] ^= 1;
+  changed.Write(opts.checkpoint);
+  auto r = Receiver::Open(store_.get(), opts);
+  ASSERT_OK(r);
+  auto s = (*r)->Step();
+  EXPECT_EQ(s.status().code(), StatusCode::kDataLoss) << s.status().ToString();
+  EXPECT_EQ((*r)->active_version(), 0u);
+  // Tensors before the changed one were applied; the changed one was not
+  // written.
+  auto ck = Checkpoint::Open(opts.checkpoint, Checkpoint::Mode::kReadOnly);
+  ASSERT_OK(ck);
+  auto d = ck->Data(*ck->IndexOf("b.weight"));
+  EXPECT_TRUE(std::equal(d.begin(), d.end(), changed.data[1].begin(), changed.data[1].end()));
+}
+
+}  // namespace
+}  // namespace refit
