@@ -33,6 +33,7 @@
 #include <algorithm>
 #include <atomic>
 #include <charconv>
+#include <cstring>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
@@ -70,6 +71,9 @@ struct SyncBenchArgs {
   std::vector<double> link_mbit = {1000, 100};
   int receivers = 0;  // 0: 1, or 16 with --relay
   bool relay = false;
+  // Receivers hold their tensors in host memory (ReceiverOptions::tensors,
+  // an inference worker's weights) instead of a checkpoint file each.
+  bool in_memory = false;
   int fanout = 4;
   std::string throttle = "up";
   std::string fixtures;  // a folder with step0/step1.safetensors
@@ -167,12 +171,22 @@ class Fleet {
     REFIT_ASSIGN_OR_RETURN(f->auth_, Authenticator::Hmac(key));
     f->publisher_ckpt_ = f->dir_->File("publisher.safetensors");
     REFIT_RETURN_IF_ERROR(CopyCheckpoint(base_path, f->publisher_ckpt_));
+    std::optional<Checkpoint> base;
+    if (args.in_memory) {
+      REFIT_ASSIGN_OR_RETURN(
+          Checkpoint c, Checkpoint::Open(base_path, Checkpoint::Mode::kReadOnly));
+      base.emplace(std::move(c));
+    }
     for (int i = 0; i < receivers; ++i) {
       std::string member = fmt::format("r{}", i);
       f->members_.push_back(member);
       f->ckpts_.push_back(f->dir_->File(member + ".safetensors"));
       f->states_.push_back(f->dir_->File(member + ".state"));
-      REFIT_RETURN_IF_ERROR(CopyCheckpoint(base_path, f->ckpts_.back()));
+      if (base) {
+        f->memory_.push_back(CopyToMemory(*base, &f->memory_views_.emplace_back()));
+      } else {
+        REFIT_RETURN_IF_ERROR(CopyCheckpoint(base_path, f->ckpts_.back()));
+      }
       std::error_code ec;
       fs::create_directories(f->states_.back(), ec);
       if (ec) return UnavailableError("cannot create " + f->states_.back());
@@ -252,7 +266,11 @@ class Fleet {
                              : shared_down);
       ReceiverOptions ropt;
       ropt.member = members_[i];
-      ropt.checkpoint = ckpts_[i];
+      if (memory_views_.empty()) {
+        ropt.checkpoint = ckpts_[i];
+      } else {
+        ropt.tensors = memory_views_[i];
+      }
       ropt.state_dir = states_[i];
       ropt.auth = auth_;
       ropt.poll_ms = args_->poll_ms;
@@ -337,6 +355,29 @@ class Fleet {
  private:
   Fleet() = default;
 
+  // One receiver's tensors in host memory: a copy of every tensor of `ckpt`
+  // in one buffer, and views of them in `views`.
+  static std::unique_ptr<uint8_t[]> CopyToMemory(
+      const Checkpoint& ckpt, std::vector<MutableTensorView>* views) {
+    std::vector<TensorView> from = CheckpointViews(ckpt);
+    size_t total = 0;
+    for (const TensorView& v : from) total += TensorBytes(v);
+    auto buffer = std::make_unique_for_overwrite<uint8_t[]>(std::max<size_t>(total, 1));
+    size_t at = 0;
+    for (const TensorView& v : from) {
+      const size_t n = TensorBytes(v);
+      std::memcpy(buffer.get() + at, v.data, n);
+      views->push_back({v.name, v.dtype, v.width, v.shape, buffer.get() + at});
+      at += n;
+    }
+    return buffer;
+  }
+  static size_t TensorBytes(const TensorView& v) {
+    size_t n = static_cast<size_t>(v.width);
+    for (uint64_t d : v.shape) n *= static_cast<size_t>(d);
+    return n;
+  }
+
   Status BuildTree() {
     const int n = receivers();
     arrival_ns_ =
@@ -389,6 +430,9 @@ class Fleet {
   Authenticator auth_ = Authenticator::None();
   std::string publisher_ckpt_;
   std::vector<std::string> members_, ckpts_, states_;
+  // --in-memory: each receiver's tensors (views into its buffer).
+  std::vector<std::unique_ptr<uint8_t[]>> memory_;
+  std::vector<std::vector<MutableTensorView>> memory_views_;
   std::shared_ptr<ObjectStore> backend_;
   std::shared_ptr<RelayStore> root_;
   std::vector<std::shared_ptr<RelayStore>> nodes_;
@@ -570,6 +614,10 @@ int Run(const SyncBenchArgs& args, const std::string& command_line) {
                "and its reads of votes); receivers read the directory store "
                "directly (the store is on their side of the boundary)";
   out["link"] = link_text;
+  const std::string receiver_text =
+      args.in_memory ? "tensors in host memory (ReceiverOptions::tensors)"
+                     : "a checkpoint file each (memory-mapped, flushed before the vote)";
+  out["receivers"] = receiver_text;
   std::vector<Row> rows;
   std::vector<FullSend> fulls;
 
@@ -692,6 +740,7 @@ int Run(const SyncBenchArgs& args, const std::string& command_line) {
   fmt::print("machine: {}\n", out["machine"].get<std::string>());
   fmt::print("input:   {}\n", out["input"].get<std::string>());
   fmt::print("link:    {}\n", link_text);
+  fmt::print("receivers hold: {}\n", receiver_text);
   for (const FullSend& f : fulls) {
     fmt::print(
         "full checkpoint over {:.0f} Mbit/s: {} bytes, wire time {:.2f} s{}\n",
@@ -739,6 +788,9 @@ std::function<int(bool, const std::string&)> RegisterBenchSync(
   cmd->add_flag("--relay", args->relay,
                 "receivers in a relay tree on loopback; runs 1 receiver and "
                 "then --receivers, for the comparison");
+  cmd->add_flag("--in-memory", args->in_memory,
+                "receivers hold their tensors in host memory (an inference "
+                "worker's weights) instead of a checkpoint file each");
   cmd->add_option("--fanout", args->fanout, "relay tree fan-out")
       ->capture_default_str();
   cmd->add_option("--throttle", args->throttle,
