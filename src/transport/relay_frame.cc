@@ -34,6 +34,12 @@ Result<RelayFrameHeader> ParseRelayHeader(const uint8_t in[kRelayHeaderBytes],
   if (magic != kRelayMagic) {
     char hex[16];
     std::snprintf(hex, sizeof hex, "%08x", magic);
+    if ((in[0] == 0x16 || in[0] == 0x15) && in[1] == 0x03) {
+      // A TLS handshake or alert record where a frame should start.
+      return DataLossError(std::string("bad relay frame magic 0x") + hex +
+                           ": the peer sent a TLS record, it uses TLS and "
+                           "this endpoint does not (relay TLS options)");
+    }
     return DataLossError(std::string("bad relay frame magic 0x") + hex +
                          " (not a refit relay peer?)");
   }

@@ -15,11 +15,24 @@
 //     seq at its hello: entries up to it are replay and cost no queue bytes.
 //     queued = bytes of down_log_ entries above max(cursor, live_from).
 //   - The parent link sends up_log_ entries above its own cursor.
+//
+// TLS: a link's reads and writes go through its ssl::stream (over the
+// link's socket) when the endpoint has TLS options. A TLS link does nothing
+// but its handshake until that completes (Pump and StartRead wait); at most
+// one read and one write are outstanding on it, both on the I/O thread, as
+// asio's ssl::stream requires. Links are closed by closing the socket
+// without a TLS close_notify: frames are self-delimiting and checksummed,
+// so a truncated stream loses nothing the frame layer would not notice,
+// and no close waits on a peer.
 #include "transport/relay_store.h"
 
+#include <openssl/err.h>
+#include <openssl/ssl.h>
+#include <openssl/x509v3.h>
+
 #include <algorithm>
-#include <array>
 #include <asio.hpp>
+#include <asio/ssl.hpp>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
@@ -39,10 +52,14 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using asio::ip::tcp;
 using internal::RelayFrameType;
+using TlsStream = asio::ssl::stream<tcp::socket&>;
 
 // Bodies are read in pieces of this size so liveness is seen during a
 // large object and progress is visible.
 constexpr size_t kReadPiece = 1 << 20;
+// A TLS stream writes one record per buffer: frames with bodies up to this
+// size are written as one buffer.
+constexpr size_t kTlsGatherBytes = 16 << 10;
 
 struct Object {
   std::string key;
@@ -150,12 +167,15 @@ struct Link {
   explicit Link(asio::io_context& io) : socket(io), delay_timer(io) {}
 
   tcp::socket socket;
+  std::optional<TlsStream> tls;    // over `socket`, when the endpoint uses TLS
   asio::steady_timer delay_timer;  // test_read_delay_ms
   bool to_parent = false;
   std::string
       peer;  // for messages: "parent 1.2.3.4:5" / "child r3 (1.2.3.4:5)"
   bool closed = false;
-  bool hello_done = false;  // child: hello received; parent: hello sent
+  bool hello_done = false;   // child: hello received; parent: hello sent
+  bool handshaking = false;  // TLS handshake in progress: no reads, writes
+  bool got_frame = false;    // a whole frame was read on this link
   Clock::time_point last_rx, last_tx;
 
   // Reading (I/O thread).
@@ -172,7 +192,8 @@ struct Link {
   bool writing = false;
   uint8_t whdr[internal::kRelayHeaderBytes];
   uint8_t wcrc[internal::kRelayTrailerBytes];
-  std::vector<uint8_t> wsmall;  // a whole control frame (hello, heartbeat)
+  std::vector<uint8_t> wsmall;   // a whole control frame (hello, heartbeat)
+  std::vector<uint8_t> wgather;  // TLS: header, key (and a small body, crc)
 
   // Flow state, guarded by Impl::mu_.
   bool registered = false;  // a child in children_
@@ -181,6 +202,105 @@ struct Link {
   uint64_t queued = 0;
 };
 using LinkPtr = std::shared_ptr<Link>;
+
+// Reads and writes on a link, through TLS when it has it.
+template <typename Buffers, typename Handler>
+void AsyncRead(Link& l, const Buffers& buffers, Handler&& handler) {
+  if (l.tls) {
+    asio::async_read(*l.tls, buffers, std::forward<Handler>(handler));
+  } else {
+    asio::async_read(l.socket, buffers, std::forward<Handler>(handler));
+  }
+}
+
+template <typename Buffers, typename Handler>
+void AsyncWrite(Link& l, const Buffers& buffers, Handler&& handler) {
+  if (l.tls) {
+    asio::async_write(*l.tls, buffers, std::forward<Handler>(handler));
+  } else {
+    asio::async_write(l.socket, buffers, std::forward<Handler>(handler));
+  }
+}
+
+bool IsTlsError(const asio::error_code& ec) {
+  return ec.category() == asio::error::get_ssl_category() ||
+         ec == asio::ssl::error::stream_truncated;
+}
+
+// OpenSSL's reason for an ssl-category error (0 for others).
+int TlsReason(const asio::error_code& ec) {
+  if (ec.category() != asio::error::get_ssl_category()) return 0;
+  return ERR_GET_REASON(static_cast<unsigned long>(ec.value()));
+}
+
+// What an alert the peer sent means for us ("" when nothing useful).
+std::string TlsAlertHint(int reason) {
+  if (reason < SSL_AD_REASON_OFFSET) return "";
+  switch (reason - SSL_AD_REASON_OFFSET) {
+    case SSL3_AD_BAD_CERTIFICATE:
+    case SSL3_AD_UNSUPPORTED_CERTIFICATE:
+    case SSL3_AD_CERTIFICATE_REVOKED:
+    case SSL3_AD_CERTIFICATE_EXPIRED:
+    case SSL3_AD_CERTIFICATE_UNKNOWN:
+    case TLS1_AD_UNKNOWN_CA:
+    case TLS1_AD_ACCESS_DENIED:
+    case TLS13_AD_CERTIFICATE_REQUIRED:
+      return "the peer refused this endpoint's certificate (is it from the "
+             "peer's CA? does it carry the name the peer expects?)";
+    case SSL3_AD_BAD_RECORD_MAC:
+      return "the peer received a corrupted TLS record";
+    case TLS1_AD_PROTOCOL_VERSION:
+      return "the peer does not speak TLS 1.3";
+    default:
+      return "an alert from the peer";
+  }
+}
+
+// The first bytes of a TLS record (a handshake or an alert) where a relay
+// frame should start: the peer speaks TLS and this endpoint does not.
+bool LooksLikeTls(const uint8_t* p, size_t n) {
+  return n >= 2 && (p[0] == 0x16 || p[0] == 0x15) && p[1] == 0x03;
+}
+
+// The endpoint's TLS context (one for both roles: server of its children's
+// links, client of its parent link). TLS 1.3 only, no session tickets.
+Result<std::unique_ptr<asio::ssl::context>> MakeTlsContext(
+    const RelayTlsOptions& t, const std::string& name) {
+  if (t.cert_file.empty() || t.key_file.empty() || t.ca_file.empty()) {
+    return InvalidArgumentError(
+        "relay " + name +
+        ": TLS needs a certificate chain, its private key and a CA file "
+        "(cert_file, key_file, ca_file), all three");
+  }
+  auto ctx = std::make_unique<asio::ssl::context>(asio::ssl::context::tls);
+  SSL_CTX* c = ctx->native_handle();
+  if (SSL_CTX_set_min_proto_version(c, TLS1_3_VERSION) != 1) {
+    return InternalError("relay " + name + ": OpenSSL refuses TLS 1.3");
+  }
+  SSL_CTX_set_num_tickets(c, 0);
+  ctx->set_options(asio::ssl::context::default_workarounds);
+  auto failed = [&](const std::string& what, const std::string& file,
+                    const asio::error_code& ec) {
+    return InvalidArgumentError("relay " + name + ": cannot load the TLS " +
+                                what + " '" + file + "': " + ec.message());
+  };
+  asio::error_code ec;
+  ctx->use_certificate_chain_file(t.cert_file, ec);
+  if (ec) return failed("certificate chain", t.cert_file, ec);
+  ctx->use_private_key_file(t.key_file, asio::ssl::context::pem, ec);
+  if (ec) return failed("private key", t.key_file, ec);
+  if (SSL_CTX_check_private_key(c) != 1) {
+    ERR_clear_error();
+    return InvalidArgumentError("relay " + name + ": the TLS private key '" +
+                                t.key_file +
+                                "' does not belong to the "
+                                "certificate '" +
+                                t.cert_file + "'");
+  }
+  ctx->load_verify_file(t.ca_file, ec);
+  if (ec) return failed("CA file", t.ca_file, ec);
+  return ctx;
+}
 
 }  // namespace
 
@@ -213,6 +333,14 @@ class RelayStore::Impl {
       REFIT_RETURN_IF_ERROR(ValidateMemberName(member_));
       REFIT_ASSIGN_OR_RETURN(parent_ep_, ParseAddress(parent));
       parent_text_ = parent;
+    }
+    if (opt_.tls.enabled()) {
+      REFIT_ASSIGN_OR_RETURN(tls_, MakeTlsContext(opt_.tls, name_));
+    } else if (!opt_.tls.parent_name.empty() ||
+               opt_.tls.child_names_are_members) {
+      return InvalidArgumentError("relay " + name_ +
+                                  ": TLS name checks need the TLS "
+                                  "certificate, key and CA files");
     }
     if (!listen.empty()) {
       REFIT_ASSIGN_OR_RETURN(tcp::endpoint ep, ParseAddress(listen));
@@ -260,10 +388,11 @@ class RelayStore::Impl {
   }
 
   std::string Describe() const {
-    if (is_root_) return "relay root at " + listen_address_;
+    const std::string tls = tls_ ? " (TLS)" : "";
+    if (is_root_) return "relay root at " + listen_address_ + tls;
     return "relay node '" + member_ + "' at " +
            (listen_address_.empty() ? std::string("(leaf)") : listen_address_) +
-           ", parent " + parent_text_;
+           ", parent " + parent_text_ + tls;
   }
 
   const std::string& listen_address() const { return listen_address_; }
@@ -272,6 +401,7 @@ class RelayStore::Impl {
     std::lock_guard<std::mutex> lock(mu_);
     RelayStatus s = stats_;
     s.is_root = is_root_;
+    s.tls = tls_ != nullptr;
     s.listen_address = listen_address_;
     s.children = static_cast<int>(children_.size());
     s.objects = objects_.size();
@@ -526,7 +656,13 @@ class RelayStore::Impl {
           "child at " + FormatEndpoint(l->socket.remote_endpoint(ignored));
       l->last_rx = l->last_tx = Clock::now();
       links_.push_back(l);
-      StartRead(l);
+      if (tls_) {
+        // A child must present a certificate from our CA.
+        StartHandshake(
+            l, asio::ssl::verify_peer | asio::ssl::verify_fail_if_no_peer_cert);
+      } else {
+        StartRead(l);
+      }
       Accept();
     });
   }
@@ -563,15 +699,115 @@ class RelayStore::Impl {
       l->last_rx = l->last_tx = Clock::now();
       parent_ = l;
       links_.push_back(l);
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        l->cursor = 0;  // re-send every up object we hold
-        stats_.parent_connected = true;
-        ++stats_.reconnects;
+      if (tls_) {
+        StartHandshake(l, asio::ssl::verify_peer);
+      } else {
+        ParentReady(l);
       }
-      Pump(l);
-      StartRead(l);
     });
+  }
+
+  void ParentReady(const LinkPtr& l) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      l->cursor = 0;  // re-send every up object we hold
+      stats_.parent_connected = true;
+      ++stats_.reconnects;
+    }
+    Pump(l);
+    StartRead(l);
+  }
+
+  // The TLS handshake of a new link: the server's side for a child, the
+  // client's for the parent. Bounded by dead_after_ms (Tick). On success a
+  // child's link starts reading (its hello comes first), the parent's link
+  // says hello.
+  void StartHandshake(const LinkPtr& l, asio::ssl::verify_mode mode) {
+    l->tls.emplace(l->socket, *tls_);
+    asio::error_code ec;
+    l->tls->set_verify_mode(mode, ec);
+    if (!ec && l->to_parent && !opt_.tls.parent_name.empty()) {
+      X509_VERIFY_PARAM* param = SSL_get0_param(l->tls->native_handle());
+      asio::error_code not_ip;
+      asio::ip::make_address(opt_.tls.parent_name, not_ip);
+      const int ok = not_ip ? X509_VERIFY_PARAM_set1_host(
+                                  param, opt_.tls.parent_name.c_str(), 0)
+                            : X509_VERIFY_PARAM_set1_ip_asc(
+                                  param, opt_.tls.parent_name.c_str());
+      if (ok != 1) {
+        ERR_clear_error();
+        return Close(l, InvalidArgumentError("relay " + name_ +
+                                             ": bad TLS parent name '" +
+                                             opt_.tls.parent_name + "'"));
+      }
+    }
+    if (ec) {
+      return Close(l, InternalError("relay " + name_ + ": TLS setup for " +
+                                    l->peer + " failed: " + ec.message()));
+    }
+    l->handshaking = true;
+    l->tls->async_handshake(
+        l->to_parent ? asio::ssl::stream_base::client
+                     : asio::ssl::stream_base::server,
+        [this, l](asio::error_code hec) {
+          if (l->closed || hec == asio::error::operation_aborted) return;
+          if (hec) return Close(l, HandshakeError(l, hec));
+          l->handshaking = false;
+          l->last_rx = Clock::now();
+          if (l->to_parent) {
+            ParentReady(l);
+          } else {
+            StartRead(l);
+          }
+        });
+  }
+
+  Status HandshakeError(const LinkPtr& l, const asio::error_code& ec) {
+    std::string why = ec.message();
+    const int reason = TlsReason(ec);
+    if (reason == SSL_R_CERTIFICATE_VERIFY_FAILED) {
+      const long v = SSL_get_verify_result(l->tls->native_handle());
+      why += std::string(" (") + X509_verify_cert_error_string(v) + ")";
+      switch (v) {
+        case X509_V_ERR_HOSTNAME_MISMATCH:
+        case X509_V_ERR_IP_ADDRESS_MISMATCH:
+          why += ": its certificate does not name '" + opt_.tls.parent_name +
+                 "' (parent_name)";
+          break;
+        case X509_V_ERR_UNABLE_TO_GET_ISSUER_CERT:
+        case X509_V_ERR_UNABLE_TO_GET_ISSUER_CERT_LOCALLY:
+        case X509_V_ERR_UNABLE_TO_VERIFY_LEAF_SIGNATURE:
+        case X509_V_ERR_DEPTH_ZERO_SELF_SIGNED_CERT:
+        case X509_V_ERR_SELF_SIGNED_CERT_IN_CHAIN:
+        case X509_V_ERR_CERT_SIGNATURE_FAILURE:
+          why += ": its certificate is not from our CA (ca_file)";
+          break;
+        default:
+          break;
+      }
+    } else if (reason == SSL_R_PEER_DID_NOT_RETURN_A_CERTIFICATE) {
+      why += ": a child must present a certificate from our CA";
+    } else if (reason == SSL_R_WRONG_VERSION_NUMBER ||
+               reason == SSL_R_HTTP_REQUEST ||
+               reason == SSL_R_PACKET_LENGTH_TOO_LONG ||
+               reason == SSL_R_RECORD_LENGTH_MISMATCH ||
+               reason == SSL_R_UNEXPECTED_RECORD ||
+               reason == SSL_R_UNSUPPORTED_PROTOCOL ||
+               reason == SSL_R_NO_PROTOCOLS_AVAILABLE) {
+      why +=
+          ": the peer does not speak TLS 1.3 (is it configured without "
+          "relay TLS?)";
+    } else if (reason >= SSL_AD_REASON_OFFSET) {
+      why += ": " + TlsAlertHint(reason);
+    } else if (ec == asio::error::eof ||
+               ec == asio::ssl::error::stream_truncated) {
+      why =
+          "the peer closed the connection during the handshake (does it "
+          "use TLS? does it trust our certificate?)";
+    }
+    ERR_clear_error();
+    return UnavailableError("relay " + name_ + ": TLS handshake with " +
+                            l->peer + " failed: " + why + "; link closed");
   }
 
   void ScheduleReconnect() {
@@ -605,6 +841,16 @@ class RelayStore::Impl {
       if (l->closed) continue;
       if (NotReadingOnPurpose(*l)) {
         l->last_rx = now;
+      } else if (l->handshaking &&
+                 MsSince(l->last_rx, now) > opt_.dead_after_ms) {
+        Close(
+            l,
+            UnavailableError(
+                "relay " + name_ + ": TLS handshake with " + l->peer +
+                " not done after " + std::to_string(MsSince(l->last_rx, now)) +
+                " ms (dead_after_ms " + std::to_string(opt_.dead_after_ms) +
+                "; a plaintext peer waiting for us?): link closed"));
+        continue;
       } else if (MsSince(l->last_rx, now) > opt_.dead_after_ms) {
         Close(l, UnavailableError("relay " + name_ + ": " + l->peer +
                                   " silent for " +
@@ -661,81 +907,100 @@ class RelayStore::Impl {
   void OnIoError(const LinkPtr& l, const asio::error_code& ec,
                  const char* what) {
     if (l->closed || ec == asio::error::operation_aborted) return;
-    const std::string how =
-        ec == asio::error::eof ? "closed the connection"
-                               : std::string(what) + " failed: " + ec.message();
+    std::string how;
+    if (ec == asio::error::eof || ec == asio::ssl::error::stream_truncated) {
+      how = "closed the connection";
+      if (l->to_parent && !l->tls && !l->got_frame) {
+        how +=
+            " before sending anything (if it keeps doing so: it may be a "
+            "TLS endpoint, and this one uses no TLS)";
+      }
+    } else if (IsTlsError(ec)) {
+      how = std::string(what) + " failed: TLS: " + ec.message();
+      const std::string hint = TlsAlertHint(TlsReason(ec));
+      if (!hint.empty()) how += "; " + hint;
+      ERR_clear_error();
+    } else {
+      how = std::string(what) + " failed: " + ec.message();
+    }
     Close(l, UnavailableError("relay " + name_ + ": " + l->peer + " " + how));
   }
 
   // ---- Reading ----
 
   void StartRead(const LinkPtr& l) {
-    if (l->closed || l->reading || IsStopping()) return;
+    if (l->closed || l->reading || l->handshaking || IsStopping()) return;
     if (l->to_parent && parent_paused_) return;
     l->reading = true;
-    asio::async_read(l->socket, asio::buffer(l->rhdr),
-                     [this, l](asio::error_code ec, size_t) {
-                       if (ec) return OnIoError(l, ec, "read");
-                       l->last_rx = Clock::now();
-                       auto h = internal::ParseRelayHeader(l->rhdr,
-                                                           opt_.max_body_bytes);
-                       if (!h.ok()) return Close(l, BadFrame(l, h.status()));
-                       l->rh = *h;
-                       l->rkey.assign(h->key_len, '\0');
-                       l->rbody.assign(h->body_len, 0);
-                       l->rdone = 0;
-                       ReadKey(l);
-                     });
+    AsyncRead(
+        *l, asio::buffer(l->rhdr), [this, l](asio::error_code ec, size_t got) {
+          if (ec && !l->tls && LooksLikeTls(l->rhdr, got)) {
+            // A TLS peer's hello or alert, cut short.
+            return Close(
+                l, BadFrame(l, DataLossError("the peer sent a TLS record "
+                                             "and closed: it uses TLS and "
+                                             "this endpoint does not "
+                                             "(relay TLS options)")));
+          }
+          if (ec) return OnIoError(l, ec, "read");
+          l->last_rx = Clock::now();
+          auto h = internal::ParseRelayHeader(l->rhdr, opt_.max_body_bytes);
+          if (!h.ok()) return Close(l, BadFrame(l, h.status()));
+          l->rh = *h;
+          l->rkey.assign(h->key_len, '\0');
+          l->rbody.assign(h->body_len, 0);
+          l->rdone = 0;
+          ReadKey(l);
+        });
   }
 
   void ReadKey(const LinkPtr& l) {
     if (l->rkey.empty()) return ReadBody(l);
-    asio::async_read(l->socket, asio::buffer(l->rkey.data(), l->rkey.size()),
-                     [this, l](asio::error_code ec, size_t) {
-                       if (ec) return OnIoError(l, ec, "read");
-                       l->last_rx = Clock::now();
-                       ReadBody(l);
-                     });
+    AsyncRead(*l, asio::buffer(l->rkey.data(), l->rkey.size()),
+              [this, l](asio::error_code ec, size_t) {
+                if (ec) return OnIoError(l, ec, "read");
+                l->last_rx = Clock::now();
+                ReadBody(l);
+              });
   }
 
   void ReadBody(const LinkPtr& l) {
     if (l->rdone == l->rbody.size()) return ReadCrc(l);
     const size_t n = std::min(kReadPiece, l->rbody.size() - l->rdone);
-    asio::async_read(l->socket, asio::buffer(l->rbody.data() + l->rdone, n),
-                     [this, l](asio::error_code ec, size_t got) {
-                       if (ec) return OnIoError(l, ec, "read");
-                       l->last_rx = Clock::now();
-                       l->rdone += got;
-                       ReadBody(l);
-                     });
+    AsyncRead(*l, asio::buffer(l->rbody.data() + l->rdone, n),
+              [this, l](asio::error_code ec, size_t got) {
+                if (ec) return OnIoError(l, ec, "read");
+                l->last_rx = Clock::now();
+                l->rdone += got;
+                ReadBody(l);
+              });
   }
 
   void ReadCrc(const LinkPtr& l) {
-    asio::async_read(
-        l->socket, asio::buffer(l->rcrc),
-        [this, l](asio::error_code ec, size_t) {
-          if (ec) return OnIoError(l, ec, "read");
-          l->last_rx = Clock::now();
-          Status s = OnFrame(l);
-          if (!s.ok()) return Close(l, s);
-          if (l->closed) return;
-          if (l->to_parent && opt_.test_read_delay_ms > 0) {
-            l->delaying = true;
-            l->delay_timer.expires_after(
-                std::chrono::milliseconds(opt_.test_read_delay_ms));
-            l->delay_timer.async_wait([this, l](asio::error_code ec2) {
-              l->delaying = false;
-              l->reading = false;
-              if (!ec2) {
+    AsyncRead(*l, asio::buffer(l->rcrc),
+              [this, l](asio::error_code ec, size_t) {
+                if (ec) return OnIoError(l, ec, "read");
                 l->last_rx = Clock::now();
+                Status s = OnFrame(l);
+                if (!s.ok()) return Close(l, s);
+                if (l->closed) return;
+                if (l->to_parent && opt_.test_read_delay_ms > 0) {
+                  l->delaying = true;
+                  l->delay_timer.expires_after(
+                      std::chrono::milliseconds(opt_.test_read_delay_ms));
+                  l->delay_timer.async_wait([this, l](asio::error_code ec2) {
+                    l->delaying = false;
+                    l->reading = false;
+                    if (!ec2) {
+                      l->last_rx = Clock::now();
+                      StartRead(l);
+                    }
+                  });
+                  return;
+                }
+                l->reading = false;
                 StartRead(l);
-              }
-            });
-            return;
-          }
-          l->reading = false;
-          StartRead(l);
-        });
+              });
   }
 
   Status BadFrame(const LinkPtr& l, const Status& s) {
@@ -752,6 +1017,7 @@ class RelayStore::Impl {
                            "', " + std::to_string(l->rbody.size()) +
                            " body bytes)"));
     }
+    l->got_frame = true;
     {
       std::lock_guard<std::mutex> lock(mu_);
       ++stats_.frames_in;
@@ -773,6 +1039,19 @@ class RelayStore::Impl {
           return BadFrame(l, DataLossError("unexpected hello"));
         REFIT_RETURN_IF_ERROR(ValidateMemberName(l->rkey).WithContext(
             "relay " + name_ + ": hello from " + l->peer));
+        if (l->tls && opt_.tls.child_names_are_members) {
+          X509* cert = SSL_get0_peer_certificate(l->tls->native_handle());
+          if (cert == nullptr ||
+              X509_check_host(cert, l->rkey.data(), l->rkey.size(),
+                              X509_CHECK_FLAG_NO_WILDCARDS, nullptr) != 1) {
+            ERR_clear_error();
+            return PermissionDeniedError(
+                "relay " + name_ + ": " + l->peer + " says hello as '" +
+                l->rkey +
+                "' but its TLS certificate does not name that member "
+                "(child_names_are_members); link closed");
+          }
+        }
         if (l->rbody.size() != 4 || internal::LoadLe32(l->rbody.data()) !=
                                         internal::kRelayProtocolVersion) {
           return FailedPreconditionError(
@@ -852,7 +1131,7 @@ class RelayStore::Impl {
   // Starts the next write on `l` if none is in flight: the hello, the next
   // object above its cursor, or a heartbeat when it has been quiet.
   void Pump(const LinkPtr& l) {
-    if (l->closed || l->writing || IsStopping()) return;
+    if (l->closed || l->writing || l->handshaking || IsStopping()) return;
     if (l->to_parent && !l->hello_done) {
       uint8_t version[4];
       internal::StoreLe32(version, internal::kRelayProtocolVersion);
@@ -877,47 +1156,65 @@ class RelayStore::Impl {
     internal::EncodeRelayHeader(o->type, static_cast<uint32_t>(o->key.size()),
                                 o->data.size(), l->whdr);
     internal::StoreLe32(l->wcrc, o->crc);
-    std::array<asio::const_buffer, 4> bufs = {
-        asio::buffer(l->whdr), asio::buffer(o->key.data(), o->key.size()),
-        asio::buffer(o->data.data(), o->data.size()), asio::buffer(l->wcrc)};
+    std::vector<asio::const_buffer> bufs;
+    if (l->tls) {
+      // One TLS record per buffer: header and key (and a small body and
+      // the crc) go as one.
+      const bool small = o->data.size() <= kTlsGatherBytes;
+      l->wgather.assign(l->whdr, l->whdr + internal::kRelayHeaderBytes);
+      l->wgather.insert(l->wgather.end(), o->key.begin(), o->key.end());
+      if (small) {
+        l->wgather.insert(l->wgather.end(), o->data.begin(), o->data.end());
+        l->wgather.insert(l->wgather.end(), l->wcrc,
+                          l->wcrc + internal::kRelayTrailerBytes);
+      }
+      bufs.push_back(asio::buffer(l->wgather));
+      if (!small) {
+        bufs.push_back(asio::buffer(o->data.data(), o->data.size()));
+        bufs.push_back(asio::buffer(l->wcrc));
+      }
+    } else {
+      bufs = {asio::buffer(l->whdr), asio::buffer(o->key.data(), o->key.size()),
+              asio::buffer(o->data.data(), o->data.size()),
+              asio::buffer(l->wcrc)};
+    }
     l->writing = true;
     l->last_tx = Clock::now();
-    asio::async_write(l->socket, bufs,
-                      [this, l, o](asio::error_code ec, size_t) {
-                        l->writing = false;
-                        if (ec) return OnIoError(l, ec, "write");
-                        l->last_tx = Clock::now();
-                        {
-                          std::lock_guard<std::mutex> lock(mu_);
-                          ++stats_.frames_out;
-                          l->cursor = std::max(l->cursor, o->seq);
-                          if (!l->to_parent && o->seq > l->live_from) {
-                            auto it = down_log_.find(o->seq);
-                            if (it != down_log_.end() && it->second == o)
-                              l->queued -= o->data.size();
-                          }
-                        }
-                        cv_.notify_all();
-                        if (!l->to_parent) MaybeResumeParent();
-                        Pump(l);
-                      });
+    AsyncWrite(*l, bufs, [this, l, o](asio::error_code ec, size_t) {
+      l->writing = false;
+      if (ec) return OnIoError(l, ec, "write");
+      l->last_tx = Clock::now();
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        ++stats_.frames_out;
+        l->cursor = std::max(l->cursor, o->seq);
+        if (!l->to_parent && o->seq > l->live_from) {
+          auto it = down_log_.find(o->seq);
+          if (it != down_log_.end() && it->second == o)
+            l->queued -= o->data.size();
+        }
+      }
+      cv_.notify_all();
+      if (!l->to_parent) MaybeResumeParent();
+      Pump(l);
+    });
   }
 
   void WriteSmall(const LinkPtr& l, std::vector<uint8_t> frame) {
     l->wsmall = std::move(frame);
     l->writing = true;
     l->last_tx = Clock::now();
-    asio::async_write(l->socket, asio::buffer(l->wsmall),
-                      [this, l](asio::error_code ec, size_t) {
-                        l->writing = false;
-                        if (ec) return OnIoError(l, ec, "write");
-                        l->last_tx = Clock::now();
-                        {
-                          std::lock_guard<std::mutex> lock(mu_);
-                          ++stats_.frames_out;
-                        }
-                        Pump(l);
-                      });
+    AsyncWrite(*l, asio::buffer(l->wsmall),
+               [this, l](asio::error_code ec, size_t) {
+                 l->writing = false;
+                 if (ec) return OnIoError(l, ec, "write");
+                 l->last_tx = Clock::now();
+                 {
+                   std::lock_guard<std::mutex> lock(mu_);
+                   ++stats_.frames_out;
+                 }
+                 Pump(l);
+               });
   }
 
   void MaybeResumeParent() {
@@ -944,6 +1241,8 @@ class RelayStore::Impl {
   tcp::endpoint parent_ep_;
   std::string listen_address_;
 
+  // Declared before io_: streams in handlers that io_ destroys refer to it.
+  std::unique_ptr<asio::ssl::context> tls_;  // null: plaintext links
   asio::io_context io_;
   std::optional<asio::executor_work_guard<asio::io_context::executor_type>>
       work_;

@@ -16,6 +16,10 @@
 //   - A node that (re)connects gets a replay of every down object its parent
 //     holds, in write order, and re-sends every up object it holds.
 //
+// TLS (RelayOptions::tls): when configured, every link of the endpoint,
+// to its parent and to its children, is TLS 1.3 with certificates on both
+// sides (mutual TLS), and plaintext peers are refused.
+//
 // Ownership: each endpoint owns one I/O thread and its sockets; destroying
 // the endpoint closes its links (children see the link drop and reconnect).
 // Thread-safety: every public method may be called from any thread.
@@ -34,6 +38,37 @@
 #include "transport/object_store.h"
 
 namespace refit {
+
+// TLS 1.3 on every link of an endpoint (docs/protocol.md, "Relay tree",
+// "TLS"). Off while all of cert_file, key_file and ca_file are empty; set
+// one and all three are required. With TLS on:
+//   - the endpoint presents cert_file both to its children (as the server
+//     of their links) and to its parent (as a client certificate);
+//   - every peer must present a certificate whose chain leads to a CA of
+//     ca_file: a child without one, or with one from another CA, is
+//     refused, and a node refuses such a parent;
+//   - a plaintext peer is refused (either way round), with an error that
+//     says so; a handshake not done within dead_after_ms closes the link.
+// By default any certificate the CA issued is accepted: the CA is the
+// tree's own (it issues certificates to its members only), and parents are
+// addressed by IP. parent_name and child_names_are_members narrow that.
+struct RelayTlsOptions {
+  std::string cert_file;  // PEM certificate chain, leaf first
+  std::string key_file;   // PEM private key of the leaf
+  std::string ca_file;    // PEM CA certificate(s) peers' chains lead to
+  // Node: the parent's certificate must also carry this name (a DNS
+  // subjectAltName, or an IP subjectAltName when it is an IP literal).
+  // Empty: any certificate from the CA.
+  std::string parent_name;
+  // Parent side: a child's hello is refused (kPermissionDenied) unless its
+  // certificate names its member (DNS subjectAltName, or the subject CN
+  // when it has none), so one member cannot speak for another.
+  bool child_names_are_members = false;
+
+  bool enabled() const {
+    return !cert_file.empty() || !key_file.empty() || !ca_file.empty();
+  }
+};
 
 struct RelayOptions {
   // Liveness: every link carries a heartbeat when it has sent nothing for
@@ -62,6 +97,8 @@ struct RelayOptions {
   // link with that error (and retries with backoff).
   int keep_versions = 4;
   uint64_t max_store_bytes = uint64_t{16} << 30;
+  // Off by default (plaintext links); see RelayTlsOptions.
+  RelayTlsOptions tls;
   // Log link failures and refusals to stderr ("refit relay <name>: ...").
   bool log_to_stderr = true;
 
@@ -75,6 +112,7 @@ struct RelayOptions {
 
 struct RelayStatus {
   bool is_root = false;
+  bool tls = false;            // links use TLS (RelayOptions::tls)
   std::string listen_address;  // "127.0.0.1:port" as bound, "" if none
   bool parent_connected = false;
   int children = 0;      // children that completed their hello
@@ -94,8 +132,9 @@ class RelayStore final : public ObjectStore {
  public:
   // The root endpoint, listening on `listen` ("host:port"; port 0 picks an
   // ephemeral port, see listen_address()). Hosts are IP literals or
-  // "localhost". kInvalidArgument for bad options or addresses,
-  // kUnavailable when the address cannot be bound.
+  // "localhost". kInvalidArgument for bad options or addresses (TLS files
+  // that cannot be loaded included), kUnavailable when the address cannot
+  // be bound.
   static Result<std::unique_ptr<RelayStore>> Root(const std::string& listen,
                                                   RelayOptions options = {});
 

@@ -1,0 +1,763 @@
+// Relay links over TLS (RelayOptions::tls) on loopback: a throwaway CA and
+// leaf certificates are made at test time with OpenSSL's C API (EC P-256
+// keys, X509 builder) in a temporary directory. A TLS tree delivers objects
+// and votes bit-exactly; a certificate from another CA, a plaintext peer
+// (either way round), garbage and a silent peer on a TLS port, and a
+// tampered TLS stream are refused in bounded time; a killed node reconnects
+// and gets its replay over TLS; name pinning works both ways. Also a
+// throughput comparison with plaintext links (REFIT_RELAY_TLS_BENCH_MIB
+// sets its size; 64 MiB by default). Every wait is bounded. With
+// REFIT_RELAY_TEST_LOG set, endpoints log their link errors to stderr.
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <openssl/evp.h>
+#include <openssl/pem.h>
+#include <openssl/x509.h>
+#include <openssl/x509v3.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <thread>
+
+#include "testing.h"
+#include "transport/relay_frame.h"
+#include "transport/relay_store.h"
+
+namespace refit {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using internal::RelayFrameType;
+
+std::vector<uint8_t> Bytes(std::string_view s) {
+  return std::vector<uint8_t>(s.begin(), s.end());
+}
+
+std::vector<uint8_t> RandomBytes(size_t n, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<uint8_t> out(n);
+  for (auto& b : out) b = static_cast<uint8_t>(rng());
+  return out;
+}
+
+int64_t MsSince(Clock::time_point t) {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t)
+      .count();
+}
+
+bool WaitFor(const std::function<bool()>& pred, int ms = 10000) {
+  const auto start = Clock::now();
+  while (!pred()) {
+    if (MsSince(start) > ms) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  return true;
+}
+
+std::string Key(uint64_t version, const std::string& rest) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "v/%020llu/",
+                static_cast<unsigned long long>(version));
+  return buf + rest;
+}
+
+bool Contains(const Status& s, std::string_view what) {
+  return s.message().find(what) != std::string_view::npos;
+}
+
+// ---- A throwaway PKI ----
+
+struct KeyFree {
+  void operator()(EVP_PKEY* k) const { EVP_PKEY_free(k); }
+};
+struct CertFree {
+  void operator()(X509* x) const { X509_free(x); }
+};
+using KeyPtr = std::unique_ptr<EVP_PKEY, KeyFree>;
+using CertPtr = std::unique_ptr<X509, CertFree>;
+
+KeyPtr NewKey() {
+  return KeyPtr(EVP_PKEY_Q_keygen(nullptr, nullptr, "EC", "P-256"));
+}
+
+void AddExt(X509* cert, X509V3_CTX* ctx, int nid, const std::string& value) {
+  X509_EXTENSION* ext = X509V3_EXT_conf_nid(nullptr, ctx, nid, value.c_str());
+  ASSERT_NE(ext, nullptr) << "extension " << nid << " = " << value;
+  ASSERT_EQ(X509_add_ext(cert, ext, -1), 1);
+  X509_EXTENSION_free(ext);
+}
+
+// A certificate for `key` named `cn`, signed by `issuer` / `issuer_key`
+// (self-signed when issuer is null). `sans`: "DNS:n0,IP:127.0.0.1" or "".
+CertPtr NewCert(EVP_PKEY* key, const std::string& cn, X509* issuer,
+                EVP_PKEY* issuer_key, bool ca, const std::string& sans) {
+  static std::atomic<long> serial{1};
+  CertPtr cert(X509_new());
+  X509* x = cert.get();
+  X509_set_version(x, 2);
+  ASN1_INTEGER_set(X509_get_serialNumber(x), serial++);
+  X509_gmtime_adj(X509_getm_notBefore(x), -3600);
+  X509_gmtime_adj(X509_getm_notAfter(x), 24 * 3600);
+  X509_set_pubkey(x, key);
+  X509_NAME* name = X509_get_subject_name(x);
+  X509_NAME_add_entry_by_txt(name, "CN", MBSTRING_ASC,
+                             reinterpret_cast<const unsigned char*>(cn.c_str()),
+                             -1, -1, 0);
+  X509_set_issuer_name(x, issuer ? X509_get_subject_name(issuer) : name);
+  X509V3_CTX ctx;
+  X509V3_set_ctx_nodb(&ctx);
+  X509V3_set_ctx(&ctx, issuer ? issuer : x, x, nullptr, nullptr, 0);
+  AddExt(x, &ctx, NID_basic_constraints, ca ? "critical,CA:TRUE" : "CA:FALSE");
+  AddExt(x, &ctx, NID_key_usage,
+         ca ? "critical,keyCertSign,cRLSign" : "critical,digitalSignature");
+  AddExt(x, &ctx, NID_subject_key_identifier, "hash");
+  AddExt(x, &ctx, NID_authority_key_identifier, "keyid:always");
+  if (!ca) AddExt(x, &ctx, NID_ext_key_usage, "serverAuth,clientAuth");
+  if (!sans.empty()) AddExt(x, &ctx, NID_subject_alt_name, sans);
+  EXPECT_GT(X509_sign(x, issuer_key ? issuer_key : key, EVP_sha256()), 0);
+  return cert;
+}
+
+void WritePem(const std::string& path, X509* cert, EVP_PKEY* key) {
+  FILE* f = std::fopen(path.c_str(), "w");
+  ASSERT_NE(f, nullptr) << path;
+  if (cert) {
+    EXPECT_EQ(PEM_write_X509(f, cert), 1);
+  }
+  if (key) {
+    EXPECT_EQ(
+        PEM_write_PrivateKey(f, key, nullptr, nullptr, 0, nullptr, nullptr), 1);
+  }
+  std::fclose(f);
+}
+
+// A CA whose files live in a temporary directory; Issue() makes leaves.
+class TestCa {
+ public:
+  TestCa(const testing::TempDir& dir, std::string name)
+      : dir_(dir), name_(std::move(name)), key_(NewKey()) {
+    cert_ = NewCert(key_.get(), name_ + " test CA", nullptr, nullptr, true, "");
+    WritePem(ca_file(), cert_.get(), nullptr);
+  }
+  std::string ca_file() const { return dir_.File(name_ + "-ca.pem"); }
+
+  // A leaf named `cn` with the given subjectAltNames, as TLS options
+  // (its CA file: `trust`, by default this CA).
+  RelayTlsOptions Issue(const std::string& cn, const std::string& sans,
+                        const TestCa* trust = nullptr) {
+    KeyPtr key = NewKey();
+    CertPtr cert = NewCert(key.get(), cn, cert_.get(), key_.get(), false, sans);
+    RelayTlsOptions t;
+    t.cert_file = dir_.File(name_ + "-" + cn + ".crt");
+    t.key_file = dir_.File(name_ + "-" + cn + ".key");
+    WritePem(t.cert_file, cert.get(), nullptr);
+    WritePem(t.key_file, nullptr, key.get());
+    t.ca_file = (trust ? trust : this)->ca_file();
+    return t;
+  }
+
+ private:
+  const testing::TempDir& dir_;
+  std::string name_;
+  KeyPtr key_;
+  CertPtr cert_;
+};
+
+RelayOptions Fast() {
+  RelayOptions o;
+  o.heartbeat_ms = 50;
+  o.dead_after_ms = 400;
+  o.reconnect_min_ms = 10;
+  o.reconnect_max_ms = 100;
+  o.log_to_stderr = std::getenv("REFIT_RELAY_TEST_LOG") != nullptr;
+  return o;
+}
+
+RelayOptions FastTls(RelayTlsOptions tls) {
+  RelayOptions o = Fast();
+  o.tls = std::move(tls);
+  return o;
+}
+
+// ---- Raw sockets ----
+
+uint16_t PortOf(const std::string& address) {
+  return static_cast<uint16_t>(
+      std::stoi(address.substr(address.rfind(':') + 1)));
+}
+
+int ConnectRaw(const std::string& address) {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons(PortOf(address));
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+void SendRaw(int fd, const std::vector<uint8_t>& bytes) {
+  size_t done = 0;
+  while (done < bytes.size()) {
+    ssize_t n =
+        ::send(fd, bytes.data() + done, bytes.size() - done, MSG_NOSIGNAL);
+    if (n <= 0) return;
+    done += static_cast<size_t>(n);
+  }
+}
+
+bool WaitClosedRaw(int fd, int ms) {
+  const auto start = Clock::now();
+  uint8_t buf[4096];
+  while (MsSince(start) < ms) {
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, 10) <= 0) continue;
+    ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+    if (n <= 0) return true;
+  }
+  return false;
+}
+
+int ListenRaw(std::string* address) {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  EXPECT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa), 0);
+  EXPECT_EQ(::listen(fd, 8), 0);
+  socklen_t len = sizeof sa;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len);
+  *address = "127.0.0.1:" + std::to_string(ntohs(sa.sin_port));
+  return fd;
+}
+
+int AcceptRaw(int listener, int ms) {
+  pollfd p{listener, POLLIN, 0};
+  if (::poll(&p, 1, ms) <= 0) return -1;
+  return ::accept(listener, nullptr, nullptr);
+}
+
+// A TCP proxy in front of `target` that flips one byte of the first
+// connection's downstream (target -> client) bytes at offset `flip_at`;
+// later connections pass unchanged.
+class TamperingProxy {
+ public:
+  TamperingProxy(std::string target, size_t flip_at)
+      : target_(std::move(target)), flip_at_(flip_at) {
+    listener_ = ListenRaw(&address_);
+    thread_ = std::thread([this] { Run(); });
+  }
+  ~TamperingProxy() {
+    stop_ = true;
+    thread_.join();
+    ::close(listener_);
+  }
+  const std::string& address() const { return address_; }
+  int connections() const { return connections_; }
+
+ private:
+  void Run() {
+    struct Pair {
+      int client, server;
+      size_t down = 0;
+      bool tamper;
+    };
+    std::vector<Pair> pairs;
+    while (!stop_) {
+      std::vector<pollfd> fds;
+      fds.push_back({listener_, POLLIN, 0});
+      for (const Pair& p : pairs) {
+        fds.push_back({p.client, POLLIN, 0});
+        fds.push_back({p.server, POLLIN, 0});
+      }
+      if (::poll(fds.data(), fds.size(), 10) <= 0) continue;
+      if (fds[0].revents & POLLIN) {
+        int c = ::accept(listener_, nullptr, nullptr);
+        int s = ConnectRaw(target_);
+        if (c >= 0 && s >= 0) {
+          pairs.push_back({c, s, 0, connections_ == 0});
+          ++connections_;
+        } else {
+          if (c >= 0) ::close(c);
+          if (s >= 0) ::close(s);
+        }
+        continue;  // fds no longer match pairs
+      }
+      std::vector<size_t> dead;
+      for (size_t i = 0; i < pairs.size(); ++i) {
+        Pair& p = pairs[i];
+        for (int dir = 0; dir < 2; ++dir) {
+          const pollfd& f = fds[1 + 2 * i + static_cast<size_t>(dir)];
+          if (!(f.revents & (POLLIN | POLLHUP | POLLERR))) continue;
+          uint8_t buf[16384];
+          ssize_t n = ::recv(f.fd, buf, sizeof buf, 0);
+          if (n <= 0) {
+            dead.push_back(i);
+            break;
+          }
+          const size_t got = static_cast<size_t>(n);
+          if (dir == 1) {  // server -> client
+            if (p.tamper && p.down <= flip_at_ && flip_at_ < p.down + got) {
+              buf[flip_at_ - p.down] ^= 0x20;
+            }
+            p.down += got;
+          }
+          SendRaw(dir == 0 ? p.server : p.client,
+                  std::vector<uint8_t>(buf, buf + got));
+        }
+      }
+      for (auto it = dead.rbegin(); it != dead.rend(); ++it) {
+        ::close(pairs[*it].client);
+        ::close(pairs[*it].server);
+        pairs.erase(pairs.begin() + static_cast<std::ptrdiff_t>(*it));
+      }
+    }
+    for (const Pair& p : pairs) {
+      ::close(p.client);
+      ::close(p.server);
+    }
+  }
+
+  std::string target_;
+  size_t flip_at_;
+  std::string address_;
+  int listener_ = -1;
+  std::atomic<bool> stop_{false};
+  std::atomic<int> connections_{0};
+  std::thread thread_;
+};
+
+class RelayTlsTest : public ::testing::Test {
+ protected:
+  RelayTlsTest() : ca_(dir_, "tree"), other_(dir_, "other") {}
+  testing::TempDir dir_;
+  TestCa ca_;
+  TestCa other_;
+};
+
+// ---- Tests ----
+
+TEST_F(RelayTlsTest, TreeDeliversObjectsAndVotesBitExactly) {
+  // root <- n0, n1;  n0 <- n2.  Every certificate names its member and
+  // 127.0.0.1, so both name checks are on.
+  RelayOptions root_opts = FastTls(ca_.Issue("root", "DNS:root,IP:127.0.0.1"));
+  root_opts.tls.child_names_are_members = true;
+  auto root = RelayStore::Root("127.0.0.1:0", root_opts);
+  ASSERT_OK(root);
+  std::mutex mu;
+  std::map<std::string, std::vector<std::string>> arrivals;
+  std::vector<std::unique_ptr<RelayStore>> nodes;
+  const std::vector<int> parents = {-1, -1, 0};
+  for (int i = 0; i < 3; ++i) {
+    const std::string member = "n" + std::to_string(i);
+    RelayOptions o =
+        FastTls(ca_.Issue(member, "DNS:" + member + ",IP:127.0.0.1"));
+    o.tls.parent_name = "127.0.0.1";
+    o.tls.child_names_are_members = true;
+    o.on_arrival = [&mu, &arrivals, member](const std::string& key) {
+      std::lock_guard<std::mutex> lock(mu);
+      arrivals[member].push_back(key);
+    };
+    const std::string parent =
+        parents[static_cast<size_t>(i)] < 0
+            ? (*root)->listen_address()
+            : nodes[static_cast<size_t>(parents[static_cast<size_t>(i)])]
+                  ->listen_address();
+    auto node =
+        RelayStore::Node(member, parent, i == 0 ? "127.0.0.1:0" : "", o);
+    ASSERT_OK(node);
+    nodes.push_back(std::move(*node));
+  }
+  ASSERT_TRUE(WaitFor([&] {
+    return (*root)->status().children == 2 && nodes[0]->status().children == 1;
+  }));
+  std::vector<std::string> keys;
+  std::map<std::string, std::vector<uint8_t>> data;
+  for (int i = 0; i < 12; ++i) {
+    // Empty, small (one gathered record), over 16 KiB, over one read piece.
+    const size_t n = i == 0 ? 0 : i == 5 ? (3u << 19) : size_t{1} << (i + 4);
+    const std::string key = Key(1, "chunk/" + std::to_string(i));
+    data[key] = RandomBytes(n, static_cast<uint64_t>(i));
+    ASSERT_OK((*root)->Put(key, data[key]));
+    keys.push_back(key);
+  }
+  const std::string decision = Key(1, "decision");
+  ASSERT_OK((*root)->PutIfAbsent(decision, Bytes("commit")));
+  data[decision] = Bytes("commit");
+  keys.push_back(decision);
+  ASSERT_TRUE(WaitFor([&] {
+    std::lock_guard<std::mutex> lock(mu);
+    for (int i = 0; i < 3; ++i) {
+      if (arrivals["n" + std::to_string(i)].size() < keys.size()) return false;
+    }
+    return true;
+  })) << "not every node received every object";
+  for (int i = 0; i < 3; ++i) {
+    const std::string member = "n" + std::to_string(i);
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      EXPECT_EQ(arrivals[member], keys) << member;
+    }
+    for (const auto& [key, bytes] : data) {
+      auto got = nodes[static_cast<size_t>(i)]->Get(key);
+      ASSERT_OK(got);
+      EXPECT_TRUE(*got == bytes) << member << " " << key;
+    }
+    ASSERT_OK(nodes[static_cast<size_t>(i)]->Put(Key(1, "vote/" + member),
+                                                 Bytes("ready " + member)));
+    RelayStatus s = nodes[static_cast<size_t>(i)]->status();
+    EXPECT_TRUE(s.tls);
+    EXPECT_TRUE(s.parent_connected);
+    EXPECT_TRUE(s.last_error.ok()) << s.last_error.ToString();
+  }
+  ASSERT_TRUE(WaitFor([&] {
+    auto listed = (*root)->List(Key(1, "vote/"));
+    return listed.ok() && listed->size() == 3;
+  }));
+  for (int i = 0; i < 3; ++i) {
+    const std::string member = "n" + std::to_string(i);
+    EXPECT_EQ(*(*root)->Get(Key(1, "vote/" + member)),
+              Bytes("ready " + member));
+  }
+  EXPECT_TRUE((*root)->status().tls);
+  EXPECT_TRUE((*root)->last_error().ok()) << (*root)->last_error().ToString();
+  EXPECT_NE((*root)->Describe().find("TLS"), std::string::npos);
+}
+
+TEST_F(RelayTlsTest, CertificatesFromAnotherCaAreRefusedBothWays) {
+  auto root = RelayStore::Root("127.0.0.1:0", FastTls(ca_.Issue("root", "")));
+  ASSERT_OK(root);
+  ASSERT_OK((*root)->Put("head", Bytes("1")));
+  // A node whose certificate another CA issued (it trusts the tree's CA).
+  auto intruder =
+      RelayStore::Node("intruder", (*root)->listen_address(), "",
+                       FastTls(other_.Issue("intruder", "", /*trust=*/&ca_)));
+  ASSERT_OK(intruder);
+  ASSERT_TRUE(WaitFor([&] { return !(*root)->last_error().ok(); }, 3000));
+  Status e = (*root)->last_error();
+  EXPECT_TRUE(Contains(e, "TLS handshake with child at")) << e.ToString();
+  EXPECT_TRUE(Contains(e, "not from our CA")) << e.ToString();
+  ASSERT_TRUE(WaitFor([&] { return !(*intruder)->last_error().ok(); }, 3000));
+  EXPECT_TRUE(Contains((*intruder)->last_error(), "TLS"))
+      << (*intruder)->last_error().ToString();
+  // A node that trusts only the other CA refuses the tree's root.
+  auto wary = RelayStore::Node("wary", (*root)->listen_address(), "",
+                               FastTls(other_.Issue("wary", "")));
+  ASSERT_OK(wary);
+  ASSERT_TRUE(WaitFor([&] { return !(*wary)->last_error().ok(); }, 3000));
+  e = (*wary)->last_error();
+  EXPECT_TRUE(Contains(e, "TLS handshake with parent")) << e.ToString();
+  EXPECT_TRUE(Contains(e, "certificate verify failed")) << e.ToString();
+  // Neither ever joins or receives anything.
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  EXPECT_EQ((*root)->status().children, 0);
+  EXPECT_FALSE((*intruder)->Get("head").ok());
+  EXPECT_FALSE((*wary)->Get("head").ok());
+  EXPECT_GT((*root)->status().links_closed, 1u);
+}
+
+TEST_F(RelayTlsTest, PinnedNamesAreEnforced) {
+  RelayOptions root_opts = FastTls(ca_.Issue("root", "DNS:root"));
+  root_opts.tls.child_names_are_members = true;
+  auto root = RelayStore::Root("127.0.0.1:0", root_opts);
+  ASSERT_OK(root);
+  ASSERT_OK((*root)->Put("head", Bytes("1")));
+  // The parent's certificate does not carry the pinned IP.
+  RelayOptions o = FastTls(ca_.Issue("n0", "DNS:n0"));
+  o.tls.parent_name = "127.0.0.1";
+  auto pinned = RelayStore::Node("n0", (*root)->listen_address(), "", o);
+  ASSERT_OK(pinned);
+  ASSERT_TRUE(WaitFor([&] { return !(*pinned)->last_error().ok(); }, 3000));
+  EXPECT_TRUE(Contains((*pinned)->last_error(), "does not name '127.0.0.1'"))
+      << (*pinned)->last_error().ToString();
+  pinned->reset();
+  // A member whose certificate names another member.
+  auto impostor = RelayStore::Node("n1", (*root)->listen_address(), "",
+                                   FastTls(ca_.Issue("n2", "DNS:n2")));
+  ASSERT_OK(impostor);
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        return (*root)->last_error().code() == StatusCode::kPermissionDenied;
+      },
+      3000))
+      << (*root)->last_error().ToString();
+  Status e = (*root)->last_error();
+  EXPECT_TRUE(Contains(e, "does not name that member")) << e.ToString();
+  EXPECT_FALSE((*impostor)->Get("head").ok());
+  impostor->reset();
+  // The right names pass.
+  o.tls.parent_name = "root";
+  auto good = RelayStore::Node("n0", (*root)->listen_address(), "", o);
+  ASSERT_OK(good);
+  ASSERT_TRUE(WaitFor([&] { return (*good)->Get("head").ok(); }));
+}
+
+TEST_F(RelayTlsTest, PlaintextNodeAgainstTlsRootIsRefusedQuickly) {
+  auto root = RelayStore::Root("127.0.0.1:0", FastTls(ca_.Issue("root", "")));
+  ASSERT_OK(root);
+  ASSERT_OK((*root)->Put("head", Bytes("1")));
+  const auto start = Clock::now();
+  auto node = RelayStore::Node("plain", (*root)->listen_address(), "", Fast());
+  ASSERT_OK(node);
+  ASSERT_TRUE(WaitFor([&] { return !(*root)->last_error().ok(); }, 3000));
+  ASSERT_TRUE(WaitFor([&] { return !(*node)->last_error().ok(); }, 3000));
+  const int64_t ms = MsSince(start);
+  std::printf("relay tls: plaintext node refused after %lld ms\n",
+              static_cast<long long>(ms));
+  EXPECT_LT(ms, 1000);  // well before dead_after_ms would matter
+  Status e = (*root)->last_error();
+  EXPECT_TRUE(Contains(e, "does not speak TLS")) << e.ToString();
+  EXPECT_TRUE(Contains((*node)->last_error(), "parent"))
+      << (*node)->last_error().ToString();
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  EXPECT_EQ((*root)->status().children, 0);
+  EXPECT_FALSE((*node)->Get("head").ok());
+}
+
+TEST_F(RelayTlsTest, TlsNodeAgainstPlaintextRootIsRefusedQuickly) {
+  auto root = RelayStore::Root("127.0.0.1:0", Fast());
+  ASSERT_OK(root);
+  ASSERT_OK((*root)->Put("head", Bytes("1")));
+  const auto start = Clock::now();
+  auto node = RelayStore::Node("secure", (*root)->listen_address(), "",
+                               FastTls(ca_.Issue("secure", "")));
+  ASSERT_OK(node);
+  ASSERT_TRUE(WaitFor([&] { return !(*root)->last_error().ok(); }, 3000));
+  ASSERT_TRUE(WaitFor([&] { return !(*node)->last_error().ok(); }, 3000));
+  const int64_t ms = MsSince(start);
+  std::printf("relay tls: TLS node at a plaintext root refused after %lld ms\n",
+              static_cast<long long>(ms));
+  EXPECT_LT(ms, 1000);
+  Status e = (*root)->last_error();
+  EXPECT_TRUE(Contains(e, "it uses TLS and this endpoint does not"))
+      << e.ToString();
+  e = (*node)->last_error();
+  EXPECT_TRUE(Contains(e, "TLS handshake with parent")) << e.ToString();
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  EXPECT_EQ((*root)->status().children, 0);
+  EXPECT_FALSE((*node)->Get("head").ok());
+}
+
+TEST_F(RelayTlsTest, GarbageAndSilenceOnTheTlsPortAreRefused) {
+  RelayOptions o = FastTls(ca_.Issue("root", ""));
+  o.dead_after_ms = 300;
+  auto root = RelayStore::Root("127.0.0.1:0", o);
+  ASSERT_OK(root);
+  const std::vector<std::vector<uint8_t>> garbage = {
+      Bytes("GET / HTTP/1.1\r\nHost: x\r\n\r\n"),
+      RandomBytes(4096, 7),
+      // A TLS record header announcing a huge handshake message.
+      {0x16, 0x03, 0x01, 0xff, 0xff, 0x01, 0xff, 0xff, 0xff},
+  };
+  for (size_t i = 0; i < garbage.size(); ++i) {
+    SCOPED_TRACE(i);
+    const uint64_t closed = (*root)->status().links_closed;
+    int fd = ConnectRaw((*root)->listen_address());
+    ASSERT_GE(fd, 0);
+    SendRaw(fd, garbage[i]);
+    EXPECT_TRUE(WaitClosedRaw(fd, 3000)) << "link not closed";
+    ::close(fd);
+    ASSERT_TRUE(
+        WaitFor([&] { return (*root)->status().links_closed > closed; }));
+    EXPECT_TRUE(Contains((*root)->last_error(), "TLS handshake with child"))
+        << (*root)->last_error().ToString();
+  }
+  // A peer that connects and says nothing is cut off after dead_after_ms.
+  int fd = ConnectRaw((*root)->listen_address());
+  ASSERT_GE(fd, 0);
+  const auto start = Clock::now();
+  EXPECT_TRUE(WaitClosedRaw(fd, 3000));
+  const int64_t ms = MsSince(start);
+  EXPECT_GE(ms, 250);
+  EXPECT_LT(ms, 1000);
+  EXPECT_TRUE(Contains((*root)->last_error(), "not done after"))
+      << (*root)->last_error().ToString();
+  ::close(fd);
+  EXPECT_EQ((*root)->status().children, 0);
+  // The root still serves a proper node.
+  ASSERT_OK((*root)->Put("head", Bytes("1")));
+  auto node = RelayStore::Node("good", (*root)->listen_address(), "",
+                               FastTls(ca_.Issue("good", "")));
+  ASSERT_OK(node);
+  ASSERT_TRUE(WaitFor([&] { return (*node)->Get("head").ok(); }));
+}
+
+TEST_F(RelayTlsTest, SilentTlsParentIsLeftAndRetried) {
+  std::string address;
+  int listener = ListenRaw(&address);
+  RelayOptions o = FastTls(ca_.Issue("n0", ""));
+  o.dead_after_ms = 300;
+  auto node = RelayStore::Node("n0", address, "", o);
+  ASSERT_OK(node);
+  int first = AcceptRaw(listener, 3000);
+  ASSERT_GE(first, 0);
+  const auto start = Clock::now();
+  int second = AcceptRaw(listener, 3000);  // we never answer its hello
+  ASSERT_GE(second, 0) << "the node did not give up and reconnect";
+  const int64_t ms = MsSince(start);
+  EXPECT_GE(ms, 250);
+  EXPECT_LT(ms, 1000);
+  EXPECT_TRUE(Contains((*node)->last_error(), "TLS handshake with parent"))
+      << (*node)->last_error().ToString();
+  ::close(first);
+  ::close(second);
+  ::close(listener);
+}
+
+TEST_F(RelayTlsTest, TamperedTlsStreamIsRefusedAndTheNodeRecovers) {
+  auto root = RelayStore::Root("127.0.0.1:0", FastTls(ca_.Issue("root", "")));
+  ASSERT_OK(root);
+  const std::vector<uint8_t> body = RandomBytes(256 << 10, 5);
+  ASSERT_OK((*root)->Put(Key(1, "chunk/0"), body));
+  // Past the handshake (a few KiB), inside the object's records.
+  TamperingProxy proxy((*root)->listen_address(), 64 << 10);
+  auto node =
+      RelayStore::Node("n0", proxy.address(), "", FastTls(ca_.Issue("n0", "")));
+  ASSERT_OK(node);
+  ASSERT_TRUE(WaitFor([&] { return (*node)->Get(Key(1, "chunk/0")).ok(); }));
+  EXPECT_TRUE(*(*node)->Get(Key(1, "chunk/0")) == body);
+  EXPECT_GE(proxy.connections(), 2);
+  Status e = (*node)->last_error();
+  EXPECT_TRUE(Contains(e, "read failed: TLS")) << e.ToString();
+  EXPECT_GE((*node)->status().reconnects, 2u);
+}
+
+TEST_F(RelayTlsTest, KilledNodeReconnectsAndGetsItsReplay) {
+  // root <- n0 <- n1; n0 is destroyed while the root publishes version 2.
+  auto root = RelayStore::Root("127.0.0.1:0", FastTls(ca_.Issue("root", "")));
+  ASSERT_OK(root);
+  const RelayOptions o0 = FastTls(ca_.Issue("n0", ""));
+  auto n0 =
+      RelayStore::Node("n0", (*root)->listen_address(), "127.0.0.1:0", o0);
+  ASSERT_OK(n0);
+  const std::string n0_address = (*n0)->listen_address();
+  auto n1 =
+      RelayStore::Node("n1", n0_address, "", FastTls(ca_.Issue("n1", "")));
+  ASSERT_OK(n1);
+  for (int i = 0; i < 5; ++i) {
+    ASSERT_OK((*root)->Put(Key(1, "chunk/" + std::to_string(i)),
+                           RandomBytes(70000, static_cast<uint64_t>(i))));
+  }
+  ASSERT_TRUE(WaitFor([&] { return (*n1)->Get(Key(1, "chunk/4")).ok(); }));
+  ASSERT_OK((*n1)->Put(Key(1, "vote/n1"), Bytes("ready")));
+  ASSERT_TRUE(WaitFor([&] { return (*root)->Get(Key(1, "vote/n1")).ok(); }));
+  const uint64_t reconnects = (*n1)->status().reconnects;
+  n0->reset();
+  for (int i = 0; i < 5; ++i) {
+    ASSERT_OK((*root)->Put(Key(2, "chunk/" + std::to_string(i)),
+                           RandomBytes(90000, 10 + static_cast<uint64_t>(i))));
+  }
+  ASSERT_OK((*root)->PutIfAbsent(Key(2, "decision"), Bytes("commit")));
+  ASSERT_TRUE(WaitFor([&] { return !(*n1)->status().parent_connected; }));
+  auto again =
+      RelayStore::Node("n0", (*root)->listen_address(), n0_address, o0);
+  ASSERT_OK(again);
+  ASSERT_TRUE(WaitFor([&] { return (*n1)->Get(Key(2, "decision")).ok(); }));
+  for (int i = 0; i < 5; ++i) {
+    EXPECT_EQ(*(*n1)->Get(Key(2, "chunk/" + std::to_string(i))),
+              RandomBytes(90000, 10 + static_cast<uint64_t>(i)));
+    EXPECT_EQ(*(*again)->Get(Key(1, "chunk/" + std::to_string(i))),
+              RandomBytes(70000, static_cast<uint64_t>(i)));
+  }
+  EXPECT_GT((*n1)->status().reconnects, reconnects);
+  // n1's vote reached the restarted n0 again (nodes re-send up objects).
+  ASSERT_TRUE(WaitFor([&] { return (*again)->Get(Key(1, "vote/n1")).ok(); }));
+}
+
+TEST_F(RelayTlsTest, BadTlsOptionsAreRefusedAtStart) {
+  RelayTlsOptions good = ca_.Issue("root", "");
+  RelayTlsOptions t = good;
+  t.ca_file.clear();
+  Status s = RelayStore::Root("127.0.0.1:0", FastTls(t)).status();
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_TRUE(Contains(s, "all three")) << s.ToString();
+  t = good;
+  t.cert_file = dir_.File("missing.crt");
+  s = RelayStore::Root("127.0.0.1:0", FastTls(t)).status();
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_TRUE(Contains(s, "missing.crt")) << s.ToString();
+  t = good;
+  t.key_file = ca_.Issue("other", "").key_file;
+  s = RelayStore::Root("127.0.0.1:0", FastTls(t)).status();
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_TRUE(Contains(s, "private key")) << s.ToString();
+  RelayOptions names_only = Fast();
+  names_only.tls.parent_name = "root";
+  EXPECT_EQ(
+      RelayStore::Node("n0", "127.0.0.1:1", "", names_only).status().code(),
+      StatusCode::kInvalidArgument);
+}
+
+// Root -> one node over loopback, TLS and plaintext in the same run:
+// REFIT_RELAY_TLS_BENCH_MIB MiB (default 64) of 8 MiB objects, 8 objects a
+// version (the root keeps 4 versions: more than its child queue, so no
+// object is evicted before it is sent).
+TEST_F(RelayTlsTest, ThroughputAgainstPlaintext) {
+  size_t mib = 64;
+  if (const char* env = std::getenv("REFIT_RELAY_TLS_BENCH_MIB")) {
+    mib = static_cast<size_t>(std::strtoull(env, nullptr, 10));
+  }
+  constexpr size_t kObject = size_t{8} << 20;
+  const size_t objects = std::max<size_t>(1, mib / 8);
+  std::vector<uint8_t> base = RandomBytes(kObject, 42);
+  auto object = [&](size_t i) {
+    std::vector<uint8_t> b = base;
+    for (size_t k = 0; k < 8; ++k) b[k] = static_cast<uint8_t>(i >> (8 * k));
+    return b;
+  };
+  auto run = [&](bool tls) -> double {
+    RelayOptions ro = tls ? FastTls(ca_.Issue("root", "")) : Fast();
+    RelayOptions no = tls ? FastTls(ca_.Issue("n0", "")) : Fast();
+    ro.dead_after_ms = no.dead_after_ms = 5000;
+    std::atomic<size_t> arrived{0};
+    no.on_arrival = [&arrived](const std::string&) { ++arrived; };
+    auto root = RelayStore::Root("127.0.0.1:0", ro);
+    EXPECT_TRUE(root.ok());
+    if (!root.ok()) return 0;
+    auto node = RelayStore::Node("n0", (*root)->listen_address(), "", no);
+    EXPECT_TRUE(node.ok());
+    if (!node.ok()) return 0;
+    EXPECT_TRUE(WaitFor([&] { return (*root)->status().children == 1; }));
+    std::vector<std::vector<uint8_t>> bodies;
+    for (size_t i = 0; i < objects; ++i) bodies.push_back(object(i));
+    const auto start = Clock::now();
+    for (size_t i = 0; i < objects; ++i) {
+      EXPECT_OK((*root)->Put(Key(1 + i / 8, "chunk/" + std::to_string(i % 8)),
+                             bodies[i]));
+    }
+    EXPECT_TRUE(WaitFor([&] { return arrived == objects; }, 120000));
+    const double seconds = static_cast<double>(MsSince(start)) / 1000.0;
+    const size_t last = objects - 1;
+    auto got =
+        (*node)->Get(Key(1 + last / 8, "chunk/" + std::to_string(last % 8)));
+    EXPECT_TRUE(got.ok() && *got == bodies[last]);
+    EXPECT_TRUE((*node)->last_error().ok()) << (*node)->last_error().ToString();
+    EXPECT_EQ((*node)->status().tls, tls);
+    return static_cast<double>(objects * kObject) / (1 << 20) / seconds;
+  };
+  const double plain = run(false);
+  const double tls = run(true);
+  std::printf(
+      "relay tls throughput: %zu MiB in %zu objects of 8 MiB, root -> node "
+      "on loopback: plaintext %.0f MiB/s, TLS %.0f MiB/s (%.2fx)\n",
+      objects * 8, objects, plain, tls, tls > 0 ? plain / tls : 0.0);
+  EXPECT_GT(tls, 0);
+}
+
+}  // namespace
+}  // namespace refit
