@@ -46,6 +46,44 @@ bool Magic(ByteReader& r, const char* magic, size_t n) {
   return r.ok() && std::memcmp(b.data(), magic, n) == 0;
 }
 
+// An announcement and a manifest both begin with their 8-byte magic, the
+// version, its base and the members.
+void WriteVersionHead(ByteWriter& w, const char* magic, uint64_t version, uint64_t base,
+                      const std::vector<std::string>& members) {
+  w.Bytes(magic, 8);
+  w.U64(version);
+  w.U64(base);
+  w.Varint(members.size());
+  for (const auto& s : members) w.String(s);
+}
+
+Status ReadVersionHead(ByteReader& r, const char* magic, const std::string& what,
+                       uint64_t* version, uint64_t* base, std::vector<std::string>* members) {
+  if (!Magic(r, magic, 8)) return DataLossError("not a refit " + what);
+  *version = r.U64();
+  *base = r.U64();
+  uint64_t n = r.Varint();
+  if (n > kMaxMembers || n > r.remaining()) {
+    return DataLossError(what + " lists an implausible number of members");
+  }
+  for (uint64_t i = 0; i < n && r.ok(); ++i) {
+    members->push_back(r.String(64));
+    if (r.ok() && !ValidateMember(members->back()).ok()) {
+      return DataLossError(what + " lists a malformed member name");
+    }
+  }
+  return Status();
+}
+
+// What every decoder of an announcement or a manifest checks last.
+Status CheckVersionTail(const ByteReader& r, const std::string& what, uint64_t version,
+                        uint64_t base) {
+  REFIT_RETURN_IF_ERROR(r.status(what));
+  if (r.remaining() != 0) return DataLossError(what + " has trailing bytes");
+  if (version <= base) return DataLossError(what + " version is not above its base");
+  return Status();
+}
+
 }  // namespace
 
 std::string VersionPrefix(uint64_t version) {
@@ -113,11 +151,7 @@ Status ValidateMember(const std::string& m) {
 std::vector<uint8_t> EncodeManifest(const Manifest& m) {
   std::vector<uint8_t> out;
   ByteWriter w(&out);
-  w.Bytes(kManifestMagic, 8);
-  w.U64(m.version);
-  w.U64(m.base_version);
-  w.Varint(m.members.size());
-  for (const auto& s : m.members) w.String(s);
+  WriteVersionHead(w, kManifestMagic, m.version, m.base_version, m.members);
   WriteTensorTable(m.tensors, &out);
   w.Varint(m.chunks.size());
   for (const ManifestChunk& c : m.chunks) {
@@ -135,20 +169,9 @@ std::vector<uint8_t> EncodeManifest(const Manifest& m) {
 Result<Manifest> DecodeManifest(std::span<const uint8_t> body) {
   REFIT_ASSIGN_OR_RETURN(auto checked, Checked(body, "manifest"));
   ByteReader r(checked);
-  if (!Magic(r, kManifestMagic, 8)) return DataLossError("not a refit manifest");
   Manifest m;
-  m.version = r.U64();
-  m.base_version = r.U64();
-  uint64_t members = r.Varint();
-  if (members > kMaxMembers || members > r.remaining()) {
-    return DataLossError("manifest lists an implausible number of members");
-  }
-  for (uint64_t i = 0; i < members && r.ok(); ++i) {
-    m.members.push_back(r.String(64));
-    if (r.ok() && !ValidateMember(m.members.back()).ok()) {
-      return DataLossError("manifest lists a malformed member name");
-    }
-  }
+  REFIT_RETURN_IF_ERROR(
+      ReadVersionHead(r, kManifestMagic, "manifest", &m.version, &m.base_version, &m.members));
   REFIT_RETURN_IF_ERROR(ReadTensorTable(&r, &m.tensors));
   uint64_t chunks = r.Varint();
   if (chunks > r.remaining() / 38) {
@@ -173,22 +196,14 @@ Result<Manifest> DecodeManifest(std::span<const uint8_t> body) {
       return DataLossError("manifest chunk " + std::to_string(i) + " is malformed");
     }
   }
-  REFIT_RETURN_IF_ERROR(r.status("manifest"));
-  if (r.remaining() != 0) return DataLossError("manifest has trailing bytes");
-  if (m.version <= m.base_version) {
-    return DataLossError("manifest version is not above its base");
-  }
+  REFIT_RETURN_IF_ERROR(CheckVersionTail(r, "manifest", m.version, m.base_version));
   return m;
 }
 
 std::vector<uint8_t> EncodeAnnouncement(const Announcement& a) {
   std::vector<uint8_t> out;
   ByteWriter w(&out);
-  w.Bytes(kAnnounceMagic, 8);
-  w.U64(a.version);
-  w.U64(a.base_version);
-  w.Varint(a.members.size());
-  for (const auto& s : a.members) w.String(s);
+  WriteVersionHead(w, kAnnounceMagic, a.version, a.base_version, a.members);
   std::vector<TensorEntry> tensors = a.tensors;
   for (TensorEntry& e : tensors) e.after = Hash128{};
   WriteTensorTable(tensors, &out);
@@ -198,26 +213,11 @@ std::vector<uint8_t> EncodeAnnouncement(const Announcement& a) {
 Result<Announcement> DecodeAnnouncement(std::span<const uint8_t> body) {
   REFIT_ASSIGN_OR_RETURN(auto checked, Checked(body, "announcement"));
   ByteReader r(checked);
-  if (!Magic(r, kAnnounceMagic, 8)) return DataLossError("not a refit announcement");
   Announcement a;
-  a.version = r.U64();
-  a.base_version = r.U64();
-  uint64_t members = r.Varint();
-  if (members > kMaxMembers || members > r.remaining()) {
-    return DataLossError("announcement lists an implausible number of members");
-  }
-  for (uint64_t i = 0; i < members && r.ok(); ++i) {
-    a.members.push_back(r.String(64));
-    if (r.ok() && !ValidateMember(a.members.back()).ok()) {
-      return DataLossError("announcement lists a malformed member name");
-    }
-  }
+  REFIT_RETURN_IF_ERROR(ReadVersionHead(r, kAnnounceMagic, "announcement", &a.version,
+                                        &a.base_version, &a.members));
   REFIT_RETURN_IF_ERROR(ReadTensorTable(&r, &a.tensors));
-  REFIT_RETURN_IF_ERROR(r.status("announcement"));
-  if (r.remaining() != 0) return DataLossError("announcement has trailing bytes");
-  if (a.version <= a.base_version) {
-    return DataLossError("announcement version is not above its base");
-  }
+  REFIT_RETURN_IF_ERROR(CheckVersionTail(r, "announcement", a.version, a.base_version));
   return a;
 }
 
