@@ -9,7 +9,6 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -26,6 +25,7 @@
 #include <thread>
 #include <vector>
 
+#include "base/process.h"
 #include "refit/checkpoint.h"
 #include "sync/auth.h"
 #include "testing.h"
@@ -56,29 +56,9 @@ class Proc {
     ASSERT_LE(pid_, 0) << "already running";
     std::vector<std::string> all = {REFIT_CLI_PATH};
     all.insert(all.end(), args.begin(), args.end());
-    std::vector<char*> argv;
-    for (std::string& a : all) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    std::vector<std::string> env;
-    for (char** e = environ; *e != nullptr; ++e) {
-      if (std::string_view(*e).starts_with("REFIT_CRASH_AT=")) continue;
-      env.emplace_back(*e);
-    }
-    if (!crash_at.empty()) env.push_back("REFIT_CRASH_AT=" + crash_at);
-    std::vector<char*> envp;
-    for (std::string& e : env) envp.push_back(e.data());
-    envp.push_back(nullptr);
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
-    posix_spawn_file_actions_addopen(&fa, 1, out.c_str(),
-                                     O_WRONLY | O_CREAT | O_APPEND, 0644);
-    posix_spawn_file_actions_addopen(&fa, 2, err.c_str(),
-                                     O_WRONLY | O_CREAT | O_APPEND, 0644);
-    int rc =
-        posix_spawn(&pid_, argv[0], &fa, nullptr, argv.data(), envp.data());
-    posix_spawn_file_actions_destroy(&fa);
-    ASSERT_EQ(rc, 0) << std::strerror(rc);
+    Result<pid_t> pid = SpawnLogged(all, out, err, crash_at);
+    ASSERT_TRUE(pid.ok()) << pid.status().ToString();
+    pid_ = *pid;
     status_.reset();
     started_ = Clock::now();
   }

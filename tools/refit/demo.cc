@@ -20,7 +20,6 @@
 #include <netinet/in.h>
 #include <openssl/evp.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -39,6 +38,7 @@
 #include <thread>
 
 #include "base/file.h"
+#include "base/process.h"
 #include "cli_util.h"
 #include "commands.h"
 #include "refit/checkpoint.h"
@@ -406,34 +406,7 @@ class ReceiverFleet {
       args.push_back("--key-file");
       args.push_back(key_file_);
     }
-    std::vector<char*> argv;
-    for (std::string& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    std::vector<std::string> env;
-    for (char** e = environ; *e != nullptr; ++e) {
-      if (std::string_view(*e).starts_with("REFIT_CRASH_AT=")) continue;
-      env.emplace_back(*e);
-    }
-    if (!crash_at.empty()) env.push_back("REFIT_CRASH_AT=" + crash_at);
-    std::vector<char*> envp;
-    for (std::string& e : env) envp.push_back(e.data());
-    envp.push_back(nullptr);
-
-    posix_spawn_file_actions_t actions;
-    posix_spawn_file_actions_init(&actions);
-    posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
-    posix_spawn_file_actions_addopen(&actions, 1, r.log.c_str(),
-                                     O_WRONLY | O_CREAT | O_APPEND, 0644);
-    posix_spawn_file_actions_addopen(&actions, 2, r.err.c_str(),
-                                     O_WRONLY | O_CREAT | O_APPEND, 0644);
-    pid_t pid = -1;
-    int rc = posix_spawn(&pid, exe_.c_str(), &actions, nullptr, argv.data(),
-                         envp.data());
-    posix_spawn_file_actions_destroy(&actions);
-    if (rc != 0) {
-      return UnavailableError(
-          fmt::format("cannot start {} receive: {}", exe_, std::strerror(rc)));
-    }
+    REFIT_ASSIGN_OR_RETURN(pid_t pid, SpawnLogged(args, r.log, r.err, crash_at));
     r.pid = pid;
     ++r.starts;
     return Status();
