@@ -10,13 +10,19 @@
 // restarted on the same address: its children reconnect to it, it
 // reconnects to the root and gets a replay. After every version, every
 // receiver and the publisher's baseline hash (SHA-256 per tensor) to the
-// trainer's file of that version. Also: `refit demo` on the relay tree, and
-// a receiver whose parent never answers gives up in time.
+// trainer's file of that version. Also: `refit demo` on the relay tree, a
+// receiver whose parent never answers gives up in time, and the same tree
+// over TLS (--relay-tls-*, certificates made at test time), which refuses
+// a plaintext receiver.
 //
 // Every wait is bounded; each test takes well under 60 s.
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <openssl/evp.h>
+#include <openssl/pem.h>
+#include <openssl/x509.h>
+#include <openssl/x509v3.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/socket.h>
@@ -72,11 +78,91 @@ constexpr int kFanout = 2;
 constexpr uint64_t kVersions = 20;
 constexpr uint64_t kKillVersion = 8;
 
+// ------------------------------------------------------------ TLS files
+
+// Writes a throwaway CA (ca.pem) and, for each name, NAME.pem (a leaf the
+// CA signed, with subjectAltName DNS:NAME and IP:127.0.0.1) and NAME.key
+// into `dir`. EC P-256 keys.
+void WriteTlsFiles(const TempDir& dir, const std::vector<std::string>& names) {
+  auto new_key = [] {
+    return EVP_PKEY_Q_keygen(nullptr, nullptr, "EC", "P-256");
+  };
+  long serial = 1;
+  auto new_cert = [&](EVP_PKEY* key, const std::string& cn, X509* issuer,
+                      EVP_PKEY* issuer_key) {
+    X509* x = X509_new();
+    X509_set_version(x, 2);
+    ASN1_INTEGER_set(X509_get_serialNumber(x), serial++);
+    X509_gmtime_adj(X509_getm_notBefore(x), -3600);
+    X509_gmtime_adj(X509_getm_notAfter(x), 24 * 3600);
+    X509_set_pubkey(x, key);
+    X509_NAME* name = X509_get_subject_name(x);
+    X509_NAME_add_entry_by_txt(
+        name, "CN", MBSTRING_ASC,
+        reinterpret_cast<const unsigned char*>(cn.c_str()), -1, -1, 0);
+    X509_set_issuer_name(x, issuer ? X509_get_subject_name(issuer) : name);
+    X509V3_CTX ctx;
+    X509V3_set_ctx_nodb(&ctx);
+    X509V3_set_ctx(&ctx, issuer ? issuer : x, x, nullptr, nullptr, 0);
+    std::vector<std::pair<int, std::string>> exts;
+    if (issuer) {
+      exts = {{NID_basic_constraints, "CA:FALSE"},
+              {NID_ext_key_usage, "serverAuth,clientAuth"},
+              {NID_subject_alt_name, "DNS:" + cn + ",IP:127.0.0.1"}};
+    } else {
+      exts = {{NID_basic_constraints, "critical,CA:TRUE"},
+              {NID_key_usage, "critical,keyCertSign"}};
+    }
+    for (const auto& [nid, value] : exts) {
+      X509_EXTENSION* e =
+          X509V3_EXT_conf_nid(nullptr, &ctx, nid, value.c_str());
+      EXPECT_NE(e, nullptr) << value;
+      if (e) X509_add_ext(x, e, -1);
+      X509_EXTENSION_free(e);
+    }
+    EXPECT_GT(X509_sign(x, issuer_key ? issuer_key : key, EVP_sha256()), 0);
+    return x;
+  };
+  auto write = [](const std::string& path, X509* cert, EVP_PKEY* key) {
+    FILE* f = std::fopen(path.c_str(), "w");
+    ASSERT_NE(f, nullptr) << path;
+    if (cert) {
+      EXPECT_EQ(PEM_write_X509(f, cert), 1);
+    }
+    if (key) {
+      EXPECT_EQ(
+          PEM_write_PrivateKey(f, key, nullptr, nullptr, 0, nullptr, nullptr),
+          1);
+    }
+    std::fclose(f);
+  };
+  EVP_PKEY* ca_key = new_key();
+  X509* ca = new_cert(ca_key, "relay test CA", nullptr, nullptr);
+  write(dir.File("ca.pem"), ca, nullptr);
+  for (const std::string& n : names) {
+    EVP_PKEY* key = new_key();
+    X509* cert = new_cert(key, n, ca, ca_key);
+    write(dir.File(n + ".pem"), cert, nullptr);
+    write(dir.File(n + ".key"), nullptr, key);
+    X509_free(cert);
+    EVP_PKEY_free(key);
+  }
+  X509_free(ca);
+  EVP_PKEY_free(ca_key);
+}
+
 // ------------------------------------------------------------ the tree
 
 class Tree {
  public:
-  Tree() {
+  // tls: every link of the tree uses TLS (--relay-tls-*), and every parent
+  // checks that its children's certificates name their members.
+  explicit Tree(bool tls = false) : tls_(tls) {
+    if (tls_) {
+      std::vector<std::string> names = {"root"};
+      for (int i = 0; i < kReceivers; ++i) names.push_back(Member(i));
+      WriteTlsFiles(dir_, names);
+    }
     key_ = dir_.File("hmac.key");
     std::string hex(64, 'a');
     hex += "\n";
@@ -119,6 +205,15 @@ class Tree {
     return dir_.File("publish" + std::to_string(v) + ".json");
   }
   std::string PubErr() const { return dir_.File("publish.err"); }
+  const std::string& root() const { return root_; }
+  // The --relay-tls-* flags of the endpoint with certificate `name`.
+  std::vector<std::string> TlsArgs(const std::string& name) const {
+    if (!tls_) return {};
+    return {"--relay-tls-cert",        dir_.File(name + ".pem"),
+            "--relay-tls-key",         dir_.File(name + ".key"),
+            "--relay-tls-ca",          dir_.File("ca.pem"),
+            "--relay-tls-member-names"};
+  }
   const std::vector<int>& parents() const { return parents_; }
   const std::string& baseline() const { return baseline_; }
   const Digests& digests(uint64_t v) const { return digests_[v]; }
@@ -154,6 +249,8 @@ class Tree {
       args.insert(args.end(),
                   {"--relay-listen", listen_[static_cast<size_t>(i)]});
     }
+    const std::vector<std::string> tls = TlsArgs(Member(i));
+    args.insert(args.end(), tls.begin(), tls.end());
     p->Start(args, Log(i), Err(i));
   }
 
@@ -162,32 +259,34 @@ class Tree {
     for (int i = 0; i < kReceivers; ++i) {
       members += (i ? "," : "") + Member(i);
     }
-    p->Start({"publish",
-              "--relay-listen",
-              root_,
-              "--store",
-              dir_.File("store"),
-              "--baseline",
-              baseline_,
-              "--members",
-              members,
-              "--version",
-              std::to_string(v),
-              trainer_[v],
-              "--key-file",
-              key_,
-              "--vote-timeout-ms",
-              "20000",
-              "--serve-ms",
-              "20000",
-              "--chunk-mib",
-              "0.0625",
-              "--threads",
-              "1",
-              "--poll-ms",
-              "2",
-              "--json"},
-             PubLog(v), PubErr());
+    std::vector<std::string> args = {"publish",
+                                     "--relay-listen",
+                                     root_,
+                                     "--store",
+                                     dir_.File("store"),
+                                     "--baseline",
+                                     baseline_,
+                                     "--members",
+                                     members,
+                                     "--version",
+                                     std::to_string(v),
+                                     trainer_[v],
+                                     "--key-file",
+                                     key_,
+                                     "--vote-timeout-ms",
+                                     "20000",
+                                     "--serve-ms",
+                                     "20000",
+                                     "--chunk-mib",
+                                     "0.0625",
+                                     "--threads",
+                                     "1",
+                                     "--poll-ms",
+                                     "2",
+                                     "--json"};
+    const std::vector<std::string> tls = TlsArgs("root");
+    args.insert(args.end(), tls.begin(), tls.end());
+    p->Start(args, PubLog(v), PubErr());
   }
 
   uint64_t Active(int i) const {
@@ -196,6 +295,7 @@ class Tree {
   }
 
  private:
+  bool tls_;
   TempDir dir_;
   std::string key_;
   std::vector<std::string> trainer_;
@@ -279,6 +379,67 @@ TEST(RelayCliTest, TwentyVersionsToAFanOutTwoTreeWithAnInnerNodeKilled) {
   }
   EXPECT_EQ(starts, 2);
   EXPECT_TRUE(finished_kill_version);
+  EXPECT_LT(SecondsSince(t0), 60);
+}
+
+TEST(RelayCliTest, TlsTreeIsBitExactAndRefusesAPlaintextReceiver) {
+  auto t0 = Clock::now();
+  Tree tree(/*tls=*/true);
+  Proc receivers[kReceivers];
+  for (int i = 0; i < kReceivers; ++i) tree.StartReceiver(&receivers[i], i);
+  // A receiver without TLS options, pointed at the TLS root.
+  TempDir plain;
+  {
+    std::vector<Tensor> m = BaseModel(1);
+    WriteSafetensors(plain.File("model.safetensors"), m);
+  }
+  Proc intruder;
+  intruder.Start({"receive", "--relay-parent", tree.root(),
+                  "--relay-parent-timeout-ms", "30000", "--member", "r9",
+                  "--checkpoint", plain.File("model.safetensors"), "--state",
+                  plain.File("state"), "--poll-ms", "5"},
+                 plain.File("out.txt"), plain.File("err.txt"));
+  // At least three versions, more (up to eight) until the plaintext
+  // receiver has tried a running root: it retries every 0.5 s at most.
+  auto refused = [&] {
+    return ReadText(tree.PubErr()).find("does not speak TLS") !=
+               std::string::npos &&
+           ReadText(plain.File("err.txt")).find("TLS endpoint") !=
+               std::string::npos;
+  };
+  for (uint64_t v = 1; v <= 3 || (v <= 8 && !refused()); ++v) {
+    SCOPED_TRACE("version " + std::to_string(v));
+    Proc publisher;
+    tree.StartPublisher(&publisher, v);
+    ASSERT_TRUE(publisher.Wait(40))
+        << "publish " << v << " hung: " << Tail(tree.PubErr());
+    ASSERT_EQ(publisher.exit_code(), 0) << Tail(tree.PubErr());
+    const Json report = Json::parse(ReadText(tree.PubLog(v)), nullptr, false);
+    ASSERT_TRUE(report.is_object()) << ReadText(tree.PubLog(v));
+    EXPECT_TRUE(report.value("committed", false)) << report.dump();
+    ASSERT_TRUE(report.contains("relay")) << report.dump();
+    EXPECT_TRUE(report["relay"].value("tls", false)) << report.dump();
+    EXPECT_EQ(report["relay"]["members_done"].size(), size_t{kReceivers})
+        << report.dump();
+    for (int i = 0; i < kReceivers; ++i) {
+      EXPECT_EQ(TensorDigests(tree.Checkpoint(i)), tree.digests(v))
+          << Tree::Member(i) << " is not bit-exact at version " << v;
+    }
+    EXPECT_EQ(TensorDigests(tree.baseline()), tree.digests(v));
+  }
+  // The plaintext receiver never got a version; both sides said why.
+  EXPECT_TRUE(intruder.running());
+  intruder.Kill();
+  EXPECT_FALSE(fs::exists(plain.File("state/active")) &&
+               ReadText(plain.File("state/active")) != "0");
+  const std::string root_err = ReadText(tree.PubErr());
+  EXPECT_NE(root_err.find("does not speak TLS"), std::string::npos) << root_err;
+  const std::string intruder_err = ReadText(plain.File("err.txt"));
+  EXPECT_NE(intruder_err.find("TLS endpoint"), std::string::npos)
+      << intruder_err;
+  // The versions published are below kVersions (--until): stop the
+  // receivers.
+  for (int i = 0; i < kReceivers; ++i) receivers[i].Kill();
   EXPECT_LT(SecondsSince(t0), 60);
 }
 

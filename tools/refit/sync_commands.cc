@@ -116,6 +116,7 @@ Status RelayRootStore::MirrorUpward(uint64_t version) {
 
 std::string RelayRootStore::Describe() const {
   std::string d = "relay root " + root_->listen_address();
+  if (root_->status().tls) d += " (TLS)";
   if (durable_) d += " (written through to " + durable_->Describe() + ")";
   return d;
 }
@@ -162,6 +163,17 @@ Status RelayRootStore::Delete(std::string_view key) {
 namespace {
 
 namespace fs = std::filesystem;
+
+// The --relay-tls-* flags of publish and receive (RelayOptions::tls),
+// bound by RegisterSyncCommands.
+struct RelayTlsFlags {
+  RelayTlsOptions publish;
+  RelayTlsOptions receive;
+};
+RelayTlsFlags& TlsFlags() {
+  static RelayTlsFlags flags;
+  return flags;
+}
 
 // The shared HMAC key (--key-file), plus the publisher's Ed25519 signing
 // key (--sign-key) or its public key (--verify-key).
@@ -296,8 +308,10 @@ void PrintPublishText(const PublishArgs& args, const std::string& where,
 // version the caller says the baseline holds.
 Result<std::unique_ptr<RelayRootStore>> OpenRelayRoot(
     const std::string& listen, const std::string& durable_url,
-    const Authenticator& auth, uint64_t base_version) {
+    const Authenticator& auth, uint64_t base_version,
+    const RelayTlsOptions& tls) {
   RelayOptions options;
+  options.tls = tls;
   REFIT_ASSIGN_OR_RETURN(std::unique_ptr<RelayRootStore> relay,
                          RelayRootStore::Open(listen, durable_url, options));
   if (relay->durable() != nullptr) {
@@ -355,6 +369,7 @@ Result<TreeWait> WaitForTree(RelayRootStore* relay, Publisher* publisher,
 Json TreeJson(const RelayRootStore& relay, const TreeWait& w) {
   RelayStatus st = relay.root()->status();
   return {{"listen", st.listen_address},
+          {"tls", st.tls},
           {"durable", relay.durable() ? relay.durable()->Describe() : ""},
           {"children", st.children},
           {"members_done", w.done},
@@ -404,6 +419,11 @@ int RunPublish(const PublishArgs& args) {
   if (args.store.empty() && args.relay_listen.empty()) {
     return fail(InvalidArgumentError("give --store, --relay-listen, or both"));
   }
+  const RelayTlsOptions& tls = TlsFlags().publish;
+  if ((tls.enabled() || tls.child_names_are_members) &&
+      args.relay_listen.empty()) {
+    return fail(InvalidArgumentError("--relay-tls-* need --relay-listen"));
+  }
   if (args.base_version != 0 &&
       (args.relay_listen.empty() || !args.store.empty())) {
     return fail(InvalidArgumentError(
@@ -415,8 +435,8 @@ int RunPublish(const PublishArgs& args) {
   if (args.relay_listen.empty()) {
     store = OpenObjectStore(args.store);
   } else {
-    Result<std::unique_ptr<RelayRootStore>> r =
-        OpenRelayRoot(args.relay_listen, args.store, *auth, args.base_version);
+    Result<std::unique_ptr<RelayRootStore>> r = OpenRelayRoot(
+        args.relay_listen, args.store, *auth, args.base_version, tls);
     if (!r.ok()) return fail(r.status());
     relay = r->get();
     store = std::unique_ptr<ObjectStore>(std::move(*r));
@@ -732,6 +752,12 @@ int RunReceive(const ReceiveArgs& args) {
   if (args.relay_parent.empty() && !args.relay_listen.empty()) {
     return fail(InvalidArgumentError("--relay-listen needs --relay-parent"));
   }
+  const RelayTlsOptions& tls = TlsFlags().receive;
+  if ((tls.enabled() || !tls.parent_name.empty() ||
+       tls.child_names_are_members) &&
+      args.relay_parent.empty()) {
+    return fail(InvalidArgumentError("--relay-tls-* need --relay-parent"));
+  }
   if (args.relay_parent_timeout_ms < 0 || args.relay_linger_ms < 0) {
     return fail(InvalidArgumentError("timeouts must not be negative"));
   }
@@ -741,6 +767,7 @@ int RunReceive(const ReceiveArgs& args) {
     store = OpenObjectStore(args.store);
   } else {
     RelayOptions relay_options;
+    relay_options.tls = tls;
     // Publisher processes come and go (one root per `publish`): find the
     // next one soon after it binds.
     relay_options.reconnect_max_ms = 500;
@@ -800,10 +827,11 @@ int RunReceive(const ReceiveArgs& args) {
           journal->voted ? ", voted" : "");
     }
     if (node != nullptr) {
-      fmt::print("  relay node: parent {}, {}\n", args.relay_parent,
+      fmt::print("  relay node: parent {}, {}{}\n", args.relay_parent,
                  node->listen_address().empty()
                      ? std::string("a leaf (no listener)")
-                     : "children connect to " + node->listen_address());
+                     : "children connect to " + node->listen_address(),
+                 node->status().tls ? ", TLS" : "");
     }
     std::fflush(stdout);
   }
@@ -1176,6 +1204,28 @@ void RegisterSyncCommands(CLI::App* app, SyncCommandArgs* args) {
   auto add_json = [](CLI::App* cmd, bool* json) {
     cmd->add_flag("--json", *json, "print JSON on stdout instead of text");
   };
+  auto add_relay_tls = [](CLI::App* cmd, RelayTlsOptions* tls, bool node) {
+    cmd->add_option("--relay-tls-cert", tls->cert_file,
+                    "relay links use TLS 1.3 (mutual): this endpoint's "
+                    "certificate chain (PEM, leaf first), presented to its "
+                    "children and, on a node, to its parent. Needs "
+                    "--relay-tls-key and --relay-tls-ca; then plaintext peers "
+                    "are refused");
+    cmd->add_option("--relay-tls-key", tls->key_file,
+                    "the private key (PEM) of --relay-tls-cert");
+    cmd->add_option("--relay-tls-ca", tls->ca_file,
+                    "CA certificate(s) (PEM) that every peer's certificate "
+                    "must lead to (the tree's own CA)");
+    if (node) {
+      cmd->add_option("--relay-tls-parent-name", tls->parent_name,
+                      "also require the parent's certificate to carry this "
+                      "name (a DNS or IP subjectAltName); default: any "
+                      "certificate from the CA");
+    }
+    cmd->add_flag("--relay-tls-member-names", tls->child_names_are_members,
+                  "refuse a child whose certificate does not name the "
+                  "member it says hello as (DNS subjectAltName or CN)");
+  };
   auto add_key = [](CLI::App* cmd, std::string* key) {
     cmd->add_option("--key-file", *key,
                     "shared HMAC key (raw bytes, or hex on one line; at least "
@@ -1202,6 +1252,7 @@ void RegisterSyncCommands(CLI::App* app, SyncCommandArgs* args) {
                   "this process only: publish serves the tree until every "
                   "member finished the version, at most --serve-ms (default "
                   "then: --vote-timeout-ms)");
+  add_relay_tls(pub, &TlsFlags().publish, /*node=*/false);
   pub->add_option("--base-version", p.base_version,
                   "--relay-listen without --store only: the committed "
                   "version --baseline holds (a bare root records none)")
@@ -1289,6 +1340,7 @@ void RegisterSyncCommands(CLI::App* app, SyncCommandArgs* args) {
   rcv->add_option("--relay-listen", r.relay_listen,
                   "HOST:PORT where this node's children connect (port 0: "
                   "any, printed at start); none: a leaf");
+  add_relay_tls(rcv, &TlsFlags().receive, /*node=*/true);
   rcv->add_option("--relay-parent-timeout-ms", r.relay_parent_timeout_ms,
                   "exit (code of UNAVAILABLE) after the parent was "
                   "unreachable this long; 0 = keep retrying (it is reported "
