@@ -237,8 +237,11 @@ int TlsReason(const asio::error_code& ec) {
 std::string TlsAlertHint(int reason) {
   if (reason < SSL_AD_REASON_OFFSET) return "";
   switch (reason - SSL_AD_REASON_OFFSET) {
-    case SSL3_AD_BAD_CERTIFICATE:
     case SSL3_AD_UNSUPPORTED_CERTIFICATE:
+      return "the peer refused this endpoint's certificate as unsuitable "
+             "(an extendedKeyUsage must allow both serverAuth and "
+             "clientAuth)";
+    case SSL3_AD_BAD_CERTIFICATE:
     case SSL3_AD_CERTIFICATE_REVOKED:
     case SSL3_AD_CERTIFICATE_EXPIRED:
     case SSL3_AD_CERTIFICATE_UNKNOWN:
@@ -781,6 +784,11 @@ class RelayStore::Impl {
         case X509_V_ERR_SELF_SIGNED_CERT_IN_CHAIN:
         case X509_V_ERR_CERT_SIGNATURE_FAILURE:
           why += ": its certificate is not from our CA (ca_file)";
+          break;
+        case X509_V_ERR_INVALID_PURPOSE:
+          why +=
+              ": its certificate's extendedKeyUsage must allow both "
+              "serverAuth and clientAuth";
           break;
         default:
           break;
