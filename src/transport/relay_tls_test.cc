@@ -3,8 +3,9 @@
 // keys, X509 builder) in a temporary directory. A TLS tree delivers objects
 // and votes bit-exactly; a certificate from another CA, a plaintext peer
 // (either way round), garbage and a silent peer on a TLS port, and a
-// tampered TLS stream are refused in bounded time; a killed node reconnects
-// and gets its replay over TLS; name pinning works both ways. Also a
+// tampered TLS stream are refused in bounded time; a silent TLS link is
+// declared dead; flow control bounds queues; a killed node reconnects and
+// gets its replay over TLS; name pinning works both ways. Also a
 // throughput comparison with plaintext links (REFIT_RELAY_TLS_BENCH_MIB
 // sets its size; 64 MiB by default). Every wait is bounded. With
 // REFIT_RELAY_TEST_LOG set, endpoints log their link errors to stderr.
@@ -253,13 +254,15 @@ int AcceptRaw(int listener, int ms) {
   return ::accept(listener, nullptr, nullptr);
 }
 
-// A TCP proxy in front of `target` that flips one byte of the first
-// connection's downstream (target -> client) bytes at offset `flip_at`;
-// later connections pass unchanged.
+// A TCP proxy in front of `target` that meddles with its first connection
+// at offset `at` of the downstream (target -> client) bytes: kFlip flips
+// one bit there, kStall forwards nothing more either way (both ends see
+// silence). Later connections pass unchanged.
 class TamperingProxy {
  public:
-  TamperingProxy(std::string target, size_t flip_at)
-      : target_(std::move(target)), flip_at_(flip_at) {
+  enum class Mode { kFlip, kStall };
+  TamperingProxy(std::string target, size_t at, Mode mode = Mode::kFlip)
+      : target_(std::move(target)), at_(at), mode_(mode) {
     listener_ = ListenRaw(&address_);
     thread_ = std::thread([this] { Run(); });
   }
@@ -313,11 +316,13 @@ class TamperingProxy {
           }
           const size_t got = static_cast<size_t>(n);
           if (dir == 1) {  // server -> client
-            if (p.tamper && p.down <= flip_at_ && flip_at_ < p.down + got) {
-              buf[flip_at_ - p.down] ^= 0x20;
+            if (p.tamper && mode_ == Mode::kFlip && p.down <= at_ &&
+                at_ < p.down + got) {
+              buf[at_ - p.down] ^= 0x20;
             }
             p.down += got;
           }
+          if (p.tamper && mode_ == Mode::kStall && p.down > at_) continue;
           SendRaw(dir == 0 ? p.server : p.client,
                   std::vector<uint8_t>(buf, buf + got));
         }
@@ -335,7 +340,8 @@ class TamperingProxy {
   }
 
   std::string target_;
-  size_t flip_at_;
+  size_t at_;
+  Mode mode_;
   std::string address_;
   int listener_ = -1;
   std::atomic<bool> stop_{false};
@@ -636,6 +642,68 @@ TEST_F(RelayTlsTest, TamperedTlsStreamIsRefusedAndTheNodeRecovers) {
   Status e = (*node)->last_error();
   EXPECT_TRUE(Contains(e, "read failed: TLS")) << e.ToString();
   EXPECT_GE((*node)->status().reconnects, 2u);
+}
+
+TEST_F(RelayTlsTest, SilentTlsLinkIsDeclaredDeadAndTheNodeRecovers) {
+  // The link goes silent after the handshake and part of an object: the
+  // root hears no heartbeat and declares the child dead (the node waits
+  // longer); the node then reconnects and gets the object.
+  auto root = RelayStore::Root("127.0.0.1:0", FastTls(ca_.Issue("root", "")));
+  ASSERT_OK(root);
+  const std::vector<uint8_t> body = RandomBytes(256 << 10, 6);
+  ASSERT_OK((*root)->Put(Key(1, "chunk/0"), body));
+  TamperingProxy proxy((*root)->listen_address(), 64 << 10,
+                       TamperingProxy::Mode::kStall);
+  RelayOptions o = FastTls(ca_.Issue("n0", ""));
+  o.dead_after_ms = 3000;
+  auto node = RelayStore::Node("n0", proxy.address(), "", o);
+  ASSERT_OK(node);
+  ASSERT_TRUE(
+      WaitFor([&] { return (*node)->Get(Key(1, "chunk/0")).ok(); }, 15000));
+  EXPECT_TRUE(*(*node)->Get(Key(1, "chunk/0")) == body);
+  EXPECT_GE(proxy.connections(), 2);
+  Status e = (*root)->last_error();
+  EXPECT_TRUE(Contains(e, "child n0")) << e.ToString();
+  EXPECT_TRUE(Contains(e, "declared dead")) << e.ToString();
+}
+
+TEST_F(RelayTlsTest, SlowChildQueueStaysWithinTheBoundOverTls) {
+  // root -> mid -> {slow, quick}, as relay_test's plaintext case.
+  constexpr uint64_t kBound = 256 << 10;
+  constexpr size_t kObject = 64 << 10;
+  auto opts = [&](const std::string& name) {
+    RelayOptions o = FastTls(ca_.Issue(name, ""));
+    o.child_queue_bytes = kBound;
+    return o;
+  };
+  auto root = RelayStore::Root("127.0.0.1:0", opts("root"));
+  ASSERT_OK(root);
+  auto mid = RelayStore::Node("mid", (*root)->listen_address(), "127.0.0.1:0",
+                              opts("mid"));
+  ASSERT_OK(mid);
+  RelayOptions slow_opts = opts("slow");
+  slow_opts.test_read_delay_ms = 5;
+  auto slow = RelayStore::Node("slow", (*mid)->listen_address(), "", slow_opts);
+  auto quick =
+      RelayStore::Node("quick", (*mid)->listen_address(), "", opts("quick"));
+  ASSERT_OK(slow);
+  ASSERT_OK(quick);
+  ASSERT_TRUE(WaitFor([&] { return (*mid)->status().children == 2; }));
+  constexpr int kObjects = 200;  // 12.5 MiB, far above the bound
+  for (int i = 0; i < kObjects; ++i) {
+    ASSERT_OK((*root)->Put(Key(1, "chunk/" + std::to_string(i)),
+                           RandomBytes(kObject, 3)));
+  }
+  const std::string last = Key(1, "chunk/" + std::to_string(kObjects - 1));
+  ASSERT_TRUE(WaitFor(
+      [&] { return (*quick)->Get(last).ok() && (*slow)->Get(last).ok(); },
+      30000));
+  EXPECT_LE((*mid)->status().max_child_queue_bytes, kBound + kObject);
+  EXPECT_LE((*root)->status().max_child_queue_bytes, kBound + kObject);
+  EXPECT_TRUE(*(*slow)->Get(Key(1, "chunk/17")) == RandomBytes(kObject, 3));
+  for (RelayStore* s : {&**root, &**mid, &**slow, &**quick}) {
+    EXPECT_TRUE(s->last_error().ok()) << s->last_error().ToString();
+  }
 }
 
 TEST_F(RelayTlsTest, KilledNodeReconnectsAndGetsItsReplay) {
