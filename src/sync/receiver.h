@@ -98,7 +98,9 @@ class Receiver {
 
   // Finishes or rolls back an interrupted version first; then handles the
   // next version whose base is the active one: applies and votes (member)
-  // or applies a committed one (catch-up). When no chain of versions leads
+  // or applies a committed one (catch-up; committed versions chained on it
+  // are folded into the same step, up to max_fold_versions, so the active
+  // version may move past a SyncTo target). When no chain of versions leads
   // from the active version (they were deleted by retention, or the
   // checkpoint is absent) and no journal is in progress, replaces the
   // checkpoint with the newest snapshot at or below head instead
