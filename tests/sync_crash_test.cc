@@ -37,6 +37,7 @@
 #include "sync/auth.h"
 #include "sync/journal.h"
 #include "sync/protocol.h"
+#include "sync/publisher.h"
 #include "sync/receiver.h"
 #include "cli_process.h"
 #include "testing.h"
@@ -657,6 +658,99 @@ TEST(ReceiveTest, SigtermStopsBetweenSteps) {
   EXPECT_EQ(events.back().value("event", ""), "exit");
   EXPECT_NE(events.back().value("reason", "").find("signal 15"),
             std::string::npos);
+}
+
+// ------------------------------------------------------------ (c) fold
+
+// A receiver three committed versions behind folds them in one step
+// (docs/protocol.md, "Catch-up by folding"). SIGKILLed after its fifth
+// applied cell, the restarted `refit receive` finishes the same fold: the
+// five cells are found at version 3 by their range hashes and skipped,
+// every other chunk is applied once, and the checkpoint hashes to
+// version 3. The versions are published in this process, with an
+// in-process member voting.
+TEST(FoldCrashTest, KilledInsideAFoldResumesTheSameFold) {
+#ifndef REFIT_CRASH_POINTS
+  GTEST_SKIP() << "crash points are compiled out of Release builds";
+#endif
+  const Inputs& in = Inputs::Get();
+  TempDir dir;
+  std::vector<Tensor> m = BaseModel(2);
+  std::vector<std::string> files;
+  for (uint64_t v = 1; v <= 3; ++v) {
+    m = NextVersion(m, 100 + v);
+    files.push_back(dir.File("v" + std::to_string(v) + ".safetensors"));
+    WriteSafetensors(files.back(), m);
+  }
+  const std::string store_path = dir.File("store");
+  fs::copy_file(in.base, dir.File("publisher.safetensors"));
+  fs::copy_file(in.base, dir.File("f.safetensors"));
+  fs::copy_file(in.base, dir.File("lag.safetensors"));
+  fs::create_directories(dir.File("f"));
+  fs::create_directories(dir.File("lag"));
+  auto auth = Authenticator::FromKeyFile(in.key);
+  ASSERT_OK(auth);
+  uint64_t chunks = 0;
+  {
+    auto store = OpenObjectStore(store_path);
+    ASSERT_OK(store);
+    PublisherOptions po;
+    po.members = {"f"};
+    po.auth = *auth;
+    po.poll_ms = 2;
+    po.diff.chunk_bytes = 64 * 1024;
+    auto pub = Publisher::Open(store->get(), dir.File("publisher.safetensors"), po);
+    ASSERT_OK(pub);
+    ReceiverOptions fo;
+    fo.member = "f";
+    fo.checkpoint = dir.File("f.safetensors");
+    fo.state_dir = dir.File("f");
+    fo.auth = *auth;
+    fo.poll_ms = 2;
+    auto follower = Receiver::Open(store->get(), fo);
+    ASSERT_OK(follower);
+    for (uint64_t v = 1; v <= 3; ++v) {
+      std::thread t([&] { EXPECT_OK((*follower)->SyncTo(v, 20000)); });
+      auto report = (*pub)->PublishCheckpoint(v, files[v - 1]);
+      t.join();
+      ASSERT_OK(report);
+      ASSERT_TRUE(report->committed) << report->reason;
+      chunks += report->diff.chunks;
+    }
+  }
+  const std::string out = dir.File("lag/out.jsonl"), err = dir.File("lag/err.txt");
+  const std::vector<std::string> args = {
+      "receive", "--store", store_path, "--member", "lag", "--checkpoint",
+      dir.File("lag.safetensors"), "--state", dir.File("lag"), "--key-file", in.key,
+      "--until", "3", "--poll-ms", "2", "--threads", "1", "--json"};
+  Proc r;
+  r.Start(args, out, err, "receiver.after-fold-cell:5");
+  ASSERT_TRUE(r.Wait(30)) << "receiver hangs: " << ReadText(err);
+  ASSERT_TRUE(r.killed_by_signal()) << "exit " << r.exit_code() << ": " << ReadText(err);
+  auto journal = Journal::Load(dir.File("lag/journal"));
+  ASSERT_OK(journal);
+  ASSERT_TRUE(journal->has_value());
+  EXPECT_EQ((*journal)->fold_versions, (std::vector<uint64_t>{1, 2, 3}));
+  EXPECT_NE(TensorDigests(dir.File("lag.safetensors")), in.digests[0]);
+  EXPECT_NE(TensorDigests(dir.File("lag.safetensors")), TensorDigests(files[2]));
+
+  r.Start(args, out, err);
+  ASSERT_TRUE(r.Wait(30)) << "receiver hangs: " << ReadText(err);
+  EXPECT_EQ(r.exit_code(), 0) << ReadText(err);
+  EXPECT_EQ(ReadText(dir.File("lag/active")), "3\n");
+  EXPECT_EQ(TensorDigests(dir.File("lag.safetensors")), TensorDigests(files[2]));
+  std::vector<Json> versions;
+  for (const Json& e : JsonLines(out)) {
+    if (e.value("event", "") == "version") versions.push_back(e);
+  }
+  ASSERT_EQ(versions.size(), 1u) << "one step: the resumed fold";
+  EXPECT_EQ(versions[0].value("version", 0), 3);
+  // The first five cells (of a.weight, changed by every version) were in
+  // place: three chunks each.
+  EXPECT_EQ(versions[0].value("chunks_skipped", uint64_t{0}), 15u);
+  EXPECT_EQ(versions[0].value("chunks_applied", uint64_t{0}) +
+                versions[0].value("chunks_skipped", uint64_t{0}),
+            chunks);
 }
 
 }  // namespace
