@@ -11,7 +11,7 @@ PACKAGES=(
   nlohmann-json3-dev   # safetensors headers, --json output
   libcli11-dev         # command line parsing
   libfmt-dev           # formatting
-  libssl-dev           # SHA-256 in the demo's bit-exact check
+  libssl-dev           # SHA-256, HMAC, Ed25519 signatures, TLS on relay links
   libcurl4-openssl-dev # S3-compatible object stores
   libasio-dev          # relay tree over TCP (standalone, header-only)
   libgtest-dev libgmock-dev  # unit tests
