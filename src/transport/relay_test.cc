@@ -23,62 +23,13 @@
 #include "testing.h"
 #include "transport/relay_frame.h"
 #include "transport/relay_store.h"
+#include "transport/relay_testing.h"
 
 namespace refit {
 namespace {
 
-using Clock = std::chrono::steady_clock;
+using namespace relay_testing;  // NOLINT(build/namespaces)
 using internal::RelayFrameType;
-
-std::vector<uint8_t> Bytes(std::string_view s) {
-  return std::vector<uint8_t>(s.begin(), s.end());
-}
-
-std::vector<uint8_t> RandomBytes(size_t n, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::vector<uint8_t> out(n);
-  for (auto& b : out) b = static_cast<uint8_t>(rng());
-  return out;
-}
-
-int64_t MsSince(Clock::time_point t) {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t)
-      .count();
-}
-
-// Polls `pred` every 2 ms for up to `ms`.
-bool WaitFor(const std::function<bool()>& pred, int ms = 10000) {
-  const auto start = Clock::now();
-  while (!pred()) {
-    if (MsSince(start) > ms) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
-  }
-  return true;
-}
-
-std::string Key(uint64_t version, const std::string& rest) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "v/%020llu/",
-                static_cast<unsigned long long>(version));
-  return buf + rest;
-}
-
-std::string IndexKeyOf(uint64_t version) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "index/%020llu",
-                static_cast<unsigned long long>(version));
-  return buf;
-}
-
-RelayOptions Fast() {
-  RelayOptions o;
-  o.heartbeat_ms = 50;
-  o.dead_after_ms = 400;
-  o.reconnect_min_ms = 10;
-  o.reconnect_max_ms = 100;
-  o.log_to_stderr = false;
-  return o;
-}
 
 // A tree of one root and `n` nodes with fan-out `f`; node i is "n<i>".
 // Each node records the keys that arrive, in order.
@@ -164,47 +115,6 @@ class Tree {
 };
 
 // ---- Raw sockets, to play a misbehaving peer ----
-
-uint16_t PortOf(const std::string& address) {
-  return static_cast<uint16_t>(
-      std::stoi(address.substr(address.rfind(':') + 1)));
-}
-
-int ConnectRaw(const std::string& address) {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in sa{};
-  sa.sin_family = AF_INET;
-  sa.sin_port = htons(PortOf(address));
-  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0) {
-    ::close(fd);
-    return -1;
-  }
-  return fd;
-}
-
-void SendRaw(int fd, const std::vector<uint8_t>& bytes) {
-  size_t done = 0;
-  while (done < bytes.size()) {
-    ssize_t n =
-        ::send(fd, bytes.data() + done, bytes.size() - done, MSG_NOSIGNAL);
-    if (n <= 0) return;  // the peer closed: the test checks that separately
-    done += static_cast<size_t>(n);
-  }
-}
-
-// Drains `fd` until the peer closes it (true) or `ms` pass (false).
-bool WaitClosedRaw(int fd, int ms) {
-  const auto start = Clock::now();
-  uint8_t buf[4096];
-  while (MsSince(start) < ms) {
-    pollfd p{fd, POLLIN, 0};
-    if (::poll(&p, 1, 10) <= 0) continue;
-    ssize_t n = ::recv(fd, buf, sizeof buf, 0);
-    if (n <= 0) return true;
-  }
-  return false;
-}
 
 std::vector<uint8_t> Hello(const std::string& member) {
   uint8_t version[4];

@@ -1,0 +1,122 @@
+// Helpers shared by the relay tree tests (plaintext and TLS): payloads,
+// bounded waits, the protocol's keys, fast liveness options, and raw
+// sockets to play a misbehaving peer. Test-only, so everything is inline.
+#ifndef REFIT_TRANSPORT_RELAY_TESTING_H_
+#define REFIT_TRANSPORT_RELAY_TESTING_H_
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <random>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+#include "transport/relay_store.h"
+
+namespace refit::relay_testing {
+
+using Clock = std::chrono::steady_clock;
+
+inline std::vector<uint8_t> Bytes(std::string_view s) {
+  return std::vector<uint8_t>(s.begin(), s.end());
+}
+
+inline std::vector<uint8_t> RandomBytes(size_t n, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<uint8_t> out(n);
+  for (auto& b : out) b = static_cast<uint8_t>(rng());
+  return out;
+}
+
+inline int64_t MsSince(Clock::time_point t) {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t).count();
+}
+
+// Polls `pred` every 2 ms for up to `ms`.
+inline bool WaitFor(const std::function<bool()>& pred, int ms = 10000) {
+  const auto start = Clock::now();
+  while (!pred()) {
+    if (MsSince(start) > ms) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  return true;
+}
+
+// v/<V>/<rest>, as the protocol names a version's objects.
+inline std::string Key(uint64_t version, const std::string& rest) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "v/%020llu/", static_cast<unsigned long long>(version));
+  return buf + rest;
+}
+
+inline std::string IndexKeyOf(uint64_t version) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "index/%020llu", static_cast<unsigned long long>(version));
+  return buf;
+}
+
+// Liveness in tens of milliseconds, so dead peers are found quickly. With
+// REFIT_RELAY_TEST_LOG set, endpoints log their link errors to stderr.
+inline RelayOptions Fast() {
+  RelayOptions o;
+  o.heartbeat_ms = 50;
+  o.dead_after_ms = 400;
+  o.reconnect_min_ms = 10;
+  o.reconnect_max_ms = 100;
+  o.log_to_stderr = std::getenv("REFIT_RELAY_TEST_LOG") != nullptr;
+  return o;
+}
+
+inline uint16_t PortOf(const std::string& address) {
+  return static_cast<uint16_t>(std::stoi(address.substr(address.rfind(':') + 1)));
+}
+
+// A TCP connection to 127.0.0.1:<port of address>; -1 when refused.
+inline int ConnectRaw(const std::string& address) {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons(PortOf(address));
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+inline void SendRaw(int fd, const std::vector<uint8_t>& bytes) {
+  size_t done = 0;
+  while (done < bytes.size()) {
+    ssize_t n = ::send(fd, bytes.data() + done, bytes.size() - done, MSG_NOSIGNAL);
+    if (n <= 0) return;  // the peer closed: the test checks that separately
+    done += static_cast<size_t>(n);
+  }
+}
+
+// Drains `fd` until the peer closes it (true) or `ms` pass (false).
+inline bool WaitClosedRaw(int fd, int ms) {
+  const auto start = Clock::now();
+  uint8_t buf[4096];
+  while (MsSince(start) < ms) {
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, 10) <= 0) continue;
+    ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+    if (n <= 0) return true;
+  }
+  return false;
+}
+
+}  // namespace refit::relay_testing
+
+#endif  // REFIT_TRANSPORT_RELAY_TESTING_H_
