@@ -164,17 +164,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// The --relay-tls-* flags of publish and receive (RelayOptions::tls),
-// bound by RegisterSyncCommands.
-struct RelayTlsFlags {
-  RelayTlsOptions publish;
-  RelayTlsOptions receive;
-};
-RelayTlsFlags& TlsFlags() {
-  static RelayTlsFlags flags;
-  return flags;
-}
-
 // The shared HMAC key (--key-file), plus the publisher's Ed25519 signing
 // key (--sign-key) or its public key (--verify-key).
 Result<Authenticator> LoadAuth(const std::string& key_file,
@@ -419,7 +408,7 @@ int RunPublish(const PublishArgs& args) {
   if (args.store.empty() && args.relay_listen.empty()) {
     return fail(InvalidArgumentError("give --store, --relay-listen, or both"));
   }
-  const RelayTlsOptions& tls = TlsFlags().publish;
+  const RelayTlsOptions& tls = args.relay_tls;
   if ((tls.enabled() || tls.child_names_are_members) &&
       args.relay_listen.empty()) {
     return fail(InvalidArgumentError("--relay-tls-* need --relay-listen"));
@@ -752,7 +741,7 @@ int RunReceive(const ReceiveArgs& args) {
   if (args.relay_parent.empty() && !args.relay_listen.empty()) {
     return fail(InvalidArgumentError("--relay-listen needs --relay-parent"));
   }
-  const RelayTlsOptions& tls = TlsFlags().receive;
+  const RelayTlsOptions& tls = args.relay_tls;
   if ((tls.enabled() || !tls.parent_name.empty() ||
        tls.child_names_are_members) &&
       args.relay_parent.empty()) {
@@ -1252,7 +1241,7 @@ void RegisterSyncCommands(CLI::App* app, SyncCommandArgs* args) {
                   "this process only: publish serves the tree until every "
                   "member finished the version, at most --serve-ms (default "
                   "then: --vote-timeout-ms)");
-  add_relay_tls(pub, &TlsFlags().publish, /*node=*/false);
+  add_relay_tls(pub, &p.relay_tls, /*node=*/false);
   pub->add_option("--base-version", p.base_version,
                   "--relay-listen without --store only: the committed "
                   "version --baseline holds (a bare root records none)")
@@ -1340,7 +1329,7 @@ void RegisterSyncCommands(CLI::App* app, SyncCommandArgs* args) {
   rcv->add_option("--relay-listen", r.relay_listen,
                   "HOST:PORT where this node's children connect (port 0: "
                   "any, printed at start); none: a leaf");
-  add_relay_tls(rcv, &TlsFlags().receive, /*node=*/true);
+  add_relay_tls(rcv, &r.relay_tls, /*node=*/true);
   rcv->add_option("--relay-parent-timeout-ms", r.relay_parent_timeout_ms,
                   "exit (code of UNAVAILABLE) after the parent was "
                   "unreachable this long; 0 = keep retrying (it is reported "

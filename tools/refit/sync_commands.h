@@ -38,6 +38,7 @@ struct PublishArgs {
   std::string store;  // with relay_listen: the durable write-through copy
   std::string relay_listen;   // non-empty: publish as a relay tree's root
   uint64_t base_version = 0;  // relay without --store: what baseline holds
+  RelayTlsOptions relay_tls;  // --relay-tls-*: TLS on the root's links
   std::string baseline;       // the publisher's copy of the committed version
   std::vector<std::string> members;
   uint64_t version = 0;
@@ -63,6 +64,7 @@ struct ReceiveArgs {
   std::string relay_listen;         // where its children connect ("" = a leaf)
   int relay_parent_timeout_ms = 0;  // give up on a dead parent; 0 = never
   int relay_linger_ms = 10000;      // after --until: serve the children
+  RelayTlsOptions relay_tls;        // --relay-tls-*: TLS on the node's links
   std::string member;
   std::string checkpoint;
   std::string state;
