@@ -409,6 +409,56 @@ TEST_F(FoldTest, CrashedFoldResumesAndRepairsATornRange) {
   EXPECT_FALSE(PathExists(opts.state_dir + "/journal"));
 }
 
+// Re-sends come from the publisher's baseline, which holds head: a torn
+// range of a fold that ends below head (here 1..2 of 4, capped) cannot be
+// rebuilt when later versions changed it. The step says so (DATA_LOSS)
+// and writes nothing into the range.
+TEST_F(FoldTest, TornRangeOfAFoldBelowHeadIsRefused) {
+  OpenPublisher(MakePublisher());
+  for (int i = 0; i < 4; ++i) Publish(0.02);
+  auto opts = Lagging("lag", 2);
+  std::vector<uint8_t> torn;
+  {
+    auto ck = Checkpoint::Open(opts.checkpoint, Checkpoint::Mode::kReadWrite);
+    ASSERT_OK(ck);
+    auto d = ck->MutableData(*ck->IndexOf("b.weight"));
+    const auto& v1 = At(1).data[1];
+    size_t copied = 0;
+    for (size_t i = 0; i < d.size() && copied < 5; ++i) {
+      if (d[i] != v1[i]) {
+        d[i] = v1[i];
+        ++copied;
+      }
+    }
+    ASSERT_GT(copied, 0u);
+    torn.assign(d.begin(), d.end());
+    ASSERT_OK(ck->Sync());
+  }
+  ASSERT_OK(Journal::BeginFold(opts.state_dir + "/journal", 0, {1, 2},
+                               {AnnouncementSha(1), AnnouncementSha(2)})
+                .status());
+  std::atomic<bool> done{false};
+  std::thread serve([&] {
+    while (!done) {
+      for (uint64_t v = 1; v <= 2; ++v) ASSERT_OK(pub_->Serve(v, 5));
+    }
+  });
+  auto r = Receiver::Open(store_.get(), opts);
+  ASSERT_OK(r);
+  auto s = (*r)->Step();
+  done = true;
+  serve.join();
+  EXPECT_EQ(s.status().code(), StatusCode::kDataLoss) << s.status().ToString();
+  EXPECT_NE(s.status().message().find("snapshot"), std::string::npos) << s.status().ToString();
+  EXPECT_EQ((*r)->active_version(), 0u);
+  auto ck = Checkpoint::Open(opts.checkpoint, Checkpoint::Mode::kReadOnly);
+  ASSERT_OK(ck);
+  auto d = ck->Data(*ck->IndexOf("b.weight"));
+  // The first range of b.weight (the torn one) is as it was.
+  const size_t cell = 64 * 1024;
+  EXPECT_TRUE(std::equal(d.begin(), d.begin() + cell, torn.begin()));
+}
+
 TEST_F(FoldTest, ChangedLocalModelIsRefusedBeforeAnythingIsWritten) {
   OpenPublisher(MakePublisher());
   for (int i = 0; i < 3; ++i) Publish(0.02);
