@@ -1168,6 +1168,10 @@ Result<std::optional<StepResult>> Receiver::Fold(const std::vector<Announcement>
                            std::to_string(last.version) + " onto version " +
                            std::to_string(first.base_version);
   auto vname = [&](size_t j) { return "version " + std::to_string(chain[j].version); };
+  if (first.base_version != active_) {
+    return DataLossError(what + " does not start at the active version " +
+                         std::to_string(active_));
+  }
 
   // Every version's manifest, checked against its announcement.
   std::vector<Manifest> manifests;
