@@ -5,6 +5,8 @@
 // time when the versions do not fold.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <atomic>
 #include <filesystem>
 #include <random>
@@ -18,6 +20,7 @@
 #include "sync/receiver.h"
 #include "sync/test_model.h"
 #include "testing.h"
+#include "transport/moto_testing.h"
 #include "transport/object_store.h"
 
 namespace refit {
@@ -55,10 +58,30 @@ TEST(FoldJournalTest, FoldRecordRoundTripsAndATornOneIsNoJournal) {
   EXPECT_FALSE(Journal::BeginFold(path, 4, {5, 6}, {shas[0]}).ok());
 }
 
-class FoldTest : public ::testing::Test {
+// Every fold test runs against the directory store and against an
+// S3-compatible store (a moto_server the suite starts on 127.0.0.1).
+class FoldTest : public ::testing::TestWithParam<std::string> {
  protected:
+  static void SetUpTestSuite() {
+    auto moto = testing::MotoServer::Start();
+    if (moto.ok()) moto_ = std::move(*moto).release();
+  }
+  static void TearDownTestSuite() {
+    delete moto_;
+    moto_ = nullptr;
+  }
+
   void SetUp() override {
-    auto s = OpenObjectStore(dir_.File("store"));
+    if (GetParam() == "s3" && moto_ == nullptr) {
+      GTEST_SKIP() << "moto_server is not on PATH: the S3 fold tests did not run";
+    }
+    static int counter = 0;
+    auto s = GetParam() == "s3"
+                 ? OpenObjectStore(std::string("s3://") + testing::MotoServer::kBucket + "/" +
+                                       std::to_string(getpid()) + "-fold" +
+                                       std::to_string(++counter),
+                                   moto_->Options())
+                 : OpenObjectStore(dir_.File("store"));
     ASSERT_OK(s);
     store_ = std::move(*s);
     model_.Write(dir_.File("baseline.safetensors"));
@@ -71,8 +94,9 @@ class FoldTest : public ::testing::Test {
     PublisherOptions o;
     o.members = {"f"};
     o.auth = Key();
-    o.poll_ms = 2;
-    o.vote_timeout_ms = 1500;  // only aborted versions wait for it
+    o.poll_ms = PollMs();
+    // Only aborted versions wait for all of it.
+    o.vote_timeout_ms = GetParam() == "s3" ? 4000 : 1500;
     o.diff.chunk_bytes = chunk_bytes;
     o.diff.allow_xor = allow_xor;
     return o;
@@ -97,7 +121,7 @@ class FoldTest : public ::testing::Test {
     o.member = name;
     o.state_dir = dir_.File(name);
     o.auth = Key();
-    o.poll_ms = 2;
+    o.poll_ms = PollMs();
     o.decision_timeout_ms = 20000;
     o.resend_timeout_ms = 20000;
     o.threads = 2;
@@ -148,6 +172,9 @@ class FoldTest : public ::testing::Test {
     return bytes.ok() ? ComputeSha256(*bytes) : Sha256{};
   }
 
+  int PollMs() const { return GetParam() == "s3" ? 10 : 2; }
+
+  static testing::MotoServer* moto_;
   TempDir dir_;
   std::unique_ptr<ObjectStore> store_;
   Model model_{11};
@@ -163,7 +190,9 @@ class FoldTest : public ::testing::Test {
   uint64_t version_ = 0;
 };
 
-TEST_F(FoldTest, FoldsTwoToSixVersionsBitExact) {
+testing::MotoServer* FoldTest::moto_ = nullptr;
+
+TEST_P(FoldTest, FoldsTwoToSixVersionsBitExact) {
   OpenPublisher(MakePublisher());
   for (int i = 0; i < 6; ++i) Publish(i == 2 ? 0.4 : 0.02);
   EXPECT_GT(kinds_["dense-xor"], 0u);
@@ -214,7 +243,7 @@ TEST_F(FoldTest, FoldsTwoToSixVersionsBitExact) {
   EXPECT_TRUE(At(6).Matches(opts.checkpoint));
 }
 
-TEST_F(FoldTest, AbortedVersionsArePassedOver) {
+TEST_P(FoldTest, AbortedVersionsArePassedOver) {
   OpenPublisher(MakePublisher());
   Publish(0.02);
   Publish(0.02, /*abort=*/true);
@@ -237,7 +266,7 @@ TEST_F(FoldTest, AbortedVersionsArePassedOver) {
   EXPECT_EQ(idle->outcome, StepResult::Outcome::kIdle);
 }
 
-TEST_F(FoldTest, ChangedChunkSizeFallsBackToOneVersionAtATime) {
+TEST_P(FoldTest, ChangedChunkSizeFallsBackToOneVersionAtATime) {
   OpenPublisher(MakePublisher(64 * 1024));
   Publish(0.02);
   Publish(0.02);
@@ -267,7 +296,7 @@ TEST_F(FoldTest, ChangedChunkSizeFallsBackToOneVersionAtATime) {
   EXPECT_TRUE(At(2).Matches(capped.checkpoint));
 }
 
-TEST_F(FoldTest, OverwriteChunksFold) {
+TEST_P(FoldTest, OverwriteChunksFold) {
   OpenPublisher(MakePublisher(64 * 1024, /*allow_xor=*/false));
   Publish(0.02);
   Publish(1.0);  // every element: raw chunks
@@ -285,7 +314,7 @@ TEST_F(FoldTest, OverwriteChunksFold) {
   EXPECT_TRUE(At(4).Matches(opts.checkpoint));
 }
 
-TEST_F(FoldTest, InMemoryReceiverFolds) {
+TEST_P(FoldTest, InMemoryReceiverFolds) {
   OpenPublisher(MakePublisher());
   for (int i = 0; i < 4; ++i) Publish(0.03);
   Model memory = model_;
@@ -306,7 +335,7 @@ TEST_F(FoldTest, InMemoryReceiverFolds) {
 // version, found after earlier ranges were applied) is refused with
 // DATA_LOSS, leaves `active` alone, and resumes from the range hashes once
 // the store holds the right object again: applied ranges are skipped.
-TEST_F(FoldTest, TamperedIntermediateChunkIsRefusedAndTheFoldResumes) {
+TEST_P(FoldTest, TamperedIntermediateChunkIsRefusedAndTheFoldResumes) {
   OpenPublisher(MakePublisher());
   for (int i = 0; i < 3; ++i) Publish(0.02);
   auto listed = store_->List(VersionPrefix(2) + "chunk/");
@@ -355,7 +384,7 @@ TEST_F(FoldTest, TamperedIntermediateChunkIsRefusedAndTheFoldResumes) {
 // inside a chunk. The restarted receiver finishes the same fold: skips the
 // first, applies the rest of the second's chunks, and rebuilds the torn
 // one from overwrite re-sends of its chunks, which the publisher serves.
-TEST_F(FoldTest, CrashedFoldResumesAndRepairsATornRange) {
+TEST_P(FoldTest, CrashedFoldResumesAndRepairsATornRange) {
   OpenPublisher(MakePublisher());
   for (int i = 0; i < 4; ++i) Publish(0.02);
   auto opts = Lagging("lag", 16);
@@ -413,7 +442,7 @@ TEST_F(FoldTest, CrashedFoldResumesAndRepairsATornRange) {
 // range of a fold that ends below head (here 1..2 of 4, capped) cannot be
 // rebuilt when later versions changed it. The step says so (DATA_LOSS)
 // and writes nothing into the range.
-TEST_F(FoldTest, TornRangeOfAFoldBelowHeadIsRefused) {
+TEST_P(FoldTest, TornRangeOfAFoldBelowHeadIsRefused) {
   OpenPublisher(MakePublisher());
   for (int i = 0; i < 4; ++i) Publish(0.02);
   auto opts = Lagging("lag", 2);
@@ -459,7 +488,7 @@ TEST_F(FoldTest, TornRangeOfAFoldBelowHeadIsRefused) {
   EXPECT_TRUE(std::equal(d.begin(), d.begin() + cell, torn.begin()));
 }
 
-TEST_F(FoldTest, ChangedLocalModelIsRefusedBeforeAnythingIsWritten) {
+TEST_P(FoldTest, ChangedLocalModelIsRefusedBeforeAnythingIsWritten) {
   OpenPublisher(MakePublisher());
   for (int i = 0; i < 3; ++i) Publish(0.02);
   auto opts = Lagging("lag", 16);
@@ -478,6 +507,9 @@ TEST_F(FoldTest, ChangedLocalModelIsRefusedBeforeAnythingIsWritten) {
   auto d = ck->Data(*ck->IndexOf("b.weight"));
   EXPECT_TRUE(std::equal(d.begin(), d.end(), changed.data[1].begin(), changed.data[1].end()));
 }
+
+INSTANTIATE_TEST_SUITE_P(Stores, FoldTest, ::testing::Values("dir", "s3"),
+                         [](const ::testing::TestParamInfo<std::string>& p) { return p.param; });
 
 }  // namespace
 }  // namespace refit
