@@ -99,6 +99,7 @@ class StepResult:
     chunks_before_manifest: int
     seconds: float
     tail_seconds: float
+    versions_folded: int
     changed_tensors: List[str]
 
 class Checkpoint:
@@ -149,7 +150,8 @@ class Receiver:
                  tensors: Sequence[Triple] | None, state_dir: str,
                  key: bytes | None, key_file: str, verify_key: bytes | None,
                  verify_key_file: str, threads: int, poll_interval: float,
-                 decision_timeout: float, resend_timeout: float) -> None: ...
+                 decision_timeout: float, resend_timeout: float,
+                 max_fold_versions: int) -> None: ...
     @property
     def active_version(self) -> int: ...
     def step(self) -> StepResult: ...

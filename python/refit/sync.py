@@ -332,6 +332,10 @@ class Receiver:
     key / key_file: the store's shared HMAC key; verify_key /
       verify_key_file: the publisher's Ed25519 public key (32 raw bytes, or a
       PEM file); then only objects it signed are accepted.
+    max_fold_versions: a receiver several committed versions behind applies
+      up to this many in one pass over the weights and activates the last
+      (catch-up by folding); 1 applies them one by one. ``sync(version)``
+      never folds past `version`.
     on_commit: callables run with the SyncReport after a sync that committed
       something (e.g. refit.adapters.HttpReload to tell an engine to reload).
     """
@@ -342,7 +346,7 @@ class Receiver:
                  key_file: Optional[PathLike] = None, verify_key: Optional[bytes] = None,
                  verify_key_file: Optional[PathLike] = None, threads: int = 0,
                  poll_interval: float = 0.02, decision_timeout: float = 60.0,
-                 resend_timeout: float = 30.0,
+                 resend_timeout: float = 30.0, max_fold_versions: int = 16,
                  on_commit: Union[None, CommitHook, Iterable[CommitHook]] = None) -> None:
         if (checkpoint_dir is None) == (tensors is None):
             raise InvalidArgumentError("give exactly one of checkpoint_dir= and tensors=",
@@ -383,7 +387,7 @@ class Receiver:
             store, member, self._checkpoint, triples, self._state_dir, key,
             os.fspath(key_file) if key_file else "", verify_key,
             os.fspath(verify_key_file) if verify_key_file else "", threads, float(poll_interval),
-            float(decision_timeout), float(resend_timeout))
+            float(decision_timeout), float(resend_timeout), int(max_fold_versions))
         self._last_changed: List[str] = []
 
     @property

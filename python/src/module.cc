@@ -384,7 +384,8 @@ class PyReceiver {
              const std::string& checkpoint, const py::object& tensors,
              const std::string& state_dir, const py::object& key, const std::string& key_file,
              const py::object& verify_key, const std::string& verify_key_file, int threads,
-             double poll_interval, double decision_timeout, double resend_timeout)
+             double poll_interval, double decision_timeout, double resend_timeout,
+             int max_fold_versions)
       : poll_ms_(Millis(poll_interval)) {
     ReceiverOptions o;
     o.member = member;
@@ -399,6 +400,7 @@ class PyReceiver {
     o.poll_ms = poll_ms_;
     o.decision_timeout_ms = Millis(decision_timeout);
     o.resend_timeout_ms = Millis(resend_timeout);
+    o.max_fold_versions = max_fold_versions;
     store_ = OpenStore(store_url);
     py::gil_scoped_release release;
     rcv_ = Unwrap(Receiver::Open(store_.get(), std::move(o)));
@@ -421,7 +423,8 @@ class PyReceiver {
     auto start = std::chrono::steady_clock::now();
     py::gil_scoped_release release;
     while (true) {
-      StepResult r = Unwrap(rcv_->Step());
+      // Folds stop at the target, so no version past it is activated.
+      StepResult r = Unwrap(rcv_->Step(target == 0 ? UINT64_MAX : target));
       const bool idle = r.outcome == StepResult::Outcome::kIdle;
       if (!idle) steps.push_back(std::move(r));
       if (target == 0 ? idle : rcv_->active_version() >= target) break;
@@ -591,6 +594,7 @@ void BindReports(py::module_& m) {
       .def_readonly("chunks_before_manifest", &StepResult::chunks_before_manifest)
       .def_readonly("seconds", &StepResult::seconds)
       .def_readonly("tail_seconds", &StepResult::tail_seconds)
+      .def_readonly("versions_folded", &StepResult::versions_folded)
       .def_readonly("changed_tensors", &StepResult::changed_tensors)
       .def("__repr__", [](const StepResult& r) {
         return std::string("StepResult(") + OutcomeName(r.outcome) + " version " +
@@ -805,11 +809,11 @@ void BindClasses(py::module_& m) {
       .def(py::init<const std::string&, const std::string&, const std::string&,
                     const py::object&, const std::string&, const py::object&,
                     const std::string&, const py::object&, const std::string&, int, double,
-                    double, double>(),
+                    double, double, int>(),
            py::arg("store"), py::arg("member"), py::arg("checkpoint"), py::arg("tensors"),
            py::arg("state_dir"), py::arg("key"), py::arg("key_file"), py::arg("verify_key"),
            py::arg("verify_key_file"), py::arg("threads"), py::arg("poll_interval"),
-           py::arg("decision_timeout"), py::arg("resend_timeout"))
+           py::arg("decision_timeout"), py::arg("resend_timeout"), py::arg("max_fold_versions"))
       .def_property_readonly("active_version", &PyReceiver::active_version)
       .def("step", &PyReceiver::Step)
       .def("sync", &PyReceiver::Sync, py::arg("target"), py::arg("timeout"));

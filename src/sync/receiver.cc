@@ -472,7 +472,7 @@ Result<Manifest> Receiver::ReadManifest(uint64_t version, Sha256* sha) {
   return m;
 }
 
-Result<StepResult> Receiver::Step() {
+Result<StepResult> Receiver::Step(uint64_t fold_limit) {
   // A snapshot that was being put in place comes first: until it is
   // active, the checkpoint may be any mix of old and new files.
   if (PathExists(StatePath(opt_, "snapshot"))) {
@@ -577,7 +577,7 @@ Result<StepResult> Receiver::Step() {
       std::vector<Announcement> chain{a};
       std::vector<Sha256> shas{sha};
       for (auto it = std::upper_bound(versions.begin(), versions.end(), v);
-           it != versions.end() &&
+           it != versions.end() && *it <= fold_limit &&
            chain.size() < static_cast<size_t>(opt_.max_fold_versions);
            ++it) {
         REFIT_ASSIGN_OR_RETURN(auto d, ReadDecision(*it));
@@ -727,7 +727,7 @@ Result<StepResult> Receiver::SyncTo(uint64_t version, int timeout_ms) {
   auto start = Clock::now();
   StepResult last;
   while (active_ < version) {
-    REFIT_ASSIGN_OR_RETURN(last, Step());
+    REFIT_ASSIGN_OR_RETURN(last, Step(/*fold_limit=*/version));
     if (active_ >= version) break;
     if (ElapsedMs(start) > timeout_ms) {
       return DeadlineExceededError("receiver '" + opt_.member + "' did not reach version " +

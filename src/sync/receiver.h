@@ -99,18 +99,20 @@ class Receiver {
   // Finishes or rolls back an interrupted version first; then handles the
   // next version whose base is the active one: applies and votes (member)
   // or applies a committed one (catch-up; committed versions chained on it
-  // are folded into the same step, up to max_fold_versions, so the active
-  // version may move past a SyncTo target). When no chain of versions leads
+  // are folded into the same step, up to max_fold_versions and none above
+  // `fold_limit`, so a step ends at most at fold_limit unless the next
+  // version alone is above it). When no chain of versions leads
   // from the active version (they were deleted by retention, or the
   // checkpoint is absent) and no journal is in progress, replaces the
   // checkpoint with the newest snapshot at or below head instead
   // (kSnapshot). kIdle when there is nothing to do yet.
   // kDeadlineExceeded when no decision arrives in time (the journal keeps
   // the work; the next Step resumes).
-  Result<StepResult> Step();
+  Result<StepResult> Step(uint64_t fold_limit = UINT64_MAX);
 
-  // Step() until the active version is at least `version`, polling while
-  // idle, up to timeout_ms (kDeadlineExceeded).
+  // Step(version) until the active version is at least `version`, polling
+  // while idle, up to timeout_ms (kDeadlineExceeded). Folds stop at
+  // `version`, so a committed `version` is where the receiver ends.
   Result<StepResult> SyncTo(uint64_t version, int timeout_ms);
 
  private:

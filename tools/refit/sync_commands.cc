@@ -777,6 +777,7 @@ int RunReceive(const ReceiveArgs& args) {
   options.poll_ms = args.poll_ms;
   options.decision_timeout_ms = args.decision_timeout_ms;
   options.resend_timeout_ms = args.resend_timeout_ms;
+  options.max_fold_versions = args.max_fold_versions;
   Result<std::unique_ptr<Receiver>> opened =
       Receiver::Open(store->get(), options);
   if (!opened.ok()) {
@@ -883,7 +884,9 @@ int RunReceive(const ReceiveArgs& args) {
         receiver.active_version() >= static_cast<uint64_t>(args.until)) {
       return finish(fmt::format("reached --until {}", args.until));
     }
-    Result<StepResult> step = receiver.Step();
+    // Catch-up folds no version past --until into a step.
+    Result<StepResult> step = receiver.Step(
+        args.until >= 0 ? static_cast<uint64_t>(args.until) : UINT64_MAX);
     if (!step.ok()) {
       const Status& s = step.status();
       // On a relay node an object can be missing only for now: a node that
@@ -920,6 +923,7 @@ int RunReceive(const ReceiveArgs& args) {
                      {"version", r.version},
                      {"outcome", OutcomeName(r.outcome)},
                      {"active", receiver.active_version()},
+                     {"versions_folded", r.versions_folded},
                      {"chunks_applied", r.chunks_applied},
                      {"chunks_skipped", r.chunks_skipped},
                      {"chunks_resent", r.chunks_resent},
@@ -928,9 +932,13 @@ int RunReceive(const ReceiveArgs& args) {
                      {"seconds", r.seconds}});
     } else {
       fmt::print(
-          "v{} {}: {} chunks applied{}, {} skipped (already applied), {} "
+          "v{} {}{}: {} chunks applied{}, {} skipped (already applied), {} "
           "re-sent; {} fetched; {}; active {}\n",
-          r.version, OutcomeName(r.outcome), r.chunks_applied,
+          r.version, OutcomeName(r.outcome),
+          r.versions_folded > 1
+              ? fmt::format(" ({} versions folded)", r.versions_folded)
+              : std::string(),
+          r.chunks_applied,
           r.outcome == StepResult::Outcome::kAborted ? " then rolled back" : "",
           r.chunks_skipped, r.chunks_resent,
           HumanBytes(static_cast<double>(r.bytes_fetched)),
@@ -1351,6 +1359,11 @@ void RegisterSyncCommands(CLI::App* app, SyncCommandArgs* args) {
   rcv->add_option("--verify-key", r.verify_key,
                   "the publisher's Ed25519 public key (PEM, `openssl pkey "
                   "-pubout`): accept only objects it signed");
+  rcv->add_option("--max-fold-versions", r.max_fold_versions,
+                  "a receiver several committed versions behind applies up to "
+                  "this many in one pass and activates the last (never past "
+                  "--until); 1 = one by one")
+      ->capture_default_str();
   rcv->add_option("--until", r.until,
                   "exit 0 once the active version is at least this");
   rcv->add_flag("--once", r.once, "exit after handling one version");

@@ -75,6 +75,7 @@ struct ReceiveArgs {
   int poll_ms = 50;
   int decision_timeout_ms = 60000;
   int resend_timeout_ms = 30000;
+  int max_fold_versions = 16;  // catch-up by folding; 1 = one by one
   int threads = 0;
   bool json = false;
 };
