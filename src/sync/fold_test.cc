@@ -266,6 +266,29 @@ TEST_P(FoldTest, AbortedVersionsArePassedOver) {
   EXPECT_EQ(idle->outcome, StepResult::Outcome::kIdle);
 }
 
+TEST_P(FoldTest, FoldsStopAtTheTarget) {
+  OpenPublisher(MakePublisher());
+  for (int i = 0; i < 5; ++i) Publish(0.02);
+  auto opts = Lagging("lag", 16);
+  auto r = Receiver::Open(store_.get(), opts);
+  ASSERT_OK(r);
+  // SyncTo(3) folds 1..3 and stops there although 4 and 5 are committed.
+  auto s = (*r)->SyncTo(3, 20000);
+  ASSERT_OK(s);
+  EXPECT_EQ(s->versions_folded, 3u);
+  EXPECT_EQ((*r)->active_version(), 3u);
+  EXPECT_TRUE(At(3).Matches(opts.checkpoint));
+  // A step limited below the next version still applies that one version.
+  s = (*r)->Step(/*fold_limit=*/3);
+  ASSERT_OK(s);
+  EXPECT_EQ(s->version, 4u);
+  EXPECT_EQ(s->versions_folded, 1u);
+  s = (*r)->Step();
+  ASSERT_OK(s);
+  EXPECT_EQ(s->version, 5u);
+  EXPECT_TRUE(At(5).Matches(opts.checkpoint));
+}
+
 TEST_P(FoldTest, ChangedChunkSizeFallsBackToOneVersionAtATime) {
   OpenPublisher(MakePublisher(64 * 1024));
   Publish(0.02);
