@@ -57,21 +57,7 @@ namespace {
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 using Json = nlohmann::json;
-using ::refit::testing::BaseModel;
-using ::refit::testing::Digests;
-using ::refit::testing::JsonLines;
-using ::refit::testing::NextVersion;
-using ::refit::testing::Proc;
-using ::refit::testing::ReadText;
-using ::refit::testing::SecondsSince;
-using ::refit::testing::Tensor;
-using ::refit::testing::TensorDigests;
-using ::refit::testing::WriteSafetensors;
-using ::refit::testing::FreePort;
-using ::refit::testing::Tail;
-using ::refit::testing::ReadBytes;
-using ::refit::testing::TempDir;
-using ::refit::testing::WriteBytes;
+using namespace ::refit::testing;  // NOLINT(build/namespaces): test helpers
 
 constexpr int kReceivers = 4;
 constexpr int kFanout = 2;
