@@ -37,6 +37,18 @@ Authenticator Key() {
   return *Authenticator::Hmac(std::vector<uint8_t>(32, 7));
 }
 
+// Steps `r` on a thread until a step does something (or fails), at most
+// `tries` times 2 ms apart; the result lands in `*out`. Join before reading.
+std::thread StepUntilBusy(Receiver* r, Result<StepResult>* out, int tries) {
+  return std::thread([r, out, tries] {
+    for (int i = 0; i < tries; ++i) {
+      *out = r->Step();
+      if (!out->ok() || (*out)->outcome != StepResult::Outcome::kIdle) return;
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+  });
+}
+
 TEST(AuthTest, SealOpenAndTamper) {
   Authenticator a = Key();
   std::vector<uint8_t> body = {1, 2, 3, 4};
@@ -335,13 +347,7 @@ TEST_P(SyncTest, MissingVoteAbortsAndReceiversRollBack) {
   std::mt19937_64 rng(3);
   trainer.Step(rng, 0.03);
   Result<StepResult> step = InternalError("not run");
-  std::thread t([&] {
-    for (int i = 0; i < 1000; ++i) {
-      step = (*r0)->Step();
-      if (!step.ok() || step->outcome != StepResult::Outcome::kIdle) return;
-      std::this_thread::sleep_for(std::chrono::milliseconds(2));
-    }
-  });
+  std::thread t = StepUntilBusy(r0->get(), &step, 1000);
   auto report = (*pub)->Publish(1, trainer.Views());
   t.join();
   ASSERT_OK(report);
@@ -1121,13 +1127,7 @@ TEST_P(SyncTest, ChangedLocalModelIsRefusedBeforeItsChunksApply) {
   std::mt19937_64 rng(41);
   trainer.Step(rng, 0.05);
   Result<StepResult> step = InternalError("not run");
-  std::thread t([&] {
-    for (int i = 0; i < 2000; ++i) {
-      step = (*r0)->Step();
-      if (!step.ok() || step->outcome != StepResult::Outcome::kIdle) return;
-      std::this_thread::sleep_for(std::chrono::milliseconds(2));
-    }
-  });
+  std::thread t = StepUntilBusy(r0->get(), &step, 2000);
   auto report = (*pub)->Publish(1, trainer.Views());
   t.join();
   ASSERT_OK(report);
@@ -1201,13 +1201,7 @@ TEST_P(SyncTest, InMemoryReceiverFollowsVersions) {
   Model at3 = trainer;
   trainer.Step(rng, 0.03);
   Result<StepResult> step = InternalError("not run");
-  std::thread t0([&] {
-    for (int i = 0; i < 2000; ++i) {
-      step = (*r0)->Step();
-      if (!step.ok() || step->outcome != StepResult::Outcome::kIdle) return;
-      std::this_thread::sleep_for(std::chrono::milliseconds(2));
-    }
-  });
+  std::thread t0 = StepUntilBusy(r0->get(), &step, 2000);
   auto report = (*pub)->Publish(4, trainer.Views());
   t0.join();
   ASSERT_OK(report);
