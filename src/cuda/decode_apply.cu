@@ -358,24 +358,57 @@ __global__ void __launch_bounds__(256) DenseDecodeKernel(BatchDevice b) {
 // ---------------------------------------------------------------------------
 // Fused decode + apply for sparse XOR chunks (DevChunk::fused). One block per
 // chunk, one thread per rANS lane (blockDim = the batch's widest chunk,
-// rounded up to a warp). The lanes advance in lockstep over "rows": row m
-// holds records m * L .. m * L + L - 1, one per lane (docs/format.md §5.3
-// deals record i to lane i mod L), so one scan of (gap + 1) per row (a warp
-// scan, then the warps' sums) turns the row's gaps into positions, and each
-// thread scatters its record at once. No record ever goes to staging
-// memory, which is what bounded the two-kernel path (kernels A and B) to a
-// few chunks per batch.
+// rounded up to a warp). Row m holds records m * L .. m * L + L - 1, one per
+// lane (docs/format.md §5.3 deals record i to lane i mod L). The lanes
+// advance in lockstep over groups of kRowGroup rows: each lane decodes its
+// kRowGroup records into registers, then one exchange turns the group's
+// gaps into positions and each thread scatters its records. No record ever
+// goes to staging memory, which is what bounded the two-kernel path
+// (kernels A and B) to a few chunks per batch.
 //
-// A chunk that turns out corrupt (any check of kernel A: lane framing and
-// final state, zero XOR value, position >= n) may already have applied some
-// rows; the block then replays the same rows and XORs them again (XOR is
-// its own inverse), so a refused chunk's range ends untouched, as on the
-// two-kernel path. The replay decodes exactly the rows that were scattered
-// and skips exactly the records that were skipped, so it restores every
-// byte. "After" mismatches are undone the same way by a second launch.
+// Positions of a group: per row, a warp scan of (gap + 1) over the lanes
+// (the group's kRowGroup scans are independent, so their shuffles overlap);
+// with more than one warp, each warp's row sums go to shared memory, one
+// block barrier, and every warp scans the group's warps x rows sums in
+// record order itself. The exchange and its barrier are paid once per group
+// instead of once per row.
+//
+// Checks (those of kernel A): lane framing and final state, zero XOR value,
+// position >= n. A group is scattered only when every check of all its
+// records passed: positions ascend, so "no position >= n" is "the group's
+// last position < n", known to every thread after the exchange. A chunk
+// that turns out corrupt may already have applied its earlier groups; the
+// block then replays exactly those groups and XORs them again (XOR is its
+// own inverse), so a refused chunk's range ends untouched, as on the
+// two-kernel path. "After" mismatches are undone the same way by a second
+// launch.
+//
+// The decode is kept cheap: plane parameters in registers for chunks of up
+// to kRegPlanes coded planes; renormalization without branches (a lane
+// reads its bytes through a window of three aligned words); 32-bit sums
+// (saturating; n <= 2^28, docs/format.md §3); values in 32 bits unless the
+// width is 8. Against the row-at-a-time kernel that cut the batches'
+// summed kernel time by 20-32%, but at 1% and 3% the decode is no longer
+// the bound: on an H200 with the 32 GiB BF16 benchmark (docs/benchmarks.md),
+// a build of this kernel without its scatter takes 3.3 / 6.1 ms, scattering
+// into a range that stays in L2 3.9 / 8.1 ms, and the real scatter 8.4 /
+// 16.1 ms (pause, payload in HBM). Each record's RED makes
+// L2 fetch its sector from DRAM and later write it back (~160 M / ~415 M
+// distinct 32-byte sectors, in random order), and that traffic bounds the
+// pause there. At 0.1% (5 lanes a chunk) a chunk's serial decode does.
 constexpr int kFusedMaxThreads = 256;  // lanes <= 255
 constexpr int kFusedMaxWarps = kFusedMaxThreads / 32;
+constexpr int kRowGroup = 4;           // rows decoded before one exchange
+constexpr int kRegPlanes = 4;          // coded planes held in registers
+// <= 64 registers a thread (a few bytes spill): more chunks resident,
+// hence more scatters in flight, which the 1% and 3% deltas wait on (3%:
+// 0.2-0.3 ms less than with 80 registers; 0.1%: 0.05 ms more).
+constexpr int kFusedMinBlocks = 4;
 constexpr uint32_t kScanSat = (1u << 31) - 1;  // a + b fits in 32 bits
+
+__device__ inline uint32_t AddSat(uint32_t a, uint32_t b) {
+  return min(a + b, kScanSat);
+}
 
 // XORs v into the w-byte element at p as a fire-and-forget reduction
 // (RED.XOR at L2): the thread never waits for the element's old value,
@@ -385,7 +418,8 @@ constexpr uint32_t kScanSat = (1u << 31) - 1;  // a + b fits in 32 bits
 // or, from another batch's kernels running at the same time on another
 // stream (a neighbouring chunk), a store of its own bytes only, so no
 // neighbouring byte is lost.
-__device__ inline void XorRed(uint8_t* p, uint64_t v, int w) {
+template <typename V>
+__device__ inline void XorRed(uint8_t* p, V v, int w) {
   if (w == 8) {
     atomicXor(reinterpret_cast<unsigned long long*>(p),
               static_cast<unsigned long long>(v));
@@ -400,10 +434,13 @@ __device__ inline void XorRed(uint8_t* p, uint64_t v, int w) {
 
 struct FusedShared {
   // Per coded plane: t, byte offset of its slot lookup, bit shift of its
-  // byte (+64 for value planes), 1 << t - 1 (one 16-byte load a plane).
-  uint4 plane[kMaxCodedPlanes + 1];  // one more: read ahead, never used
-  // Per-warp row sums, by row parity: (row + 1) << 32 | error << 31 | sum.
-  unsigned long long row[2][kFusedMaxWarps];
+  // byte (+64 for value planes), 1 << t - 1.
+  uint4 plane[kMaxCodedPlanes];
+  // Per group parity, per row of the group and warp: the warp's sum of
+  // (gap + 1) over the row, bit 31 set when a lane of the warp failed a
+  // check. Two buffers: a warp writes group g + 1's sums while others may
+  // still read group g's.
+  uint32_t sums[2][kRowGroup * kFusedMaxWarps];
   uint32_t code;
 };
 
@@ -421,7 +458,6 @@ __device__ void BuildTablesAnyBlock(const BatchDevice& b, const DevChunk& cg,
       sh.plane[p] = make_uint4(t, off, cg.coded_shift[p], (1u << t) - 1);
       off += 1u << min(t, uint32_t{kSlotTableBits});
     }
-    sh.plane[coded] = make_uint4(0, 0, 0, 0);
     sh.code = kStatusOk;
   }
   for (uint32_t p = warp; p < coded; p += warps) {
@@ -458,11 +494,69 @@ __device__ void BuildTablesAnyBlock(const BatchDevice& b, const DevChunk& cg,
   __syncthreads();
 }
 
+// One rANS lane of a fused chunk: state, read position, end, and the lane's
+// bytes around the read position as three aligned words (lo holds byte q,
+// hi and nx the next two words; nx is loaded ahead, so a renormalization
+// waits for memory only if the lane outruns two of them; a deeper queue of
+// words measured the same). Loads may read up to 40 bytes past the lane's
+// last byte (a short lane is stopped at the end of its record, at most
+// kMaxCodedPlanes renormalizations on); payload slots are padded for that
+// (kPayloadPad, kernels.h), and the check on q never lets such bytes be
+// used.
+struct FusedLane {
+  uint32_t x, q, end, lo, hi, nx;
+
+  __device__ void Start(const uint8_t* payload, uint32_t beg, uint32_t e) {
+    const uint32_t* words = reinterpret_cast<const uint32_t*>(payload);
+    x = Rd32(payload + beg);
+    q = beg + 4;
+    end = e;
+    lo = __ldg(words + (q >> 2));
+    hi = __ldg(words + (q >> 2) + 1);
+    nx = __ldg(words + (q >> 2) + 2);
+  }
+
+  // Decodes one symbol of the plane whose slot lookup is at tab and whose
+  // f | c << 16 at fc; t <= 15, mask = 2^t - 1. Sets err (if still ok) when
+  // the lane runs out of bytes.
+  __device__ __forceinline__ uint32_t Symbol(const uint32_t* words,
+                                             const uint8_t* tab,
+                                             const uint32_t* fc, uint32_t t,
+                                             uint32_t mask, uint32_t& err) {
+    const uint32_t slot = x & mask;
+    uint32_t s;
+    if (t <= kSlotTableBits) {  // uniform: every lane has the chunk's table
+      s = tab[slot];
+    } else {
+      s = tab[slot >> (t - kSlotTableBits)];
+      while (s < 255 && (fc[s + 1] >> 16) <= slot) ++s;
+    }
+    const uint32_t e = fc[s];
+    x = (e & 0xffffu) * (x >> t) + slot - (e >> 16);
+    // Renormalization, at most one per symbol (t <= 16), without a branch.
+    const bool rn = x < kRansLow;
+    if (rn && end - q < 2 && err == kStatusOk) err = kStatusLaneShort;
+    const uint32_t v = __funnelshift_r(lo, hi, 8 * (q & 3)) & 0xffffu;
+    x = rn ? (x << 16 | v) : x;
+    const uint32_t q2 = rn ? q + 2 : q;
+    const bool step = ((q2 ^ q) & 4) != 0;  // the word at q is used up
+    lo = step ? hi : lo;
+    hi = step ? nx : hi;
+    LoadIf(step, nx, words + (q2 >> 2) + 2);
+    q = q2;
+    return s;
+  }
+};
+
 // One pass over the chunk's rows. check: verify everything and stop at the
-// first row in which any check fails (that row is not scattered); returns
-// the number of rows scattered and leaves the failure in sh.code. Replay
-// (check == false): decode and scatter `row_limit` rows, the same records a
-// checking pass scattered.
+// first group in which any check fails (that group is not scattered);
+// returns the number of rows scattered and leaves the failure in sh.code.
+// Replay (check == false): decode and scatter the first `row_limit` rows,
+// the same records a checking pass scattered (row_limit is a multiple of
+// kRowGroup or every row). kP > 0: at most kP coded planes, their
+// parameters in registers; kP == 0: any number, read from shared memory.
+// V holds a value: uint32_t for widths 1, 2 and 4, uint64_t for 8.
+template <int kP, typename V>
 __device__ uint32_t FusedPass(const BatchDevice& b, const DevChunk& cg,
                               FusedShared& sh, const uint8_t* smem, bool check,
                               uint32_t row_limit) {
@@ -473,128 +567,186 @@ __device__ uint32_t FusedPass(const BatchDevice& b, const DevChunk& cg,
   const uint8_t* payload = b.payload;
   const uint32_t* words = reinterpret_cast<const uint32_t*>(payload);
   const int w = cg.width;
-  const uint64_t n = cg.n, start = cg.start, linear = cg.linear_address;
+  const uint32_t n = cg.n;
+  const uint64_t start = cg.start, linear = cg.linear_address;
   const uint32_t fixed_gap = static_cast<uint32_t>(cg.fixed_gap);
-  const uint64_t fixed_value = cg.fixed_value;
+  const V fixed_value = static_cast<V>(cg.fixed_value);
   const DevicePlacement* pl = b.placements + cg.placement;
-  const bool has_lane = tid < L;
-  uint32_t beg = 0, end = 0;
-  if (has_lane) {
-    beg = b.lanes[cg.lane_first + tid];
-    end = b.lanes[cg.lane_first + tid + 1];
+  uint4 reg_plane[kP > 0 ? kP : 1];
+#pragma unroll
+  for (int p = 0; p < kP; ++p) {
+    reg_plane[p] = p < static_cast<int>(coded) ? sh.plane[p]
+                                               : make_uint4(0, 0, 0, 0);
   }
-  uint32_t q = beg + 4;
-  uint32_t x = has_lane ? Rd32(payload + beg) : kRansLow;
+  const bool has_lane = tid < L;
+  FusedLane ln{};
+  ln.x = kRansLow;
+  if (has_lane) {
+    ln.Start(payload, b.lanes[cg.lane_first + tid],
+             b.lanes[cg.lane_first + tid + 1]);
+  }
   uint32_t err = kStatusOk;
-  if (check && x < kRansLow) err = kStatusLaneEnd;
-  LaneRing ring{0, 0, 0, 0};
-  if (has_lane) ring.Start(words, q);
-  // The row words of an earlier pass must not be taken for this one's.
-  volatile unsigned long long* rows = &sh.row[0][0];
-  for (uint32_t v = tid; v < 2 * kFusedMaxWarps; v += blockDim.x) rows[v] = 0;
-  __syncthreads();
-  uint64_t carry = 0;
-  uint32_t m = 0;
-  for (; m < row_limit; ++m) {
-    const uint32_t i = tid + m * L;
-    const bool has = has_lane && i < k && err == kStatusOk;
-    uint32_t gap = fixed_gap;
-    uint64_t val = fixed_value;
-    if (has) {
-      // Plane p + 1's parameters load while plane p decodes.
-      uint4 next = sh.plane[0];
-      for (uint32_t p = 0; p < coded; ++p) {
-        const uint4 pp = next;  // t, lookup offset, shift, mask
-        next = sh.plane[p + 1];
-        const uint32_t t = pp.x;
-        const uint32_t* fc = fc_all + p * 256;
-        const uint32_t slot = x & pp.w;
-        uint32_t s;
-        if (t <= kSlotTableBits) {
-          s = smem[pp.y + slot];
-        } else {
-          s = smem[pp.y + (slot >> (t - kSlotTableBits))];
-          while (s < 255 && (fc[s + 1] >> 16) <= slot) ++s;
-        }
-        const uint32_t e = fc[s];
-        x = (e & 0xffff) * (x >> t) + slot - (e >> 16);
-        if (x < kRansLow) {
-          if (end - q < 2) {
-            err = kStatusLaneShort;
-            break;
+  if (check && ln.x < kRansLow) err = kStatusLaneEnd;
+  uint32_t carry = 0;  // sum of (gap + 1) over the groups done (saturating)
+  uint32_t m0 = 0;
+  bool failed = false;
+  for (uint32_t g = 0; m0 < row_limit; ++g, m0 += kRowGroup) {
+    // 1. Decode this lane's records of the group.
+    uint32_t inc[kRowGroup];  // gap + 1, 0 for no record; then the scan
+    V val[kRowGroup];
+#pragma unroll
+    for (int j = 0; j < kRowGroup; ++j) {
+      inc[j] = 0;
+      val[j] = 0;
+      const uint32_t i = tid + (m0 + j) * L;
+      if (has_lane && i < k && m0 + j < row_limit && err == kStatusOk) {
+        uint32_t gap = fixed_gap;
+        V v = fixed_value;
+        if constexpr (kP > 0) {
+#pragma unroll
+          for (int p = 0; p < kP; ++p) {
+            if (p < static_cast<int>(coded)) {
+              const uint4 pp = reg_plane[p];
+              const uint32_t s = ln.Symbol(words, smem + pp.y, fc_all + p * 256,
+                                           pp.x, pp.w, err);
+              if (pp.z < 64) {
+                gap |= s << pp.z;
+              } else {
+                v |= static_cast<V>(s) << (pp.z - 64);
+              }
+            }
           }
-          x = (x << 16) | ring.Take16(words, q);
-        }
-        if (pp.z < 64) {
-          gap |= s << pp.z;
         } else {
-          val |= uint64_t{s} << (pp.z - 64);
+          for (uint32_t p = 0; p < coded; ++p) {
+            const uint4 pp = sh.plane[p];
+            const uint32_t s = ln.Symbol(words, smem + pp.y, fc_all + p * 256,
+                                         pp.x, pp.w, err);
+            if (pp.z < 64) {
+              gap |= s << pp.z;
+            } else {
+              v |= static_cast<V>(s) << (pp.z - 64);
+            }
+          }
         }
+        if (v == 0 && err == kStatusOk) err = kStatusZeroXor;
+        inc[j] = min(gap, kScanSat - 1) + 1;
+        val[j] = v;
       }
-      if (err == kStatusOk && val == 0) err = kStatusZeroXor;
     }
-    const bool ok_rec = has && err == kStatusOk;
-    // 32-bit scan, saturating at kScanSat > n (n <= 2^28, docs/format.md
-    // §7): a saturated sum can only give a position >= n, which is refused.
-    uint32_t incl = ok_rec ? min(gap, kScanSat - 1) + 1 : 0;
+    // 2. Positions: per row, the warp's inclusive scan of (gap + 1).
+    uint32_t present = 0;
+#pragma unroll
+    for (int j = 0; j < kRowGroup; ++j) present |= (inc[j] != 0 ? 1u : 0u) << j;
 #pragma unroll
     for (int o = 1; o < 32; o <<= 1) {
-      const uint32_t v = __shfl_up_sync(0xffffffffu, incl, o);
-      if (wl >= static_cast<uint32_t>(o)) incl = min(incl + v, kScanSat);
+#pragma unroll
+      for (int j = 0; j < kRowGroup; ++j) {
+        const uint32_t u = __shfl_up_sync(0xffffffffu, inc[j], o);
+        if (wl >= static_cast<uint32_t>(o)) inc[j] = AddSat(inc[j], u);
+      }
     }
-    const bool warp_err = __any_sync(0xffffffffu, err != kStatusOk);
-    uint64_t before = 0, row_total = 0;
-    bool any_err = warp_err;
+    bool any_err = __any_sync(0xffffffffu, err != kStatusOk);
+    uint32_t before[kRowGroup];  // (gap + 1) of the records ahead of this
+                                 // warp's row j, earlier groups included
+    uint32_t group_end;
     if (warps == 1) {
-      row_total = __shfl_sync(0xffffffffu, incl, 31);
+      uint32_t run = carry;
+#pragma unroll
+      for (int j = 0; j < kRowGroup; ++j) {
+        before[j] = run;
+        run = AddSat(run, __shfl_sync(0xffffffffu, inc[j], 31));
+      }
+      group_end = run;
     } else {
-      // The warps exchange their row sums through tagged shared-memory
-      // words rather than a block barrier. A warp can run at most one row
-      // ahead of the slowest (it needs every warp's sum of its row), so two
-      // words per warp, by row parity, suffice.
-      const uint32_t par = m & 1;
-      const unsigned long long tag = static_cast<unsigned long long>(m + 1)
-                                     << 32;
+      uint32_t* buf = sh.sums[g & 1];
       if (wl == 31) {
-        rows[par * kFusedMaxWarps + warp] =
-            tag | (warp_err ? 1ull << 31 : 0ull) | incl;
+        const uint32_t flag = any_err ? 0x80000000u : 0u;
+#pragma unroll
+        for (int j = 0; j < kRowGroup; ++j) buf[j * warps + warp] = inc[j] | flag;
       }
-      for (uint32_t v = 0; v < warps; ++v) {
-        unsigned long long word;
-        do {
-          word = rows[par * kFusedMaxWarps + v];
-        } while ((word & ~0xffffffffull) != tag);
-        const uint64_t tv = word & 0x7fffffffu;
-        if (v < warp) before += tv;
-        row_total += tv;
-        any_err |= (word >> 31 & 1) != 0;
+      __syncthreads();
+      // Item j * warps + v: warp v's sum over row j, in record order.
+      const uint32_t items = kRowGroup * warps;  // <= 64
+      uint32_t a = wl < items ? buf[wl] : 0;
+      uint32_t c = wl + 32 < items ? buf[wl + 32] : 0;
+      any_err = __any_sync(0xffffffffu, ((a | c) >> 31) != 0);
+      a &= 0x7fffffffu;
+      c &= 0x7fffffffu;
+#pragma unroll
+      for (int o = 1; o < 32; o <<= 1) {
+        const uint32_t ua = __shfl_up_sync(0xffffffffu, a, o);
+        const uint32_t uc = __shfl_up_sync(0xffffffffu, c, o);
+        if (wl >= static_cast<uint32_t>(o)) {
+          a = AddSat(a, ua);
+          c = AddSat(c, uc);
+        }
       }
+      c = AddSat(c, __shfl_sync(0xffffffffu, a, 31));
+      // Exclusive prefix of item j * warps + warp: the inclusive one of the
+      // item before it (the index is the same for the whole warp).
+#pragma unroll
+      for (int j = 0; j < kRowGroup; ++j) {
+        const uint32_t idx = j * warps + warp;
+        const uint32_t src = idx - 1;
+        const uint32_t e =
+            __shfl_sync(0xffffffffu, src < 32 ? a : c, src & 31);
+        before[j] = AddSat(carry, idx == 0 ? 0 : e);
+      }
+      const uint32_t last = items - 1;
+      group_end = AddSat(
+          carry, __shfl_sync(0xffffffffu, last < 32 ? a : c, last & 31));
     }
-    if (check && any_err) break;
-    if (ok_rec) {
-      const uint64_t pos = carry + before + uint64_t{incl} - 1;
-      if (pos >= n) {
-        if (check) err = kStatusPosition;
-      } else if (linear != 0) {
-        XorRed(Addr(linear + pos * w), val, w);
+    // 3. Every check of the group passed (the same answer in every thread),
+    // or nothing of it is scattered.
+    if (check && (any_err || group_end > n)) {
+      failed = true;
+      if (!any_err && tid == 0) sh.code = kStatusPosition;
+      break;
+    }
+    // 4. Scatter.
+#pragma unroll
+    for (int j = 0; j < kRowGroup; ++j) {
+      if ((present >> j & 1) == 0) continue;
+      const uint32_t pos = AddSat(before[j], inc[j]) - 1;
+      if (pos >= n) continue;  // a checked group has none
+      if (linear != 0) {
+        XorRed(Addr(linear + uint64_t{pos} * w), val[j], w);
       } else {
         uint64_t a = 0;
-        if (MapElement(*pl, b.pieces, start + pos, &a)) XorRed(Addr(a), val, w);
+        if (MapElement(*pl, b.pieces, start + pos, &a)) {
+          XorRed(Addr(a), val[j], w);
+        }
       }
     }
-    carry += row_total;
+    carry = group_end;
   }
   if (check) {
-    if (m == row_limit && has_lane && err == kStatusOk &&
-        (q != end || x != kRansLow)) {
+    if (!failed && has_lane && err == kStatusOk &&
+        (ln.q != ln.end || ln.x != kRansLow)) {
       err = kStatusLaneEnd;
     }
     if (err != kStatusOk) atomicCAS(&sh.code, kStatusOk, err);
   }
-  return m;
+  return min(m0, row_limit);
 }
 
-__global__ void __launch_bounds__(kFusedMaxThreads)
+template <int kP, typename V>
+__device__ void FusedChunk(const BatchDevice& b, const DevChunk& cg,
+                           FusedShared& sh, const uint8_t* smem, int undo) {
+  const uint32_t rows = cg.k == 0 ? 0 : (cg.k - 1) / cg.lanes + 1;
+  if (undo) {
+    FusedPass<kP, V>(b, cg, sh, smem, false, rows);
+    return;
+  }
+  const uint32_t done = FusedPass<kP, V>(b, cg, sh, smem, true, rows);
+  __syncthreads();
+  if (sh.code == kStatusOk) return;
+  // Corrupt: put back the groups already scattered, then report.
+  FusedPass<kP, V>(b, cg, sh, smem, false, done);
+  if (threadIdx.x == 0) b.status[cg.status_index] = sh.code;
+}
+
+__global__ void __launch_bounds__(kFusedMaxThreads, kFusedMinBlocks)
     FusedXorKernel(BatchDevice b, int undo) {
   const DevChunk& cg = b.chunks[blockIdx.x];
   if (!cg.fused) return;
@@ -607,17 +759,18 @@ __global__ void __launch_bounds__(kFusedMaxThreads)
     return;
   }
   BuildTablesAnyBlock(b, cg, sh, smem);
-  const uint32_t rows = cg.k == 0 ? 0 : (cg.k - 1) / cg.lanes + 1;
-  if (undo) {
-    FusedPass(b, cg, sh, smem, false, rows);
-    return;
+  // The same choice in every thread of the block.
+  if (cg.width == 8) {
+    if (cg.coded <= kRegPlanes) {
+      FusedChunk<kRegPlanes, uint64_t>(b, cg, sh, smem, undo);
+    } else {
+      FusedChunk<0, uint64_t>(b, cg, sh, smem, undo);
+    }
+  } else if (cg.coded <= kRegPlanes) {
+    FusedChunk<kRegPlanes, uint32_t>(b, cg, sh, smem, undo);
+  } else {
+    FusedChunk<0, uint32_t>(b, cg, sh, smem, undo);
   }
-  const uint32_t done = FusedPass(b, cg, sh, smem, true, rows);
-  __syncthreads();
-  if (sh.code == kStatusOk) return;
-  // Corrupt: put back the rows already scattered, then report.
-  FusedPass(b, cg, sh, smem, false, done);
-  if (threadIdx.x == 0) b.status[cg.status_index] = sh.code;
 }
 
 // Launches the fused kernel, one thread per lane of the batch's widest

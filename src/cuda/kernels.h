@@ -36,16 +36,18 @@ struct BatchDevice {
 
 // Bytes a payload slot must hold past its batch's last byte: the decoders
 // read lanes through aligned words loaded ahead of the read position
-// (decode_apply.cu, LaneRing).
+// (decode_apply.cu, LaneRing and FusedLane).
 inline constexpr uint64_t kPayloadPad = 64;
 
 // Largest dynamic shared memory the decode kernel accepts (per block).
 inline constexpr uint32_t kMaxDecodeSmem = 96 * 1024;
 
 // Sparse XOR chunks (DevChunk::fused): one kernel decodes, checks and
-// applies them (one block per chunk, one thread per rANS lane, positions
-// by a scan per row of records); a chunk found corrupt is put back before
-// its status is set, so its range ends untouched.
+// applies them (one block per chunk, one thread per rANS lane; the lanes
+// decode a few rows of records into registers, then one exchange turns
+// their gaps into positions); a group of rows is scattered only once all
+// its checks passed, and a chunk found corrupt is put back before its
+// status is set, so its range ends untouched.
 // Other sparse chunks, kernel A: decodes their lanes (one block per chunk,
 // one thread per rANS lane) into gaps and values in scratch and checks the
 // payload (lane framing and ends, positions < n, zero XOR values), setting

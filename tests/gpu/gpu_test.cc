@@ -398,39 +398,57 @@ TEST(GpuApply, CorruptChunksAreRefusedLikeOnTheCpu) {
   }
   EXPECT_GT(refused, trials / 2);
   // Anywhere in the lanes: the fused XOR kernel (decode_apply.cu) meets
-  // most of these errors after it has scattered some rows, which it must
-  // put back (lane underruns, positions past n, zero values, wrong ends).
-  auto good = ParseChunk(e.buf);
-  ASSERT_TRUE(good.ok());
-  const size_t payload_at =
-      static_cast<size_t>(good->payload.data() - e.buf.data());
-  for (int t = 0; t < 60; ++t) {
-    std::vector<uint8_t> bad = e.buf;
-    const size_t size = bad.size();
-    const size_t at = payload_at + rng() % good->payload.size();
-    bad[at] ^= static_cast<uint8_t>(1 + rng() % 255);
-    FixChecksum(bad.data(), size);
-    auto pc = ParseChunk(bad);
-    ASSERT_TRUE(pc.ok());
-    std::vector<uint8_t> cpu = a;
-    ApplyScratch scratch;
-    const bool cpu_ok =
-        ApplyChunkInPlace(*pc, cpu.data(), &scratch, nullptr, nullptr).ok();
-    DeviceMem d(a.size());
-    Upload(d, a);
-    PlacementPlan plan;
-    ASSERT_TRUE(plan.Add(WholePlacement("t", w, n, 1, d.addr())).ok());
-    auto rx = Receiver::Create(std::move(plan), {"t"}, {});
-    ASSERT_TRUE(rx.ok());
-    ChunkSpan span{0, size};
-    auto prep = (*rx)->Prepare(bad, std::span(&span, 1));
-    if (!prep.ok()) {
-      EXPECT_FALSE(cpu_ok) << "host refused what the CPU applies";
-      continue;
+  // most of these errors after it has scattered some groups of rows, which
+  // it must put back (lane underruns, positions past n, zero values, wrong
+  // ends). The second chunk has ~120 lanes: four warps that exchange their
+  // row sums through shared memory.
+  auto lanes_corrupt = [&](const std::vector<uint8_t>& base,
+                           const std::vector<uint8_t>& target,
+                           const Encoded& enc, uint64_t count, int tries) {
+    auto good = ParseChunk(enc.buf);
+    ASSERT_TRUE(good.ok());
+    const size_t payload_at =
+        static_cast<size_t>(good->payload.data() - enc.buf.data());
+    for (int t = 0; t < tries; ++t) {
+      std::vector<uint8_t> bad = enc.buf;
+      const size_t size = bad.size();
+      const size_t at = payload_at + rng() % good->payload.size();
+      bad[at] ^= static_cast<uint8_t>(1 + rng() % 255);
+      FixChecksum(bad.data(), size);
+      auto pc = ParseChunk(bad);
+      ASSERT_TRUE(pc.ok());
+      std::vector<uint8_t> cpu = base;
+      ApplyScratch scratch;
+      const bool cpu_ok =
+          ApplyChunkInPlace(*pc, cpu.data(), &scratch, nullptr, nullptr).ok();
+      DeviceMem d(base.size());
+      Upload(d, base);
+      PlacementPlan plan;
+      ASSERT_TRUE(plan.Add(WholePlacement("t", w, count, 1, d.addr())).ok());
+      auto rx = Receiver::Create(std::move(plan), {"t"}, {});
+      ASSERT_TRUE(rx.ok());
+      ChunkSpan span{0, size};
+      auto prep = (*rx)->Prepare(bad, std::span(&span, 1));
+      if (!prep.ok()) {
+        EXPECT_FALSE(cpu_ok) << "host refused what the CPU applies";
+        continue;
+      }
+      auto rep = (*rx)->Apply(bad, *prep);
+      EXPECT_EQ(rep.ok(), cpu_ok);
+      EXPECT_EQ(Download(d, base.size()), cpu_ok ? target : base);
     }
-    auto rep = (*rx)->Apply(bad, *prep);
-    EXPECT_EQ(rep.ok(), cpu_ok);
-    EXPECT_EQ(Download(d, a.size()), cpu_ok ? b : a);
+  };
+  lanes_corrupt(a, b, e, n, 60);
+  {
+    const uint64_t n2 = 1 << 22;  // 8 MiB at 3%: sparse XOR, 123 lanes
+    auto a2 = RandomBytes(n2 * w, 41);
+    auto b2 = Perturb(a2, w, 0.03, 42);
+    Encoded e2 = EncodeTensor(a2, b2, w, n2 * w, true);
+    ASSERT_EQ(e2.spans.size(), 1u);
+    auto pc2 = ParseChunk(e2.buf);
+    ASSERT_TRUE(pc2.ok());
+    ASSERT_EQ(pc2->header.kind, codec::ChunkKind::kSparseXor);
+    lanes_corrupt(a2, b2, e2, n2, 30);
   }
   // Truncated chunks never get past Prepare.
   auto rx = Receiver::Create(PlacementPlan{}, {"t"}, {});
