@@ -6,14 +6,19 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
+#include <memory>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "format/safetensors.h"
 #include "refit/checkpoint.h"
 #include "refit/delta.h"
+#include "sync/publisher.h"
+#include "sync/receiver.h"
 
 namespace refit::testing {
 
@@ -67,6 +72,30 @@ struct TestModel {
     return true;
   }
 };
+
+// Publishes `model` as `version` while every receiver syncs to it on a
+// thread of its own (up to `timeout_ms`); a receiver that fails adds a test
+// failure. Checks that the version committed and every receiver holds it.
+inline void PublishToAll(Publisher& pub, const std::vector<std::unique_ptr<Receiver>>& receivers,
+                         uint64_t version, const TestModel& model, int timeout_ms) {
+  std::vector<std::thread> threads;
+  std::atomic<int> failures{0};
+  for (const auto& r : receivers) {
+    threads.emplace_back([&, rp = r.get()] {
+      auto s = rp->SyncTo(version, timeout_ms);
+      if (!s.ok()) {
+        ADD_FAILURE() << s.status().ToString();
+        ++failures;
+      }
+    });
+  }
+  auto report = pub.Publish(version, model.Views());
+  for (auto& t : threads) t.join();
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  EXPECT_TRUE(report->committed) << report->reason;
+  ASSERT_EQ(failures.load(), 0);
+  for (const auto& r : receivers) EXPECT_EQ(r->active_version(), version);
+}
 
 }  // namespace refit::testing
 
