@@ -459,6 +459,57 @@ TEST(GpuApply, CorruptChunksAreRefusedLikeOnTheCpu) {
   }
 }
 
+// A corrupt chunk among good ones of the same batch (fused kernel, one
+// launch): it must be refused and put back while the others apply, exactly
+// as the CPU decides.
+TEST(GpuApply, CorruptChunkAmongGoodOnes) {
+  const int w = 2;
+  const uint64_t n = 6 << 19;  // six chunks of 1 MiB, ~6 lanes each at 1%
+  auto a = RandomBytes(n * w, 51);
+  auto b = Perturb(a, w, 0.01, 52);
+  Encoded e = EncodeTensor(a, b, w, 1 << 20, true);
+  ASSERT_EQ(e.spans.size(), 6u);
+  std::mt19937_64 rng(53);
+  int refused = 0;
+  for (int t = 0; t < 24; ++t) {
+    std::vector<uint8_t> bad = e.buf;
+    const ChunkSpan victim = e.spans[t % 6];
+    auto good = ParseChunk(std::span(e.buf).subspan(victim.offset, victim.size));
+    ASSERT_TRUE(good.ok());
+    ASSERT_EQ(good->header.kind, codec::ChunkKind::kSparseXor);
+    const size_t payload_at =
+        static_cast<size_t>(good->payload.data() - e.buf.data());
+    bad[payload_at + rng() % good->payload.size()] ^=
+        static_cast<uint8_t>(1 + rng() % 255);
+    FixChecksum(bad.data() + victim.offset, victim.size);
+    std::vector<uint8_t> cpu = a;
+    ApplyScratch scratch;
+    bool cpu_ok = true;
+    for (const ChunkSpan& sp : e.spans) {
+      auto pc = ParseChunk(std::span(bad).subspan(sp.offset, sp.size));
+      ASSERT_TRUE(pc.ok());
+      cpu_ok &=
+          ApplyChunkInPlace(*pc, cpu.data(), &scratch, nullptr, nullptr).ok();
+    }
+    DeviceMem d(a.size());
+    Upload(d, a);
+    PlacementPlan plan;
+    ASSERT_TRUE(plan.Add(WholePlacement("t", w, n, 1, d.addr())).ok());
+    auto rx = Receiver::Create(std::move(plan), {"t"}, {});
+    ASSERT_TRUE(rx.ok());
+    auto prep = (*rx)->Prepare(bad, e.spans);
+    if (!prep.ok()) {
+      EXPECT_FALSE(cpu_ok) << "host refused what the CPU applies";
+      continue;
+    }
+    auto rep = (*rx)->Apply(bad, *prep);
+    EXPECT_EQ(rep.ok(), cpu_ok);
+    EXPECT_EQ(Download(d, a.size()), cpu);
+    refused += !rep.ok();
+  }
+  EXPECT_GT(refused, 0);
+}
+
 // Dense chunks (kind 4 here): constant, verbatim and entropy planes are
 // decoded on the GPU, a chunk with a zstd plane on the CPU; all must give
 // the CPU's bytes. A corrupt entropy lane is refused on the GPU, its range
