@@ -40,7 +40,10 @@
 namespace refit::cuda {
 
 struct DeviceTensorPair {
-  const void* old_data = nullptr;  // device address of the baseline
+  // The baseline: a device address, or page-locked host memory
+  // (cudaMallocHost, or cudaHostRegister'ed) when device memory is short,
+  // which the kernels then read in place over the bus (no staging copy).
+  const void* old_data = nullptr;
   const void* new_data = nullptr;  // device address of the new values
   uint64_t elements = 0;
   int width = 0;                   // 1, 2, 4 or 8

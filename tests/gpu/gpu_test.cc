@@ -31,6 +31,13 @@ struct DeviceMem {
   uintptr_t addr() const { return reinterpret_cast<uintptr_t>(p); }
 };
 
+// Page-locked host memory, which kernels read in place over the bus.
+struct PinnedMem {
+  void* p = nullptr;
+  explicit PinnedMem(size_t n) { EXPECT_EQ(cudaMallocHost(&p, n ? n : 1), cudaSuccess); }
+  ~PinnedMem() { cudaFreeHost(p); }
+};
+
 void Upload(DeviceMem& d, const std::vector<uint8_t>& h) {
   ASSERT_EQ(cudaMemcpy(d.p, h.data(), h.size(), cudaMemcpyHostToDevice), cudaSuccess);
 }
@@ -655,19 +662,27 @@ TEST(GpuApply, FixtureStepsMatchCpu) {
 void CheckGpuEncode(const std::vector<std::vector<uint8_t>>& olds,
                     const std::vector<std::vector<uint8_t>>& news,
                     const std::vector<int>& widths, uint64_t chunk_bytes,
-                    uint32_t records_per_lane, const std::string& what) {
+                    uint32_t records_per_lane, const std::string& what,
+                    bool host_baseline = false) {
   SCOPED_TRACE(what);
   std::vector<std::unique_ptr<DeviceMem>> mem;
+  std::vector<std::unique_ptr<PinnedMem>> pinned;
   std::vector<DeviceTensorPair> pairs;
   std::vector<std::vector<uint8_t>> want;  // CPU chunks in order
   for (size_t t = 0; t < olds.size(); ++t) {
     const int w = widths[t];
-    mem.push_back(std::make_unique<DeviceMem>(olds[t].size()));
-    Upload(*mem.back(), olds[t]);
+    DeviceTensorPair p;
+    if (host_baseline) {
+      pinned.push_back(std::make_unique<PinnedMem>(olds[t].size()));
+      std::memcpy(pinned.back()->p, olds[t].data(), olds[t].size());
+      p.old_data = pinned.back()->p;
+    } else {
+      mem.push_back(std::make_unique<DeviceMem>(olds[t].size()));
+      Upload(*mem.back(), olds[t]);
+      p.old_data = mem.back()->p;
+    }
     mem.push_back(std::make_unique<DeviceMem>(news[t].size()));
     Upload(*mem.back(), news[t]);
-    DeviceTensorPair p;
-    p.old_data = mem[mem.size() - 2]->p;
     p.new_data = mem.back()->p;
     p.elements = olds[t].size() / w;
     p.width = w;
@@ -725,6 +740,19 @@ TEST(GpuEncode, RandomChunksEqualCpu) {
                            " rpl=" + std::to_string(rpl));
       }
     }
+  }
+}
+
+// A baseline too large for device memory stays in page-locked host memory:
+// the kernels read it over the bus, and the chunks are the same.
+TEST(GpuEncode, PinnedHostBaselineEqualsCpu) {
+  uint64_t seed = 7000;
+  for (double rate : {0.001, 0.03}) {
+    const uint64_t n = (5 << 20) / 2 + 77;
+    auto a = RandomBytes(n * 2, ++seed);
+    auto b = Perturb(a, 2, rate, ++seed);
+    CheckGpuEncode({a}, {b}, {2}, 1 << 20, 1024, "host baseline rate=" + std::to_string(rate),
+                   /*host_baseline=*/true);
   }
 }
 
