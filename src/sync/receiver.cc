@@ -171,6 +171,43 @@ class Digests {
   std::vector<bool> covered_;
 };
 
+// The one check of the base per step: tensors are hashed in order, once,
+// before any chunk of them is applied in the step (chunks come in tensor
+// order). In a fresh step each must be at the base; it is then covered.
+// When resuming, earlier steps may have applied chunks: the tensor is not
+// covered, and is checked from its bytes at the end.
+class BaseCheck {
+ public:
+  // `of` names what `base_version` is the base of ("version 7"), for errors.
+  BaseCheck(const Bound& b, Digests* digests, const std::vector<TensorEntry>& base,
+            bool resume, uint64_t base_version, std::string of)
+      : b_(b), digests_(digests), base_(base), resume_(resume),
+        of_("version " + std::to_string(base_version) + ", the base of " + std::move(of)) {}
+
+  // Checks tensors [next, upto].
+  Status Through(size_t upto) {
+    for (; next_ <= upto && next_ < base_.size(); ++next_) {
+      const size_t t = next_;
+      const bool at_base = digests_->Ensure(b_, t) == base_[t].before;
+      if (!resume_ && !at_base) {
+        return DataLossError("tensor '" + base_[t].name + "' is not at " + of_ +
+                             "; the local model was changed; resync this receiver");
+      }
+      digests_->SetCovered(t, at_base && !resume_);
+    }
+    return Status();
+  }
+  Status All() { return Through(base_.size()); }
+
+ private:
+  const Bound& b_;
+  Digests* digests_;
+  const std::vector<TensorEntry>& base_;
+  const bool resume_;
+  const std::string of_;
+  size_t next_ = 0;
+};
+
 // Starts the write-back of applied ranges to the checkpoint's files while
 // the next chunks are applied: a thread of its own hands each range to the
 // kernel (sync_file_range, SYNC_FILE_RANGE_WRITE: start writing the range's
@@ -946,25 +983,7 @@ Result<StepResult> Receiver::ProcessVersion(const Announcement& a,
 
   if (decision && !decision->commit) return aborted();
 
-  // Hashes tensors [next_hashed, upto] once, before any chunk of them is
-  // applied in this step (chunks come in tensor order). In a fresh version
-  // each must be at the base: the one check of the base per version. When
-  // resuming, earlier steps may have applied chunks: the tensor is not
-  // covered, and is checked from its bytes at the end.
-  size_t next_hashed = 0;
-  auto hash_through = [&](size_t upto) -> Status {
-    for (; next_hashed <= upto && next_hashed < a.tensors.size(); ++next_hashed) {
-      const size_t t = next_hashed;
-      const bool at_base = digests.Ensure(b, t) == a.tensors[t].before;
-      if (!resume && !at_base) {
-        return DataLossError("tensor '" + a.tensors[t].name + "' is not at version " +
-                             std::to_string(a.base_version) + ", the base of version " + V +
-                             "; the local model was changed; resync this receiver");
-      }
-      digests.SetCovered(t, at_base && !resume);
-    }
-    return Status();
-  };
+  BaseCheck base_check(b, &digests, a.tensors, resume, a.base_version, "version " + V);
 
   // Apply every chunk at most once, as it lands.
   const int threads = opt_.threads > 0 ? opt_.threads
@@ -1043,7 +1062,7 @@ Result<StepResult> Receiver::ProcessVersion(const Announcement& a,
     const Sha256 sha = manifest ? manifest->chunks[i].sha256 : ComputeSha256(object);
     last_progress = Clock::now();
     const size_t t = c.header.tensor_id;
-    REFIT_RETURN_IF_ERROR(hash_through(t));
+    REFIT_RETURN_IF_ERROR(base_check.Through(t));
     auto [off, len] = range_of(c.header);
     const std::optional<Hash128> composed = digests.Range(b, t, off, len);
     const Hash128 h = composed ? *composed : RangeOf(b, t, off, len);
@@ -1076,7 +1095,7 @@ Result<StepResult> Receiver::ProcessVersion(const Announcement& a,
   REFIT_RETURN_IF_ERROR(drain(true));
   REFIT_RETURN_IF_ERROR(repair(torn, /*after=*/true));
   CrashPoint("receiver.after-apply");
-  REFIT_RETURN_IF_ERROR(hash_through(a.tensors.size()));
+  REFIT_RETURN_IF_ERROR(base_check.All());
   // Every tensor at the manifest's after hash. A covered tensor was at
   // the base as a whole and each of its chunks' ranges now hashes to that
   // chunk's "after"; the bytes outside the chunks are the base's, which
@@ -1269,23 +1288,9 @@ Result<std::optional<StepResult>> Receiver::Fold(const std::vector<Announcement>
   Digests digests(tensors);
   Flusher flusher(b);
 
-  // Hashes tensors [next_hashed, upto] once, before any cell of them is
-  // applied in this step (cells come in tensor order): the one check of
-  // the base, as for a single version.
-  size_t next_hashed = 0;
-  auto hash_through = [&](size_t upto) -> Status {
-    for (; next_hashed <= upto && next_hashed < tensors; ++next_hashed) {
-      const size_t t = next_hashed;
-      const bool at_base = digests.Ensure(b, t) == first.tensors[t].before;
-      if (!resume && !at_base) {
-        return DataLossError("tensor '" + first.tensors[t].name + "' is not at version " +
-                             std::to_string(first.base_version) + ", the base of " + what +
-                             "; the local model was changed; resync this receiver");
-      }
-      digests.SetCovered(t, at_base && !resume);
-    }
-    return Status();
-  };
+  // The one check of the base A, as for a single version (cells come in
+  // tensor order).
+  BaseCheck base_check(b, &digests, first.tensors, resume, first.base_version, what);
 
   // Fetches chunk i of chain[j] and checks it against its manifest entry,
   // its announcement and its version.
@@ -1377,7 +1382,7 @@ Result<std::optional<StepResult>> Receiver::Fold(const std::vector<Announcement>
       job.chunks.push_back(c);  // points into `object`'s buffer, which moves along
       job.objects.push_back(std::move(object));
     }
-    REFIT_RETURN_IF_ERROR(hash_through(t));
+    REFIT_RETURN_IF_ERROR(base_check.Through(t));
     const std::optional<Hash128> composed = digests.Range(b, t, off, len);
     const Hash128 h = composed ? *composed : RangeOf(b, t, off, len);
     const size_t m = job.chunks.size();
@@ -1496,7 +1501,7 @@ Result<std::optional<StepResult>> Receiver::Fold(const std::vector<Announcement>
     }
   }
   CrashPoint("receiver.after-apply");
-  REFIT_RETURN_IF_ERROR(hash_through(tensors));
+  REFIT_RETURN_IF_ERROR(base_check.All());
 
   // Every tensor at Vk's manifest "after" hash. A covered tensor was at
   // the base A as a whole and every cell of it now hashes to its last
