@@ -18,6 +18,7 @@
 #include "sync/protocol.h"
 #include "sync/publisher.h"
 #include "sync/receiver.h"
+#include "sync/store_test_fixture.h"
 #include "sync/test_model.h"
 #include "testing.h"
 #include "transport/moto_testing.h"
@@ -60,30 +61,12 @@ TEST(FoldJournalTest, FoldRecordRoundTripsAndATornOneIsNoJournal) {
 
 // Every fold test runs against the directory store and against an
 // S3-compatible store (a moto_server the suite starts on 127.0.0.1).
-class FoldTest : public ::testing::TestWithParam<std::string> {
+class FoldTest : public testing::StoreTest {
  protected:
-  static void SetUpTestSuite() {
-    auto moto = testing::MotoServer::Start();
-    if (moto.ok()) moto_ = std::move(*moto).release();
-  }
-  static void TearDownTestSuite() {
-    delete moto_;
-    moto_ = nullptr;
-  }
-
   void SetUp() override {
-    if (GetParam() == "s3" && moto_ == nullptr) {
-      GTEST_SKIP() << "moto_server is not on PATH: the S3 fold tests did not run";
-    }
-    static int counter = 0;
-    auto s = GetParam() == "s3"
-                 ? OpenObjectStore(std::string("s3://") + testing::MotoServer::kBucket + "/" +
-                                       std::to_string(getpid()) + "-fold" +
-                                       std::to_string(++counter),
-                                   moto_->Options())
-                 : OpenObjectStore(dir_.File("store"));
-    ASSERT_OK(s);
-    store_ = std::move(*s);
+    if (S3Missing()) GTEST_SKIP() << "moto_server is not on PATH: the S3 fold tests did not run";
+    store_ = NewStore("fold");
+    ASSERT_NE(store_, nullptr);
     model_.Write(dir_.File("baseline.safetensors"));
     follower_ = model_;
     committed_.push_back(model_);
@@ -172,10 +155,7 @@ class FoldTest : public ::testing::TestWithParam<std::string> {
     return bytes.ok() ? ComputeSha256(*bytes) : Sha256{};
   }
 
-  int PollMs() const { return GetParam() == "s3" ? 10 : 2; }
 
-  static testing::MotoServer* moto_;
-  TempDir dir_;
   std::unique_ptr<ObjectStore> store_;
   Model model_{11};
   Model follower_{11};
@@ -190,7 +170,6 @@ class FoldTest : public ::testing::TestWithParam<std::string> {
   uint64_t version_ = 0;
 };
 
-testing::MotoServer* FoldTest::moto_ = nullptr;
 
 TEST_P(FoldTest, FoldsTwoToSixVersionsBitExact) {
   OpenPublisher(MakePublisher());

@@ -21,6 +21,7 @@
 #include "sync/auth.h"
 #include "sync/journal.h"
 #include "sync/protocol.h"
+#include "sync/store_test_fixture.h"
 #include "sync/test_model.h"
 #include "sync/publisher.h"
 #include "sync/receiver.h"
@@ -222,40 +223,18 @@ using Model = testing::TestModel;
 
 // Every protocol test runs against the directory store and against an
 // S3-compatible store (a moto_server the suite starts on 127.0.0.1).
-class SyncTest : public ::testing::TestWithParam<std::string> {
+class SyncTest : public testing::StoreTest {
  protected:
-  static void SetUpTestSuite() {
-    auto moto = testing::MotoServer::Start();
-    if (moto.ok()) moto_ = std::move(*moto).release();
-  }
-  static void TearDownTestSuite() {
-    delete moto_;
-    moto_ = nullptr;
-  }
-
   void SetUp() override {
-    if (GetParam() == "s3" && moto_ == nullptr) {
-      GTEST_SKIP() << "moto_server is not on PATH: the S3 protocol tests "
-                      "did not run";
+    if (S3Missing()) {
+      GTEST_SKIP() << "moto_server is not on PATH: the S3 protocol tests did not run";
     }
     store_ = NewStore();
     ASSERT_NE(store_, nullptr);
     model_.Write(dir_.File("baseline.safetensors"));
   }
 
-  // A fresh, empty store of this test's kind.
-  std::unique_ptr<ObjectStore> NewStore() {
-    static int counter = 0;
-    const std::string name = "store" + std::to_string(++counter);
-    auto s = GetParam() == "s3"
-                 ? OpenObjectStore(std::string("s3://") + testing::MotoServer::kBucket +
-                                       "/" + std::to_string(getpid()) + "-" + name,
-                                   moto_->Options())
-                 : OpenObjectStore(dir_.File(name));
-    EXPECT_TRUE(s.ok()) << s.status().ToString();
-    return s.ok() ? std::move(*s) : nullptr;
-  }
-  int PollMs() const { return GetParam() == "s3" ? 10 : 2; }
+  std::unique_ptr<ObjectStore> NewStore() { return StoreTest::NewStore("store"); }
 
   // Receiver i's checkpoint and state dir, starting at version 0.
   ReceiverOptions MakeReceiver(int i) {
@@ -284,13 +263,9 @@ class SyncTest : public ::testing::TestWithParam<std::string> {
     return o;
   }
 
-  static testing::MotoServer* moto_;
-  TempDir dir_;
   std::unique_ptr<ObjectStore> store_;
   Model model_{1};
 };
-
-testing::MotoServer* SyncTest::moto_ = nullptr;
 
 TEST_P(SyncTest, VersionsReachEveryReceiverBitExact) {
   constexpr int kReceivers = 8;
