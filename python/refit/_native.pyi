@@ -100,6 +100,7 @@ class StepResult:
     seconds: float
     tail_seconds: float
     versions_folded: int
+    recovered: str
     changed_tensors: List[str]
 
 class Checkpoint:

@@ -595,6 +595,7 @@ void BindReports(py::module_& m) {
       .def_readonly("seconds", &StepResult::seconds)
       .def_readonly("tail_seconds", &StepResult::tail_seconds)
       .def_readonly("versions_folded", &StepResult::versions_folded)
+      .def_readonly("recovered", &StepResult::recovered)
       .def_readonly("changed_tensors", &StepResult::changed_tensors)
       .def("__repr__", [](const StepResult& r) {
         return std::string("StepResult(") + OutcomeName(r.outcome) + " version " +

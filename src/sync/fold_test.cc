@@ -490,6 +490,74 @@ TEST_P(FoldTest, TornRangeOfAFoldBelowHeadIsRefused) {
   EXPECT_TRUE(std::equal(d.begin(), d.begin() + cell, torn.begin()));
 }
 
+// A torn range that nobody re-sends (no publisher serves those versions)
+// ends the catch-up in a snapshot when the store keeps them: the receiver
+// resyncs instead of failing on every step.
+TEST_P(FoldTest, TornRangeNobodyResendsIsResyncedFromASnapshot) {
+  auto popts = MakePublisher();
+  popts.snapshot_every = 2;
+  OpenPublisher(popts);
+  for (int i = 0; i < 4; ++i) Publish(0.02);
+  auto opts = Lagging("lag", 2);
+  opts.resend_timeout_ms = 300;
+  {
+    // b.weight's first range: some elements at version 1, the rest at 0.
+    auto ck = Checkpoint::Open(opts.checkpoint, Checkpoint::Mode::kReadWrite);
+    ASSERT_OK(ck);
+    auto d = ck->MutableData(*ck->IndexOf("b.weight"));
+    const auto& v1 = At(1).data[1];
+    size_t copied = 0;
+    for (size_t i = 0; i < d.size() && copied < 5; ++i) {
+      if (d[i] != v1[i]) {
+        d[i] = v1[i];
+        ++copied;
+      }
+    }
+    ASSERT_GT(copied, 0u);
+    ASSERT_OK(ck->Sync());
+  }
+  ASSERT_OK(Journal::BeginFold(opts.state_dir + "/journal", 0, {1, 2},
+                               {AnnouncementSha(1), AnnouncementSha(2)})
+                .status());
+  auto r = Receiver::Open(store_.get(), opts);
+  ASSERT_OK(r);
+  auto s = (*r)->Step();
+  ASSERT_OK(s);
+  EXPECT_EQ(s->outcome, StepResult::Outcome::kSnapshot);
+  EXPECT_EQ(s->version, 4u);
+  EXPECT_NE(s->recovered.find("re-send"), std::string::npos) << s->recovered;
+  EXPECT_EQ((*r)->active_version(), 4u);
+  EXPECT_TRUE(At(4).Matches(opts.checkpoint));
+  EXPECT_FALSE(PathExists(opts.state_dir + "/journal"));
+  auto idle = (*r)->Step();
+  ASSERT_OK(idle);
+  EXPECT_EQ(idle->outcome, StepResult::Outcome::kIdle);
+
+  // An in-memory receiver cannot take a snapshot: the failure stands.
+  Model memory = model_;
+  ReceiverOptions m = Base("mem");
+  m.resend_timeout_ms = 300;
+  for (size_t i = 0; i < memory.names.size(); ++i) {
+    m.tensors.push_back({memory.names[i], "BF16", 2, {memory.sizes[i]}, memory.data[i].data()});
+  }
+  auto& d = memory.data[1];
+  const auto& v1 = At(1).data[1];
+  for (size_t i = 0, copied = 0; i < d.size() && copied < 5; ++i) {
+    if (d[i] != v1[i]) {
+      d[i] = v1[i];
+      ++copied;
+    }
+  }
+  ASSERT_OK(Journal::BeginFold(m.state_dir + "/journal", 0, {1, 2},
+                               {AnnouncementSha(1), AnnouncementSha(2)})
+                .status());
+  auto rm = Receiver::Open(store_.get(), m);
+  ASSERT_OK(rm);
+  auto sm = (*rm)->Step();
+  EXPECT_EQ(sm.status().code(), StatusCode::kDeadlineExceeded) << sm.status().ToString();
+  EXPECT_EQ((*rm)->active_version(), 0u);
+}
+
 TEST_P(FoldTest, ChangedLocalModelIsRefusedBeforeAnythingIsWritten) {
   OpenPublisher(MakePublisher());
   for (int i = 0; i < 3; ++i) Publish(0.02);

@@ -554,9 +554,10 @@ Result<StepResult> Receiver::Step(uint64_t fold_limit) {
       chain.push_back(std::move(a));
       shas.push_back(sha);
     }
-    REFIT_ASSIGN_OR_RETURN(auto folded, Fold(chain, shas, /*resume=*/true));
-    if (!folded) return InternalError("a journaled fold could not be resumed");
-    return std::move(*folded);
+    auto folded = Fold(chain, shas, /*resume=*/true);
+    if (!folded.ok()) return OrSnapshot(folded.status());
+    if (!*folded) return InternalError("a journaled fold could not be resumed");
+    return std::move(**folded);
   }
   if (journal && journal->version > active_) {
     Sha256 sha;
@@ -575,7 +576,10 @@ Result<StepResult> Receiver::Step(uint64_t fold_limit) {
                            " differs from the one this receiver journaled");
     }
     bool member = std::find(a.members.begin(), a.members.end(), opt_.member) != a.members.end();
-    return ProcessVersion(a, sha, member, /*resume=*/true);
+    REFIT_ASSIGN_OR_RETURN(auto decision, ReadDecision(a.version));
+    Result<StepResult> step = ProcessVersion(a, sha, member, /*resume=*/true);
+    // A committed version this receiver only catches up with.
+    return decision && decision->commit ? OrSnapshot(std::move(step)) : step;
   }
   REFIT_ASSIGN_OR_RETURN(auto versions, ListVersions());
   REFIT_ASSIGN_OR_RETURN(bool broken, ChainBroken(versions));
@@ -627,11 +631,13 @@ Result<StepResult> Receiver::Step(uint64_t fold_limit) {
         shas.push_back(next_sha);
       }
       if (chain.size() >= 2) {
-        REFIT_ASSIGN_OR_RETURN(auto folded, Fold(chain, shas, /*resume=*/false));
-        if (folded) return std::move(*folded);
+        auto folded = Fold(chain, shas, /*resume=*/false);
+        if (!folded.ok()) return OrSnapshot(folded.status());
+        if (*folded) return std::move(**folded);
       }
     }
-    return ProcessVersion(a, sha, member && !decision, /*resume=*/false);
+    Result<StepResult> step = ProcessVersion(a, sha, member && !decision, /*resume=*/false);
+    return decision ? OrSnapshot(std::move(step)) : step;
   }
   return StepResult{};
 }
@@ -758,6 +764,23 @@ Result<StepResult> Receiver::CatchUpFromSnapshot(uint64_t version) {
   result.outcome = StepResult::Outcome::kSnapshot;
   result.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   return result;
+}
+
+Result<StepResult> Receiver::OrSnapshot(Result<StepResult> step) {
+  if (step.ok() || opt_.checkpoint.empty()) return step;
+  const StatusCode code = step.status().code();
+  if (code != StatusCode::kDeadlineExceeded && code != StatusCode::kDataLoss) return step;
+  auto snap = NewestSnapshot();
+  if (!snap.ok() || !*snap || **snap <= active_) return step;
+  // The snapshot replaces every file, whatever the failed step left in
+  // them, and its activation ends the journal.
+  auto taken = CatchUpFromSnapshot(**snap);
+  if (!taken.ok()) {
+    return taken.status().WithContext(step.status().ToString() +
+                                      "; resyncing from snapshot " + std::to_string(**snap));
+  }
+  taken->recovered = step.status().ToString();
+  return taken;
 }
 
 Result<StepResult> Receiver::SyncTo(uint64_t version, int timeout_ms) {

@@ -83,6 +83,10 @@ struct StepResult {
   // (those with at least one changed element), in manifest order, so a
   // caller can reload just those into an engine.
   std::vector<std::string> changed_tensors;
+  // kSnapshot taken because committed versions could not be applied as
+  // deltas (a torn range nobody re-sent, or a local model off its base):
+  // why. Empty otherwise.
+  std::string recovered;
 };
 
 class Receiver {
@@ -105,7 +109,10 @@ class Receiver {
   // from the active version (they were deleted by retention, or the
   // checkpoint is absent) and no journal is in progress, replaces the
   // checkpoint with the newest snapshot at or below head instead
-  // (kSnapshot). kIdle when there is nothing to do yet.
+  // (kSnapshot); so does a checkpoint receiver whose catch-up through
+  // committed versions fails for a torn range nobody re-sends or a local
+  // model off its base (StepResult::recovered says why). kIdle when there
+  // is nothing to do yet.
   // kDeadlineExceeded when no decision arrives in time (the journal keeps
   // the work; the next Step resumes).
   Result<StepResult> Step(uint64_t fold_limit = UINT64_MAX);
@@ -141,6 +148,12 @@ class Receiver {
   // The newest snapshot at or below head; nullopt when there is none.
   Result<std::optional<uint64_t>> NewestSnapshot();
   Result<StepResult> CatchUpFromSnapshot(uint64_t version);
+  // `step` catches up through committed versions. When it failed with
+  // DEADLINE_EXCEEDED (no re-send of a torn range came) or DATA_LOSS (the
+  // re-sends or the local model do not lead to the versions' hashes), a
+  // checkpoint receiver resyncs from the newest snapshot above the active
+  // version, if the store holds one; otherwise the failure stands.
+  Result<StepResult> OrSnapshot(Result<StepResult> step);
 
   ObjectStore* store_;
   ReceiverOptions opt_;

@@ -918,6 +918,17 @@ int RunReceive(const ReceiveArgs& args) {
     }
     ClearLastError(args.state);
     report_done(r.version);
+    if (!r.recovered.empty()) {
+      // Deltas could not bring this receiver forward; a snapshot did.
+      if (args.json) {
+        PrintJsonLine({{"event", "resynced"},
+                       {"snapshot", r.version},
+                       {"because", r.recovered}});
+      } else {
+        fmt::print(stderr, "refit: receive: resynced from snapshot {} because: {}\n",
+                   r.version, r.recovered);
+      }
+    }
     if (args.json) {
       PrintJsonLine({{"event", "version"},
                      {"version", r.version},
