@@ -10,6 +10,7 @@
 #include <atomic>
 #include <filesystem>
 #include <random>
+#include <span>
 #include <thread>
 
 #include "base/file.h"
@@ -90,10 +91,7 @@ class FoldTest : public testing::StoreTest {
     ASSERT_OK(p);
     pub_ = std::move(*p);
     ReceiverOptions f = Base("f");
-    for (size_t i = 0; i < follower_.names.size(); ++i) {
-      f.tensors.push_back({follower_.names[i], "BF16", 2, {follower_.sizes[i]},
-                           follower_.data[i].data()});
-    }
+    f.tensors = follower_.MutableViews();
     auto r = Receiver::Open(store_.get(), f);
     ASSERT_OK(r);
     follower_rcv_ = std::move(*r);
@@ -153,6 +151,25 @@ class FoldTest : public testing::StoreTest {
     auto bytes = store_->Get(IndexKey(v));
     EXPECT_OK(bytes);
     return bytes.ok() ? ComputeSha256(*bytes) : Sha256{};
+  }
+  // Journals a fold of `versions` onto version 0 in `state_dir`, as a
+  // receiver killed inside that fold leaves it.
+  void JournalFold(const std::string& state_dir, const std::vector<uint64_t>& versions) {
+    std::vector<Sha256> shas;
+    for (uint64_t v : versions) shas.push_back(AnnouncementSha(v));
+    ASSERT_OK(Journal::BeginFold(state_dir + "/journal", 0, versions, shas).status());
+  }
+  // Tears a range as a crash inside a chunk would: the first 5 bytes of
+  // `d` from `from` on that differ from `toward` take its values.
+  static void Tear(std::span<uint8_t> d, const std::vector<uint8_t>& toward, size_t from = 0) {
+    size_t copied = 0;
+    for (size_t i = from; i < d.size() && copied < 5; ++i) {
+      if (d[i] != toward[i]) {
+        d[i] = toward[i];
+        ++copied;
+      }
+    }
+    ASSERT_GT(copied, 0u);
   }
 
 
@@ -321,9 +338,7 @@ TEST_P(FoldTest, InMemoryReceiverFolds) {
   for (int i = 0; i < 4; ++i) Publish(0.03);
   Model memory = model_;
   ReceiverOptions o = Base("mem");
-  for (size_t i = 0; i < memory.names.size(); ++i) {
-    o.tensors.push_back({memory.names[i], "BF16", 2, {memory.sizes[i]}, memory.data[i].data()});
-  }
+  o.tensors = memory.MutableViews();
   auto r = Receiver::Open(store_.get(), o);
   ASSERT_OK(r);
   auto s = (*r)->Step();
@@ -402,20 +417,10 @@ TEST_P(FoldTest, CrashedFoldResumesAndRepairsATornRange) {
     std::copy(v4.begin(), v4.begin() + cell, d.begin());                   // done
     std::copy(v2.begin() + cell, v2.begin() + 2 * cell, d.begin() + cell);  // at 2
     std::copy(v2.begin() + 2 * cell, v2.end(), d.begin() + 2 * cell);       // torn 2..3
-    size_t copied = 0;
-    for (size_t i = 2 * cell; i < d.size() && copied < 5; ++i) {
-      if (v2[i] != v3[i]) {
-        d[i] = v3[i];
-        ++copied;
-      }
-    }
-    ASSERT_GT(copied, 0u);
+    ASSERT_NO_FATAL_FAILURE(Tear(d, v3, 2 * cell));
     ASSERT_OK(ck->Sync());
   }
-  ASSERT_OK(Journal::BeginFold(opts.state_dir + "/journal", 0, {1, 2, 3, 4},
-                               {AnnouncementSha(1), AnnouncementSha(2), AnnouncementSha(3),
-                                AnnouncementSha(4)})
-                .status());
+  ASSERT_NO_FATAL_FAILURE(JournalFold(opts.state_dir, {1, 2, 3, 4}));
   std::atomic<bool> done{false};
   std::thread serve([&] {
     while (!done) {
@@ -453,21 +458,11 @@ TEST_P(FoldTest, TornRangeOfAFoldBelowHeadIsRefused) {
     auto ck = Checkpoint::Open(opts.checkpoint, Checkpoint::Mode::kReadWrite);
     ASSERT_OK(ck);
     auto d = ck->MutableData(*ck->IndexOf("b.weight"));
-    const auto& v1 = At(1).data[1];
-    size_t copied = 0;
-    for (size_t i = 0; i < d.size() && copied < 5; ++i) {
-      if (d[i] != v1[i]) {
-        d[i] = v1[i];
-        ++copied;
-      }
-    }
-    ASSERT_GT(copied, 0u);
+    ASSERT_NO_FATAL_FAILURE(Tear(d, At(1).data[1]));
     torn.assign(d.begin(), d.end());
     ASSERT_OK(ck->Sync());
   }
-  ASSERT_OK(Journal::BeginFold(opts.state_dir + "/journal", 0, {1, 2},
-                               {AnnouncementSha(1), AnnouncementSha(2)})
-                .status());
+  ASSERT_NO_FATAL_FAILURE(JournalFold(opts.state_dir, {1, 2}));
   std::atomic<bool> done{false};
   std::thread serve([&] {
     while (!done) {
@@ -505,20 +500,10 @@ TEST_P(FoldTest, TornRangeNobodyResendsIsResyncedFromASnapshot) {
     auto ck = Checkpoint::Open(opts.checkpoint, Checkpoint::Mode::kReadWrite);
     ASSERT_OK(ck);
     auto d = ck->MutableData(*ck->IndexOf("b.weight"));
-    const auto& v1 = At(1).data[1];
-    size_t copied = 0;
-    for (size_t i = 0; i < d.size() && copied < 5; ++i) {
-      if (d[i] != v1[i]) {
-        d[i] = v1[i];
-        ++copied;
-      }
-    }
-    ASSERT_GT(copied, 0u);
+    ASSERT_NO_FATAL_FAILURE(Tear(d, At(1).data[1]));
     ASSERT_OK(ck->Sync());
   }
-  ASSERT_OK(Journal::BeginFold(opts.state_dir + "/journal", 0, {1, 2},
-                               {AnnouncementSha(1), AnnouncementSha(2)})
-                .status());
+  ASSERT_NO_FATAL_FAILURE(JournalFold(opts.state_dir, {1, 2}));
   auto r = Receiver::Open(store_.get(), opts);
   ASSERT_OK(r);
   auto s = (*r)->Step();
@@ -537,20 +522,9 @@ TEST_P(FoldTest, TornRangeNobodyResendsIsResyncedFromASnapshot) {
   Model memory = model_;
   ReceiverOptions m = Base("mem");
   m.resend_timeout_ms = 300;
-  for (size_t i = 0; i < memory.names.size(); ++i) {
-    m.tensors.push_back({memory.names[i], "BF16", 2, {memory.sizes[i]}, memory.data[i].data()});
-  }
-  auto& d = memory.data[1];
-  const auto& v1 = At(1).data[1];
-  for (size_t i = 0, copied = 0; i < d.size() && copied < 5; ++i) {
-    if (d[i] != v1[i]) {
-      d[i] = v1[i];
-      ++copied;
-    }
-  }
-  ASSERT_OK(Journal::BeginFold(m.state_dir + "/journal", 0, {1, 2},
-                               {AnnouncementSha(1), AnnouncementSha(2)})
-                .status());
+  m.tensors = memory.MutableViews();
+  ASSERT_NO_FATAL_FAILURE(Tear(memory.data[1], At(1).data[1]));
+  ASSERT_NO_FATAL_FAILURE(JournalFold(m.state_dir, {1, 2}));
   auto rm = Receiver::Open(store_.get(), m);
   ASSERT_OK(rm);
   auto sm = (*rm)->Step();

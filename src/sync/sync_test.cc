@@ -1134,9 +1134,7 @@ TEST_P(SyncTest, InMemoryReceiverFollowsVersions) {
   auto mem_opts = [&](const std::string& member) {
     ReceiverOptions o = MakeReceiver(member == "r0" ? 0 : 1);
     o.checkpoint.clear();
-    for (size_t i = 0; i < memory.names.size(); ++i) {
-      o.tensors.push_back({memory.names[i], "BF16", 2, {memory.sizes[i]}, memory.data[i].data()});
-    }
+    o.tensors = memory.MutableViews();
     return o;
   };
   auto r0 = Receiver::Open(store_.get(), mem_opts("r0"));

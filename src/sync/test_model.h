@@ -59,6 +59,14 @@ struct TestModel {
     }
     return v;
   }
+  // Writable views, for a receiver that patches these tensors in memory.
+  std::vector<MutableTensorView> MutableViews() {
+    std::vector<MutableTensorView> v;
+    for (size_t i = 0; i < names.size(); ++i) {
+      v.push_back({names[i], "BF16", 2, {sizes[i]}, data[i].data()});
+    }
+    return v;
+  }
   // Whether the checkpoint at `path` holds exactly these tensors' bytes.
   bool Matches(const std::string& path) const {
     auto ck = Checkpoint::Open(path, Checkpoint::Mode::kReadOnly);
