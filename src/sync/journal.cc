@@ -111,20 +111,25 @@ Result<std::optional<JournalState>> Journal::Load(const std::string& path) {
   return state;
 }
 
-Result<Journal> Journal::Begin(const std::string& path, uint64_t version,
-                               uint64_t base_version, const Sha256& manifest) {
+Result<Journal> Journal::Create(const std::string& path, uint8_t type,
+                                const std::vector<uint8_t>& body) {
   Journal j;
   j.path_ = path;
   j.fd_ = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (j.fd_ < 0) return Errno("cannot create journal", path);
+  REFIT_RETURN_IF_ERROR(j.Append(type, body));
+  REFIT_RETURN_IF_ERROR(j.Sync());
+  return j;
+}
+
+Result<Journal> Journal::Begin(const std::string& path, uint64_t version,
+                               uint64_t base_version, const Sha256& manifest) {
   std::vector<uint8_t> body;
   ByteWriter w(&body);
   w.U64(version);
   w.U64(base_version);
   w.Bytes(manifest.data(), manifest.size());
-  REFIT_RETURN_IF_ERROR(j.Append(kBegin, body));
-  REFIT_RETURN_IF_ERROR(j.Sync());
-  return j;
+  return Create(path, kBegin, body);
 }
 
 Result<Journal> Journal::BeginFold(const std::string& path, uint64_t base_version,
@@ -134,10 +139,6 @@ Result<Journal> Journal::BeginFold(const std::string& path, uint64_t base_versio
       announcements.size() != versions.size()) {
     return InvalidArgumentError("a fold journals at least two versions, each with its announcement");
   }
-  Journal j;
-  j.path_ = path;
-  j.fd_ = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (j.fd_ < 0) return Errno("cannot create journal", path);
   std::vector<uint8_t> body;
   ByteWriter w(&body);
   w.U64(base_version);
@@ -146,9 +147,7 @@ Result<Journal> Journal::BeginFold(const std::string& path, uint64_t base_versio
     w.U64(versions[i]);
     w.Bytes(announcements[i].data(), announcements[i].size());
   }
-  REFIT_RETURN_IF_ERROR(j.Append(kBeginFold, body));
-  REFIT_RETURN_IF_ERROR(j.Sync());
-  return j;
+  return Create(path, kBeginFold, body);
 }
 
 Result<Journal> Journal::Reopen(const std::string& path) {

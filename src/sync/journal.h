@@ -73,6 +73,10 @@ class Journal {
   static Status Remove(const std::string& path);
 
  private:
+  // A fresh journal at `path` (replacing any old one) whose first record,
+  // made durable, is `type` with `body`.
+  static Result<Journal> Create(const std::string& path, uint8_t type,
+                                const std::vector<uint8_t>& body);
   Status Append(uint8_t type, const std::vector<uint8_t>& body);
   int fd_ = -1;
   std::string path_;

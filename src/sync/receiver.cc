@@ -135,20 +135,19 @@ class Digests {
     }
     return HashSegmentDigests(digests_[t].data(), digests_[t].size());
   }
-  // The range hash of [offset, offset + length) of tensor t from the
-  // digests, when the range is made of whole segments of the tensor (the
+  // The range hash of [offset, offset + length) of tensor t: composed from
+  // the digests when the range is made of whole segments of the tensor (the
   // last may be the tensor's short tail) none of which was written since
-  // they were hashed; nullopt otherwise.
-  std::optional<Hash128> Range(const Bound& b, size_t t, uint64_t offset,
-                               uint64_t length) const {
+  // they were hashed; otherwise hashed from the bytes.
+  Hash128 Range(const Bound& b, size_t t, uint64_t offset, uint64_t length) const {
     if (!known_[t] || length == 0 || offset % kRangeHashSegment != 0 ||
         (length % kRangeHashSegment != 0 && offset + length != b.bytes[t])) {
-      return std::nullopt;
+      return RangeOf(b, t, offset, length);
     }
     const size_t first = offset / kRangeHashSegment;
     const size_t n = (length + kRangeHashSegment - 1) / kRangeHashSegment;
     for (size_t i = first; i < first + n; ++i) {
-      if (stale_[t][i]) return std::nullopt;
+      if (stale_[t][i]) return RangeOf(b, t, offset, length);
     }
     return HashSegmentDigests(digests_[t].data() + first, n);
   }
@@ -1087,8 +1086,7 @@ Result<StepResult> Receiver::ProcessVersion(const Announcement& a,
     const size_t t = c.header.tensor_id;
     REFIT_RETURN_IF_ERROR(base_check.Through(t));
     auto [off, len] = range_of(c.header);
-    const std::optional<Hash128> composed = digests.Range(b, t, off, len);
-    const Hash128 h = composed ? *composed : RangeOf(b, t, off, len);
+    const Hash128 h = digests.Range(b, t, off, len);
     switch (ClassifyRange(c.header, h)) {
       case RangeState::kAfter:
         ++result.chunks_skipped;
@@ -1406,8 +1404,7 @@ Result<std::optional<StepResult>> Receiver::Fold(const std::vector<Announcement>
       job.objects.push_back(std::move(object));
     }
     REFIT_RETURN_IF_ERROR(base_check.Through(t));
-    const std::optional<Hash128> composed = digests.Range(b, t, off, len);
-    const Hash128 h = composed ? *composed : RangeOf(b, t, off, len);
+    const Hash128 h = digests.Range(b, t, off, len);
     const size_t m = job.chunks.size();
     if (h == job.chunks.back().header.after) {
       result.chunks_skipped += m;
