@@ -423,34 +423,9 @@ TEST(RelayTreeTest, SlowChildQueueStaysWithinTheBound) {
   // root -> mid -> {slow, quick}: mid's queue for slow is bounded; beyond
   // the bound mid stops reading from the root, so the root's queue for mid
   // fills and the root's Put waits: memory stays bounded everywhere.
-  RelayOptions o = Fast();
-  constexpr uint64_t kBound = 256 << 10;
-  constexpr size_t kObject = 64 << 10;
-  o.child_queue_bytes = kBound;
-  auto root = RelayStore::Root("127.0.0.1:0", o);
-  ASSERT_OK(root);
-  auto mid =
-      RelayStore::Node("mid", (*root)->listen_address(), "127.0.0.1:0", o);
-  ASSERT_OK(mid);
-  RelayOptions slow_opts = o;
-  slow_opts.test_read_delay_ms = 5;
-  auto slow = RelayStore::Node("slow", (*mid)->listen_address(), "", slow_opts);
-  auto quick = RelayStore::Node("quick", (*mid)->listen_address(), "", o);
-  ASSERT_OK(slow);
-  ASSERT_OK(quick);
-  ASSERT_TRUE(WaitFor([&] { return (*mid)->status().children == 2; }));
-  constexpr int kObjects = 200;  // 12.5 MiB, far above the bound
-  for (int i = 0; i < kObjects; ++i) {
-    ASSERT_OK((*root)->Put(Key(1, "chunk/" + std::to_string(i)),
-                           RandomBytes(kObject, 3)));
-  }
-  const std::string last = Key(1, "chunk/" + std::to_string(kObjects - 1));
-  ASSERT_TRUE(WaitFor(
-      [&] { return (*quick)->Get(last).ok() && (*slow)->Get(last).ok(); },
-      30000));
-  EXPECT_LE((*mid)->status().max_child_queue_bytes, kBound + kObject);
-  EXPECT_LE((*root)->status().max_child_queue_bytes, kBound + kObject);
-  EXPECT_TRUE(*(*slow)->Get(Key(1, "chunk/17")) == RandomBytes(kObject, 3));
+  std::vector<std::unique_ptr<RelayStore>> tree;
+  CheckSlowChildQueueBound([](const std::string&) { return Fast(); }, 256 << 10, 64 << 10,
+                           &tree);
 }
 
 TEST(RelayTreeTest, SilentChildIsDeclaredDead) {

@@ -21,6 +21,11 @@
 #include <thread>
 #include <vector>
 
+#include <gtest/gtest.h>
+
+#include <memory>
+
+#include "testing.h"
 #include "transport/relay_store.h"
 
 namespace refit::relay_testing {
@@ -115,6 +120,50 @@ inline bool WaitClosedRaw(int fd, int ms) {
     if (n <= 0) return true;
   }
   return false;
+}
+
+// root -> mid -> {slow, quick}, every endpoint with child queues of
+// `bound` bytes and `opts(name)` otherwise; "slow" reads each frame 5 ms
+// late. The root puts 200 objects of `object` bytes (far above the bound)
+// and every queue must stay within the bound plus one object: beyond the
+// bound mid stops reading from the root, so the root's queue for mid fills
+// and the root's Put waits. The four endpoints are left in `tree` (quick,
+// slow, mid, root) for further checks.
+inline void CheckSlowChildQueueBound(
+    const std::function<RelayOptions(const std::string&)>& opts, uint64_t bound,
+    size_t object, std::vector<std::unique_ptr<RelayStore>>* tree) {
+  auto options = [&](const std::string& name) {
+    RelayOptions o = opts(name);
+    o.child_queue_bytes = bound;
+    return o;
+  };
+  auto root = RelayStore::Root("127.0.0.1:0", options("root"));
+  ASSERT_OK(root);
+  auto mid = RelayStore::Node("mid", (*root)->listen_address(), "127.0.0.1:0", options("mid"));
+  ASSERT_OK(mid);
+  RelayOptions slow_opts = options("slow");
+  slow_opts.test_read_delay_ms = 5;
+  auto slow = RelayStore::Node("slow", (*mid)->listen_address(), "", slow_opts);
+  auto quick = RelayStore::Node("quick", (*mid)->listen_address(), "", options("quick"));
+  ASSERT_OK(slow);
+  ASSERT_OK(quick);
+  ASSERT_TRUE(WaitFor([&] { return (*mid)->status().children == 2; }));
+  constexpr int kObjects = 200;
+  for (int i = 0; i < kObjects; ++i) {
+    ASSERT_OK((*root)->Put(Key(1, "chunk/" + std::to_string(i)), RandomBytes(object, 3)));
+  }
+  const std::string last = Key(1, "chunk/" + std::to_string(kObjects - 1));
+  ASSERT_TRUE(
+      WaitFor([&] { return (*quick)->Get(last).ok() && (*slow)->Get(last).ok(); }, 30000));
+  EXPECT_LE((*mid)->status().max_child_queue_bytes, bound + object);
+  EXPECT_LE((*root)->status().max_child_queue_bytes, bound + object);
+  EXPECT_TRUE(*(*slow)->Get(Key(1, "chunk/17")) == RandomBytes(object, 3));
+  // Leaves first (the vector is destroyed first element to last): no
+  // endpoint should outlive its parent.
+  tree->push_back(std::move(*quick));
+  tree->push_back(std::move(*slow));
+  tree->push_back(std::move(*mid));
+  tree->push_back(std::move(*root));
 }
 
 }  // namespace refit::relay_testing

@@ -588,39 +588,11 @@ TEST_F(RelayTlsTest, SilentTlsLinkIsDeclaredDeadAndTheNodeRecovers) {
 
 TEST_F(RelayTlsTest, SlowChildQueueStaysWithinTheBoundOverTls) {
   // root -> mid -> {slow, quick}, as relay_test's plaintext case.
-  constexpr uint64_t kBound = 256 << 10;
-  constexpr size_t kObject = 64 << 10;
-  auto opts = [&](const std::string& name) {
-    RelayOptions o = FastTls(ca_.Issue(name, ""));
-    o.child_queue_bytes = kBound;
-    return o;
-  };
-  auto root = RelayStore::Root("127.0.0.1:0", opts("root"));
-  ASSERT_OK(root);
-  auto mid = RelayStore::Node("mid", (*root)->listen_address(), "127.0.0.1:0",
-                              opts("mid"));
-  ASSERT_OK(mid);
-  RelayOptions slow_opts = opts("slow");
-  slow_opts.test_read_delay_ms = 5;
-  auto slow = RelayStore::Node("slow", (*mid)->listen_address(), "", slow_opts);
-  auto quick =
-      RelayStore::Node("quick", (*mid)->listen_address(), "", opts("quick"));
-  ASSERT_OK(slow);
-  ASSERT_OK(quick);
-  ASSERT_TRUE(WaitFor([&] { return (*mid)->status().children == 2; }));
-  constexpr int kObjects = 200;  // 12.5 MiB, far above the bound
-  for (int i = 0; i < kObjects; ++i) {
-    ASSERT_OK((*root)->Put(Key(1, "chunk/" + std::to_string(i)),
-                           RandomBytes(kObject, 3)));
-  }
-  const std::string last = Key(1, "chunk/" + std::to_string(kObjects - 1));
-  ASSERT_TRUE(WaitFor(
-      [&] { return (*quick)->Get(last).ok() && (*slow)->Get(last).ok(); },
-      30000));
-  EXPECT_LE((*mid)->status().max_child_queue_bytes, kBound + kObject);
-  EXPECT_LE((*root)->status().max_child_queue_bytes, kBound + kObject);
-  EXPECT_TRUE(*(*slow)->Get(Key(1, "chunk/17")) == RandomBytes(kObject, 3));
-  for (RelayStore* s : {&**root, &**mid, &**slow, &**quick}) {
+  std::vector<std::unique_ptr<RelayStore>> tree;
+  ASSERT_NO_FATAL_FAILURE(CheckSlowChildQueueBound(
+      [&](const std::string& name) { return FastTls(ca_.Issue(name, "")); }, 256 << 10,
+      64 << 10, &tree));
+  for (const auto& s : tree) {
     EXPECT_TRUE(s->last_error().ok()) << s->last_error().ToString();
   }
 }
