@@ -22,6 +22,7 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -204,28 +205,21 @@ Result<Run> CatchUp(ObjectStore* store, const Args& a, const std::string& name, 
 
 int Main(int argc, char** argv) {
   Args a;
-  for (int i = 1; i < argc; ++i) {
-    std::string k = argv[i];
-    auto next = [&]() -> std::string {
-      if (i + 1 >= argc) {
-        fmt::print(stderr, "{} needs a value\n", k);
-        std::exit(2);
-      }
-      return argv[++i];
-    };
-    if (k == "--size-mib") a.size_mib = std::stoull(next());
-    else if (k == "--versions") a.versions = std::stoull(next());
-    else if (k == "--rate") a.rate = std::stod(next());
-    else if (k == "--tensor-mib") a.tensor_mib = std::stoull(next());
-    else if (k == "--threads") a.threads = std::stoi(next());
-    else if (k == "--repeat") a.repeat = std::stoi(next());
-    else if (k == "--dir") a.dir = next();
-    else if (k == "--keep-cache") a.keep_cache = true;
-    else {
-      fmt::print(stderr, "unknown flag {}\n", k);
-      return 2;
-    }
-  }
+  CLI::App app{"Catch-up of a fresh receiver K committed versions behind: folded against "
+               "one version per step, same run (docs/benchmarks.md)"};
+  app.add_option("--size-mib", a.size_mib, "synthetic model size")->capture_default_str();
+  app.add_option("--versions", a.versions, "committed versions to catch up")
+      ->capture_default_str();
+  app.add_option("--rate", a.rate, "fraction of elements changed per version")
+      ->capture_default_str();
+  app.add_option("--tensor-mib", a.tensor_mib, "size of each tensor")->capture_default_str();
+  app.add_option("--threads", a.threads, "receiver threads; 0 = all cores")
+      ->capture_default_str();
+  app.add_option("--repeat", a.repeat, "runs of each way")->capture_default_str();
+  app.add_option("--dir", a.dir, "scratch directory (emptied first)")->capture_default_str();
+  app.add_flag("--keep-cache", a.keep_cache,
+               "leave the checkpoint in the page cache between runs");
+  CLI11_PARSE(app, argc, argv);
   if (a.size_mib == 0 || a.tensor_mib == 0 || a.versions < 2 || a.rate <= 0 || a.rate >= 1) {
     fmt::print(stderr, "need --size-mib > 0, --tensor-mib > 0, --versions >= 2, 0 < --rate < 1\n");
     return 2;

@@ -16,6 +16,8 @@
 // bytes each allocates beyond the trainer's own tensors.
 #include <fmt/format.h>
 
+#include <CLI/CLI.hpp>
+
 #include <algorithm>
 #include <chrono>
 #include <cstring>
@@ -318,27 +320,15 @@ int Run(const Args& a) {
 
 int main(int argc, char** argv) {
   refit::Args a;
-  for (int i = 1; i < argc; ++i) {
-    std::string k = argv[i];
-    auto next = [&]() -> std::string {
-      if (i + 1 >= argc) {
-        fmt::print(stderr, "{} needs a value\n", k);
-        std::exit(2);
-      }
-      return argv[++i];
-    };
-    if (k == "--size-gib") a.size_gib = std::stod(next());
-    else if (k == "--tp") a.tp = static_cast<uint32_t>(std::stoul(next()));
-    else if (k == "--pp") a.pp = static_cast<uint32_t>(std::stoul(next()));
-    else if (k == "--rate") a.rate = std::stod(next());
-    else if (k == "--threads") a.threads = std::stoi(next());
-    else if (k == "--repeat") a.repeat = std::stoi(next());
-    else {
-      fmt::print(stderr,
-                 "usage: refit_trainer_bench [--size-gib G] [--tp N] [--pp N] [--rate R] "
-                 "[--threads N] [--repeat N]\n");
-      return 2;
-    }
-  }
+  CLI::App app{"Trainer side per rank: RankEncoder against assembling canonical tensors and "
+               "diffing them, same run (docs/benchmarks.md)"};
+  app.add_option("--size-gib", a.size_gib, "canonical model size")->capture_default_str();
+  app.add_option("--tp", a.tp, "tensor-parallel size")->capture_default_str();
+  app.add_option("--pp", a.pp, "pipeline-parallel size")->capture_default_str();
+  app.add_option("--rate", a.rate, "fraction of elements changed")->capture_default_str();
+  app.add_option("--threads", a.threads, "encoder threads; 0 = all cores")
+      ->capture_default_str();
+  app.add_option("--repeat", a.repeat, "runs of each path")->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
   return refit::Run(a);
 }
