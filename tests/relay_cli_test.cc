@@ -19,12 +19,7 @@
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
-#include <openssl/evp.h>
-#include <openssl/pem.h>
-#include <openssl/x509.h>
-#include <openssl/x509v3.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -46,6 +41,7 @@
 #include "cli_process.h"
 #include "testing.h"
 #include "transport/relay_store.h"
+#include "transport/tls_testing.h"
 
 #ifndef REFIT_CLI_PATH
 #error "REFIT_CLI_PATH must name the refit binary"
@@ -64,90 +60,20 @@ constexpr int kFanout = 2;
 constexpr uint64_t kVersions = 20;
 constexpr uint64_t kKillVersion = 8;
 
-// ------------------------------------------------------------ TLS files
-
-// Writes a throwaway CA (ca.pem) and, for each name, NAME.pem (a leaf the
-// CA signed, with subjectAltName DNS:NAME and IP:127.0.0.1) and NAME.key
-// into `dir`. EC P-256 keys.
-void WriteTlsFiles(const TempDir& dir, const std::vector<std::string>& names) {
-  auto new_key = [] {
-    return EVP_PKEY_Q_keygen(nullptr, nullptr, "EC", "P-256");
-  };
-  long serial = 1;
-  auto new_cert = [&](EVP_PKEY* key, const std::string& cn, X509* issuer,
-                      EVP_PKEY* issuer_key) {
-    X509* x = X509_new();
-    X509_set_version(x, 2);
-    ASN1_INTEGER_set(X509_get_serialNumber(x), serial++);
-    X509_gmtime_adj(X509_getm_notBefore(x), -3600);
-    X509_gmtime_adj(X509_getm_notAfter(x), 24 * 3600);
-    X509_set_pubkey(x, key);
-    X509_NAME* name = X509_get_subject_name(x);
-    X509_NAME_add_entry_by_txt(
-        name, "CN", MBSTRING_ASC,
-        reinterpret_cast<const unsigned char*>(cn.c_str()), -1, -1, 0);
-    X509_set_issuer_name(x, issuer ? X509_get_subject_name(issuer) : name);
-    X509V3_CTX ctx;
-    X509V3_set_ctx_nodb(&ctx);
-    X509V3_set_ctx(&ctx, issuer ? issuer : x, x, nullptr, nullptr, 0);
-    std::vector<std::pair<int, std::string>> exts;
-    if (issuer) {
-      exts = {{NID_basic_constraints, "CA:FALSE"},
-              {NID_ext_key_usage, "serverAuth,clientAuth"},
-              {NID_subject_alt_name, "DNS:" + cn + ",IP:127.0.0.1"}};
-    } else {
-      exts = {{NID_basic_constraints, "critical,CA:TRUE"},
-              {NID_key_usage, "critical,keyCertSign"}};
-    }
-    for (const auto& [nid, value] : exts) {
-      X509_EXTENSION* e =
-          X509V3_EXT_conf_nid(nullptr, &ctx, nid, value.c_str());
-      EXPECT_NE(e, nullptr) << value;
-      if (e) X509_add_ext(x, e, -1);
-      X509_EXTENSION_free(e);
-    }
-    EXPECT_GT(X509_sign(x, issuer_key ? issuer_key : key, EVP_sha256()), 0);
-    return x;
-  };
-  auto write = [](const std::string& path, X509* cert, EVP_PKEY* key) {
-    FILE* f = std::fopen(path.c_str(), "w");
-    ASSERT_NE(f, nullptr) << path;
-    if (cert) {
-      EXPECT_EQ(PEM_write_X509(f, cert), 1);
-    }
-    if (key) {
-      EXPECT_EQ(
-          PEM_write_PrivateKey(f, key, nullptr, nullptr, 0, nullptr, nullptr),
-          1);
-    }
-    std::fclose(f);
-  };
-  EVP_PKEY* ca_key = new_key();
-  X509* ca = new_cert(ca_key, "relay test CA", nullptr, nullptr);
-  write(dir.File("ca.pem"), ca, nullptr);
-  for (const std::string& n : names) {
-    EVP_PKEY* key = new_key();
-    X509* cert = new_cert(key, n, ca, ca_key);
-    write(dir.File(n + ".pem"), cert, nullptr);
-    write(dir.File(n + ".key"), nullptr, key);
-    X509_free(cert);
-    EVP_PKEY_free(key);
-  }
-  X509_free(ca);
-  EVP_PKEY_free(ca_key);
-}
-
 // ------------------------------------------------------------ the tree
 
 class Tree {
  public:
   // tls: every link of the tree uses TLS (--relay-tls-*), and every parent
   // checks that its children's certificates name their members.
-  explicit Tree(bool tls = false) : tls_(tls) {
-    if (tls_) {
+  explicit Tree(bool tls = false) {
+    if (tls) {
+      // A throwaway CA and, per endpoint, a leaf naming it (subjectAltName
+      // DNS:<name>, IP:127.0.0.1).
+      ca_.emplace(dir_, "relay");
       std::vector<std::string> names = {"root"};
       for (int i = 0; i < kReceivers; ++i) names.push_back(Member(i));
-      WriteTlsFiles(dir_, names);
+      for (const std::string& n : names) tls_[n] = ca_->Issue(n, "DNS:" + n + ",IP:127.0.0.1");
     }
     key_ = dir_.File("hmac.key");
     std::string hex(64, 'a');
@@ -194,11 +120,10 @@ class Tree {
   const std::string& root() const { return root_; }
   // The --relay-tls-* flags of the endpoint with certificate `name`.
   std::vector<std::string> TlsArgs(const std::string& name) const {
-    if (!tls_) return {};
-    return {"--relay-tls-cert",        dir_.File(name + ".pem"),
-            "--relay-tls-key",         dir_.File(name + ".key"),
-            "--relay-tls-ca",          dir_.File("ca.pem"),
-            "--relay-tls-member-names"};
+    auto it = tls_.find(name);
+    if (it == tls_.end()) return {};
+    return {"--relay-tls-cert", it->second.cert_file, "--relay-tls-key", it->second.key_file,
+            "--relay-tls-ca",   it->second.ca_file,   "--relay-tls-member-names"};
   }
   const std::vector<int>& parents() const { return parents_; }
   const std::string& baseline() const { return baseline_; }
@@ -281,8 +206,9 @@ class Tree {
   }
 
  private:
-  bool tls_;
   TempDir dir_;
+  std::optional<tls_testing::TestCa> ca_;       // with tls: the tree's CA
+  std::map<std::string, RelayTlsOptions> tls_;  // its files, by endpoint
   std::string key_;
   std::vector<std::string> trainer_;
   std::vector<Digests> digests_;
