@@ -165,6 +165,19 @@ class Tree {
     p->Start(args, Log(i), Err(i));
   }
 
+  // Waits for `publisher` of version v, which must have committed it and
+  // served the tree until every member finished it; its report in *report.
+  void CheckPublished(Proc& publisher, uint64_t v, Json* report) const {
+    ASSERT_TRUE(publisher.Wait(40)) << "publish " << v << " hung: " << Tail(PubErr());
+    ASSERT_EQ(publisher.exit_code(), 0) << Tail(PubErr());
+    *report = Json::parse(ReadText(PubLog(v)), nullptr, false);
+    ASSERT_TRUE(report->is_object()) << ReadText(PubLog(v));
+    EXPECT_TRUE(report->value("committed", false)) << report->dump();
+    ASSERT_TRUE(report->contains("relay")) << report->dump();
+    EXPECT_EQ((*report)["relay"]["members_done"].size(), size_t{kReceivers})
+        << report->dump();
+  }
+
   void StartPublisher(Proc* p, uint64_t v) {
     std::string members;
     for (int i = 0; i < kReceivers; ++i) {
@@ -247,16 +260,8 @@ TEST(RelayCliTest, TwentyVersionsToAFanOutTwoTreeWithAnInnerNodeKilled) {
       EXPECT_TRUE(receivers[victim].killed_by_signal());
       tree.StartReceiver(&receivers[victim], victim);
     }
-    ASSERT_TRUE(publisher.Wait(40))
-        << "publish " << v << " hung: " << Tail(tree.PubErr());
-    ASSERT_EQ(publisher.exit_code(), 0) << Tail(tree.PubErr());
-    const Json report = Json::parse(ReadText(tree.PubLog(v)), nullptr, false);
-    ASSERT_TRUE(report.is_object()) << ReadText(tree.PubLog(v));
-    EXPECT_TRUE(report.value("committed", false)) << report.dump();
-    ASSERT_TRUE(report.contains("relay")) << report.dump();
-    // publish served the tree until every member finished the version.
-    EXPECT_EQ(report["relay"]["members_done"].size(), size_t{kReceivers})
-        << report.dump();
+    Json report;
+    ASSERT_NO_FATAL_FAILURE(tree.CheckPublished(publisher, v, &report));
     for (int i = 0; i < kReceivers; ++i) {
       EXPECT_EQ(tree.Active(i), v) << Tree::Member(i);
       EXPECT_EQ(TensorDigests(tree.Checkpoint(i)), tree.digests(v))
@@ -323,16 +328,9 @@ TEST(RelayCliTest, TlsTreeIsBitExactAndRefusesAPlaintextReceiver) {
     SCOPED_TRACE("version " + std::to_string(v));
     Proc publisher;
     tree.StartPublisher(&publisher, v);
-    ASSERT_TRUE(publisher.Wait(40))
-        << "publish " << v << " hung: " << Tail(tree.PubErr());
-    ASSERT_EQ(publisher.exit_code(), 0) << Tail(tree.PubErr());
-    const Json report = Json::parse(ReadText(tree.PubLog(v)), nullptr, false);
-    ASSERT_TRUE(report.is_object()) << ReadText(tree.PubLog(v));
-    EXPECT_TRUE(report.value("committed", false)) << report.dump();
-    ASSERT_TRUE(report.contains("relay")) << report.dump();
+    Json report;
+    ASSERT_NO_FATAL_FAILURE(tree.CheckPublished(publisher, v, &report));
     EXPECT_TRUE(report["relay"].value("tls", false)) << report.dump();
-    EXPECT_EQ(report["relay"]["members_done"].size(), size_t{kReceivers})
-        << report.dump();
     for (int i = 0; i < kReceivers; ++i) {
       EXPECT_EQ(TensorDigests(tree.Checkpoint(i)), tree.digests(v))
           << Tree::Member(i) << " is not bit-exact at version " << v;
