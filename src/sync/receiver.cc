@@ -274,6 +274,18 @@ class Flusher {
   std::thread thread_;
 };
 
+// Runs `f` when the scope ends, however it ends.
+class OnExit {
+ public:
+  explicit OnExit(std::function<void()> f) : f_(std::move(f)) {}
+  OnExit(const OnExit&) = delete;
+  OnExit& operator=(const OnExit&) = delete;
+  ~OnExit() { f_(); }
+
+ private:
+  std::function<void()> f_;
+};
+
 // Applies chunks on worker threads while the caller fetches and checks
 // the next ones (distinct chunks touch distinct ranges, docs/format.md §3,
 // so they may be applied concurrently). With one thread, Submit applies at
@@ -1035,10 +1047,7 @@ Result<StepResult> Receiver::ProcessVersion(const Announcement& a,
   };
   // Whatever way this step ends, chunks applied by the workers are counted
   // and journaled (with their pre-images) before it returns.
-  struct DrainOnExit {
-    std::function<void()> drain;
-    ~DrainOnExit() { drain(); }
-  } drain_on_exit{[&] { (void)drain(true); }};
+  const OnExit drain_on_exit([&] { (void)drain(true); });
   CrashPoint("receiver.before-apply");
   std::vector<uint64_t> torn;
   auto last_progress = Clock::now();
@@ -1366,10 +1375,7 @@ Result<std::optional<StepResult>> Receiver::Fold(const std::vector<Announcement>
     }
     return apply_error;
   };
-  struct DrainOnExit {
-    std::function<void()> drain;
-    ~DrainOnExit() { drain(); }
-  } drain_on_exit{[&] { (void)drain(true); }};
+  const OnExit drain_on_exit([&] { (void)drain(true); });
   CrashPoint("receiver.before-apply");
 
   struct Torn {
