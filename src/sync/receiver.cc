@@ -335,6 +335,7 @@ class ApplyPool {
       Run(&d, &scratch_);
       std::lock_guard<std::mutex> lock(mu_);
       ++in_flight_;
+      pending_.push_back({d.job.tensor, d.job.offset, d.job.length});
       done_.push_back(std::move(d));
       return;
     }
@@ -344,6 +345,7 @@ class ApplyPool {
       return in_flight_ - done_.size() < 2 * static_cast<size_t>(threads_);
     });
     ++in_flight_;
+    pending_.push_back({job.tensor, job.offset, job.length});
     queue_.push_back(std::move(job));
     cv_.notify_all();
   }
@@ -354,8 +356,28 @@ class ApplyPool {
     std::vector<Done> out = std::move(done_);
     done_.clear();
     in_flight_ -= out.size();
+    for (const Done& d : out) {
+      auto it = std::find(pending_.begin(), pending_.end(),
+                          Span{d.job.tensor, d.job.offset, d.job.length});
+      if (it != pending_.end()) pending_.erase(it);
+    }
     cv_.notify_all();
     return out;
+  }
+  // Whether a submitted job that was not drained yet (queued, running, or
+  // finished) touches bytes of [offset, offset + length) of `tensor`. The
+  // caller drains before it reads such a range: its hash (and the digests
+  // the caller keeps) are known only once the job is drained, and two
+  // applies of one range must never race (a chunk delivered twice, e.g.
+  // under another chunk's key).
+  bool Pending(size_t tensor, uint64_t offset, uint64_t length) {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const Span& p : pending_) {
+      if (p.tensor == tensor && p.offset < offset + length && offset < p.offset + p.length) {
+        return true;
+      }
+    }
+    return false;
   }
 
  private:
@@ -395,6 +417,12 @@ class ApplyPool {
   std::deque<Job> queue_;
   std::vector<Done> done_;
   size_t in_flight_ = 0;  // submitted and not yet drained
+  struct Span {
+    size_t tensor;
+    uint64_t offset, length;
+    bool operator==(const Span&) const = default;
+  };
+  std::vector<Span> pending_;  // the ranges of those jobs
   bool stop_ = false;
   ApplyScratch scratch_;  // the inline (one thread) case
 };
@@ -1095,6 +1123,7 @@ Result<StepResult> Receiver::ProcessVersion(const Announcement& a,
     const size_t t = c.header.tensor_id;
     REFIT_RETURN_IF_ERROR(base_check.Through(t));
     auto [off, len] = range_of(c.header);
+    if (pool.Pending(t, off, len)) REFIT_RETURN_IF_ERROR(drain(true));
     const Hash128 h = digests.Range(b, t, off, len);
     switch (ClassifyRange(c.header, h)) {
       case RangeState::kAfter:
