@@ -51,4 +51,54 @@ void ParallelForEach(size_t n, int threads,
   for (auto& th : pool) th.join();
 }
 
+WorkerPool::WorkerPool(int threads) {
+  if (threads <= 0) threads = DefaultThreads();
+  for (int w = 1; w < threads; ++w) workers_.emplace_back([this, w] { Work(w); });
+}
+
+WorkerPool::~WorkerPool() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  start_.notify_all();
+  for (auto& th : workers_) th.join();
+}
+
+void WorkerPool::Work(int worker) {
+  uint64_t seen = 0;
+  std::unique_lock<std::mutex> lock(mu_);
+  while (true) {
+    start_.wait(lock, [&] { return stop_ || generation_ != seen; });
+    if (stop_) return;
+    seen = generation_;
+    const auto* fn = fn_;
+    const size_t n = n_;
+    lock.unlock();
+    for (size_t i = next_.fetch_add(1); i < n; i = next_.fetch_add(1)) (*fn)(i, worker);
+    lock.lock();
+    if (--busy_ == 0) done_.notify_one();
+  }
+}
+
+void WorkerPool::ForEach(size_t n, const std::function<void(size_t, int)>& fn) {
+  if (n == 0) return;
+  if (workers_.empty() || n == 1) {
+    for (size_t i = 0; i < n; ++i) fn(i, 0);
+    return;
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    fn_ = &fn;
+    n_ = n;
+    next_.store(0);
+    busy_ = static_cast<int>(workers_.size());
+    ++generation_;
+  }
+  start_.notify_all();
+  for (size_t i = next_.fetch_add(1); i < n; i = next_.fetch_add(1)) fn(i, 0);
+  std::unique_lock<std::mutex> lock(mu_);
+  done_.wait(lock, [&] { return busy_ == 0; });
+}
+
 }  // namespace refit
