@@ -2,6 +2,7 @@
 
 #include <xxhash.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 
@@ -51,12 +52,27 @@ Hash128 HashBytes(const void* data, size_t size) {
 }
 
 Hash128 HashSegmentDigests(const Hash128* digests, size_t n) {
+  // The digests' bytes go to XXH3 in blocks of up to kBlock (in one call
+  // when they fit): the same hash as one update per digest, without the
+  // per-call overhead (an 8 MiB range has 128 digests).
+  constexpr size_t kBlock = 256;
+  uint8_t buf[16 * kBlock];
+  auto fill = [&](size_t first, size_t count) {
+    for (size_t i = 0; i < count; ++i) {
+      PutDigest(digests[first + i].lo, digests[first + i].hi, buf + 16 * i);
+    }
+  };
+  if (n <= kBlock) {
+    fill(0, n);
+    const XXH128_hash_t h = XXH3_128bits(buf, 16 * n);
+    return Hash128{h.low64, h.high64};
+  }
   XXH3_state_t* outer = XXH3_createState();
   XXH3_128bits_reset(outer);
-  for (size_t i = 0; i < n; ++i) {
-    uint8_t d[16];
-    PutDigest(digests[i].lo, digests[i].hi, d);
-    XXH3_128bits_update(outer, d, sizeof d);
+  for (size_t i = 0; i < n; i += kBlock) {
+    const size_t count = std::min(kBlock, n - i);
+    fill(i, count);
+    XXH3_128bits_update(outer, buf, 16 * count);
   }
   XXH128_hash_t h = XXH3_128bits_digest(outer);
   XXH3_freeState(outer);

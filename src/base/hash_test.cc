@@ -35,6 +35,24 @@ TEST(HashTest, StreamingMatchesOneShotAtAnySplit) {
   }
 }
 
+// HashSegmentDigests is the XXH3-128 of the digests' bytes (lo then hi,
+// little-endian), fed one digest at a time or in blocks alike.
+TEST(HashTest, SegmentDigestsHashTheirBytes) {
+  for (size_t n : {size_t{0}, size_t{1}, size_t{128}, size_t{255}, size_t{256},
+                   size_t{257}, size_t{600}}) {
+    std::vector<Hash128> d(n);
+    const auto bytes = Random(16 * n, static_cast<uint32_t>(n) + 3);
+    for (size_t i = 0; i < n; ++i) {
+      for (int j = 0; j < 8; ++j) {
+        d[i].lo |= uint64_t{bytes[16 * i + j]} << (8 * j);
+        d[i].hi |= uint64_t{bytes[16 * i + 8 + j]} << (8 * j);
+      }
+    }
+    const XXH128_hash_t want = XXH3_128bits(bytes.data(), bytes.size());
+    EXPECT_EQ(HashSegmentDigests(d.data(), n), (Hash128{want.low64, want.high64})) << n;
+  }
+}
+
 TEST(HashTest, SensitiveToEveryBit) {
   auto v = Random(200000, 1);
   Hash128 base = RangeHash(v.data(), v.size());
