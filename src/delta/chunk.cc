@@ -2,6 +2,7 @@
 
 #include <xxhash.h>
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 
@@ -29,9 +30,12 @@ const char* ChunkKindName(codec::ChunkKind kind) {
   return "unknown";
 }
 
-void SerializeChunk(const ChunkHeader& h, std::span<const uint8_t> payload,
-                    std::vector<uint8_t>* out) {
-  size_t begin = out->size();
+namespace {
+
+// Appends the framed fields before the payload (magic through the payload
+// length) to *out.
+void FrameHeader(const ChunkHeader& h, uint64_t payload_size,
+                 std::vector<uint8_t>* out) {
   ByteWriter w(out);
   w.Bytes(kChunkMagic, 4);
   w.U8(kFormatVersion);
@@ -50,9 +54,44 @@ void SerializeChunk(const ChunkHeader& h, std::span<const uint8_t> payload,
   w.Varint(h.changed);
   PutHash(w, h.before);
   PutHash(w, h.after);
-  w.Varint(payload.size());
-  w.Bytes(payload);
+  w.Varint(payload_size);
+}
+
+}  // namespace
+
+void SerializeChunk(const ChunkHeader& h, std::span<const uint8_t> payload,
+                    std::vector<uint8_t>* out) {
+  SerializeChunk(h, payload, {}, out);
+}
+
+void SerializeChunk(const ChunkHeader& h, std::span<const uint8_t> head,
+                    std::span<const uint8_t> tail, std::vector<uint8_t>* out) {
+  const size_t begin = out->size();
+  // Geometric growth kept for callers appending many chunks to one buffer.
+  const size_t need = begin + ChunkSizeBound(head.size() + tail.size());
+  if (need > out->capacity()) out->reserve(std::max(need, 2 * out->capacity()));
+  FrameHeader(h, head.size() + tail.size(), out);
+  ByteWriter w(out);
+  w.Bytes(head);
+  w.Bytes(tail);
   w.U32(Checksum(out->data() + begin, out->size() - begin));
+}
+
+size_t SerializeChunkTo(const ChunkHeader& h, std::span<const uint8_t> head,
+                        std::span<const uint8_t> tail, uint8_t* dst) {
+  std::vector<uint8_t> fields;
+  fields.reserve(ChunkSizeBound(0));
+  FrameHeader(h, head.size() + tail.size(), &fields);
+  uint8_t* p = dst;
+  std::memcpy(p, fields.data(), fields.size());
+  p += fields.size();
+  if (!head.empty()) std::memcpy(p, head.data(), head.size());
+  p += head.size();
+  if (!tail.empty()) std::memcpy(p, tail.data(), tail.size());
+  p += tail.size();
+  const uint32_t sum = Checksum(dst, static_cast<size_t>(p - dst));
+  for (int i = 0; i < 4; ++i) *p++ = static_cast<uint8_t>(sum >> (8 * i));
+  return static_cast<size_t>(p - dst);
 }
 
 Result<ParsedChunk> ParseChunk(std::span<const uint8_t> bytes) {

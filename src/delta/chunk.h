@@ -63,6 +63,21 @@ struct ChunkHeader {
 // Appends the framed chunk (header, payload, checksum) to *out.
 void SerializeChunk(const ChunkHeader& header, std::span<const uint8_t> payload,
                     std::vector<uint8_t>* out);
+// The same with the payload in two parts (head, then tail); *out grows at
+// most once.
+void SerializeChunk(const ChunkHeader& header, std::span<const uint8_t> head,
+                    std::span<const uint8_t> tail, std::vector<uint8_t>* out);
+// Most bytes a framed chunk with a payload of `payload_bytes` takes.
+inline constexpr size_t ChunkSizeBound(size_t payload_bytes) {
+  // magic, version, kind, width, flags; 8 varints; two hashes; the payload
+  // length; the checksum.
+  return 8 + 8 * 10 + 2 * 16 + 10 + payload_bytes + 4;
+}
+// Writes the framed chunk of payload head + tail to dst (at least
+// ChunkSizeBound(head.size() + tail.size()) bytes); returns its size. The
+// bytes are SerializeChunk's.
+size_t SerializeChunkTo(const ChunkHeader& header, std::span<const uint8_t> head,
+                        std::span<const uint8_t> tail, uint8_t* dst);
 
 struct ParsedChunk {
   ChunkHeader header;

@@ -1,6 +1,7 @@
 // Round trips and hostile-input tests of the delta layer on generated data.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -363,6 +364,44 @@ TEST(ChunkTest, HeaderRoundTripAndChecksum) {
     auto bad = buf;
     bad[i] ^= 0x01;
     EXPECT_FALSE(ParseChunk(bad).ok()) << i;
+  }
+}
+
+// A payload in two parts, framed into a vector or into raw memory, gives
+// the bytes of the one-part SerializeChunk, within ChunkSizeBound, for
+// strided headers and the largest field values too; appending keeps what
+// the vector held.
+TEST(ChunkTest, TwoPartAndRawFramingEqualOnePart) {
+  ChunkHeader h;
+  h.kind = codec::ChunkKind::kSparseOverwrite;
+  h.width = 8;
+  h.version = ~uint64_t{0};
+  h.base_version = ~uint64_t{0} - 1;
+  h.tensor_id = ~uint64_t{0};
+  h.start = ~uint64_t{0} >> 1;
+  h.count = ~uint64_t{0} >> 2;
+  h.run = ~uint64_t{0} >> 3;
+  h.stride = ~uint64_t{0} >> 4;
+  h.changed = ~uint64_t{0} >> 5;
+  h.before = Hash128{~uint64_t{0}, 1};
+  h.after = Hash128{2, ~uint64_t{0}};
+  ASSERT_TRUE(h.IsStrided());
+  for (size_t split : {size_t{0}, size_t{1}, size_t{500}, size_t{1000}}) {
+    std::vector<uint8_t> payload(1000);
+    for (size_t i = 0; i < payload.size(); ++i) payload[i] = static_cast<uint8_t>(i * 7);
+    const std::span<const uint8_t> all(payload);
+    std::vector<uint8_t> one, two = {42};
+    SerializeChunk(h, all, &one);
+    SerializeChunk(h, all.first(split), all.subspan(split), &two);
+    ASSERT_EQ(two.size(), one.size() + 1);
+    EXPECT_EQ(two[0], 42);
+    EXPECT_TRUE(std::equal(one.begin(), one.end(), two.begin() + 1));
+    EXPECT_LE(one.size(), ChunkSizeBound(payload.size()));
+    std::vector<uint8_t> raw(ChunkSizeBound(payload.size()) + 1, 0xee);
+    const size_t n = SerializeChunkTo(h, all.first(split), all.subspan(split), raw.data());
+    ASSERT_EQ(n, one.size());
+    EXPECT_TRUE(std::equal(one.begin(), one.end(), raw.begin()));
+    EXPECT_EQ(raw.back(), 0xee);
   }
 }
 
