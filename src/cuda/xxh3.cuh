@@ -182,90 +182,122 @@ __device__ inline void Load16(const uint8_t* p, uint64_t* a, uint64_t* b) {
   }
 }
 
-// XXH3_128bits of len > 240 bytes by the 32 threads of one warp (all must
-// call it with the same arguments); every thread gets the result.
-template <bool kAligned>
-__device__ inline H128 Xxh3LongWarp(const uint8_t* in, uint64_t len) {
-  const int t = static_cast<int>(threadIdx.x & 31);
-  const int pair = t & 3;        // accumulator lanes 2 * pair, 2 * pair + 1
-  const int l0 = 2 * pair;
-  // Secret words this thread meets in every block: stripe s = t / 4 + 8m,
-  // lanes l0 and l0 + 1; the scramble uses the secret's last 64 bytes.
-  uint64_t key[2][2];
-  for (int m = 0; m < 2; ++m) {
-    const int s = t / 4 + 8 * m;
-    key[m][0] = Sec64(8 * (s + l0));
-    key[m][1] = Sec64(8 * (s + l0 + 1));
+// The running state of one warp's XXH3_128bits of a long input (> 240
+// bytes): each thread t holds accumulator lanes 2 * (t & 3) and + 1 of
+// stripes t / 4 and t / 4 + 8 of every 1024-byte block. Block() adds one
+// full block (all but the last, which Finish() takes), given the 16-byte
+// pairs the thread loaded at byte 16 * t and 512 + 16 * t of the block, so
+// a caller that reads the bytes anyway (the encoder's change detection)
+// hashes them without a second read.
+struct Xxh3LongState {
+  uint64_t key[2][2];  // secret words of the thread's stripes and lanes
+  uint64_t scr0, scr1;  // scramble words
+  uint64_t a0, a1;      // accumulator lanes l0, l0 + 1 (partial sums)
+  int l0;
+
+  __device__ void Init() {
+    const int t = static_cast<int>(threadIdx.x & 31);
+    l0 = 2 * (t & 3);
+    for (int m = 0; m < 2; ++m) {
+      const int s = t / 4 + 8 * m;
+      key[m][0] = Sec64(8 * (s + l0));
+      key[m][1] = Sec64(8 * (s + l0 + 1));
+    }
+    scr0 = Sec64(128 + 8 * l0);
+    scr1 = Sec64(128 + 8 * l0 + 8);
+    const uint64_t init[8] = {kP32_3, kP64_1, kP64_2, kP64_3,
+                              kP64_4, kP32_2, kP64_5, kP32_1};
+    a0 = init[l0];
+    a1 = init[l0 + 1];
   }
-  const uint64_t scr0 = Sec64(128 + 8 * l0), scr1 = Sec64(128 + 8 * l0 + 8);
-  const uint64_t init[8] = {kP32_3, kP64_1, kP64_2, kP64_3,
-                            kP64_4, kP32_2, kP64_5, kP32_1};
-  uint64_t a0 = init[l0], a1 = init[l0 + 1];
-  const uint64_t nb_blocks = (len - 1) / 1024;
-  auto reduce = [](uint64_t v) {
+
+  static __device__ uint64_t Reduce(uint64_t v) {
     v += __shfl_xor_sync(0xffffffffu, v, 4);
     v += __shfl_xor_sync(0xffffffffu, v, 8);
     v += __shfl_xor_sync(0xffffffffu, v, 16);
     return v;
-  };
-  for (uint64_t b = 0; b < nb_blocks; ++b) {
-    const uint8_t* blk = in + b * 1024;
-    uint64_t d[2][2];
-    for (int m = 0; m < 2; ++m) Load16<kAligned>(blk + 16 * (t + 32 * m), &d[m][0], &d[m][1]);
+  }
+
+  __device__ void Block(const uint64_t d[2][2]) {
     uint64_t s0 = 0, s1 = 0;
     for (int m = 0; m < 2; ++m) {
       const uint64_t k0 = d[m][0] ^ key[m][0], k1 = d[m][1] ^ key[m][1];
       s0 += d[m][1] + (k0 & 0xffffffffu) * (k0 >> 32);
       s1 += d[m][0] + (k1 & 0xffffffffu) * (k1 >> 32);
     }
-    a0 += reduce(s0);
-    a1 += reduce(s1);
+    a0 += Reduce(s0);
+    a1 += Reduce(s1);
     a0 = ((a0 ^ (a0 >> 47)) ^ scr0) * kP32_1;
     a1 = ((a1 ^ (a1 >> 47)) ^ scr1) * kP32_1;
   }
-  {
-    // Last partial block: whole stripes, no scramble.
-    const uint64_t stripes = ((len - 1) - 1024 * nb_blocks) / 64;
-    const uint8_t* blk = in + nb_blocks * 1024;
-    uint64_t s0 = 0, s1 = 0;
-    for (int m = 0; m < 2; ++m) {
-      const int q = t + 32 * m;  // 16-byte pair index; stripe q / 4
-      if (static_cast<uint64_t>(q / 4) < stripes) {
-        uint64_t x0, x1;
-        Load16<kAligned>(blk + 16 * q, &x0, &x1);
-        const uint64_t k0 = x0 ^ key[m][0], k1 = x1 ^ key[m][1];
-        s0 += x1 + (k0 & 0xffffffffu) * (k0 >> 32);
-        s1 += x0 + (k1 & 0xffffffffu) * (k1 >> 32);
+
+  // The last (partial) block of in[0, len), which starts at byte
+  // 1024 * ((len - 1) / 1024), and the merge; every thread gets the hash.
+  template <bool kAligned>
+  __device__ H128 Finish(const uint8_t* in, uint64_t len) {
+    const int t = static_cast<int>(threadIdx.x & 31);
+    const uint64_t nb_blocks = (len - 1) / 1024;
+    {
+      // Whole stripes, no scramble.
+      const uint64_t stripes = ((len - 1) - 1024 * nb_blocks) / 64;
+      const uint8_t* blk = in + nb_blocks * 1024;
+      uint64_t s0 = 0, s1 = 0;
+      for (int m = 0; m < 2; ++m) {
+        const int q = t + 32 * m;  // 16-byte pair index; stripe q / 4
+        if (static_cast<uint64_t>(q / 4) < stripes) {
+          uint64_t x0, x1;
+          Load16<kAligned>(blk + 16 * q, &x0, &x1);
+          const uint64_t k0 = x0 ^ key[m][0], k1 = x1 ^ key[m][1];
+          s0 += x1 + (k0 & 0xffffffffu) * (k0 >> 32);
+          s1 += x0 + (k1 & 0xffffffffu) * (k1 >> 32);
+        }
       }
+      a0 += Reduce(s0);
+      a1 += Reduce(s1);
+      // Last stripe: the input's final 64 bytes, secret at offset 121.
+      const uint8_t* p = in + len - 64;
+      const uint64_t x0 = Rd64(p + 8 * l0), x1 = Rd64(p + 8 * l0 + 8);
+      const uint64_t k0 = x0 ^ Sec64(121 + 8 * l0);
+      const uint64_t k1 = x1 ^ Sec64(121 + 8 * l0 + 8);
+      a0 += x1 + (k0 & 0xffffffffu) * (k0 >> 32);
+      a1 += x0 + (k1 & 0xffffffffu) * (k1 >> 32);
     }
-    a0 += reduce(s0);
-    a1 += reduce(s1);
-    // Last stripe: the input's final 64 bytes, secret at offset 121.
-    const uint8_t* p = in + len - 64;
-    const uint64_t x0 = Rd64(p + 8 * l0), x1 = Rd64(p + 8 * l0 + 8);
-    const uint64_t k0 = x0 ^ Sec64(121 + 8 * l0);
-    const uint64_t k1 = x1 ^ Sec64(121 + 8 * l0 + 8);
-    a0 += x1 + (k0 & 0xffffffffu) * (k0 >> 32);
-    a1 += x0 + (k1 & 0xffffffffu) * (k1 >> 32);
-  }
-  // Gather the 8 accumulators (threads 0..3 hold lanes 0..7).
-  uint64_t acc[8];
-  for (int j = 0; j < 4; ++j) {
-    acc[2 * j] = __shfl_sync(0xffffffffu, a0, j);
-    acc[2 * j + 1] = __shfl_sync(0xffffffffu, a1, j);
-  }
-  auto merge = [&](int sec, uint64_t start) {
-    uint64_t r = start;
+    // Gather the 8 accumulators (threads 0..3 hold lanes 0..7).
+    uint64_t acc[8];
     for (int j = 0; j < 4; ++j) {
-      r += Fold64(acc[2 * j] ^ Sec64(sec + 16 * j),
-                  acc[2 * j + 1] ^ Sec64(sec + 16 * j + 8));
+      acc[2 * j] = __shfl_sync(0xffffffffu, a0, j);
+      acc[2 * j + 1] = __shfl_sync(0xffffffffu, a1, j);
     }
-    return Avalanche(r);
-  };
-  H128 h;
-  h.lo = merge(11, len * kP64_1);
-  h.hi = merge(192 - 64 - 11, ~(len * kP64_2));
-  return h;
+    auto merge = [&](int sec, uint64_t start) {
+      uint64_t r = start;
+      for (int j = 0; j < 4; ++j) {
+        r += Fold64(acc[2 * j] ^ Sec64(sec + 16 * j),
+                    acc[2 * j + 1] ^ Sec64(sec + 16 * j + 8));
+      }
+      return Avalanche(r);
+    };
+    H128 h;
+    h.lo = merge(11, len * kP64_1);
+    h.hi = merge(192 - 64 - 11, ~(len * kP64_2));
+    return h;
+  }
+};
+
+// XXH3_128bits of len > 240 bytes by the 32 threads of one warp (all must
+// call it with the same arguments); every thread gets the result.
+template <bool kAligned>
+__device__ inline H128 Xxh3LongWarp(const uint8_t* in, uint64_t len) {
+  const int t = static_cast<int>(threadIdx.x & 31);
+  Xxh3LongState st;
+  st.Init();
+  const uint64_t nb_blocks = (len - 1) / 1024;
+  for (uint64_t b = 0; b < nb_blocks; ++b) {
+    const uint8_t* blk = in + b * 1024;
+    uint64_t d[2][2];
+    for (int m = 0; m < 2; ++m) Load16<kAligned>(blk + 16 * (t + 32 * m), &d[m][0], &d[m][1]);
+    st.Block(d);
+  }
+  return st.template Finish<kAligned>(in, len);
 }
 
 // XXH3_128bits of any length by one warp; every thread gets the result.
