@@ -38,6 +38,7 @@ struct EncRange {
   uint64_t seg_first;  // first global segment
   uint64_t rec_off;    // group staging: first record, or ~0: not compacted
   uint64_t val_off;    // group staging: byte offset of the values
+  uint64_t mask_off;   // first 32-bit word of the range's change mask
   uint32_t width;
   uint32_t reserved;
 };
@@ -99,21 +100,89 @@ __device__ inline const uint8_t* Ptr(uint64_t a) {
   return reinterpret_cast<const uint8_t*>(static_cast<uintptr_t>(a));
 }
 
-// Element e of a 16-byte word pair (lo, hi) of width w: its XOR.
-__device__ inline uint64_t Elem16(uint64_t lo, uint64_t hi, uint32_t w,
-                                  uint32_t e) {
-  const uint32_t bit = e * w * 8;
-  const uint64_t word = bit < 64 ? lo : hi;
-  const uint32_t sh = bit & 63;
-  return w == 8 ? word : (word >> sh) & ((uint64_t{1} << (8 * w)) - 1);
+// Change bits of the 8 bytes whose XOR is x: bit e for element e, without
+// a branch (per element, the OR of its bits folded into its lowest bit,
+// then those bits gathered by one multiplication).
+__device__ inline uint32_t WordBits(uint64_t x, uint32_t w) {
+  switch (w) {
+    case 1: {
+      uint64_t y = x | (x >> 4);
+      y |= y >> 2;
+      y |= y >> 1;
+      y &= 0x0101010101010101ULL;
+      return static_cast<uint32_t>((y * 0x0102040810204080ULL) >> 56);
+    }
+    case 2: {
+      uint64_t y = x | (x >> 8);
+      y |= y >> 4;
+      y |= y >> 2;
+      y |= y >> 1;
+      y &= 0x0001000100010001ULL;
+      return static_cast<uint32_t>((y * 0x0001000200040008ULL) >> 48) & 0xf;
+    }
+    case 4:
+      return static_cast<uint32_t>((x & 0xffffffffULL) != 0) |
+             static_cast<uint32_t>((x >> 32) != 0) << 1;
+    default:
+      return static_cast<uint32_t>(x != 0);
+  }
 }
 
-// Step 1: one warp per 64 KiB segment: both digests and the changed count.
-__global__ void DetectKernel(const EncRange* ranges, uint32_t nranges,
-                             uint64_t segs, uint64_t* before, uint64_t* after,
+// Change bits of the 16 bytes whose XOR is (lo, hi): bit e for element e.
+__device__ inline uint32_t Bits16(uint64_t lo, uint64_t hi, uint32_t w) {
+  return WordBits(lo, w) | WordBits(hi, w) << (8 / w);
+}
+
+// XOR of the w-byte elements at p and q; kAligned: both are w-aligned.
+template <bool kAligned>
+__device__ inline uint64_t XorAt(const uint8_t* p, const uint8_t* q, uint32_t w) {
+  if constexpr (kAligned) return LoadWE(p, w) ^ LoadWE(q, w);
+  uint64_t v = 0;
+  for (uint32_t j = 0; j < w; ++j) {
+    v |= uint64_t{static_cast<uint8_t>(p[j] ^ q[j])} << (8 * j);
+  }
+  return v;
+}
+
+// Compares elements [e0, e) of a and b (e0 a multiple of 32) 32 at a
+// time: one mask word each (lane 0 stores it), and the lane's count.
+template <bool kAligned>
+__device__ inline uint32_t CompareTail(const uint8_t* a, const uint8_t* b,
+                                       uint32_t w, uint64_t e0, uint64_t e,
+                                       uint32_t* mask) {
+  const uint32_t lane = threadIdx.x & 31;
+  uint32_t count = 0;
+  for (uint64_t x = e0; x < e; x += 32) {
+    const uint64_t i = x + lane;
+    const bool changed = i < e && XorAt<kAligned>(a + i * w, b + i * w, w) != 0;
+    const uint32_t word = __ballot_sync(0xffffffffu, changed);
+    count += changed ? 1 : 0;
+    if (lane == 0) mask[x / 32] = word;
+  }
+  return count;
+}
+
+// Step 1: one warp per 64 KiB segment of the window [seg_begin, seg_end):
+// both digests, the changed count, and the segment's change mask (bit i of
+// word i / 32 for element i). The common case (16-byte aligned, > 240
+// bytes) reads each byte once: the 16-byte pairs XXH3's warp loop loads
+// are compared as they come in.
+// 3 blocks of 8 warps per multiprocessor (<= 85 registers, a few bytes
+// spilled): more loads in flight. On an H200 with the 32 GiB benchmark
+// (docs/benchmarks.md) this took the kernel from 30 ms (102 registers, 2
+// blocks) to 26; 4 blocks of 4 warps measured the same, 8 of 4 (64
+// registers, more spills) 30.
+constexpr int kDetectThreads = 256;
+constexpr int kDetectMinBlocks = 3;
+__global__ void __launch_bounds__(kDetectThreads, kDetectMinBlocks)
+    DetectKernel(const EncRange* ranges, uint32_t nranges,
+                             uint64_t seg_begin, uint64_t seg_end,
+                             uint32_t* mask, uint64_t mask_base,
+                             uint64_t* before, uint64_t* after,
                              uint32_t* counts) {
-  const uint64_t s = (uint64_t{blockIdx.x} * blockDim.x + threadIdx.x) / 32;
-  if (s >= segs) return;
+  const uint64_t s =
+      seg_begin + (uint64_t{blockIdx.x} * blockDim.x + threadIdx.x) / 32;
+  if (s >= seg_end) return;
   const uint32_t lane = threadIdx.x & 31;
   const EncRange r = ranges[FindRange(ranges, nranges, s)];
   const uint64_t off = (s - r.seg_first) * kSeg;
@@ -121,32 +190,63 @@ __global__ void DetectKernel(const EncRange* ranges, uint32_t nranges,
   const uint8_t* a = Ptr(r.a) + off;
   const uint8_t* b = Ptr(r.b) + off;
   const uint32_t w = r.width;
+  const uint64_t elems = len / w;
+  uint32_t* m = mask + (r.mask_off - mask_base) + off / w / 32;
   uint32_t count = 0;
-  if (((reinterpret_cast<uintptr_t>(a) | reinterpret_cast<uintptr_t>(b)) & 15) == 0) {
-    const uint64_t full = len / 16 * 16;
-    for (uint64_t o = 16 * lane; o < full; o += 512) {
-      const ulonglong2 x = __ldg(reinterpret_cast<const ulonglong2*>(a + o));
-      const ulonglong2 y = __ldg(reinterpret_cast<const ulonglong2*>(b + o));
-      const uint64_t lo = x.x ^ y.x, hi = x.y ^ y.y;
-      if ((lo | hi) == 0) continue;
-      for (uint32_t e = 0; e < 16 / w; ++e) count += Elem16(lo, hi, w, e) != 0;
-    }
-    for (uint64_t o = full + uint64_t{lane} * w; o < len; o += 32 * w) {
-      count += LoadWE(a + o, w) != LoadWE(b + o, w);
-    }
-  } else {
-    for (uint64_t o = uint64_t{lane} * w; o < len; o += 32 * w) {
-      for (uint32_t j = 0; j < w; ++j) {
-        if (a[o + j] != b[o + j]) {
-          ++count;
-          break;
+  H128 hb, ha;
+  const uintptr_t both = reinterpret_cast<uintptr_t>(a) | reinterpret_cast<uintptr_t>(b);
+  if ((both & 15) == 0 && len > 240) {
+    Xxh3LongState sa, sb;
+    sa.Init();
+    sb.Init();
+    const uint64_t nb_blocks = (len - 1) / 1024;
+    const uint32_t per_word = 2 * w;  // lanes whose 16 bytes make a word
+    // Block blk + 1 is loaded while block blk is hashed and compared, so
+    // a warp's next loads are in flight during its arithmetic.
+    uint64_t na[2][2], nb[2][2];
+    auto load = [&](uint64_t blk) {
+      for (int h = 0; h < 2; ++h) {
+        Load16<true>(a + blk * 1024 + 16 * (lane + 32 * h), &na[h][0], &na[h][1]);
+        Load16<true>(b + blk * 1024 + 16 * (lane + 32 * h), &nb[h][0], &nb[h][1]);
+      }
+    };
+    if (nb_blocks > 0) load(0);
+    for (uint64_t blk = 0; blk < nb_blocks; ++blk) {
+      uint64_t da[2][2], db[2][2];
+      for (int h = 0; h < 2; ++h) {
+        for (int j = 0; j < 2; ++j) {
+          da[h][j] = na[h][j];
+          db[h][j] = nb[h][j];
+        }
+      }
+      if (blk + 1 < nb_blocks) load(blk + 1);
+      sa.Block(da);
+      sb.Block(db);
+      for (int h = 0; h < 2; ++h) {
+        const uint32_t bits = Bits16(da[h][0] ^ db[h][0], da[h][1] ^ db[h][1], w);
+        count += __popc(bits);
+        uint32_t word = bits << ((lane % per_word) * (16 / w));
+        for (uint32_t o = 1; o < per_word; o <<= 1) {
+          word |= __shfl_xor_sync(0xffffffffu, word, o);
+        }
+        if (lane % per_word == 0) {
+          m[blk * 32 / w + h * (16 / w) + lane / per_word] = word;
         }
       }
     }
+    hb = sa.Finish<true>(a, len);
+    ha = sb.Finish<true>(b, len);
+    const bool aligned_w = (both & (w - 1)) == 0;
+    count += aligned_w ? CompareTail<true>(a, b, w, nb_blocks * 1024 / w, elems, m)
+                       : CompareTail<false>(a, b, w, nb_blocks * 1024 / w, elems, m);
+    count = __reduce_add_sync(0xffffffffu, count);
+  } else {
+    count = (both & (w - 1)) == 0 ? CompareTail<true>(a, b, w, 0, elems, m)
+                                  : CompareTail<false>(a, b, w, 0, elems, m);
+    count = __reduce_add_sync(0xffffffffu, count);
+    hb = Xxh3Warp(a, len);
+    ha = count != 0 ? Xxh3Warp(b, len) : hb;
   }
-  count = __reduce_add_sync(0xffffffffu, count);
-  const H128 hb = Xxh3Warp(a, len);
-  const H128 ha = count != 0 ? Xxh3Warp(b, len) : hb;
   if (lane == 0) {
     before[2 * s] = hb.lo;
     before[2 * s + 1] = hb.hi;
@@ -156,17 +256,46 @@ __global__ void DetectKernel(const EncRange* ranges, uint32_t nranges,
   }
 }
 
+// Step 1b: one warp per range of the window: its range hashes (docs/format.md
+// section 2: the XXH3-128 of its segment digests, lo then hi, little-endian),
+// "before" and "after", into rb and ra (two words a range).
+__global__ void RangeDigestKernel(const EncRange* ranges, uint32_t r0, uint32_t r1,
+                                  const uint64_t* before, const uint64_t* after,
+                                  uint64_t* rb, uint64_t* ra) {
+  const uint64_t i = r0 + (uint64_t{blockIdx.x} * blockDim.x + threadIdx.x) / 32;
+  if (i >= r1) return;
+  const EncRange r = ranges[i];
+  const uint64_t segs = (r.bytes + kSeg - 1) / kSeg;
+  const H128 hb = Xxh3Warp(reinterpret_cast<const uint8_t*>(before + 2 * r.seg_first),
+                           16 * segs);
+  const H128 ha = Xxh3Warp(reinterpret_cast<const uint8_t*>(after + 2 * r.seg_first),
+                           16 * segs);
+  if ((threadIdx.x & 31) == 0) {
+    rb[2 * i] = hb.lo;
+    rb[2 * i + 1] = hb.hi;
+    ra[2 * i] = ha.lo;
+    ra[2 * i + 1] = ha.hi;
+  }
+}
+
 // Step 2a: one warp per segment of a compacted range: positions (relative
-// to the range start) and XOR values of the changed elements, in order.
-// seg_rec[s]: records of the range before segment s.
-__global__ void CompactKernel(const EncRange* ranges, uint32_t nranges,
-                              uint64_t seg_begin, uint64_t seg_end,
-                              const uint32_t* seg_rec, uint32_t* pos,
-                              uint8_t* vals) {
+// to the range start) and XOR values of the changed elements, in order,
+// from the segment's change mask; only the changed elements of the tensors
+// are read. seg_rec[s]: records of the range before segment s. Each round
+// of 32 mask words lists its changed elements in shared memory, then the
+// lanes take one listed element each (their loads in flight together,
+// their stores coalesced).
+constexpr int kCompactWarps = 8;
+__global__ void __launch_bounds__(32 * kCompactWarps)
+    CompactKernel(const EncRange* ranges, uint32_t nranges, uint64_t seg_begin,
+                  uint64_t seg_end, const uint32_t* mask, uint64_t mask_base,
+                  const uint32_t* seg_rec, uint32_t* pos, uint8_t* vals) {
+  __shared__ uint32_t list[kCompactWarps][32 * 32];
   const uint64_t s =
       seg_begin + (uint64_t{blockIdx.x} * blockDim.x + threadIdx.x) / 32;
   if (s >= seg_end) return;
   const uint32_t lane = threadIdx.x & 31;
+  uint32_t* mine = list[threadIdx.x / 32];
   const EncRange r = ranges[FindRange(ranges, nranges, s)];
   if (r.rec_off == ~uint64_t{0}) return;
   const uint64_t off = (s - r.seg_first) * kSeg;
@@ -175,56 +304,37 @@ __global__ void CompactKernel(const EncRange* ranges, uint32_t nranges,
   const uint8_t* b = Ptr(r.b) + off;
   const uint32_t w = r.width;
   const uint32_t elem0 = static_cast<uint32_t>(off / w);
-  uint64_t out = r.rec_off + seg_rec[s];
-  uint8_t* vout = vals + r.val_off + (out - r.rec_off) * w;
-  uint32_t* pout = pos + out;
+  const uint32_t words = static_cast<uint32_t>((len / w + 31) / 32);
+  const uint32_t* m = mask + (r.mask_off - mask_base) + elem0 / 32;
+  const uint64_t first = seg_rec[s];  // record index within the range
+  uint32_t* pout = pos + r.rec_off + first;
+  uint8_t* vout = vals + r.val_off + first * w;
+  const bool aligned_w =
+      ((reinterpret_cast<uintptr_t>(a) | reinterpret_cast<uintptr_t>(b)) & (w - 1)) == 0;
   uint32_t run = 0;
-  const bool vec =
-      ((reinterpret_cast<uintptr_t>(a) | reinterpret_cast<uintptr_t>(b)) & 15) == 0;
-  const uint64_t full = vec ? len / 512 * 512 : 0;
-  for (uint64_t base = 0; base < full; base += 512) {
-    const uint64_t o = base + 16 * lane;
-    const ulonglong2 x = __ldg(reinterpret_cast<const ulonglong2*>(a + o));
-    const ulonglong2 y = __ldg(reinterpret_cast<const ulonglong2*>(b + o));
-    const uint64_t lo = x.x ^ y.x, hi = x.y ^ y.y;
-    uint32_t mine = 0;
-    if ((lo | hi) != 0) {
-      for (uint32_t e = 0; e < 16 / w; ++e) mine += Elem16(lo, hi, w, e) != 0;
-    }
-    uint32_t incl = mine;
+  for (uint32_t base = 0; base < words; base += 32) {
+    const uint32_t j = base + lane;
+    uint32_t word = j < words ? __ldg(m + j) : 0;
+    const uint32_t c = __popc(word);
+    uint32_t incl = c;
     for (int d = 1; d < 32; d <<= 1) {
       const uint32_t v = __shfl_up_sync(0xffffffffu, incl, d);
       if (lane >= static_cast<uint32_t>(d)) incl += v;
     }
     const uint32_t total = __shfl_sync(0xffffffffu, incl, 31);
-    uint32_t at = run + incl - mine;
-    if (mine != 0) {
-      for (uint32_t e = 0; e < 16 / w; ++e) {
-        const uint64_t v = Elem16(lo, hi, w, e);
-        if (v == 0) continue;
-        pout[at] = elem0 + static_cast<uint32_t>(o / w) + e;
-        StoreWE(vout + uint64_t{at} * w, v, w);
-        ++at;
-      }
+    for (uint32_t at = incl - c; word != 0; word &= word - 1) {
+      mine[at++] = 32 * j + (__ffs(word) - 1);
     }
+    __syncwarp();
+    for (uint32_t i = lane; i < total; i += 32) {
+      const uint32_t e = mine[i];
+      const uint64_t v = aligned_w ? XorAt<true>(a + uint64_t{e} * w, b + uint64_t{e} * w, w)
+                                   : XorAt<false>(a + uint64_t{e} * w, b + uint64_t{e} * w, w);
+      pout[run + i] = elem0 + e;
+      StoreWE(vout + uint64_t{run + i} * w, v, w);
+    }
+    __syncwarp();
     run += total;
-  }
-  for (uint64_t o = full + uint64_t{lane} * w;; o += 32 * w) {
-    const bool in = o < len;
-    uint64_t v = 0;
-    if (in) {
-      for (uint32_t j = 0; j < w; ++j) {
-        v |= uint64_t{static_cast<uint8_t>(a[o + j] ^ b[o + j])} << (8 * j);
-      }
-    }
-    const uint32_t mask = __ballot_sync(0xffffffffu, v != 0);
-    if (v != 0) {
-      const uint32_t at = run + __popc(mask & ((1u << lane) - 1));
-      pout[at] = elem0 + static_cast<uint32_t>(o / w);
-      StoreWE(vout + uint64_t{at} * w, v, w);
-    }
-    run += __popc(mask);
-    if (!__any_sync(0xffffffffu, o + 32 * w < len)) break;
   }
 }
 
@@ -232,12 +342,18 @@ __device__ inline uint32_t GapAt(const uint32_t* pos, uint32_t i) {
   return i == 0 ? pos[0] : pos[i] - pos[i - 1] - 1;
 }
 
-// Step 2b: one block per GPU chunk: the 4 gap-byte and w value-byte
-// histograms (as EncodeSparse counts them) and the largest gap.
+// Step 2b: `slices` blocks per GPU chunk, each over its share of the
+// chunk's records: the 4 gap-byte and w value-byte histograms (as
+// EncodeSparse counts them) and the largest gap, added into hist and
+// max_gap (zeroed before). Zero bytes are not counted (the high gap and
+// value bytes are nearly all zero, and threads adding to one bin
+// serialize): the host sets each plane's zero count to k minus its other
+// bins.
 __global__ void __launch_bounds__(256)
-    HistKernel(const EncChunk* chunks, const uint32_t* pos, const uint8_t* vals,
-               uint32_t* hist, uint32_t* max_gap) {
-  const EncChunk c = chunks[blockIdx.x];
+    HistKernel(const EncChunk* chunks, uint32_t slices, const uint32_t* pos,
+               const uint8_t* vals, uint32_t* hist, uint32_t* max_gap) {
+  const uint32_t chunk = blockIdx.x / slices, slice = blockIdx.x % slices;
+  const EncChunk c = chunks[chunk];
   __shared__ uint32_t h[kPlanes * 256];
   __shared__ uint32_t s_max;
   for (uint32_t i = threadIdx.x; i < kPlanes * 256; i += blockDim.x) h[i] = 0;
@@ -245,21 +361,29 @@ __global__ void __launch_bounds__(256)
   __syncthreads();
   const uint32_t* p = pos + c.rec_off;
   const uint8_t* v = vals + c.val_off;
+  const uint32_t first = static_cast<uint32_t>(uint64_t{c.k} * slice / slices);
+  const uint32_t last = static_cast<uint32_t>(uint64_t{c.k} * (slice + 1) / slices);
   uint32_t mx = 0;
-  for (uint32_t i = threadIdx.x; i < c.k; i += blockDim.x) {
+  for (uint32_t i = first + threadIdx.x; i < last; i += blockDim.x) {
     const uint32_t g = GapAt(p, i);
     mx = max(mx, g);
-    for (int j = 0; j < 4; ++j) atomicAdd(&h[j * 256 + ((g >> (8 * j)) & 0xff)], 1u);
+    for (int j = 0; j < 4; ++j) {
+      const uint32_t sym = (g >> (8 * j)) & 0xff;
+      if (sym != 0) atomicAdd(&h[j * 256 + sym], 1u);
+    }
     const uint64_t x = LoadWE(v + uint64_t{i} * c.width, c.width);
     for (uint32_t j = 0; j < c.width; ++j) {
-      atomicAdd(&h[(4 + j) * 256 + ((x >> (8 * j)) & 0xff)], 1u);
+      const uint32_t sym = static_cast<uint32_t>(x >> (8 * j)) & 0xff;
+      if (sym != 0) atomicAdd(&h[(4 + j) * 256 + sym], 1u);
     }
   }
   atomicMax(&s_max, mx);
   __syncthreads();
-  uint32_t* out = hist + uint64_t{blockIdx.x} * kPlanes * 256;
-  for (uint32_t i = threadIdx.x; i < (4 + c.width) * 256; i += blockDim.x) out[i] = h[i];
-  if (threadIdx.x == 0) max_gap[blockIdx.x] = s_max;
+  uint32_t* out = hist + uint64_t{chunk} * kPlanes * 256;
+  for (uint32_t i = threadIdx.x; i < (4 + c.width) * 256; i += blockDim.x) {
+    if (h[i] != 0) atomicAdd(&out[i], h[i]);
+  }
+  if (threadIdx.x == 0) atomicMax(&max_gap[chunk], s_max);
 }
 
 // Step 4a: one block per GPU chunk, thread j encodes lane j exactly as
@@ -307,21 +431,51 @@ __global__ void __launch_bounds__(256)
   const uint32_t* ps = pos + c.rec_off;
   const uint8_t* vs = vals + c.val_off;
   if (nc > 0) {
-    for (uint32_t m = recs; m-- > 0;) {
-      const uint32_t i = tid + m * L;
-      const uint64_t gap = GapAt(ps, i);
-      const uint64_t val = LoadWE(vs + uint64_t{i} * c.width, c.width);
-      for (uint32_t q = nc; q-- > 0;) {
-        const uint32_t sh = s_shift[q];
-        const uint32_t s = static_cast<uint32_t>(
-            (sh < 64 ? gap >> sh : val >> (sh - 64)) & 0xff);
-        const EncSym e = sym[q * 256 + s];
-        if (x >= e.x_max) {
-          *--p = static_cast<uint16_t>(x);
-          x >>= 16;
+    // Records go in batches of kBatch: a batch's gaps and values are loaded
+    // together while the batch before is coded (the loads' latency, not
+    // the arithmetic, bounded this loop: a lane is a serial chain, and a
+    // group's blocks leave most warp slots empty).
+    constexpr uint32_t kBatch = 8;
+    uint32_t next_gap[kBatch];
+    uint64_t next_val[kBatch];
+    auto load_batch = [&](uint32_t top) {
+#pragma unroll
+      for (uint32_t j = 0; j < kBatch; ++j) {
+        if (j < top) {
+          const uint32_t i = tid + (top - 1 - j) * L;
+          next_gap[j] = GapAt(ps, i);
+          next_val[j] = LoadWE(vs + uint64_t{i} * c.width, c.width);
         }
-        const uint64_t qq = (uint64_t{x} * e.rcp) >> (32 + s_t[q]);
-        x += e.bias + static_cast<uint32_t>(qq) * e.cmpl;
+      }
+    };
+    if (recs > 0) load_batch(recs);
+    for (uint32_t top = recs; top > 0;) {
+      const uint32_t nb = min(top, kBatch);
+      uint32_t gaps[kBatch];
+      uint64_t vals8[kBatch];
+#pragma unroll
+      for (uint32_t j = 0; j < kBatch; ++j) {
+        gaps[j] = next_gap[j];
+        vals8[j] = next_val[j];
+      }
+      top -= nb;
+      if (top > 0) load_batch(top);
+#pragma unroll
+      for (uint32_t j = 0; j < kBatch; ++j) {
+        if (j >= nb) break;
+        const uint64_t gap = gaps[j], val = vals8[j];
+        for (uint32_t q = nc; q-- > 0;) {
+          const uint32_t sh = s_shift[q];
+          const uint32_t s = static_cast<uint32_t>(
+              (sh < 64 ? gap >> sh : val >> (sh - 64)) & 0xff);
+          const EncSym e = sym[q * 256 + s];
+          if (x >= e.x_max) {
+            *--p = static_cast<uint16_t>(x);
+            x >>= 16;
+          }
+          const uint64_t qq = (uint64_t{x} * e.rcp) >> (32 + s_t[q]);
+          x += e.bias + static_cast<uint32_t>(qq) * e.cmpl;
+        }
       }
     }
   }
@@ -413,55 +567,44 @@ Status CudaErr(cudaError_t e, const char* what) {
     if (e_ != cudaSuccess) return CudaErr(e_, what); \
   } while (0)
 
-// Device allocations of one call, freed together; tracks the total.
-// Allocations past a Release(keep) point are kept and handed out again, in
-// the same order, by the Gets that follow (the next group asks for the same
-// buffers in the same order): a buffer is reallocated only when it is too
-// small, so groups after the first cost no cudaMalloc or cudaFree (each
-// cudaFree also waits for the whole device).
-class Arena {
+// Device memory of one call: the bytes held and their peak.
+struct DeviceMemory {
+  uint64_t held = 0, peak = 0;
+};
+
+// One device buffer of a call, kept across its groups: it is reallocated
+// only when a group needs more than it holds (groups after the first
+// mostly cost no cudaMalloc or cudaFree, and each cudaFree waits for the
+// whole device).
+class DeviceBuffer {
  public:
-  ~Arena() {
-    for (void* p : ptrs_) cudaFree(p);
+  explicit DeviceBuffer(DeviceMemory* mem) : mem_(mem) {}
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  ~DeviceBuffer() {
+    if (p_) cudaFree(p_);
   }
   template <typename T>
   Status Get(uint64_t count, T** out) {
     const uint64_t bytes = std::max<uint64_t>(count * sizeof(T), 16);
-    if (cursor_ < ptrs_.size()) {
-      if (sizes_[cursor_] < bytes) {
-        cudaFree(ptrs_[cursor_]);
-        held_ -= sizes_[cursor_];
-        sizes_[cursor_] = 0;
-        void* p = nullptr;
-        REFIT_ENC_CUDA(cudaMalloc(&p, bytes), "cudaMalloc");
-        ptrs_[cursor_] = p;
-        sizes_[cursor_] = bytes;
-        held_ += bytes;
-        peak_ = std::max(peak_, held_);
-      }
-      *out = static_cast<T*>(ptrs_[cursor_++]);
-      return Status::Ok();
+    if (bytes > size_) {
+      if (p_) cudaFree(p_);
+      mem_->held -= size_;
+      p_ = nullptr;
+      size_ = 0;
+      REFIT_ENC_CUDA(cudaMalloc(&p_, bytes), "cudaMalloc");
+      size_ = bytes;
+      mem_->held += bytes;
+      mem_->peak = std::max(mem_->peak, mem_->held);
     }
-    void* p = nullptr;
-    REFIT_ENC_CUDA(cudaMalloc(&p, bytes), "cudaMalloc");
-    ptrs_.push_back(p);
-    sizes_.push_back(bytes);
-    cursor_ = ptrs_.size();
-    held_ += bytes;
-    peak_ = std::max(peak_, held_);
-    *out = static_cast<T*>(p);
+    *out = static_cast<T*>(p_);
     return Status::Ok();
   }
-  // The next Get hands out the allocation made after the first `keep`.
-  void Release(size_t keep) { cursor_ = keep; }
-  size_t size() const { return cursor_; }
-  uint64_t peak() const { return peak_; }
 
  private:
-  std::vector<void*> ptrs_;
-  std::vector<uint64_t> sizes_;
-  size_t cursor_ = 0;
-  uint64_t held_ = 0, peak_ = 0;
+  DeviceMemory* mem_;
+  void* p_ = nullptr;
+  uint64_t size_ = 0;
 };
 
 // Page-locked host memory for what comes back each group (histograms,
@@ -524,6 +667,21 @@ struct HostChunk {
 Result<GpuEncodeReport> EncodeOnDevice(std::span<const DeviceTensorPair> pairs,
                                        const GpuEncodeOptions& opt,
                                        std::vector<GpuEncodedChunk>* out) {
+  out->clear();
+  return EncodeOnDevice(pairs, opt, [out](const GpuChunkInfo& info,
+                                          std::span<const uint8_t> bytes) {
+    GpuEncodedChunk c;
+    c.pair = info.pair;
+    c.header = info.header;
+    c.bytes.assign(bytes.begin(), bytes.end());
+    out->push_back(std::move(c));
+    return Status::Ok();
+  });
+}
+
+Result<GpuEncodeReport> EncodeOnDevice(std::span<const DeviceTensorPair> pairs,
+                                       const GpuEncodeOptions& opt,
+                                       const GpuChunkSink& sink) {
   const auto t0 = std::chrono::steady_clock::now();
   if (opt.chunk_bytes == 0 || opt.chunk_bytes % kRangeHashSegment != 0) {
     return InvalidArgumentError("chunk size must be a positive multiple of 64 KiB");
@@ -532,12 +690,15 @@ Result<GpuEncodeReport> EncodeOnDevice(std::span<const DeviceTensorPair> pairs,
     return InvalidArgumentError("records_per_lane must be >= 1");
   }
   REFIT_ENC_CUDA(cudaSetDevice(opt.device), "cudaSetDevice");
+  int sm_count = 0;
+  REFIT_ENC_CUDA(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount,
+                                        opt.device), "device attribute");
   const int threads = opt.host_threads > 0 ? opt.host_threads : DefaultThreads();
   GpuEncodeReport report;
   // Ranges as DiffTensorsToSink cuts them.
   std::vector<HostRange> ranges;
   std::vector<EncRange> dev_ranges;
-  uint64_t segs = 0;
+  uint64_t segs = 0, mask_words = 0;
   for (size_t p = 0; p < pairs.size(); ++p) {
     const DeviceTensorPair& t = pairs[p];
     if (t.width != 1 && t.width != 2 && t.width != 4 && t.width != 8) {
@@ -565,78 +726,174 @@ Result<GpuEncodeReport> EncodeOnDevice(std::span<const DeviceTensorPair> pairs,
       d.bytes = bytes;
       d.seg_first = r.seg_first;
       d.rec_off = ~uint64_t{0};
+      d.mask_off = mask_words;
+      mask_words += (r.count + 31) / 32;
       d.width = static_cast<uint32_t>(t.width);
       dev_ranges.push_back(d);
     }
   }
   report.chunk_ranges = ranges.size();
-  out->clear();
   if (ranges.empty()) return report;
   if (ranges.size() >= (uint64_t{1} << 32)) {
     return InvalidArgumentError("too many chunk ranges");
   }
   const uint32_t nranges = static_cast<uint32_t>(ranges.size());
 
-  Arena arena;
-  cudaStream_t st = nullptr;
+  DeviceMemory mem;
+  cudaStream_t st = nullptr, st_front = nullptr;
   REFIT_ENC_CUDA(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking), "stream");
   struct StreamGuard {
     cudaStream_t s;
-    ~StreamGuard() { cudaStreamDestroy(s); }
+    ~StreamGuard() {
+      if (s) cudaStreamDestroy(s);
+    }
   } guard{st};
+  REFIT_ENC_CUDA(cudaStreamCreateWithFlags(&st_front, cudaStreamNonBlocking), "stream");
+  StreamGuard guard_front{st_front};
+  // Per call: ranges, digests, counts, offsets, two windows' change masks.
+  DeviceBuffer b_ranges(&mem), b_before(&mem), b_after(&mem), b_rbefore(&mem),
+      b_rafter(&mem), b_counts(&mem), b_seg_rec(&mem);
+  DeviceBuffer b_mask[2] = {DeviceBuffer(&mem), DeviceBuffer(&mem)};
   EncRange* d_ranges;
-  uint64_t *d_before, *d_after;
+  uint64_t *d_before, *d_after, *d_rbefore, *d_rafter;
   uint32_t *d_counts, *d_seg_rec;
-  REFIT_RETURN_IF_ERROR(arena.Get(dev_ranges.size(), &d_ranges));
-  REFIT_RETURN_IF_ERROR(arena.Get(2 * segs, &d_before));
-  REFIT_RETURN_IF_ERROR(arena.Get(2 * segs, &d_after));
-  REFIT_RETURN_IF_ERROR(arena.Get(segs, &d_counts));
-  REFIT_RETURN_IF_ERROR(arena.Get(segs, &d_seg_rec));
+  REFIT_RETURN_IF_ERROR(b_ranges.Get(dev_ranges.size(), &d_ranges));
+  REFIT_RETURN_IF_ERROR(b_before.Get(2 * segs, &d_before));
+  REFIT_RETURN_IF_ERROR(b_after.Get(2 * segs, &d_after));
+  REFIT_RETURN_IF_ERROR(b_rbefore.Get(2 * ranges.size(), &d_rbefore));
+  REFIT_RETURN_IF_ERROR(b_rafter.Get(2 * ranges.size(), &d_rafter));
+  REFIT_RETURN_IF_ERROR(b_counts.Get(segs, &d_counts));
+  REFIT_RETURN_IF_ERROR(b_seg_rec.Get(segs, &d_seg_rec));
   REFIT_ENC_CUDA(cudaMemcpyAsync(d_ranges, dev_ranges.data(),
                                  dev_ranges.size() * sizeof(EncRange),
-                                 cudaMemcpyHostToDevice, st), "copy ranges");
-  cudaEvent_t e0, e1;
-  REFIT_ENC_CUDA(cudaEventCreate(&e0), "event");
-  REFIT_ENC_CUDA(cudaEventCreate(&e1), "event");
-  REFIT_ENC_CUDA(cudaEventRecord(e0, st), "record");
-  internal::DetectKernel<<<static_cast<unsigned>((segs + 7) / 8), 256, 0, st>>>(
-      d_ranges, nranges, segs, d_before, d_after, d_counts);
-  REFIT_ENC_CUDA(cudaGetLastError(), "detect launch");
-  REFIT_ENC_CUDA(cudaEventRecord(e1, st), "record");
-  std::vector<Hash128> before(segs), after(segs);
-  std::vector<uint32_t> counts(segs);
+                                 cudaMemcpyHostToDevice, st_front), "copy ranges");
+  // Range hashes and segment counts come back into page-locked memory (a
+  // copy into pageable memory would block the host until the detection is
+  // done).
+  thread_local PinnedHost pinned_detect;
+  REFIT_RETURN_IF_ERROR(pinned_detect.Reserve(ranges.size() * 32 + segs * 4));
   static_assert(sizeof(Hash128) == 16);
-  REFIT_ENC_CUDA(cudaMemcpyAsync(before.data(), d_before, 16 * segs,
-                                 cudaMemcpyDeviceToHost, st), "copy digests");
-  REFIT_ENC_CUDA(cudaMemcpyAsync(after.data(), d_after, 16 * segs,
-                                 cudaMemcpyDeviceToHost, st), "copy digests");
-  REFIT_ENC_CUDA(cudaMemcpyAsync(counts.data(), d_counts, 4 * segs,
-                                 cudaMemcpyDeviceToHost, st), "copy counts");
-  REFIT_ENC_CUDA(cudaStreamSynchronize(st), "detect");
-  float detect_ms = 0;
-  cudaEventElapsedTime(&detect_ms, e0, e1);
-  cudaEventDestroy(e0);
-  cudaEventDestroy(e1);
-  report.detect_ms = detect_ms;
-
-  // Per-range record counts and per-segment record offsets.
+  const std::span<Hash128> before(reinterpret_cast<Hash128*>(pinned_detect.data()),
+                                  ranges.size());
+  const std::span<Hash128> after(before.data() + ranges.size(), ranges.size());
+  const std::span<uint32_t> counts(reinterpret_cast<uint32_t*>(after.data() + ranges.size()),
+                                   segs);
   std::vector<uint32_t> seg_rec(segs);
-  for (HostRange& r : ranges) {
-    uint64_t k = 0;
-    for (uint32_t j = 0; j < r.segs; ++j) {
-      seg_rec[r.seg_first + j] = static_cast<uint32_t>(k);
-      k += counts[r.seg_first + j];
+  // Each of the two masks holds half of mask_bytes.
+  const uint64_t mask_cap_words = std::max<uint64_t>(opt.mask_bytes / 8, 1);
+
+  // Step 1 for a window: the ranges from w0 whose change masks fit one
+  // mask buffer (at least one range). Windows alternate between the two
+  // buffers; a window's detection is enqueued on st_front right after the
+  // compaction of the window before's last group, so it runs while the
+  // host chooses models, and the host waits for it only when it forms the
+  // window's first group.
+  struct Window {
+    size_t w0 = 0, w1 = 0;
+    int buf = 0;
+    uint64_t mask_base = 0;  // the window's first mask word
+    uint32_t* d_mask = nullptr;
+    cudaEvent_t e0 = nullptr, e1 = nullptr, ready = nullptr;
+  };
+  Window windows[2];
+  struct WindowEvents {
+    Window* w;
+    ~WindowEvents() {
+      for (int i = 0; i < 2; ++i) {
+        for (cudaEvent_t e : {w[i].e0, w[i].e1, w[i].ready}) {
+          if (e) cudaEventDestroy(e);
+        }
+      }
     }
-    r.k = k;
-    // EncodeChunkRange tries dense encodings from k * 16 >= count on.
-    r.gpu = k > 0 && k * 16 < r.count;
+  } window_events{windows};
+  for (Window& w : windows) {
+    REFIT_ENC_CUDA(cudaEventCreate(&w.e0), "event");
+    REFIT_ENC_CUDA(cudaEventCreate(&w.e1), "event");
+    REFIT_ENC_CUDA(cudaEventCreateWithFlags(&w.ready, cudaEventDisableTiming), "event");
   }
-  REFIT_ENC_CUDA(cudaMemcpyAsync(d_seg_rec, seg_rec.data(), 4 * segs,
-                                 cudaMemcpyHostToDevice, st), "copy offsets");
+  size_t detected_end = 0;  // ranges [0, detected_end) have counts
+  size_t launched_end = 0;  // ranges [0, launched_end) have detection enqueued
+  int window_count = 0;
+  Window* cur_window = nullptr;  // the window groups are formed in
+  Window* pending = nullptr;     // enqueued, not yet finished
+  auto launch_detect = [&](size_t w0) -> Status {
+    size_t w1 = w0 + 1;
+    while (w1 < ranges.size() &&
+           dev_ranges[w1].mask_off + (ranges[w1].count + 31) / 32 -
+                   dev_ranges[w0].mask_off <= mask_cap_words) {
+      ++w1;
+    }
+    Window& w = windows[window_count % 2];
+    w.w0 = w0;
+    w.w1 = w1;
+    w.buf = window_count % 2;
+    ++window_count;
+    w.mask_base = dev_ranges[w0].mask_off;
+    const uint64_t words = dev_ranges[w1 - 1].mask_off +
+                           (ranges[w1 - 1].count + 31) / 32 - w.mask_base;
+    // A reallocation waits for the device, so for the window that last
+    // used this buffer too.
+    REFIT_RETURN_IF_ERROR(b_mask[w.buf].Get(words, &w.d_mask));
+    const uint64_t s0 = ranges[w0].seg_first;
+    const uint64_t s1 = ranges[w1 - 1].seg_first + ranges[w1 - 1].segs;
+    REFIT_ENC_CUDA(cudaEventRecord(w.e0, st_front), "record");
+    constexpr unsigned kSegsPerBlock = internal::kDetectThreads / 32;
+    internal::DetectKernel<<<static_cast<unsigned>((s1 - s0 + kSegsPerBlock - 1) /
+                                                   kSegsPerBlock),
+                             internal::kDetectThreads, 0, st_front>>>(d_ranges, nranges, s0, s1, w.d_mask, w.mask_base,
+                                         d_before, d_after, d_counts);
+    REFIT_ENC_CUDA(cudaGetLastError(), "detect launch");
+    internal::RangeDigestKernel<<<static_cast<unsigned>((w1 - w0 + 7) / 8), 256, 0,
+                                  st_front>>>(d_ranges, static_cast<uint32_t>(w0),
+                                              static_cast<uint32_t>(w1), d_before, d_after,
+                                              d_rbefore, d_rafter);
+    REFIT_ENC_CUDA(cudaGetLastError(), "range hash launch");
+    REFIT_ENC_CUDA(cudaEventRecord(w.e1, st_front), "record");
+    REFIT_ENC_CUDA(cudaMemcpyAsync(before.data() + w0, d_rbefore + 2 * w0, 16 * (w1 - w0),
+                                   cudaMemcpyDeviceToHost, st_front), "copy hashes");
+    REFIT_ENC_CUDA(cudaMemcpyAsync(after.data() + w0, d_rafter + 2 * w0, 16 * (w1 - w0),
+                                   cudaMemcpyDeviceToHost, st_front), "copy hashes");
+    REFIT_ENC_CUDA(cudaMemcpyAsync(counts.data() + s0, d_counts + s0, 4 * (s1 - s0),
+                                   cudaMemcpyDeviceToHost, st_front), "copy counts");
+    REFIT_ENC_CUDA(cudaEventRecord(w.ready, st_front), "record");
+    launched_end = w1;
+    pending = &w;
+    return Status::Ok();
+  };
+  // Waits for the pending window's detection; per-range record counts and
+  // per-segment record offsets.
+  auto finish_detect = [&]() -> Status {
+    Window& w = *pending;
+    pending = nullptr;
+    REFIT_ENC_CUDA(cudaEventSynchronize(w.ready), "detect");
+    float ms = 0;
+    REFIT_ENC_CUDA(cudaEventElapsedTime(&ms, w.e0, w.e1), "event time");
+    report.detect_ms += ms;
+    for (size_t i = w.w0; i < w.w1; ++i) {
+      HostRange& r = ranges[i];
+      uint64_t k = 0;
+      for (uint32_t j = 0; j < r.segs; ++j) {
+        seg_rec[r.seg_first + j] = static_cast<uint32_t>(k);
+        k += counts[r.seg_first + j];
+      }
+      r.k = k;
+      // EncodeChunkRange tries dense encodings from k * 16 >= count on.
+      r.gpu = k > 0 && k * 16 < r.count;
+    }
+    const uint64_t s0 = ranges[w.w0].seg_first;
+    const uint64_t s1 = ranges[w.w1 - 1].seg_first + ranges[w.w1 - 1].segs;
+    // Pageable source: the call returns once the bytes are staged.
+    REFIT_ENC_CUDA(cudaMemcpyAsync(d_seg_rec + s0, seg_rec.data() + s0, 4 * (s1 - s0),
+                                   cudaMemcpyHostToDevice, st_front), "copy offsets");
+    detected_end = w.w1;
+    cur_window = &w;
+    return Status::Ok();
+  };
 
   std::vector<std::vector<uint8_t>> chunk_bytes(ranges.size());
   std::vector<ChunkHeader> headers(ranges.size());
-  auto header_of = [&](const HostRange& r) {
+  auto header_of = [&](size_t i) {
+    const HostRange& r = ranges[i];
     ChunkHeader h;
     h.kind = codec::ChunkKind::kSparseXor;
     h.width = static_cast<uint8_t>(pairs[r.pair].width);
@@ -646,31 +903,247 @@ Result<GpuEncodeReport> EncodeOnDevice(std::span<const DeviceTensorPair> pairs,
     h.start = r.start;
     h.count = r.count;
     h.changed = r.k;
-    h.before = HashSegmentDigests(before.data() + r.seg_first, r.segs);
-    h.after = HashSegmentDigests(after.data() + r.seg_first, r.segs);
+    h.before = before[i];
+    h.after = after[i];
     return h;
   };
 
-  // Groups of consecutive ranges whose records fit the staging budget.
-  const size_t base_allocs = arena.size();
-  // Chunk framing of group g runs on the host while group g + 1 goes
-  // through the GPU; its streams sit in page-locked buffer g % 2. At most
-  // one framing is in flight, and it is waited for before any return
-  // (the future is destroyed before what it writes).
-  thread_local PinnedHost pinned_streams[2];
-  std::future<double> framing;
-  uint64_t group_index = 0;
-  size_t g0 = 0;
-  while (g0 < ranges.size()) {
+  // A group: consecutive ranges of one window whose records fit the
+  // staging budget. Its compaction (steps 2a-b, "front") runs on st_front
+  // in one of two buffer sets while the host chooses the previous group's
+  // models; steps 4a-c ("back") run on st.
+  struct FrontSet {
+    explicit FrontSet(DeviceMemory* m)
+        : pos(m), vals(m), chunks(m), hist(m), maxgap(m) {}
+    DeviceBuffer pos, vals, chunks, hist, maxgap;
+    cudaEvent_t done = nullptr;  // histograms and gaps are back
+    cudaEvent_t t[3] = {};       // around the compaction and histograms
+  };
+  FrontSet sets[2] = {FrontSet(&mem), FrontSet(&mem)};
+  struct EventGuard {
+    FrontSet* sets;
+    ~EventGuard() {
+      for (int i = 0; i < 2; ++i) {
+        if (sets[i].done) cudaEventDestroy(sets[i].done);
+        for (cudaEvent_t e : sets[i].t) {
+          if (e) cudaEventDestroy(e);
+        }
+      }
+    }
+  } event_guard{sets};
+  for (FrontSet& f : sets) {
+    REFIT_ENC_CUDA(cudaEventCreateWithFlags(&f.done, cudaEventDisableTiming), "event");
+    for (cudaEvent_t& e : f.t) REFIT_ENC_CUDA(cudaEventCreate(&e), "event");
+  }
+  // Elapsed GPU time between two completed events, added to *into.
+  auto add_elapsed = [](cudaEvent_t a, cudaEvent_t b, double* into) {
+    float ms = 0;
+    if (cudaEventElapsedTime(&ms, a, b) == cudaSuccess) *into += ms;
+  };
+  thread_local PinnedHost pinned_hist[2];
+  struct Group {
+    size_t g0 = 0, g1 = 0;
+    int set = 0;
+    std::vector<uint32_t> list;  // its GPU-encoded ranges
+    std::vector<EncChunk> ec;
+    std::vector<uint32_t> maxgap;
+    std::span<const uint32_t> hist;
+    uint32_t* d_pos = nullptr;  // the front set's records
+    uint8_t* d_vals = nullptr;
+    EncChunk* d_chunks = nullptr;
+  };
+  // Forms the group starting at range g0 (detecting its window first if
+  // needed) and launches its front.
+  auto start_group = [&](size_t g0, int set, Group* g) -> Status {
+    if (g0 >= detected_end) {
+      if (pending == nullptr) REFIT_RETURN_IF_ERROR(launch_detect(g0));
+      REFIT_RETURN_IF_ERROR(finish_detect());
+    }
+    g->g0 = g0;
+    g->set = set;
     uint64_t need = 0;
     size_t g1 = g0;
-    for (; g1 < ranges.size(); ++g1) {
+    for (; g1 < detected_end; ++g1) {
       const HostRange& r = ranges[g1];
       const uint64_t w = pairs[r.pair].width;
-      const uint64_t more = r.gpu ? r.k * (4 + w + 2 * (4 + w)) + 64 : 0;
+      // Records and values in both front sets, the lanes' words.
+      const uint64_t more = r.gpu ? r.k * (2 * (4 + w) + 2 * (4 + w)) + 64 : 0;
       if (g1 > g0 && need + more > opt.staging_bytes) break;
       need += more;
     }
+    g->g1 = g1;
+    // The window's last group: the next window's detection follows its
+    // compaction on st_front.
+    auto detect_next = [&]() -> Status {
+      if (g1 == detected_end && launched_end == detected_end && g1 < ranges.size()) {
+        return launch_detect(g1);
+      }
+      return Status::Ok();
+    };
+    g->list.clear();
+    uint64_t recs = 0, val_bytes = 0;
+    for (size_t i = g0; i < g1; ++i) {
+      const HostRange& r = ranges[i];
+      if (!r.gpu) continue;
+      g->list.push_back(static_cast<uint32_t>(i));
+      recs += r.k;
+      val_bytes += (r.k * pairs[r.pair].width + 15) / 16 * 16;
+    }
+    if (g->list.empty()) return detect_next();
+    const uint32_t nchunks = static_cast<uint32_t>(g->list.size());
+    FrontSet& f = sets[set];
+    g->ec.assign(nchunks, EncChunk{});
+    std::vector<EncRange> upd(dev_ranges.begin() + static_cast<ptrdiff_t>(g0),
+                              dev_ranges.begin() + static_cast<ptrdiff_t>(g1));
+    uint64_t ro = 0, vo = 0;
+    for (uint32_t c = 0; c < nchunks; ++c) {
+      const HostRange& r = ranges[g->list[c]];
+      const uint32_t w = static_cast<uint32_t>(pairs[r.pair].width);
+      EncChunk& e = g->ec[c];
+      e.rec_off = ro;
+      e.val_off = vo;
+      e.k = static_cast<uint32_t>(r.k);
+      e.width = w;
+      upd[g->list[c] - g0].rec_off = ro;
+      upd[g->list[c] - g0].val_off = vo;
+      ro += r.k;
+      vo += (r.k * w + 15) / 16 * 16;
+    }
+    uint32_t *d_hist, *d_maxgap;
+    REFIT_RETURN_IF_ERROR(f.pos.Get(recs, &g->d_pos));
+    REFIT_RETURN_IF_ERROR(f.vals.Get(val_bytes, &g->d_vals));
+    REFIT_RETURN_IF_ERROR(f.chunks.Get(nchunks, &g->d_chunks));
+    uint32_t* d_pos = g->d_pos;
+    uint8_t* d_vals = g->d_vals;
+    EncChunk* d_chunks = g->d_chunks;
+    const uint64_t hist_n = uint64_t{nchunks} * internal::kPlanes * 256;
+    REFIT_RETURN_IF_ERROR(f.hist.Get(hist_n, &d_hist));
+    REFIT_RETURN_IF_ERROR(f.maxgap.Get(nchunks, &d_maxgap));
+    // Pageable sources: each call returns once its bytes are staged.
+    REFIT_ENC_CUDA(cudaMemcpyAsync(d_ranges + g0, upd.data(), upd.size() * sizeof(EncRange),
+                                   cudaMemcpyHostToDevice, st_front), "copy ranges");
+    REFIT_ENC_CUDA(cudaMemcpyAsync(d_chunks, g->ec.data(), nchunks * sizeof(EncChunk),
+                                   cudaMemcpyHostToDevice, st_front), "copy chunks");
+    const uint64_t seg_begin = ranges[g0].seg_first;
+    const uint64_t seg_end = ranges[g1 - 1].seg_first + ranges[g1 - 1].segs;
+    REFIT_ENC_CUDA(cudaEventRecord(f.t[0], st_front), "record");
+    internal::CompactKernel<<<static_cast<unsigned>((seg_end - seg_begin +
+                                                     internal::kCompactWarps - 1) /
+                                                    internal::kCompactWarps),
+                              32 * internal::kCompactWarps, 0, st_front>>>(
+        d_ranges, nranges, seg_begin, seg_end, cur_window->d_mask,
+        cur_window->mask_base, d_seg_rec, d_pos, d_vals);
+    REFIT_ENC_CUDA(cudaGetLastError(), "compact launch");
+    REFIT_ENC_CUDA(cudaEventRecord(f.t[1], st_front), "record");
+    REFIT_ENC_CUDA(cudaMemsetAsync(d_hist, 0, 4 * hist_n, st_front), "clear histograms");
+    REFIT_ENC_CUDA(cudaMemsetAsync(d_maxgap, 0, 4 * nchunks, st_front), "clear gaps");
+    // Enough blocks to fill the device a few times over, in slices of at
+    // least a few thousand records.
+    const uint32_t slices = static_cast<uint32_t>(std::clamp<uint64_t>(
+        std::min<uint64_t>((4 * sm_count + nchunks - 1) / nchunks, recs / nchunks / 4096),
+        1, 64));
+    internal::HistKernel<<<nchunks * slices, 256, 0, st_front>>>(d_chunks, slices, d_pos,
+                                                                 d_vals, d_hist, d_maxgap);
+    REFIT_ENC_CUDA(cudaGetLastError(), "histogram launch");
+    REFIT_ENC_CUDA(cudaEventRecord(f.t[2], st_front), "record");
+    REFIT_RETURN_IF_ERROR(pinned_hist[set].Reserve(4 * hist_n));
+    g->hist = std::span<const uint32_t>(
+        reinterpret_cast<const uint32_t*>(pinned_hist[set].data()), hist_n);
+    g->maxgap.assign(nchunks, 0);
+    REFIT_ENC_CUDA(cudaMemcpyAsync(pinned_hist[set].data(), d_hist, 4 * hist_n,
+                                   cudaMemcpyDeviceToHost, st_front), "copy histograms");
+    REFIT_ENC_CUDA(cudaMemcpyAsync(g->maxgap.data(), d_maxgap, 4 * nchunks,
+                                   cudaMemcpyDeviceToHost, st_front), "copy gaps");
+    REFIT_ENC_CUDA(cudaEventRecord(f.done, st_front), "record");
+    return detect_next();
+  };
+
+  // Buffers of the back half, one set; chunk framing of group g runs on
+  // the host while group g + 1 goes through the GPU; its streams sit in
+  // page-locked buffer g % 2. At most one framing is in flight, and it is
+  // waited for before any return (the future is destroyed before what it
+  // writes).
+  DeviceBuffer b_tables(&mem), b_words(&mem), b_state(&mem), b_used(&mem),
+      b_sizes(&mem), b_offs(&mem), b_temp(&mem), b_out(&mem);
+  cudaEvent_t bt[4] = {};  // around the lane encoding and the gathering
+  struct BackEvents {
+    cudaEvent_t* e;
+    ~BackEvents() {
+      for (int i = 0; i < 4; ++i) {
+        if (e[i]) cudaEventDestroy(e[i]);
+      }
+    }
+  } back_events{bt};
+  for (cudaEvent_t& e : bt) REFIT_ENC_CUDA(cudaEventCreate(&e), "event");
+  thread_local PinnedHost pinned_streams[2];
+  // Framed chunks of a group, handed to the sink from here: kept per
+  // calling thread across calls, so their pages are not faulted in again
+  // for every call.
+  thread_local std::vector<uint8_t> framed[2];
+  WorkerPool model_pool(threads);
+  WorkerPool frame_pool(std::max(1, threads / 4));
+  std::future<Status> framing;
+  struct FramingWait {
+    std::future<Status>* f;
+    ~FramingWait() {
+      if (f->valid()) f->wait();
+    }
+  } framing_wait{&framing};
+  // Frames group g's GPU chunks (model descriptions hc[c].header, streams
+  // at offs[c], sizes[c]) into framed[g % 2], then gives the sink every
+  // chunk of the group in range order (CPU-encoded ones from chunk_bytes).
+  // Runs on its own thread while the next group goes through the GPU.
+  auto launch_framing = [&](const Group& g, uint64_t index, std::span<const uint8_t> streams,
+                            std::vector<HostChunk> hc, std::vector<uint64_t> offs,
+                            std::vector<uint64_t> sizes) -> Status {
+    if (framing.valid()) REFIT_RETURN_IF_ERROR(framing.get());
+    // Taken here: inside the task, the name would be that thread's own.
+    std::vector<uint8_t>* const out_buf = &framed[index % 2];
+    framing = std::async(
+        std::launch::async,
+        [&, out_buf, streams, g0 = g.g0, g1 = g.g1, list = g.list, hc = std::move(hc),
+         offs = std::move(offs), sizes = std::move(sizes)]() -> Status {
+          const auto f0 = std::chrono::steady_clock::now();
+          const size_t nchunks = list.size();
+          std::vector<uint8_t>& buf = *out_buf;
+          std::vector<uint64_t> at(nchunks + 1, 0), len(nchunks, 0);
+          for (size_t c = 0; c < nchunks; ++c) {
+            at[c + 1] = at[c] + ChunkSizeBound(hc[c].header.size() + sizes[c]);
+          }
+          if (buf.size() < at[nchunks]) buf.resize(at[nchunks]);
+          frame_pool.ForEach(nchunks, [&](size_t c, int) {
+            const uint32_t i = list[c];
+            headers[i] = header_of(i);
+            len[c] = SerializeChunkTo(headers[i], hc[c].header,
+                                      streams.subspan(offs[c], sizes[c]), buf.data() + at[c]);
+          });
+          size_t c = 0;
+          for (size_t i = g0; i < g1; ++i) {
+            const HostRange& r = ranges[i];
+            if (r.k == 0) continue;
+            std::span<const uint8_t> bytes;
+            if (c < nchunks && list[c] == i) {
+              bytes = std::span<const uint8_t>(buf.data() + at[c], len[c]);
+              ++c;
+            } else {
+              bytes = chunk_bytes[i];
+            }
+            ++report.chunks;
+            report.changed_elements += r.k;
+            report.chunk_bytes += bytes.size();
+            Status delivered = sink(GpuChunkInfo{r.pair, headers[i]}, bytes);
+            chunk_bytes[i] = {};
+            if (!delivered.ok()) return delivered;
+          }
+          report.frame_ms += std::chrono::duration<double, std::milli>(
+                                 std::chrono::steady_clock::now() - f0).count();
+          return Status::Ok();
+        });
+    return Status::Ok();
+  };
+  uint64_t group_index = 0;
+  // Steps 3-4 of a group whose front was launched, and its CPU fallbacks.
+  auto finish_group = [&](Group& g) -> Status {
     ++report.groups;
     auto lap = std::chrono::steady_clock::now();
     auto take = [&lap](double* into) {
@@ -679,7 +1152,7 @@ Result<GpuEncodeReport> EncodeOnDevice(std::span<const DeviceTensorPair> pairs,
       lap = now;
     };
     // CPU fallback for dense-prone ranges of this group.
-    for (size_t i = g0; i < g1; ++i) {
+    for (size_t i = g.g0; i < g.g1; ++i) {
       const HostRange& r = ranges[i];
       if (r.k == 0 || r.gpu) continue;
       const uint64_t w = pairs[r.pair].width;
@@ -688,7 +1161,7 @@ Result<GpuEncodeReport> EncodeOnDevice(std::span<const DeviceTensorPair> pairs,
                                 cudaMemcpyDeviceToHost), "copy range");
       REFIT_ENC_CUDA(cudaMemcpy(b.data(), HostPtr(dev_ranges[i].b), b.size(),
                                 cudaMemcpyDeviceToHost), "copy range");
-      ChunkHeader ids = header_of(r);
+      ChunkHeader ids = header_of(i);
       ChunkEncodeOptions copt;
       copt.codec.records_per_lane = opt.records_per_lane;
       EncodeScratch scratch;
@@ -704,94 +1177,35 @@ Result<GpuEncodeReport> EncodeOnDevice(std::span<const DeviceTensorPair> pairs,
       ++report.cpu_chunks;
     }
     take(&report.cpu_fallback_ms);
-    // GPU chunks: staging layout.
-    std::vector<uint32_t> list;
-    uint64_t recs = 0, val_bytes = 0;
-    for (size_t i = g0; i < g1; ++i) {
-      HostRange& r = ranges[i];
-      if (!r.gpu) continue;
-      list.push_back(static_cast<uint32_t>(i));
-      recs += r.k;
-      val_bytes += (r.k * pairs[r.pair].width + 15) / 16 * 16;
-    }
-    if (list.empty()) {
-      g0 = g1;
-      continue;
-    }
-    const uint32_t nchunks = static_cast<uint32_t>(list.size());
-    std::vector<EncChunk> ec(nchunks);
-    {
-      uint64_t ro = 0, vo = 0;
-      std::vector<EncRange> upd(dev_ranges.begin() + g0, dev_ranges.begin() + g1);
-      for (uint32_t c = 0; c < nchunks; ++c) {
-        const HostRange& r = ranges[list[c]];
-        const uint32_t w = static_cast<uint32_t>(pairs[r.pair].width);
-        ec[c] = EncChunk{};
-        ec[c].rec_off = ro;
-        ec[c].val_off = vo;
-        ec[c].k = static_cast<uint32_t>(r.k);
-        ec[c].width = w;
-        upd[list[c] - g0].rec_off = ro;
-        upd[list[c] - g0].val_off = vo;
-        ro += r.k;
-        vo += (r.k * w + 15) / 16 * 16;
-      }
-      REFIT_ENC_CUDA(cudaMemcpyAsync(d_ranges + g0, upd.data(),
-                                     upd.size() * sizeof(EncRange),
-                                     cudaMemcpyHostToDevice, st), "copy ranges");
-      REFIT_ENC_CUDA(cudaStreamSynchronize(st), "sync");
-    }
-    uint32_t* d_pos;
-    uint8_t* d_vals;
-    EncChunk* d_chunks;
-    uint32_t *d_hist, *d_maxgap;
-    REFIT_RETURN_IF_ERROR(arena.Get(recs, &d_pos));
-    REFIT_RETURN_IF_ERROR(arena.Get(val_bytes, &d_vals));
-    REFIT_RETURN_IF_ERROR(arena.Get(nchunks, &d_chunks));
-    REFIT_RETURN_IF_ERROR(arena.Get(uint64_t{nchunks} * internal::kPlanes * 256, &d_hist));
-    REFIT_RETURN_IF_ERROR(arena.Get(nchunks, &d_maxgap));
-    REFIT_ENC_CUDA(cudaMemcpyAsync(d_chunks, ec.data(), nchunks * sizeof(EncChunk),
-                                   cudaMemcpyHostToDevice, st), "copy chunks");
-    const uint64_t seg_begin = ranges[g0].seg_first;
-    const uint64_t seg_end = ranges[g1 - 1].seg_first + ranges[g1 - 1].segs;
-    internal::CompactKernel<<<static_cast<unsigned>((seg_end - seg_begin + 7) / 8),
-                              256, 0, st>>>(d_ranges, nranges, seg_begin, seg_end,
-                                            d_seg_rec, d_pos, d_vals);
-    REFIT_ENC_CUDA(cudaGetLastError(), "compact launch");
-    internal::HistKernel<<<nchunks, 256, 0, st>>>(d_chunks, d_pos, d_vals, d_hist,
-                                                  d_maxgap);
-    REFIT_ENC_CUDA(cudaGetLastError(), "histogram launch");
-    thread_local PinnedHost pinned_hist;
-    const uint64_t hist_n = uint64_t{nchunks} * internal::kPlanes * 256;
-    REFIT_RETURN_IF_ERROR(pinned_hist.Reserve(4 * hist_n));
-    std::span<uint32_t> hist(reinterpret_cast<uint32_t*>(pinned_hist.data()),
-                             hist_n);
-    std::vector<uint32_t> maxgap(nchunks);
-    REFIT_ENC_CUDA(cudaMemcpyAsync(hist.data(), d_hist, 4 * hist.size(),
-                                   cudaMemcpyDeviceToHost, st), "copy histograms");
-    REFIT_ENC_CUDA(cudaMemcpyAsync(maxgap.data(), d_maxgap, 4 * nchunks,
-                                   cudaMemcpyDeviceToHost, st), "copy gaps");
-    REFIT_ENC_CUDA(cudaStreamSynchronize(st), "histograms");
-    take(&report.compact_ms);
+    if (g.list.empty()) return launch_framing(g, group_index++, {}, {}, {}, {});
+    add_elapsed(sets[g.set].t[0], sets[g.set].t[1], &report.gpu_compact_ms);
+    add_elapsed(sets[g.set].t[1], sets[g.set].t[2], &report.gpu_hist_ms);
+    const uint32_t nchunks = static_cast<uint32_t>(g.list.size());
+    std::vector<EncChunk>& ec = g.ec;
 
     // Models, exactly as EncodeSparseW chooses them.
     std::vector<HostChunk> hc(nchunks);
-    ParallelForEach(nchunks, threads, [&](size_t c, int) {
-      const HostRange& r = ranges[list[c]];
+    model_pool.ForEach(nchunks, [&](size_t c, int) {
+      const HostRange& r = ranges[g.list[c]];
       const int w = pairs[r.pair].width;
       const uint32_t n = static_cast<uint32_t>(r.count);
       const uint32_t k = static_cast<uint32_t>(r.k);
-      const int gw = GapWidthFor(maxgap[c]);
+      const int gw = GapWidthFor(g.maxgap[c]);
       HostChunk& h = hc[c];
-      h.range = list[c];
+      h.range = g.list[c];
       h.header.push_back(static_cast<uint8_t>(gw));
       EncChunk& e = ec[c];
       for (int j = 0; j < gw + w; ++j) {
         const bool is_gap = j < gw;
         const int plane = is_gap ? j : 4 + (j - gw);
         codec::Histogram hh;
-        const uint32_t* src = hist.data() + (uint64_t{c} * internal::kPlanes + plane) * 256;
-        for (int s = 0; s < 256; ++s) hh[s] = src[s];
+        const uint32_t* src = g.hist.data() + (uint64_t{c} * internal::kPlanes + plane) * 256;
+        uint64_t others = 0;
+        for (int s = 1; s < 256; ++s) {
+          hh[s] = src[s];
+          others += src[s];
+        }
+        hh[0] = k - others;  // zero bytes are not counted on the GPU
         const codec::GapContext ctx{is_gap, n, k, is_gap ? j : 0};
         uint64_t cost;
         const codec::Model m = codec::ChooseModel(hh, ctx, &cost);
@@ -820,16 +1234,19 @@ Result<GpuEncodeReport> EncodeOnDevice(std::span<const DeviceTensorPair> pairs,
       lanes += e.lanes;
       max_coded = std::max(max_coded, e.coded);
     }
+    uint32_t* d_pos = g.d_pos;
+    uint8_t* d_vals = g.d_vals;
+    EncChunk* d_chunks = g.d_chunks;
     EncTable* d_tables;
     uint16_t* d_words;
     uint32_t *d_state, *d_used;
     uint64_t *d_sizes, *d_offs;
-    REFIT_RETURN_IF_ERROR(arena.Get(std::max<size_t>(tables.size(), 1), &d_tables));
-    REFIT_RETURN_IF_ERROR(arena.Get(words + 1, &d_words));
-    REFIT_RETURN_IF_ERROR(arena.Get(lanes, &d_state));
-    REFIT_RETURN_IF_ERROR(arena.Get(lanes, &d_used));
-    REFIT_RETURN_IF_ERROR(arena.Get(nchunks, &d_sizes));
-    REFIT_RETURN_IF_ERROR(arena.Get(nchunks, &d_offs));
+    REFIT_RETURN_IF_ERROR(b_tables.Get(std::max<size_t>(tables.size(), 1), &d_tables));
+    REFIT_RETURN_IF_ERROR(b_words.Get(words + 1, &d_words));
+    REFIT_RETURN_IF_ERROR(b_state.Get(lanes, &d_state));
+    REFIT_RETURN_IF_ERROR(b_used.Get(lanes, &d_used));
+    REFIT_RETURN_IF_ERROR(b_sizes.Get(nchunks, &d_sizes));
+    REFIT_RETURN_IF_ERROR(b_offs.Get(nchunks, &d_offs));
     REFIT_ENC_CUDA(cudaMemcpyAsync(d_chunks, ec.data(), nchunks * sizeof(EncChunk),
                                    cudaMemcpyHostToDevice, st), "copy chunks");
     if (!tables.empty()) {
@@ -841,9 +1258,11 @@ Result<GpuEncodeReport> EncodeOnDevice(std::span<const DeviceTensorPair> pairs,
     REFIT_ENC_CUDA(cudaFuncSetAttribute(internal::EncodeLanesKernel,
                                         cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         std::max(smem, 1)), "attribute");
+    REFIT_ENC_CUDA(cudaEventRecord(bt[0], st), "record");
     internal::EncodeLanesKernel<<<nchunks, 256, smem, st>>>(
         d_chunks, d_tables, d_pos, d_vals, d_words, d_state, d_used);
     REFIT_ENC_CUDA(cudaGetLastError(), "encode launch");
+    REFIT_ENC_CUDA(cudaEventRecord(bt[1], st), "record");
     internal::StreamSizeKernel<<<(nchunks + 127) / 128, 128, 0, st>>>(
         d_chunks, nchunks, d_used, d_sizes);
     REFIT_ENC_CUDA(cudaGetLastError(), "size launch");
@@ -851,7 +1270,7 @@ Result<GpuEncodeReport> EncodeOnDevice(std::span<const DeviceTensorPair> pairs,
     REFIT_ENC_CUDA(cub::DeviceScan::ExclusiveSum(nullptr, temp_bytes, d_sizes,
                                                  d_offs, nchunks, st), "scan");
     uint8_t* d_temp;
-    REFIT_RETURN_IF_ERROR(arena.Get(temp_bytes, &d_temp));
+    REFIT_RETURN_IF_ERROR(b_temp.Get(temp_bytes, &d_temp));
     REFIT_ENC_CUDA(cub::DeviceScan::ExclusiveSum(d_temp, temp_bytes, d_sizes,
                                                  d_offs, nchunks, st), "scan");
     std::vector<uint64_t> sizes(nchunks), offs(nchunks);
@@ -861,54 +1280,48 @@ Result<GpuEncodeReport> EncodeOnDevice(std::span<const DeviceTensorPair> pairs,
                                    cudaMemcpyDeviceToHost, st), "copy offsets");
     REFIT_ENC_CUDA(cudaStreamSynchronize(st), "encode");
     take(&report.encode_ms);
+    add_elapsed(bt[0], bt[1], &report.gpu_encode_ms);
     const uint64_t total = offs.back() + sizes.back();
     uint8_t* d_out;
-    REFIT_RETURN_IF_ERROR(arena.Get(total, &d_out));
+    REFIT_RETURN_IF_ERROR(b_out.Get(total, &d_out));
+    REFIT_ENC_CUDA(cudaEventRecord(bt[2], st), "record");
     internal::GatherKernel<<<nchunks, 256, 0, st>>>(d_chunks, d_words, d_state,
                                                     d_used, d_offs, d_out);
     REFIT_ENC_CUDA(cudaGetLastError(), "gather launch");
+    REFIT_ENC_CUDA(cudaEventRecord(bt[3], st), "record");
     PinnedHost& pinned = pinned_streams[group_index++ % 2];
+    // The framing of two groups ago read this buffer; it was waited for
+    // before the previous group's framing started.
     REFIT_RETURN_IF_ERROR(pinned.Reserve(total));
     std::span<const uint8_t> streams(pinned.data(), total);
     REFIT_ENC_CUDA(cudaMemcpyAsync(pinned.data(), d_out, total,
                                    cudaMemcpyDeviceToHost, st), "copy streams");
     REFIT_ENC_CUDA(cudaStreamSynchronize(st), "gather");
     take(&report.gather_ms);
-    if (framing.valid()) report.frame_ms += framing.get();
-    framing = std::async(
-        std::launch::async,
-        [&, streams, list = std::move(list), hc = std::move(hc),
-         offs = std::move(offs), sizes = std::move(sizes), nchunks]() mutable {
-          const auto f0 = std::chrono::steady_clock::now();
-          ParallelForEach(nchunks, threads, [&](size_t c, int) {
-            const uint32_t i = list[c];
-            std::vector<uint8_t> payload = std::move(hc[c].header);
-            payload.insert(payload.end(),
-                           streams.begin() + static_cast<ptrdiff_t>(offs[c]),
-                           streams.begin() +
-                               static_cast<ptrdiff_t>(offs[c] + sizes[c]));
-            headers[i] = header_of(ranges[i]);
-            SerializeChunk(headers[i], payload, &chunk_bytes[i]);
-          });
-          return std::chrono::duration<double, std::milli>(
-                     std::chrono::steady_clock::now() - f0).count();
-        });
-    arena.Release(base_allocs);
-    g0 = g1;
+    add_elapsed(bt[2], bt[3], &report.gpu_gather_ms);
+    return launch_framing(g, group_index - 1, streams, std::move(hc), std::move(offs),
+                          std::move(sizes));
+  };
+
+  // The pipeline: group i + 1's front is launched as soon as group i's
+  // histograms are back, before group i's models are chosen.
+  Group cur, next;
+  REFIT_RETURN_IF_ERROR(start_group(0, 0, &cur));
+  while (true) {
+    if (!cur.list.empty()) {
+      const auto w0 = std::chrono::steady_clock::now();
+      REFIT_ENC_CUDA(cudaEventSynchronize(sets[cur.set].done), "histograms");
+      report.compact_ms += std::chrono::duration<double, std::milli>(
+                               std::chrono::steady_clock::now() - w0).count();
+    }
+    const bool more = cur.g1 < ranges.size();
+    if (more) REFIT_RETURN_IF_ERROR(start_group(cur.g1, cur.set ^ 1, &next));
+    REFIT_RETURN_IF_ERROR(finish_group(cur));
+    if (!more) break;
+    std::swap(cur, next);
   }
-  if (framing.valid()) report.frame_ms += framing.get();
-  for (size_t i = 0; i < ranges.size(); ++i) {
-    if (ranges[i].k == 0) continue;
-    GpuEncodedChunk c;
-    c.pair = ranges[i].pair;
-    c.header = headers[i];
-    c.bytes = std::move(chunk_bytes[i]);
-    ++report.chunks;
-    report.changed_elements += ranges[i].k;
-    report.chunk_bytes += c.bytes.size();
-    out->push_back(std::move(c));
-  }
-  report.peak_device_bytes = arena.peak();
+  if (framing.valid()) REFIT_RETURN_IF_ERROR(framing.get());
+  report.peak_device_bytes = mem.peak;
   report.seconds = std::chrono::duration<double>(
                        std::chrono::steady_clock::now() - t0).count();
   return report;

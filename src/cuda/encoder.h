@@ -3,34 +3,42 @@
 // the CPU encoder's (src/delta/encoder.cc EncodeChunkRange, docs/format.md
 // §3-§5), so receivers and tools cannot tell them apart.
 //
-// Per group of chunk ranges (ranges as DiffTensorsToSink cuts them):
+// Per window of chunk ranges (ranges as DiffTensorsToSink cuts them, as
+// many as GpuEncodeOptions::mask_bytes of change mask covers):
 //   1. GPU: per 64 KiB segment, XXH3-128 of the old and new bytes (the
-//      range hashes' segment digests) and the count of changed elements.
+//      range hashes' segment digests), the count of changed elements and
+//      their bit mask, reading each byte of both tensors once.
+// Then per group of ranges of the window (records within staging_bytes):
 //   2. GPU: compaction of the changed elements into (position, XOR value)
-//      records; per chunk, byte-plane histograms and the largest gap.
+//      records from the mask (only changed elements are read again); per
+//      chunk, byte-plane histograms and the largest gap.
 //   3. CPU: the small histograms come back and the CPU encoder's own
 //      functions choose gap width and models (codec::ChooseModel) and write
-//      the model descriptions.
+//      the model descriptions, while the GPU compacts the next group.
 //   4. GPU: one thread per rANS lane encodes the lane's records in reverse
 //      (as codec::EncodeStream does), then one block per chunk gathers the
 //      lanes into the stream bytes, which come back to the host for framing
-//      (SerializeChunk); a group's framing runs on the host while the next
-//      group goes through steps 2-4.
+//      (SerializeChunkTo, into buffers kept across calls) and the sink; a
+//      group's framing runs on the host while the next group goes through
+//      steps 3-4.
 // Chunks where the CPU encoder would also try dense encodings (at least
 // 1/16 of the range changed) are encoded on the CPU from copied-back ranges,
 // so every chunk matches. Only XOR encodings are produced (allow_xor).
 //
-// Device memory beyond the tensors: per-segment digests and counts, plus
-// staging for one group of records, bounded by GpuEncodeOptions::
-// staging_bytes (a single chunk larger than that still gets its own group),
-// kept across the groups of a call. Host memory: page-locked buffers for
-// the histograms and streams that come back, kept per calling thread
-// across calls (page-locking is too slow to repeat per call).
+// Device memory beyond the tensors: per-segment digests and counts, two
+// windows' change masks (mask_bytes; one bit per element), and staging for
+// groups (two groups' records, one group's lanes: within staging_bytes; a
+// single chunk larger than that still gets its own group), kept across the
+// groups of a call. Host memory: page-locked buffers for the digests,
+// histograms and streams that come back, and two groups' framed chunks,
+// kept per calling thread across calls (page-locking is too slow to repeat
+// per call, and fresh pages cost a fault each).
 // Not thread-safe; one call at a time per device.
 #ifndef REFIT_CUDA_ENCODER_H_
 #define REFIT_CUDA_ENCODER_H_
 
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <vector>
 
@@ -56,6 +64,9 @@ struct GpuEncodeOptions {
   uint64_t chunk_bytes = uint64_t{8} << 20;  // multiple of 64 KiB
   uint32_t records_per_lane = 1024;          // the CPU encoder's default
   uint64_t staging_bytes = uint64_t{256} << 20;
+  // Change masks (one bit per element) of two windows of ranges, half
+  // each: a window's detection runs while the window before is encoded.
+  uint64_t mask_bytes = uint64_t{256} << 20;
   int host_threads = 0;  // model choice and framing (0: default)
   int device = 0;
 };
@@ -75,11 +86,14 @@ struct GpuEncodeReport {
   uint64_t groups = 0;
   uint64_t peak_device_bytes = 0;  // device memory this call allocated
   double seconds = 0;
-  double detect_ms = 0;          // step 1 (GPU events)
+  double detect_ms = 0;          // step 1, summed over windows (GPU events)
+  // GPU time of the other kernels, summed over groups (events): step 2a,
+  // step 2b, step 4a (lane encoding), step 4c (gathering the streams).
+  double gpu_compact_ms = 0, gpu_hist_ms = 0, gpu_encode_ms = 0, gpu_gather_ms = 0;
   // Wall time of the per-group steps, summed over groups (host clock, each
   // up to the synchronization that ends it).
   double cpu_fallback_ms = 0;    // dense-prone ranges copied back and encoded
-  double compact_ms = 0;         // step 2 and its copy back
+  double compact_ms = 0;         // waiting for step 2 and its copy back
   double models_ms = 0;          // step 3
   double encode_ms = 0;          // step 4a-b and the stream sizes back
   double gather_ms = 0;          // step 4c and the streams back
@@ -87,10 +101,27 @@ struct GpuEncodeReport {
                                  // the next group goes through the GPU)
 };
 
+// What the sink learns of each chunk besides its bytes.
+struct GpuChunkInfo {
+  uint32_t pair = 0;  // index into the pairs argument
+  ChunkHeader header;
+};
+
+// Receives every chunk of EncodeOnDevice as soon as its group is framed,
+// in pair then range order, one call at a time, on a thread of the
+// encoder's (not the caller's). `bytes` is valid only during the call. A
+// non-OK status stops the encoding, and EncodeOnDevice returns it.
+using GpuChunkSink =
+    std::function<Status(const GpuChunkInfo& info, std::span<const uint8_t> bytes)>;
+
 // Encodes every changed chunk range of every pair, in pair then range
-// order, into *out (unchanged ranges produce nothing). Requires valid
+// order, into the sink (unchanged ranges produce nothing). Requires valid
 // widths, non-null device pointers for non-empty pairs, and chunk_bytes a
 // positive multiple of 64 KiB.
+Result<GpuEncodeReport> EncodeOnDevice(std::span<const DeviceTensorPair> pairs,
+                                       const GpuEncodeOptions& options,
+                                       const GpuChunkSink& sink);
+// The same, collecting the chunks into *out (replacing its contents).
 Result<GpuEncodeReport> EncodeOnDevice(std::span<const DeviceTensorPair> pairs,
                                        const GpuEncodeOptions& options,
                                        std::vector<GpuEncodedChunk>* out);

@@ -663,7 +663,8 @@ void CheckGpuEncode(const std::vector<std::vector<uint8_t>>& olds,
                     const std::vector<std::vector<uint8_t>>& news,
                     const std::vector<int>& widths, uint64_t chunk_bytes,
                     uint32_t records_per_lane, const std::string& what,
-                    bool host_baseline = false) {
+                    bool host_baseline = false, uint64_t mask_bytes = 0,
+                    size_t misalign = 0) {
   SCOPED_TRACE(what);
   std::vector<std::unique_ptr<DeviceMem>> mem;
   std::vector<std::unique_ptr<PinnedMem>> pinned;
@@ -677,13 +678,15 @@ void CheckGpuEncode(const std::vector<std::vector<uint8_t>>& olds,
       std::memcpy(pinned.back()->p, olds[t].data(), olds[t].size());
       p.old_data = pinned.back()->p;
     } else {
-      mem.push_back(std::make_unique<DeviceMem>(olds[t].size()));
-      Upload(*mem.back(), olds[t]);
-      p.old_data = mem.back()->p;
+      mem.push_back(std::make_unique<DeviceMem>(olds[t].size() + misalign));
+      ASSERT_EQ(cudaMemcpy(mem.back()->get() + misalign, olds[t].data(), olds[t].size(),
+                           cudaMemcpyHostToDevice), cudaSuccess);
+      p.old_data = mem.back()->get() + misalign;
     }
-    mem.push_back(std::make_unique<DeviceMem>(news[t].size()));
-    Upload(*mem.back(), news[t]);
-    p.new_data = mem.back()->p;
+    mem.push_back(std::make_unique<DeviceMem>(news[t].size() + misalign));
+    ASSERT_EQ(cudaMemcpy(mem.back()->get() + misalign, news[t].data(), news[t].size(),
+                         cudaMemcpyHostToDevice), cudaSuccess);
+    p.new_data = mem.back()->get() + misalign;
     p.elements = olds[t].size() / w;
     p.width = w;
     p.tensor_id = t;
@@ -711,6 +714,7 @@ void CheckGpuEncode(const std::vector<std::vector<uint8_t>>& olds,
   eo.chunk_bytes = chunk_bytes;
   eo.records_per_lane = records_per_lane;
   eo.staging_bytes = 1 << 20;  // several groups
+  if (mask_bytes != 0) eo.mask_bytes = mask_bytes;
   std::vector<GpuEncodedChunk> got;
   auto rep = EncodeOnDevice(pairs, eo, &got);
   ASSERT_TRUE(rep.ok()) << rep.status().ToString();
@@ -741,6 +745,69 @@ TEST(GpuEncode, RandomChunksEqualCpu) {
       }
     }
   }
+}
+
+// Widths 1 and 8, tensors shorter than a hash block or not a multiple of
+// 16 bytes, pointers off 16-byte (and element) alignment, a fully changed
+// segment inside a sparse chunk, and change masks cut into many windows
+// (mask_bytes of 64 KiB: a few ranges each; 8 KiB: one range each) with groups pipelined across
+// them: the chunks stay the CPU encoder's.
+TEST(GpuEncode, WidthsAlignmentsAndWindowsEqualCpu) {
+  uint64_t seed = 9000;
+  for (int w : {1, 2, 4, 8}) {
+    for (size_t misalign : {size_t{0}, size_t{8}, size_t{1}}) {
+      const uint64_t n = (2 << 20) / w + 37;
+      auto a = RandomBytes(n * w, ++seed);
+      auto b = Perturb(a, w, 0.01, ++seed);
+      // 8 KiB of the second 256 KiB chunk fully changed, across the
+      // boundary of two 64 KiB segments (the chunk stays sparse).
+      for (uint64_t i = (256 << 10) + (60 << 10); i < (256 << 10) + (68 << 10); ++i) {
+        b[i] = static_cast<uint8_t>(a[i] ^ 0x5a);
+      }
+      auto a2 = RandomBytes(50 * w, ++seed);  // < 240 bytes at widths 1-4
+      auto b2 = Perturb(a2, w, 0.2, ++seed);
+      auto a3 = RandomBytes(1000 * w + w, ++seed);
+      auto b3 = Perturb(a3, w, 0.02, ++seed);
+      for (uint64_t mask_bytes : {uint64_t{64} << 10, uint64_t{8} << 10, uint64_t{0}}) {
+        CheckGpuEncode({a, a2, a3}, {b, b2, b3}, {w, w, w}, 256 << 10, 256,
+                       "w=" + std::to_string(w) + " misalign=" + std::to_string(misalign) +
+                           " mask_bytes=" + std::to_string(mask_bytes),
+                       /*host_baseline=*/false, mask_bytes, misalign);
+      }
+    }
+  }
+}
+
+// The sink sees the chunks in order; an error from it stops the call, which
+// returns that error, and no chunk is handed over after it.
+TEST(GpuEncode, SinkErrorStopsTheCall) {
+  const uint64_t n = (4 << 20) / 2;
+  auto a = RandomBytes(n * 2, 11);
+  auto b = Perturb(a, 2, 0.01, 12);
+  DeviceMem da(a.size()), db(b.size());
+  Upload(da, a);
+  Upload(db, b);
+  DeviceTensorPair p;
+  p.old_data = da.p;
+  p.new_data = db.p;
+  p.elements = n;
+  p.width = 2;
+  GpuEncodeOptions eo;
+  eo.chunk_bytes = 64 << 10;  // 64 chunks
+  eo.staging_bytes = 64 << 10;  // groups of a few chunks
+  std::vector<uint64_t> starts;
+  auto rep = EncodeOnDevice({&p, 1}, eo, [&](const GpuChunkInfo& info,
+                                             std::span<const uint8_t> bytes) {
+    starts.push_back(info.header.start);
+    EXPECT_TRUE(ParseChunk(bytes).ok());
+    if (starts.size() == 10) return DataLossError("store full");
+    return Status::Ok();
+  });
+  ASSERT_FALSE(rep.ok());
+  EXPECT_EQ(rep.status().code(), StatusCode::kDataLoss);
+  EXPECT_NE(rep.status().ToString().find("store full"), std::string::npos);
+  ASSERT_EQ(starts.size(), 10u);
+  for (size_t i = 0; i < starts.size(); ++i) EXPECT_EQ(starts[i], i * (32 << 10));
 }
 
 // A baseline too large for device memory stays in page-locked host memory:
