@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstring>
 #include <future>
+#include <optional>
 #include <span>
 #include <cub/block/block_scan.cuh>
 #include <cub/device/device_scan.cuh>
@@ -918,6 +919,10 @@ Result<GpuEncodeReport> EncodeOnDevice(std::span<const DeviceTensorPair> pairs,
     DeviceBuffer pos, vals, chunks, hist, maxgap;
     cudaEvent_t done = nullptr;  // histograms and gaps are back
     cudaEvent_t t[3] = {};       // around the compaction and histograms
+    // The lanes' encoding of the last group that used the set has read its
+    // records (recorded on st; the next compaction into the set waits).
+    cudaEvent_t lanes_done = nullptr;
+    bool lanes_recorded = false;
   };
   FrontSet sets[2] = {FrontSet(&mem), FrontSet(&mem)};
   struct EventGuard {
@@ -925,6 +930,7 @@ Result<GpuEncodeReport> EncodeOnDevice(std::span<const DeviceTensorPair> pairs,
     ~EventGuard() {
       for (int i = 0; i < 2; ++i) {
         if (sets[i].done) cudaEventDestroy(sets[i].done);
+        if (sets[i].lanes_done) cudaEventDestroy(sets[i].lanes_done);
         for (cudaEvent_t e : sets[i].t) {
           if (e) cudaEventDestroy(e);
         }
@@ -933,6 +939,7 @@ Result<GpuEncodeReport> EncodeOnDevice(std::span<const DeviceTensorPair> pairs,
   } event_guard{sets};
   for (FrontSet& f : sets) {
     REFIT_ENC_CUDA(cudaEventCreateWithFlags(&f.done, cudaEventDisableTiming), "event");
+    REFIT_ENC_CUDA(cudaEventCreateWithFlags(&f.lanes_done, cudaEventDisableTiming), "event");
     for (cudaEvent_t& e : f.t) REFIT_ENC_CUDA(cudaEventCreate(&e), "event");
   }
   // Elapsed GPU time between two completed events, added to *into.
@@ -1026,6 +1033,9 @@ Result<GpuEncodeReport> EncodeOnDevice(std::span<const DeviceTensorPair> pairs,
                                    cudaMemcpyHostToDevice, st_front), "copy chunks");
     const uint64_t seg_begin = ranges[g0].seg_first;
     const uint64_t seg_end = ranges[g1 - 1].seg_first + ranges[g1 - 1].segs;
+    if (f.lanes_recorded) {
+      REFIT_ENC_CUDA(cudaStreamWaitEvent(st_front, f.lanes_done, 0), "wait");
+    }
     REFIT_ENC_CUDA(cudaEventRecord(f.t[0], st_front), "record");
     internal::CompactKernel<<<static_cast<unsigned>((seg_end - seg_begin +
                                                      internal::kCompactWarps - 1) /
@@ -1063,18 +1073,8 @@ Result<GpuEncodeReport> EncodeOnDevice(std::span<const DeviceTensorPair> pairs,
   // page-locked buffer g % 2. At most one framing is in flight, and it is
   // waited for before any return (the future is destroyed before what it
   // writes).
-  DeviceBuffer b_tables(&mem), b_words(&mem), b_state(&mem), b_used(&mem),
-      b_sizes(&mem), b_offs(&mem), b_temp(&mem), b_out(&mem);
-  cudaEvent_t bt[4] = {};  // around the lane encoding and the gathering
-  struct BackEvents {
-    cudaEvent_t* e;
-    ~BackEvents() {
-      for (int i = 0; i < 4; ++i) {
-        if (e[i]) cudaEventDestroy(e[i]);
-      }
-    }
-  } back_events{bt};
-  for (cudaEvent_t& e : bt) REFIT_ENC_CUDA(cudaEventCreate(&e), "event");
+  DeviceBuffer b_chunks(&mem), b_tables(&mem), b_words(&mem), b_state(&mem),
+      b_used(&mem), b_sizes(&mem), b_offs(&mem), b_temp(&mem), b_out(&mem);
   thread_local PinnedHost pinned_streams[2];
   // Framed chunks of a group, handed to the sink from here: kept per
   // calling thread across calls, so their pages are not faulted in again
@@ -1141,17 +1141,8 @@ Result<GpuEncodeReport> EncodeOnDevice(std::span<const DeviceTensorPair> pairs,
         });
     return Status::Ok();
   };
-  uint64_t group_index = 0;
-  // Steps 3-4 of a group whose front was launched, and its CPU fallbacks.
-  auto finish_group = [&](Group& g) -> Status {
-    ++report.groups;
-    auto lap = std::chrono::steady_clock::now();
-    auto take = [&lap](double* into) {
-      const auto now = std::chrono::steady_clock::now();
-      *into += std::chrono::duration<double, std::milli>(now - lap).count();
-      lap = now;
-    };
-    // CPU fallback for dense-prone ranges of this group.
+  // CPU fallback for a group's dense-prone ranges.
+  auto encode_on_cpu = [&](const Group& g) -> Status {
     for (size_t i = g.g0; i < g.g1; ++i) {
       const HostRange& r = ranges[i];
       if (r.k == 0 || r.gpu) continue;
@@ -1176,25 +1167,24 @@ Result<GpuEncodeReport> EncodeOnDevice(std::span<const DeviceTensorPair> pairs,
       SerializeChunk(res.header, payload, &chunk_bytes[i]);
       ++report.cpu_chunks;
     }
-    take(&report.cpu_fallback_ms);
-    if (g.list.empty()) return launch_framing(g, group_index++, {}, {}, {}, {});
-    add_elapsed(sets[g.set].t[0], sets[g.set].t[1], &report.gpu_compact_ms);
-    add_elapsed(sets[g.set].t[1], sets[g.set].t[2], &report.gpu_hist_ms);
-    const uint32_t nchunks = static_cast<uint32_t>(g.list.size());
-    std::vector<EncChunk>& ec = g.ec;
+    return Status::Ok();
+  };
 
-    // Models, exactly as EncodeSparseW chooses them.
-    std::vector<HostChunk> hc(nchunks);
+  // Step 3: models, exactly as EncodeSparseW chooses them, into g.ec and
+  // *hc (the model descriptions and tables).
+  auto choose_models = [&](Group& g, std::vector<HostChunk>* hc) {
+    const uint32_t nchunks = static_cast<uint32_t>(g.list.size());
+    hc->assign(nchunks, HostChunk{});
     model_pool.ForEach(nchunks, [&](size_t c, int) {
       const HostRange& r = ranges[g.list[c]];
       const int w = pairs[r.pair].width;
       const uint32_t n = static_cast<uint32_t>(r.count);
       const uint32_t k = static_cast<uint32_t>(r.k);
       const int gw = GapWidthFor(g.maxgap[c]);
-      HostChunk& h = hc[c];
+      HostChunk& h = (*hc)[c];
       h.range = g.list[c];
       h.header.push_back(static_cast<uint8_t>(gw));
-      EncChunk& e = ec[c];
+      EncChunk& e = g.ec[c];
       for (int j = 0; j < gw + w; ++j) {
         const bool is_gap = j < gw;
         const int plane = is_gap ? j : 4 + (j - gw);
@@ -1220,12 +1210,53 @@ Result<GpuEncodeReport> EncodeOnDevice(std::span<const DeviceTensorPair> pairs,
       e.lanes = static_cast<uint32_t>(
           codec::ChooseLanes(k, opt.records_per_lane, e.coded > 0));
     });
-    take(&report.models_ms);
+  };
+
+  // A group whose lanes are being encoded (steps 4a-b on st) while the host
+  // chooses the next group's models; its streams are gathered and framed
+  // during the next group's turn. The back buffers are one set: on st, a
+  // group's gathering is enqueued before the next group's encoding.
+  struct Back {
+    Group g;
+    std::vector<HostChunk> hc;
+    uint64_t index = 0;  // the group's place (parity of its host buffers)
+  };
+  std::optional<Back> back;
+  thread_local PinnedHost pinned_sizes[2];  // stream sizes, then offsets
+  cudaEvent_t bt[2][4] = {};  // per parity: around the lanes' encoding, the gathering
+  cudaEvent_t sizes_ready[2] = {}, gathered[2] = {};
+  struct BackEvents {
+    cudaEvent_t (*bt)[4];
+    cudaEvent_t* ready;
+    cudaEvent_t* gathered;
+    ~BackEvents() {
+      for (int p = 0; p < 2; ++p) {
+        for (int i = 0; i < 4; ++i) {
+          if (bt[p][i]) cudaEventDestroy(bt[p][i]);
+        }
+        if (ready[p]) cudaEventDestroy(ready[p]);
+        if (gathered[p]) cudaEventDestroy(gathered[p]);
+      }
+    }
+  } back_events{bt, sizes_ready, gathered};
+  for (int p = 0; p < 2; ++p) {
+    for (cudaEvent_t& e : bt[p]) REFIT_ENC_CUDA(cudaEventCreate(&e), "event");
+    REFIT_ENC_CUDA(cudaEventCreateWithFlags(&sizes_ready[p], cudaEventDisableTiming), "event");
+    REFIT_ENC_CUDA(cudaEventCreateWithFlags(&gathered[p], cudaEventDisableTiming), "event");
+  }
+  EncChunk* d_back_chunks = nullptr;
+
+  // Steps 4a-b: enqueues group g's lane encoding, stream sizes and offsets
+  // (back into pinned_sizes[index % 2]).
+  auto launch_encode = [&](Group& g, const std::vector<HostChunk>& hc,
+                           uint64_t index) -> Status {
+    const uint32_t nchunks = static_cast<uint32_t>(g.list.size());
+    const int parity = static_cast<int>(index % 2);
     std::vector<EncTable> tables;
     uint64_t words = 0;
     uint32_t lanes = 0, max_coded = 0;
     for (uint32_t c = 0; c < nchunks; ++c) {
-      EncChunk& e = ec[c];
+      EncChunk& e = g.ec[c];
       e.table_first = static_cast<uint32_t>(tables.size());
       tables.insert(tables.end(), hc[c].tables.begin(), hc[c].tables.end());
       e.word_off = words;
@@ -1234,20 +1265,19 @@ Result<GpuEncodeReport> EncodeOnDevice(std::span<const DeviceTensorPair> pairs,
       lanes += e.lanes;
       max_coded = std::max(max_coded, e.coded);
     }
-    uint32_t* d_pos = g.d_pos;
-    uint8_t* d_vals = g.d_vals;
-    EncChunk* d_chunks = g.d_chunks;
     EncTable* d_tables;
     uint16_t* d_words;
     uint32_t *d_state, *d_used;
     uint64_t *d_sizes, *d_offs;
+    REFIT_RETURN_IF_ERROR(b_chunks.Get(nchunks, &d_back_chunks));
     REFIT_RETURN_IF_ERROR(b_tables.Get(std::max<size_t>(tables.size(), 1), &d_tables));
     REFIT_RETURN_IF_ERROR(b_words.Get(words + 1, &d_words));
     REFIT_RETURN_IF_ERROR(b_state.Get(lanes, &d_state));
     REFIT_RETURN_IF_ERROR(b_used.Get(lanes, &d_used));
     REFIT_RETURN_IF_ERROR(b_sizes.Get(nchunks, &d_sizes));
     REFIT_RETURN_IF_ERROR(b_offs.Get(nchunks, &d_offs));
-    REFIT_ENC_CUDA(cudaMemcpyAsync(d_chunks, ec.data(), nchunks * sizeof(EncChunk),
+    // Pageable sources: each call returns once its bytes are staged.
+    REFIT_ENC_CUDA(cudaMemcpyAsync(d_back_chunks, g.ec.data(), nchunks * sizeof(EncChunk),
                                    cudaMemcpyHostToDevice, st), "copy chunks");
     if (!tables.empty()) {
       REFIT_ENC_CUDA(cudaMemcpyAsync(d_tables, tables.data(),
@@ -1258,13 +1288,17 @@ Result<GpuEncodeReport> EncodeOnDevice(std::span<const DeviceTensorPair> pairs,
     REFIT_ENC_CUDA(cudaFuncSetAttribute(internal::EncodeLanesKernel,
                                         cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         std::max(smem, 1)), "attribute");
-    REFIT_ENC_CUDA(cudaEventRecord(bt[0], st), "record");
+    REFIT_ENC_CUDA(cudaEventRecord(bt[parity][0], st), "record");
     internal::EncodeLanesKernel<<<nchunks, 256, smem, st>>>(
-        d_chunks, d_tables, d_pos, d_vals, d_words, d_state, d_used);
+        d_back_chunks, d_tables, g.d_pos, g.d_vals, d_words, d_state, d_used);
     REFIT_ENC_CUDA(cudaGetLastError(), "encode launch");
-    REFIT_ENC_CUDA(cudaEventRecord(bt[1], st), "record");
+    REFIT_ENC_CUDA(cudaEventRecord(bt[parity][1], st), "record");
+    // The front set's records are read: the compaction that reuses the set
+    // (two groups on) waits for this point.
+    REFIT_ENC_CUDA(cudaEventRecord(sets[g.set].lanes_done, st), "record");
+    sets[g.set].lanes_recorded = true;
     internal::StreamSizeKernel<<<(nchunks + 127) / 128, 128, 0, st>>>(
-        d_chunks, nchunks, d_used, d_sizes);
+        d_back_chunks, nchunks, d_used, d_sizes);
     REFIT_ENC_CUDA(cudaGetLastError(), "size launch");
     size_t temp_bytes = 0;
     REFIT_ENC_CUDA(cub::DeviceScan::ExclusiveSum(nullptr, temp_bytes, d_sizes,
@@ -1273,52 +1307,115 @@ Result<GpuEncodeReport> EncodeOnDevice(std::span<const DeviceTensorPair> pairs,
     REFIT_RETURN_IF_ERROR(b_temp.Get(temp_bytes, &d_temp));
     REFIT_ENC_CUDA(cub::DeviceScan::ExclusiveSum(d_temp, temp_bytes, d_sizes,
                                                  d_offs, nchunks, st), "scan");
-    std::vector<uint64_t> sizes(nchunks), offs(nchunks);
-    REFIT_ENC_CUDA(cudaMemcpyAsync(sizes.data(), d_sizes, 8 * nchunks,
-                                   cudaMemcpyDeviceToHost, st), "copy sizes");
-    REFIT_ENC_CUDA(cudaMemcpyAsync(offs.data(), d_offs, 8 * nchunks,
+    REFIT_RETURN_IF_ERROR(pinned_sizes[parity].Reserve(16 * uint64_t{nchunks}));
+    uint8_t* host = pinned_sizes[parity].data();
+    REFIT_ENC_CUDA(cudaMemcpyAsync(host, d_sizes, 8 * nchunks, cudaMemcpyDeviceToHost, st),
+                   "copy sizes");
+    REFIT_ENC_CUDA(cudaMemcpyAsync(host + 8 * nchunks, d_offs, 8 * nchunks,
                                    cudaMemcpyDeviceToHost, st), "copy offsets");
-    REFIT_ENC_CUDA(cudaStreamSynchronize(st), "encode");
-    take(&report.encode_ms);
-    add_elapsed(bt[0], bt[1], &report.gpu_encode_ms);
-    const uint64_t total = offs.back() + sizes.back();
-    uint8_t* d_out;
-    REFIT_RETURN_IF_ERROR(b_out.Get(total, &d_out));
-    REFIT_ENC_CUDA(cudaEventRecord(bt[2], st), "record");
-    internal::GatherKernel<<<nchunks, 256, 0, st>>>(d_chunks, d_words, d_state,
-                                                    d_used, d_offs, d_out);
-    REFIT_ENC_CUDA(cudaGetLastError(), "gather launch");
-    REFIT_ENC_CUDA(cudaEventRecord(bt[3], st), "record");
-    PinnedHost& pinned = pinned_streams[group_index++ % 2];
-    // The framing of two groups ago read this buffer; it was waited for
-    // before the previous group's framing started.
-    REFIT_RETURN_IF_ERROR(pinned.Reserve(total));
-    std::span<const uint8_t> streams(pinned.data(), total);
-    REFIT_ENC_CUDA(cudaMemcpyAsync(pinned.data(), d_out, total,
-                                   cudaMemcpyDeviceToHost, st), "copy streams");
-    REFIT_ENC_CUDA(cudaStreamSynchronize(st), "gather");
-    take(&report.gather_ms);
-    add_elapsed(bt[2], bt[3], &report.gpu_gather_ms);
-    return launch_framing(g, group_index - 1, streams, std::move(hc), std::move(offs),
-                          std::move(sizes));
+    REFIT_ENC_CUDA(cudaEventRecord(sizes_ready[parity], st), "record");
+    return Status::Ok();
   };
 
-  // The pipeline: group i + 1's front is launched as soon as group i's
-  // histograms are back, before group i's models are chosen.
+  // Step 4c for the group in `back`: waits for its stream sizes, then
+  // enqueues the gathering and the copy of its streams into
+  // pinned_streams[index % 2] (the framing that last read that buffer, two
+  // groups ago, was waited for when the previous group's framing started).
+  std::vector<uint64_t> back_sizes, back_offs;
+  std::span<const uint8_t> back_streams;
+  auto launch_gather = [&]() -> Status {
+    Back& bk = *back;
+    const uint32_t nchunks = static_cast<uint32_t>(bk.g.list.size());
+    const int parity = static_cast<int>(bk.index % 2);
+    const auto w0 = std::chrono::steady_clock::now();
+    REFIT_ENC_CUDA(cudaEventSynchronize(sizes_ready[parity]), "encode");
+    report.encode_ms += std::chrono::duration<double, std::milli>(
+                            std::chrono::steady_clock::now() - w0).count();
+    add_elapsed(bt[parity][0], bt[parity][1], &report.gpu_encode_ms);
+    const uint64_t* host = reinterpret_cast<const uint64_t*>(pinned_sizes[parity].data());
+    back_sizes.assign(host, host + nchunks);
+    back_offs.assign(host + nchunks, host + 2 * nchunks);
+    const uint64_t total = back_offs.back() + back_sizes.back();
+    uint16_t* d_words;
+    uint32_t *d_state, *d_used;
+    uint64_t* d_offs;
+    uint8_t* d_out;
+    REFIT_RETURN_IF_ERROR(b_words.Get(0, &d_words));  // as the encoding left them
+    REFIT_RETURN_IF_ERROR(b_state.Get(0, &d_state));
+    REFIT_RETURN_IF_ERROR(b_used.Get(0, &d_used));
+    REFIT_RETURN_IF_ERROR(b_offs.Get(0, &d_offs));
+    REFIT_RETURN_IF_ERROR(b_out.Get(total, &d_out));
+    REFIT_ENC_CUDA(cudaEventRecord(bt[parity][2], st), "record");
+    internal::GatherKernel<<<nchunks, 256, 0, st>>>(d_back_chunks, d_words, d_state,
+                                                    d_used, d_offs, d_out);
+    REFIT_ENC_CUDA(cudaGetLastError(), "gather launch");
+    REFIT_ENC_CUDA(cudaEventRecord(bt[parity][3], st), "record");
+    PinnedHost& pinned = pinned_streams[parity];
+    REFIT_RETURN_IF_ERROR(pinned.Reserve(total));
+    back_streams = std::span<const uint8_t>(pinned.data(), total);
+    REFIT_ENC_CUDA(cudaMemcpyAsync(pinned.data(), d_out, total,
+                                   cudaMemcpyDeviceToHost, st), "copy streams");
+    REFIT_ENC_CUDA(cudaEventRecord(gathered[parity], st), "record");
+    return Status::Ok();
+  };
+  // Waits for the group in `back` to be gathered and starts its framing.
+  auto frame_back = [&]() -> Status {
+    Back& bk = *back;
+    const int parity = static_cast<int>(bk.index % 2);
+    const auto w0 = std::chrono::steady_clock::now();
+    REFIT_ENC_CUDA(cudaEventSynchronize(gathered[parity]), "gather");
+    report.gather_ms += std::chrono::duration<double, std::milli>(
+                            std::chrono::steady_clock::now() - w0).count();
+    add_elapsed(bt[parity][2], bt[parity][3], &report.gpu_gather_ms);
+    Status st_frame = launch_framing(bk.g, bk.index, back_streams, std::move(bk.hc),
+                                     std::move(back_offs), std::move(back_sizes));
+    back.reset();
+    return st_frame;
+  };
+
+  // The pipeline, per group i: its histograms are waited for; group i + 1's
+  // compaction is launched; the host chooses group i's models while the GPU
+  // compacts group i + 1 and encodes group i - 1's lanes; group i - 1 is
+  // gathered, group i's lanes are enqueued, and group i - 1 is framed.
   Group cur, next;
+  uint64_t group_index = 0;
   REFIT_RETURN_IF_ERROR(start_group(0, 0, &cur));
   while (true) {
+    ++report.groups;
     if (!cur.list.empty()) {
       const auto w0 = std::chrono::steady_clock::now();
       REFIT_ENC_CUDA(cudaEventSynchronize(sets[cur.set].done), "histograms");
       report.compact_ms += std::chrono::duration<double, std::milli>(
                                std::chrono::steady_clock::now() - w0).count();
+      add_elapsed(sets[cur.set].t[0], sets[cur.set].t[1], &report.gpu_compact_ms);
+      add_elapsed(sets[cur.set].t[1], sets[cur.set].t[2], &report.gpu_hist_ms);
     }
     const bool more = cur.g1 < ranges.size();
     if (more) REFIT_RETURN_IF_ERROR(start_group(cur.g1, cur.set ^ 1, &next));
-    REFIT_RETURN_IF_ERROR(finish_group(cur));
+    auto lap = std::chrono::steady_clock::now();
+    REFIT_RETURN_IF_ERROR(encode_on_cpu(cur));
+    const auto lap2 = std::chrono::steady_clock::now();
+    report.cpu_fallback_ms += std::chrono::duration<double, std::milli>(lap2 - lap).count();
+    std::vector<HostChunk> hc;
+    if (!cur.list.empty()) choose_models(cur, &hc);
+    report.models_ms += std::chrono::duration<double, std::milli>(
+                            std::chrono::steady_clock::now() - lap2).count();
+    if (back) REFIT_RETURN_IF_ERROR(launch_gather());
+    const uint64_t index = group_index++;
+    if (!cur.list.empty()) REFIT_RETURN_IF_ERROR(launch_encode(cur, hc, index));
+    if (back) REFIT_RETURN_IF_ERROR(frame_back());
+    if (cur.list.empty()) {
+      REFIT_RETURN_IF_ERROR(launch_framing(cur, index, {}, {}, {}, {}));
+    } else {
+      back.emplace(Back{std::move(cur), std::move(hc), index});
+    }
     if (!more) break;
-    std::swap(cur, next);
+    cur = std::move(next);
+    next = Group{};
+  }
+  if (back) {
+    REFIT_RETURN_IF_ERROR(launch_gather());
+    REFIT_RETURN_IF_ERROR(frame_back());
   }
   if (framing.valid()) REFIT_RETURN_IF_ERROR(framing.get());
   report.peak_device_bytes = mem.peak;

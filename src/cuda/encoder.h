@@ -14,13 +14,14 @@
 //      chunk, byte-plane histograms and the largest gap.
 //   3. CPU: the small histograms come back and the CPU encoder's own
 //      functions choose gap width and models (codec::ChooseModel) and write
-//      the model descriptions, while the GPU compacts the next group.
+//      the model descriptions, while the GPU compacts the next group and
+//      encodes the previous group's lanes.
 //   4. GPU: one thread per rANS lane encodes the lane's records in reverse
 //      (as codec::EncodeStream does), then one block per chunk gathers the
-//      lanes into the stream bytes, which come back to the host for framing
-//      (SerializeChunkTo, into buffers kept across calls) and the sink; a
-//      group's framing runs on the host while the next group goes through
-//      steps 3-4.
+//      lanes into the stream bytes (during the next group's turn), which
+//      come back to the host for framing (SerializeChunkTo, into buffers
+//      kept across calls) and the sink; a group's framing runs on the host
+//      while the groups after it go through the GPU.
 // Chunks where the CPU encoder would also try dense encodings (at least
 // 1/16 of the range changed) are encoded on the CPU from copied-back ranges,
 // so every chunk matches. Only XOR encodings are produced (allow_xor).
