@@ -947,6 +947,14 @@ Result<GpuEncodeReport> EncodeOnDevice(std::span<const DeviceTensorPair> pairs,
     float ms = 0;
     if (cudaEventElapsedTime(&ms, a, b) == cudaSuccess) *into += ms;
   };
+  // Waits for event e, adding the wait (host clock) to *wall_ms.
+  auto wait_for = [](cudaEvent_t e, const char* what, double* wall_ms) -> Status {
+    const auto w0 = std::chrono::steady_clock::now();
+    REFIT_ENC_CUDA(cudaEventSynchronize(e), what);
+    *wall_ms += std::chrono::duration<double, std::milli>(
+                    std::chrono::steady_clock::now() - w0).count();
+    return Status::Ok();
+  };
   thread_local PinnedHost pinned_hist[2];
   struct Group {
     size_t g0 = 0, g1 = 0;
@@ -1327,10 +1335,7 @@ Result<GpuEncodeReport> EncodeOnDevice(std::span<const DeviceTensorPair> pairs,
     Back& bk = *back;
     const uint32_t nchunks = static_cast<uint32_t>(bk.g.list.size());
     const int parity = static_cast<int>(bk.index % 2);
-    const auto w0 = std::chrono::steady_clock::now();
-    REFIT_ENC_CUDA(cudaEventSynchronize(sizes_ready[parity]), "encode");
-    report.encode_ms += std::chrono::duration<double, std::milli>(
-                            std::chrono::steady_clock::now() - w0).count();
+    REFIT_RETURN_IF_ERROR(wait_for(sizes_ready[parity], "encode", &report.encode_ms));
     add_elapsed(bt[parity][0], bt[parity][1], &report.gpu_encode_ms);
     const uint64_t* host = reinterpret_cast<const uint64_t*>(pinned_sizes[parity].data());
     back_sizes.assign(host, host + nchunks);
@@ -1362,10 +1367,7 @@ Result<GpuEncodeReport> EncodeOnDevice(std::span<const DeviceTensorPair> pairs,
   auto frame_back = [&]() -> Status {
     Back& bk = *back;
     const int parity = static_cast<int>(bk.index % 2);
-    const auto w0 = std::chrono::steady_clock::now();
-    REFIT_ENC_CUDA(cudaEventSynchronize(gathered[parity]), "gather");
-    report.gather_ms += std::chrono::duration<double, std::milli>(
-                            std::chrono::steady_clock::now() - w0).count();
+    REFIT_RETURN_IF_ERROR(wait_for(gathered[parity], "gather", &report.gather_ms));
     add_elapsed(bt[parity][2], bt[parity][3], &report.gpu_gather_ms);
     Status st_frame = launch_framing(bk.g, bk.index, back_streams, std::move(bk.hc),
                                      std::move(back_offs), std::move(back_sizes));
@@ -1383,10 +1385,7 @@ Result<GpuEncodeReport> EncodeOnDevice(std::span<const DeviceTensorPair> pairs,
   while (true) {
     ++report.groups;
     if (!cur.list.empty()) {
-      const auto w0 = std::chrono::steady_clock::now();
-      REFIT_ENC_CUDA(cudaEventSynchronize(sets[cur.set].done), "histograms");
-      report.compact_ms += std::chrono::duration<double, std::milli>(
-                               std::chrono::steady_clock::now() - w0).count();
+      REFIT_RETURN_IF_ERROR(wait_for(sets[cur.set].done, "histograms", &report.compact_ms));
       add_elapsed(sets[cur.set].t[0], sets[cur.set].t[1], &report.gpu_compact_ms);
       add_elapsed(sets[cur.set].t[1], sets[cur.set].t[2], &report.gpu_hist_ms);
     }
