@@ -438,9 +438,21 @@ TEST_P(RandomKillTest, KillReceiverAtRandom) {
     bool began = journal.ok() && journal->has_value();
     bool idle_after_abort =
         late && !began && cl.Active(0) == 0 && !cl.ReadDecision()->commit;
+    auto starts = [&] {
+      int n = 0;
+      for (const Json& e : JsonLines(cl.Log(0))) n += e.value("event", "") == "start";
+      return n;
+    };
+    const int starts_before = starts();
     cl.StartReceiver(&receivers[0], 0);
     if (idle_after_abort) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      // SIGTERM once its stop handlers are in (it prints "start" after
+      // installing them): a fixed 100 ms was too short for a receiver
+      // built with sanitizers, which the signal then killed outright.
+      auto t1 = Clock::now();
+      while (starts() == starts_before && receivers[0].running() && SecondsSince(t1) < 20) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
       receivers[0].Signal(SIGTERM);
     }
   }
