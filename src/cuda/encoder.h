@@ -91,15 +91,16 @@ struct GpuEncodeReport {
   // GPU time of the other kernels, summed over groups (events): step 2a,
   // step 2b, step 4a (lane encoding), step 4c (gathering the streams).
   double gpu_compact_ms = 0, gpu_hist_ms = 0, gpu_encode_ms = 0, gpu_gather_ms = 0;
-  // Wall time of the per-group steps, summed over groups (host clock, each
-  // up to the synchronization that ends it).
+  // Host wall time, summed over groups: the CPU's own steps, and how long
+  // the host waited for each GPU step (which overlap one another).
   double cpu_fallback_ms = 0;    // dense-prone ranges copied back and encoded
-  double compact_ms = 0;         // waiting for step 2 and its copy back
+  double compact_ms = 0;         // waiting for step 2 and the histograms
   double models_ms = 0;          // step 3
-  double encode_ms = 0;          // step 4a-b and the stream sizes back
-  double gather_ms = 0;          // step 4c and the streams back
-  double frame_ms = 0;           // chunk framing on the host (runs while
-                                 // the next group goes through the GPU)
+  double encode_ms = 0;          // waiting for step 4a-b and the stream sizes
+  double gather_ms = 0;          // waiting for step 4c and the streams
+  double frame_ms = 0;           // chunk framing and the sink, on their own
+                                 // thread (while later groups go through
+                                 // the GPU)
 };
 
 // What the sink learns of each chunk besides its bytes.
