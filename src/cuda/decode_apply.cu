@@ -605,31 +605,23 @@ __device__ uint32_t FusedPass(const BatchDevice& b, const DevChunk& cg,
       if (has_lane && i < k && m0 + j < row_limit && err == kStatusOk) {
         uint32_t gap = fixed_gap;
         V v = fixed_value;
+        // Plane p's symbol into its byte of the gap or the value.
+        auto plane = [&](const uint4& pp, uint32_t p) {
+          const uint32_t s = ln.Symbol(words, smem + pp.y, fc_all + p * 256,
+                                       pp.x, pp.w, err);
+          if (pp.z < 64) {
+            gap |= s << pp.z;
+          } else {
+            v |= static_cast<V>(s) << (pp.z - 64);
+          }
+        };
         if constexpr (kP > 0) {
 #pragma unroll
           for (int p = 0; p < kP; ++p) {
-            if (p < static_cast<int>(coded)) {
-              const uint4 pp = reg_plane[p];
-              const uint32_t s = ln.Symbol(words, smem + pp.y, fc_all + p * 256,
-                                           pp.x, pp.w, err);
-              if (pp.z < 64) {
-                gap |= s << pp.z;
-              } else {
-                v |= static_cast<V>(s) << (pp.z - 64);
-              }
-            }
+            if (p < static_cast<int>(coded)) plane(reg_plane[p], p);
           }
         } else {
-          for (uint32_t p = 0; p < coded; ++p) {
-            const uint4 pp = sh.plane[p];
-            const uint32_t s = ln.Symbol(words, smem + pp.y, fc_all + p * 256,
-                                         pp.x, pp.w, err);
-            if (pp.z < 64) {
-              gap |= s << pp.z;
-            } else {
-              v |= static_cast<V>(s) << (pp.z - 64);
-            }
-          }
+          for (uint32_t p = 0; p < coded; ++p) plane(sh.plane[p], p);
         }
         if (v == 0 && err == kStatusOk) err = kStatusZeroXor;
         inc[j] = min(gap, kScanSat - 1) + 1;
