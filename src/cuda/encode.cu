@@ -658,7 +658,6 @@ struct HostRange {
 
 // Host side of one GPU chunk: models and lane layout.
 struct HostChunk {
-  uint32_t range;
   std::vector<uint8_t> header;  // gw byte and model descriptions
   std::vector<EncTable> tables;
 };
@@ -790,8 +789,8 @@ Result<GpuEncodeReport> EncodeOnDevice(std::span<const DeviceTensorPair> pairs,
   // host chooses models, and the host waits for it only when it forms the
   // window's first group.
   struct Window {
-    size_t w0 = 0, w1 = 0;
-    int buf = 0;
+    size_t w0 = 0, w1 = 0;     // its ranges
+    uint64_t s0 = 0, s1 = 0;   // their segments
     uint64_t mask_base = 0;  // the window's first mask word
     uint32_t* d_mask = nullptr;
     cudaEvent_t e0 = nullptr, e1 = nullptr, ready = nullptr;
@@ -813,36 +812,33 @@ Result<GpuEncodeReport> EncodeOnDevice(std::span<const DeviceTensorPair> pairs,
     REFIT_ENC_CUDA(cudaEventCreateWithFlags(&w.ready, cudaEventDisableTiming), "event");
   }
   size_t detected_end = 0;  // ranges [0, detected_end) have counts
-  size_t launched_end = 0;  // ranges [0, launched_end) have detection enqueued
   int window_count = 0;
   Window* cur_window = nullptr;  // the window groups are formed in
   Window* pending = nullptr;     // enqueued, not yet finished
+  // Mask words of ranges [0, i).
+  auto mask_end = [&](size_t i) {
+    return i == ranges.size() ? mask_words : dev_ranges[i].mask_off;
+  };
   auto launch_detect = [&](size_t w0) -> Status {
     size_t w1 = w0 + 1;
-    while (w1 < ranges.size() &&
-           dev_ranges[w1].mask_off + (ranges[w1].count + 31) / 32 -
-                   dev_ranges[w0].mask_off <= mask_cap_words) {
-      ++w1;
-    }
-    Window& w = windows[window_count % 2];
+    while (w1 < ranges.size() && mask_end(w1 + 1) - mask_end(w0) <= mask_cap_words) ++w1;
+    const int slot = window_count++ % 2;
+    Window& w = windows[slot];
     w.w0 = w0;
     w.w1 = w1;
-    w.buf = window_count % 2;
-    ++window_count;
-    w.mask_base = dev_ranges[w0].mask_off;
-    const uint64_t words = dev_ranges[w1 - 1].mask_off +
-                           (ranges[w1 - 1].count + 31) / 32 - w.mask_base;
+    w.s0 = ranges[w0].seg_first;
+    w.s1 = ranges[w1 - 1].seg_first + ranges[w1 - 1].segs;
+    w.mask_base = mask_end(w0);
     // A reallocation waits for the device, so for the window that last
     // used this buffer too.
-    REFIT_RETURN_IF_ERROR(b_mask[w.buf].Get(words, &w.d_mask));
-    const uint64_t s0 = ranges[w0].seg_first;
-    const uint64_t s1 = ranges[w1 - 1].seg_first + ranges[w1 - 1].segs;
+    REFIT_RETURN_IF_ERROR(b_mask[slot].Get(mask_end(w1) - w.mask_base, &w.d_mask));
+    const uint64_t s0 = w.s0, s1 = w.s1;
     REFIT_ENC_CUDA(cudaEventRecord(w.e0, st_front), "record");
     constexpr unsigned kSegsPerBlock = internal::kDetectThreads / 32;
     internal::DetectKernel<<<static_cast<unsigned>((s1 - s0 + kSegsPerBlock - 1) /
                                                    kSegsPerBlock),
-                             internal::kDetectThreads, 0, st_front>>>(d_ranges, nranges, s0, s1, w.d_mask, w.mask_base,
-                                         d_before, d_after, d_counts);
+                             internal::kDetectThreads, 0, st_front>>>(
+        d_ranges, nranges, s0, s1, w.d_mask, w.mask_base, d_before, d_after, d_counts);
     REFIT_ENC_CUDA(cudaGetLastError(), "detect launch");
     internal::RangeDigestKernel<<<static_cast<unsigned>((w1 - w0 + 7) / 8), 256, 0,
                                   st_front>>>(d_ranges, static_cast<uint32_t>(w0),
@@ -857,7 +853,6 @@ Result<GpuEncodeReport> EncodeOnDevice(std::span<const DeviceTensorPair> pairs,
     REFIT_ENC_CUDA(cudaMemcpyAsync(counts.data() + s0, d_counts + s0, 4 * (s1 - s0),
                                    cudaMemcpyDeviceToHost, st_front), "copy counts");
     REFIT_ENC_CUDA(cudaEventRecord(w.ready, st_front), "record");
-    launched_end = w1;
     pending = &w;
     return Status::Ok();
   };
@@ -881,10 +876,8 @@ Result<GpuEncodeReport> EncodeOnDevice(std::span<const DeviceTensorPair> pairs,
       // EncodeChunkRange tries dense encodings from k * 16 >= count on.
       r.gpu = k > 0 && k * 16 < r.count;
     }
-    const uint64_t s0 = ranges[w.w0].seg_first;
-    const uint64_t s1 = ranges[w.w1 - 1].seg_first + ranges[w.w1 - 1].segs;
     // Pageable source: the call returns once the bytes are staged.
-    REFIT_ENC_CUDA(cudaMemcpyAsync(d_seg_rec + s0, seg_rec.data() + s0, 4 * (s1 - s0),
+    REFIT_ENC_CUDA(cudaMemcpyAsync(d_seg_rec + w.s0, seg_rec.data() + w.s0, 4 * (w.s1 - w.s0),
                                    cudaMemcpyHostToDevice, st_front), "copy offsets");
     detected_end = w.w1;
     cur_window = &w;
@@ -990,7 +983,7 @@ Result<GpuEncodeReport> EncodeOnDevice(std::span<const DeviceTensorPair> pairs,
     // The window's last group: the next window's detection follows its
     // compaction on st_front.
     auto detect_next = [&]() -> Status {
-      if (g1 == detected_end && launched_end == detected_end && g1 < ranges.size()) {
+      if (g1 == detected_end && pending == nullptr && g1 < ranges.size()) {
         return launch_detect(g1);
       }
       return Status::Ok();
@@ -1190,7 +1183,6 @@ Result<GpuEncodeReport> EncodeOnDevice(std::span<const DeviceTensorPair> pairs,
       const uint32_t k = static_cast<uint32_t>(r.k);
       const int gw = GapWidthFor(g.maxgap[c]);
       HostChunk& h = (*hc)[c];
-      h.range = g.list[c];
       h.header.push_back(static_cast<uint8_t>(gw));
       EncChunk& e = g.ec[c];
       for (int j = 0; j < gw + w; ++j) {
@@ -1252,7 +1244,12 @@ Result<GpuEncodeReport> EncodeOnDevice(std::span<const DeviceTensorPair> pairs,
     REFIT_ENC_CUDA(cudaEventCreateWithFlags(&sizes_ready[p], cudaEventDisableTiming), "event");
     REFIT_ENC_CUDA(cudaEventCreateWithFlags(&gathered[p], cudaEventDisableTiming), "event");
   }
+  // The back half's buffers as the last lane encoding left them (read by
+  // the gathering that follows it on st).
   EncChunk* d_back_chunks = nullptr;
+  uint16_t* d_words = nullptr;
+  uint32_t *d_state = nullptr, *d_used = nullptr;
+  uint64_t *d_sizes = nullptr, *d_offs = nullptr;
 
   // Steps 4a-b: enqueues group g's lane encoding, stream sizes and offsets
   // (back into pinned_sizes[index % 2]).
@@ -1274,9 +1271,6 @@ Result<GpuEncodeReport> EncodeOnDevice(std::span<const DeviceTensorPair> pairs,
       max_coded = std::max(max_coded, e.coded);
     }
     EncTable* d_tables;
-    uint16_t* d_words;
-    uint32_t *d_state, *d_used;
-    uint64_t *d_sizes, *d_offs;
     REFIT_RETURN_IF_ERROR(b_chunks.Get(nchunks, &d_back_chunks));
     REFIT_RETURN_IF_ERROR(b_tables.Get(std::max<size_t>(tables.size(), 1), &d_tables));
     REFIT_RETURN_IF_ERROR(b_words.Get(words + 1, &d_words));
@@ -1341,14 +1335,7 @@ Result<GpuEncodeReport> EncodeOnDevice(std::span<const DeviceTensorPair> pairs,
     back_sizes.assign(host, host + nchunks);
     back_offs.assign(host + nchunks, host + 2 * nchunks);
     const uint64_t total = back_offs.back() + back_sizes.back();
-    uint16_t* d_words;
-    uint32_t *d_state, *d_used;
-    uint64_t* d_offs;
     uint8_t* d_out;
-    REFIT_RETURN_IF_ERROR(b_words.Get(0, &d_words));  // as the encoding left them
-    REFIT_RETURN_IF_ERROR(b_state.Get(0, &d_state));
-    REFIT_RETURN_IF_ERROR(b_used.Get(0, &d_used));
-    REFIT_RETURN_IF_ERROR(b_offs.Get(0, &d_offs));
     REFIT_RETURN_IF_ERROR(b_out.Get(total, &d_out));
     REFIT_ENC_CUDA(cudaEventRecord(bt[parity][2], st), "record");
     internal::GatherKernel<<<nchunks, 256, 0, st>>>(d_back_chunks, d_words, d_state,
