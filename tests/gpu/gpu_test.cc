@@ -370,38 +370,48 @@ TEST(GpuApply, CorruptChunksAreRefusedLikeOnTheCpu) {
   Encoded e = EncodeTensor(a, b, w, n * w, true);
   ASSERT_EQ(e.spans.size(), 1u);
   std::mt19937_64 rng(33);
-  int refused = 0, trials = 0;
-  for (int t = 0; t < 60; ++t) {
-    std::vector<uint8_t> bad = e.buf;
+  // Flips byte `at` of `enc`'s chunk (its checksum fixed), applies it on the
+  // CPU and on the GPU to `base` (`count` elements): both refuse it, or both
+  // give `target`; a refused chunk leaves the GPU tensor at `base`. Sets
+  // *refused when the GPU path refused it.
+  auto corrupt_at = [&](const std::vector<uint8_t>& base, const std::vector<uint8_t>& target,
+                        const Encoded& enc, uint64_t count, size_t at, bool* refused) {
+    std::vector<uint8_t> bad = enc.buf;
     const size_t size = bad.size();
-    // Corrupt the payload's tail (lanes), past the header and models.
-    const size_t at = size - 5 - rng() % std::min<size_t>(size / 2, 2000);
     bad[at] ^= static_cast<uint8_t>(1 + rng() % 255);
     FixChecksum(bad.data(), size);
     auto pc = ParseChunk(bad);
     ASSERT_TRUE(pc.ok());
-    std::vector<uint8_t> cpu = a;
+    std::vector<uint8_t> cpu = base;
     ApplyScratch scratch;
     const bool cpu_ok =
         ApplyChunkInPlace(*pc, cpu.data(), &scratch, nullptr, nullptr).ok();
-    DeviceMem d(a.size());
-    Upload(d, a);
+    DeviceMem d(base.size());
+    Upload(d, base);
     PlacementPlan plan;
-    ASSERT_TRUE(plan.Add(WholePlacement("t", w, n, 1, d.addr())).ok());
+    ASSERT_TRUE(plan.Add(WholePlacement("t", w, count, 1, d.addr())).ok());
     auto rx = Receiver::Create(std::move(plan), {"t"}, {});
     ASSERT_TRUE(rx.ok());
     ChunkSpan span{0, size};
     auto prep = (*rx)->Prepare(bad, std::span(&span, 1));
-    ++trials;
     if (!prep.ok()) {
       EXPECT_FALSE(cpu_ok) << "host refused what the CPU applies";
-      ++refused;
-      continue;
+      *refused = true;
+      return;
     }
     auto rep = (*rx)->Apply(bad, *prep);
     EXPECT_EQ(rep.ok(), cpu_ok);
-    EXPECT_EQ(Download(d, a.size()), cpu_ok ? b : a);
-    refused += !rep.ok();
+    EXPECT_EQ(Download(d, base.size()), cpu_ok ? target : base);
+    *refused = !rep.ok();
+  };
+  int refused = 0, trials = 0;
+  for (int t = 0; t < 60; ++t) {
+    // Corrupt the payload's tail (lanes), past the header and models.
+    const size_t at = e.buf.size() - 5 - rng() % std::min<size_t>(e.buf.size() / 2, 2000);
+    bool r = false;
+    ASSERT_NO_FATAL_FAILURE(corrupt_at(a, b, e, n, at, &r));
+    ++trials;
+    refused += r;
   }
   EXPECT_GT(refused, trials / 2);
   // Anywhere in the lanes: the fused XOR kernel (decode_apply.cu) meets
@@ -417,32 +427,9 @@ TEST(GpuApply, CorruptChunksAreRefusedLikeOnTheCpu) {
     const size_t payload_at =
         static_cast<size_t>(good->payload.data() - enc.buf.data());
     for (int t = 0; t < tries; ++t) {
-      std::vector<uint8_t> bad = enc.buf;
-      const size_t size = bad.size();
       const size_t at = payload_at + rng() % good->payload.size();
-      bad[at] ^= static_cast<uint8_t>(1 + rng() % 255);
-      FixChecksum(bad.data(), size);
-      auto pc = ParseChunk(bad);
-      ASSERT_TRUE(pc.ok());
-      std::vector<uint8_t> cpu = base;
-      ApplyScratch scratch;
-      const bool cpu_ok =
-          ApplyChunkInPlace(*pc, cpu.data(), &scratch, nullptr, nullptr).ok();
-      DeviceMem d(base.size());
-      Upload(d, base);
-      PlacementPlan plan;
-      ASSERT_TRUE(plan.Add(WholePlacement("t", w, count, 1, d.addr())).ok());
-      auto rx = Receiver::Create(std::move(plan), {"t"}, {});
-      ASSERT_TRUE(rx.ok());
-      ChunkSpan span{0, size};
-      auto prep = (*rx)->Prepare(bad, std::span(&span, 1));
-      if (!prep.ok()) {
-        EXPECT_FALSE(cpu_ok) << "host refused what the CPU applies";
-        continue;
-      }
-      auto rep = (*rx)->Apply(bad, *prep);
-      EXPECT_EQ(rep.ok(), cpu_ok);
-      EXPECT_EQ(Download(d, base.size()), cpu_ok ? target : base);
+      bool r = false;
+      ASSERT_NO_FATAL_FAILURE(corrupt_at(base, target, enc, count, at, &r));
     }
   };
   lanes_corrupt(a, b, e, n, 60);
