@@ -40,15 +40,7 @@ void ParallelForEach(size_t n, int threads,
                      const std::function<void(size_t, int)>& fn) {
   if (n == 0) return;
   if (threads <= 0) threads = DefaultThreads();
-  int t = static_cast<int>(std::min<size_t>(static_cast<size_t>(threads), n));
-  std::atomic<size_t> next{0};
-  auto run = [&](int worker) {
-    for (size_t i = next.fetch_add(1); i < n; i = next.fetch_add(1)) fn(i, worker);
-  };
-  std::vector<std::thread> pool;
-  for (int w = 1; w < t; ++w) pool.emplace_back(run, w);
-  run(0);
-  for (auto& th : pool) th.join();
+  WorkerPool(static_cast<int>(std::min<size_t>(static_cast<size_t>(threads), n))).ForEach(n, fn);
 }
 
 WorkerPool::WorkerPool(int threads) {
