@@ -53,18 +53,12 @@ struct EncChunk {
   uint32_t lane_first;        // index into the per-lane arrays
   uint32_t table_first;       // index into the tables
   uint8_t shift[kPlanes];     // coded plane c: gap byte shift, or 64 + value
-  uint32_t reserved;
+  uint8_t scale[kPlanes];     // coded plane c: its table's t
 };
 
 struct EncTable {
   uint32_t t;
   uint16_t f[256];
-};
-
-struct EncSym {
-  uint64_t rcp;
-  uint64_t x_max;
-  uint32_t bias, cmpl;
 };
 
 __device__ inline uint64_t LoadWE(const uint8_t* p, uint32_t w) {
@@ -387,101 +381,170 @@ __global__ void __launch_bounds__(256)
   if (threadIdx.x == 0) atomicMax(&max_gap[chunk], s_max);
 }
 
-// Step 4a: one block per GPU chunk, thread j encodes lane j exactly as
-// codec::EncodeStream does: records j + mL in reverse, coded planes in
-// reverse, words written backwards into the lane's region.
+// Step 4a: one block per (GPU chunk, coded plane): the plane's encoder
+// symbols, {rcp low, rcp high, x_max - 1, cum | (2^t - f) << 16} with rcp =
+// ceil(2^(32+t) / f), so that x / f = (x * rcp) >> (32 + t) for every state
+// x < x_max (f <= 2^t and t <= 15: every field fits). Absent symbols are
+// never looked up.
 __global__ void __launch_bounds__(256)
-    EncodeLanesKernel(const EncChunk* chunks, const EncTable* tables,
-                      const uint32_t* pos, const uint8_t* vals, uint16_t* words,
-                      uint32_t* lane_state, uint32_t* lane_used) {
-  const EncChunk c = chunks[blockIdx.x];
+    SymbolKernel(const EncChunk* chunks, const EncTable* tables, uint4* syms) {
+  const EncChunk& c = chunks[blockIdx.x];
+  if (blockIdx.y >= c.coded) return;  // the whole block
   using Scan = cub::BlockScan<uint32_t, 256>;
   __shared__ typename Scan::TempStorage temp;
-  __shared__ uint32_t s_shift[kPlanes];
-  extern __shared__ __align__(16) uint8_t smem[];
-  EncSym* sym = reinterpret_cast<EncSym*>(smem);
-  const uint32_t tid = threadIdx.x;
-  if (tid < c.coded) s_shift[tid] = c.shift[tid];
-  for (uint32_t p = 0; p < c.coded; ++p) {
-    const EncTable& tb = tables[c.table_first + p];
-    const uint32_t t = tb.t, f = tb.f[tid];
-    uint32_t cum;
-    Scan(temp).ExclusiveSum(f, cum);
-    EncSym e{0, 0, 0, 0};
-    if (f != 0) {
-      e.rcp = ((uint64_t{1} << (32 + t)) + f - 1) / f;
-      e.x_max = uint64_t{f} << (32 - t);
-      e.bias = cum;
-      e.cmpl = (1u << t) - f;
-    }
-    sym[p * 256 + tid] = e;
-    __syncthreads();
+  const uint32_t table = c.table_first + blockIdx.y;
+  const EncTable& tb = tables[table];
+  const uint32_t t = tb.t, f = tb.f[threadIdx.x];
+  uint32_t cum;
+  Scan(temp).ExclusiveSum(f, cum);
+  uint4 e{0, 0, 0, 0};
+  if (f != 0) {
+    const uint64_t rcp = ((uint64_t{1} << (32 + t)) + f - 1) / f;
+    e.x = static_cast<uint32_t>(rcp);
+    e.y = static_cast<uint32_t>(rcp >> 32);
+    e.z = static_cast<uint32_t>((uint64_t{f} << (32 - t)) - 1);
+    e.w = cum | (((1u << t) - f) << 16);
   }
-  __shared__ uint32_t s_t[kPlanes];
-  if (tid < c.coded) s_t[tid] = tables[c.table_first + tid].t;
+  syms[uint64_t{table} * 256 + threadIdx.x] = e;
+}
+
+// Step 4b: one block per GPU chunk, thread j encodes lane j exactly as
+// codec::EncodeStream does: records j + mL in reverse, coded planes in
+// reverse, words written backwards into the lane's region. A lane is a
+// serial chain (each symbol's state depends on the one before), and a
+// group leaves most warp slots empty (3%: ~90 blocks of ~120 lanes), so
+// only what depends on the state is left on the chain: plane shifts and
+// scales sit in registers (NC >= the group's most coded planes, unrolled),
+// a record's symbols are looked up while the record before is coded, and
+// records are loaded a batch ahead.
+template <int NC>
+__global__ void __launch_bounds__(256)
+    EncodeLanesKernel(const EncChunk* __restrict__ chunks, const uint4* __restrict__ syms,
+                      const uint32_t* __restrict__ pos, const uint8_t* __restrict__ vals,
+                      uint16_t* __restrict__ words, uint32_t* __restrict__ lane_state,
+                      uint32_t* __restrict__ lane_used) {
+  const EncChunk& c = chunks[blockIdx.x];
+  const uint32_t nc = c.coded, L = c.lanes, k = c.k, width = c.width;
+  extern __shared__ uint4 s_sym[];
+  const uint4* gs = syms + uint64_t{c.table_first} * 256;
+  // Planes past nc are zeros, so that lookups need no guard (see below).
+  for (uint32_t i = threadIdx.x; i < NC * 256; i += blockDim.x) {
+    s_sym[i] = i < nc * 256 ? gs[i] : make_uint4(0, 0, 0, 0);
+  }
   __syncthreads();
-  const uint32_t L = c.lanes, k = c.k, nc = c.coded;
+  const uint32_t tid = threadIdx.x;
   if (tid >= L) return;
   const uint32_t full = k / L, rem = k % L;
   const uint32_t recs = full + (tid < rem ? 1 : 0);
   const uint64_t region_end =
       c.word_off + uint64_t{nc} * (uint64_t{full} * (tid + 1) + min(tid + 1, rem));
-  uint16_t* out = words + region_end;
+  uint16_t* const out = words + region_end;
   uint16_t* p = out;
   uint32_t x = kRansLowE;
-  const uint32_t* ps = pos + c.rec_off;
-  const uint8_t* vs = vals + c.val_off;
-  if (nc > 0) {
-    // Records go in batches of kBatch: a batch's gaps and values are loaded
-    // together while the batch before is coded (the loads' latency, not
-    // the arithmetic, bounded this loop: a lane is a serial chain, and a
-    // group's blocks leave most warp slots empty).
-    constexpr uint32_t kBatch = 8;
-    uint32_t next_gap[kBatch];
-    uint64_t next_val[kBatch];
+  if (nc > 0 && recs > 0) {
+    uint32_t shift[NC], scale[NC];
+#pragma unroll
+    for (int q = 0; q < NC; ++q) {
+      shift[q] = q < nc ? c.shift[q] : 0;
+      scale[q] = q < nc ? c.scale[q] : 0;
+    }
+    const uint32_t* ps = pos + c.rec_off;
+    const uint8_t* vs = vals + c.val_off;
+    constexpr uint32_t kBatch = NC <= 6 ? 16 : 8;
+    // Raw, unconditional loads straight into the batch's registers (a
+    // record past the lane's end loads record tid instead): a guarded load
+    // lands in a temporary and its move waits for the data at once. Gaps
+    // and values are formed when the batch is coded.
+    const uint32_t* vw = reinterpret_cast<const uint32_t*>(vs);  // 16-byte aligned
+    const uint32_t vmask = width >= 4 ? ~0u : (1u << (8 * width)) - 1;
+    uint32_t next_pos[kBatch], next_prev[kBatch], next_lo[kBatch], next_hi[kBatch];
     auto load_batch = [&](uint32_t top) {
 #pragma unroll
       for (uint32_t j = 0; j < kBatch; ++j) {
-        if (j < top) {
-          const uint32_t i = tid + (top - 1 - j) * L;
-          next_gap[j] = GapAt(ps, i);
-          next_val[j] = LoadWE(vs + uint64_t{i} * c.width, c.width);
-        }
+        const uint32_t i = tid + (j < top ? top - 1 - j : 0) * L;
+        const uint64_t word = uint64_t{i} * width / 4;
+        next_pos[j] = ps[i];
+        next_prev[j] = ps[i - (i != 0 ? 1 : 0)];
+        next_lo[j] = vw[word];
+        next_hi[j] = vw[word + (width == 8 ? 1 : 0)];
       }
     };
-    if (recs > 0) load_batch(recs);
+    auto lookup = [&](uint32_t gap, uint64_t val, uint4* e) {
+#pragma unroll
+      for (int q = 0; q < NC; ++q) {
+        const uint32_t sh = shift[q];
+        const uint32_t s = static_cast<uint32_t>(
+            (sh < 64 ? uint64_t{gap} >> sh : val >> (sh - 64)) & 0xff);
+        e[q] = s_sym[q * 256 + s];
+      }
+    };
+    load_batch(recs);
     for (uint32_t top = recs; top > 0;) {
       const uint32_t nb = min(top, kBatch);
       uint32_t gaps[kBatch];
       uint64_t vals8[kBatch];
+      top -= nb;
 #pragma unroll
       for (uint32_t j = 0; j < kBatch; ++j) {
-        gaps[j] = next_gap[j];
-        vals8[j] = next_val[j];
+        // Record 0 loaded itself as its "previous": its gap is its position.
+        const uint32_t gap = next_pos[j] - next_prev[j] - 1;
+        gaps[j] = gap == ~0u ? next_pos[j] : gap;
+        const uint32_t i = tid + (top + nb - 1 - j) * L;
+        vals8[j] = width == 8 ? (uint64_t{next_hi[j]} << 32 | next_lo[j])
+                              : (next_lo[j] >> (8 * (i * width & 3))) & vmask;
       }
-      top -= nb;
-      if (top > 0) load_batch(top);
+      load_batch(max(top, 1u));  // the last batch loads one more, unused
+      uint4 e[NC], en[NC];
+      lookup(gaps[0], vals8[0], e);
 #pragma unroll
       for (uint32_t j = 0; j < kBatch; ++j) {
         if (j >= nb) break;
-        const uint64_t gap = gaps[j], val = vals8[j];
-        for (uint32_t q = nc; q-- > 0;) {
-          const uint32_t sh = s_shift[q];
-          const uint32_t s = static_cast<uint32_t>(
-              (sh < 64 ? gap >> sh : val >> (sh - 64)) & 0xff);
-          const EncSym e = sym[q * 256 + s];
-          if (x >= e.x_max) {
-            *--p = static_cast<uint16_t>(x);
-            x >>= 16;
+        if (j + 1 < kBatch) lookup(gaps[j + 1], vals8[j + 1], en);
+#pragma unroll
+        for (int q = NC - 1; q >= 0; --q) {
+          if (q < nc) {
+            const uint4 s = e[q];
+            const bool emit = x > s.z;
+            p -= emit ? 1 : 0;
+            if (emit) *p = static_cast<uint16_t>(x);
+            x = emit ? x >> 16 : x;
+            // (x * rcp) >> 32 without a 64 x 64 product.
+            const uint64_t hi = uint64_t{__umulhi(x, s.x)} + uint64_t{x} * s.y;
+            const uint32_t qq = static_cast<uint32_t>(hi >> scale[q]);
+            x += (s.w & 0xffff) + qq * (s.w >> 16);
           }
-          const uint64_t qq = (uint64_t{x} * e.rcp) >> (32 + s_t[q]);
-          x += e.bias + static_cast<uint32_t>(qq) * e.cmpl;
+        }
+        if (j + 1 < kBatch) {
+#pragma unroll
+          for (int q = 0; q < NC; ++q) e[q] = en[q];
         }
       }
     }
   }
   lane_state[c.lane_first + tid] = x;
   lane_used[c.lane_first + tid] = static_cast<uint32_t>(out - p);
+}
+
+// The lane kernel for a group whose chunks code at most `coded` planes.
+inline cudaError_t LaunchEncodeLanes(uint32_t coded, uint32_t nchunks, uint32_t threads,
+                                     cudaStream_t st, const EncChunk* chunks,
+                                     const uint4* syms, const uint32_t* pos,
+                                     const uint8_t* vals, uint16_t* words,
+                                     uint32_t* lane_state, uint32_t* lane_used) {
+  auto launch = [&](auto kernel, uint32_t nc) {
+    const int smem = static_cast<int>(nc * 256 * sizeof(uint4));
+    cudaError_t err = cudaFuncSetAttribute(
+        kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    if (err != cudaSuccess) return err;
+    kernel<<<nchunks, threads, smem, st>>>(chunks, syms, pos, vals, words, lane_state,
+                                           lane_used);
+    return cudaGetLastError();
+  };
+  if (coded <= 2) return launch(EncodeLanesKernel<2>, 2);
+  if (coded <= 4) return launch(EncodeLanesKernel<4>, 4);
+  if (coded <= 6) return launch(EncodeLanesKernel<6>, 6);
+  if (coded <= 8) return launch(EncodeLanesKernel<8>, 8);
+  return launch(EncodeLanesKernel<kPlanes>, kPlanes);
 }
 
 __device__ inline uint32_t VarintLen(uint64_t v) {
@@ -750,6 +813,7 @@ Result<GpuEncodeReport> EncodeOnDevice(std::span<const DeviceTensorPair> pairs,
   } guard{st};
   REFIT_ENC_CUDA(cudaStreamCreateWithFlags(&st_front, cudaStreamNonBlocking), "stream");
   StreamGuard guard_front{st_front};
+
   // Per call: ranges, digests, counts, offsets, two windows' change masks.
   DeviceBuffer b_ranges(&mem), b_before(&mem), b_after(&mem), b_rbefore(&mem),
       b_rafter(&mem), b_counts(&mem), b_seg_rec(&mem);
@@ -771,14 +835,16 @@ Result<GpuEncodeReport> EncodeOnDevice(std::span<const DeviceTensorPair> pairs,
   // copy into pageable memory would block the host until the detection is
   // done).
   thread_local PinnedHost pinned_detect;
-  REFIT_RETURN_IF_ERROR(pinned_detect.Reserve(ranges.size() * 32 + segs * 4));
+  REFIT_RETURN_IF_ERROR(pinned_detect.Reserve(ranges.size() * 32 + segs * 8));
   static_assert(sizeof(Hash128) == 16);
   const std::span<Hash128> before(reinterpret_cast<Hash128*>(pinned_detect.data()),
                                   ranges.size());
   const std::span<Hash128> after(before.data() + ranges.size(), ranges.size());
   const std::span<uint32_t> counts(reinterpret_cast<uint32_t*>(after.data() + ranges.size()),
                                    segs);
-  std::vector<uint32_t> seg_rec(segs);
+  // Per-segment record offsets go to the device from page-locked memory
+  // too: a pageable source may make the copy wait for the stream.
+  const std::span<uint32_t> seg_rec(counts.data() + segs, segs);
   // Each of the two masks holds half of mask_bytes.
   const uint64_t mask_cap_words = std::max<uint64_t>(opt.mask_bytes / 8, 1);
 
@@ -787,7 +853,10 @@ Result<GpuEncodeReport> EncodeOnDevice(std::span<const DeviceTensorPair> pairs,
   // buffers; a window's detection is enqueued on st_front right after the
   // compaction of the window before's last group, so it runs while the
   // host chooses models, and the host waits for it only when it forms the
-  // window's first group.
+  // window's first group. (Detection on a stream of its own, started as
+  // soon as the window before was detected, measured slower at 3%: its
+  // blocks held the multiprocessors that the lanes' encoding and the
+  // compactions wait for.)
   struct Window {
     size_t w0 = 0, w1 = 0;     // its ranges
     uint64_t s0 = 0, s1 = 0;   // their segments
@@ -876,7 +945,6 @@ Result<GpuEncodeReport> EncodeOnDevice(std::span<const DeviceTensorPair> pairs,
       // EncodeChunkRange tries dense encodings from k * 16 >= count on.
       r.gpu = k > 0 && k * 16 < r.count;
     }
-    // Pageable source: the call returns once the bytes are staged.
     REFIT_ENC_CUDA(cudaMemcpyAsync(d_seg_rec + w.s0, seg_rec.data() + w.s0, 4 * (w.s1 - w.s0),
                                    cudaMemcpyHostToDevice, st_front), "copy offsets");
     detected_end = w.w1;
@@ -948,13 +1016,13 @@ Result<GpuEncodeReport> EncodeOnDevice(std::span<const DeviceTensorPair> pairs,
                     std::chrono::steady_clock::now() - w0).count();
     return Status::Ok();
   };
-  thread_local PinnedHost pinned_hist[2];
+  thread_local PinnedHost pinned_hist[2], pinned_front[2];
   struct Group {
     size_t g0 = 0, g1 = 0;
     int set = 0;
     std::vector<uint32_t> list;  // its GPU-encoded ranges
     std::vector<EncChunk> ec;
-    std::vector<uint32_t> maxgap;
+    std::span<const uint32_t> maxgap;
     std::span<const uint32_t> hist;
     uint32_t* d_pos = nullptr;  // the front set's records
     uint8_t* d_vals = nullptr;
@@ -1001,8 +1069,14 @@ Result<GpuEncodeReport> EncodeOnDevice(std::span<const DeviceTensorPair> pairs,
     const uint32_t nchunks = static_cast<uint32_t>(g->list.size());
     FrontSet& f = sets[set];
     g->ec.assign(nchunks, EncChunk{});
-    std::vector<EncRange> upd(dev_ranges.begin() + static_cast<ptrdiff_t>(g0),
-                              dev_ranges.begin() + static_cast<ptrdiff_t>(g1));
+    // The set's page-locked copy sources: its last copies (two groups ago)
+    // were done when that group's histograms were waited for.
+    REFIT_RETURN_IF_ERROR(pinned_front[set].Reserve((g1 - g0) * sizeof(EncRange) +
+                                                   nchunks * sizeof(EncChunk)));
+    EncRange* upd = reinterpret_cast<EncRange*>(pinned_front[set].data());
+    std::copy(dev_ranges.begin() + static_cast<ptrdiff_t>(g0),
+              dev_ranges.begin() + static_cast<ptrdiff_t>(g1), upd);
+    EncChunk* ec_src = reinterpret_cast<EncChunk*>(upd + (g1 - g0));
     uint64_t ro = 0, vo = 0;
     for (uint32_t c = 0; c < nchunks; ++c) {
       const HostRange& r = ranges[g->list[c]];
@@ -1027,10 +1101,10 @@ Result<GpuEncodeReport> EncodeOnDevice(std::span<const DeviceTensorPair> pairs,
     const uint64_t hist_n = uint64_t{nchunks} * internal::kPlanes * 256;
     REFIT_RETURN_IF_ERROR(f.hist.Get(hist_n, &d_hist));
     REFIT_RETURN_IF_ERROR(f.maxgap.Get(nchunks, &d_maxgap));
-    // Pageable sources: each call returns once its bytes are staged.
-    REFIT_ENC_CUDA(cudaMemcpyAsync(d_ranges + g0, upd.data(), upd.size() * sizeof(EncRange),
+    std::copy(g->ec.begin(), g->ec.end(), ec_src);
+    REFIT_ENC_CUDA(cudaMemcpyAsync(d_ranges + g0, upd, (g1 - g0) * sizeof(EncRange),
                                    cudaMemcpyHostToDevice, st_front), "copy ranges");
-    REFIT_ENC_CUDA(cudaMemcpyAsync(d_chunks, g->ec.data(), nchunks * sizeof(EncChunk),
+    REFIT_ENC_CUDA(cudaMemcpyAsync(d_chunks, ec_src, nchunks * sizeof(EncChunk),
                                    cudaMemcpyHostToDevice, st_front), "copy chunks");
     const uint64_t seg_begin = ranges[g0].seg_first;
     const uint64_t seg_end = ranges[g1 - 1].seg_first + ranges[g1 - 1].segs;
@@ -1057,13 +1131,15 @@ Result<GpuEncodeReport> EncodeOnDevice(std::span<const DeviceTensorPair> pairs,
                                                                  d_vals, d_hist, d_maxgap);
     REFIT_ENC_CUDA(cudaGetLastError(), "histogram launch");
     REFIT_ENC_CUDA(cudaEventRecord(f.t[2], st_front), "record");
-    REFIT_RETURN_IF_ERROR(pinned_hist[set].Reserve(4 * hist_n));
-    g->hist = std::span<const uint32_t>(
-        reinterpret_cast<const uint32_t*>(pinned_hist[set].data()), hist_n);
-    g->maxgap.assign(nchunks, 0);
-    REFIT_ENC_CUDA(cudaMemcpyAsync(pinned_hist[set].data(), d_hist, 4 * hist_n,
+    // Into page-locked memory: a copy into pageable memory would block the
+    // host here until the compaction and histograms are done.
+    REFIT_RETURN_IF_ERROR(pinned_hist[set].Reserve(4 * (hist_n + nchunks)));
+    uint32_t* hist_host = reinterpret_cast<uint32_t*>(pinned_hist[set].data());
+    g->hist = std::span<const uint32_t>(hist_host, hist_n);
+    g->maxgap = std::span<const uint32_t>(hist_host + hist_n, nchunks);
+    REFIT_ENC_CUDA(cudaMemcpyAsync(hist_host, d_hist, 4 * hist_n,
                                    cudaMemcpyDeviceToHost, st_front), "copy histograms");
-    REFIT_ENC_CUDA(cudaMemcpyAsync(g->maxgap.data(), d_maxgap, 4 * nchunks,
+    REFIT_ENC_CUDA(cudaMemcpyAsync(hist_host + hist_n, d_maxgap, 4 * nchunks,
                                    cudaMemcpyDeviceToHost, st_front), "copy gaps");
     REFIT_ENC_CUDA(cudaEventRecord(f.done, st_front), "record");
     return detect_next();
@@ -1074,7 +1150,7 @@ Result<GpuEncodeReport> EncodeOnDevice(std::span<const DeviceTensorPair> pairs,
   // page-locked buffer g % 2. At most one framing is in flight, and it is
   // waited for before any return (the future is destroyed before what it
   // writes).
-  DeviceBuffer b_chunks(&mem), b_tables(&mem), b_words(&mem), b_state(&mem),
+  DeviceBuffer b_chunks(&mem), b_tables(&mem), b_syms(&mem), b_words(&mem), b_state(&mem),
       b_used(&mem), b_sizes(&mem), b_offs(&mem), b_temp(&mem), b_out(&mem);
   thread_local PinnedHost pinned_streams[2];
   // Framed chunks of a group, handed to the sink from here: kept per
@@ -1205,6 +1281,7 @@ Result<GpuEncodeReport> EncodeOnDevice(std::span<const DeviceTensorPair> pairs,
         t.t = static_cast<uint32_t>(m.t);
         std::memcpy(t.f, m.f.data(), sizeof(t.f));
         h.tables.push_back(t);
+        e.scale[e.coded] = static_cast<uint8_t>(m.t);
         e.shift[e.coded++] = static_cast<uint8_t>(is_gap ? 8 * j : 64 + 8 * (j - gw));
       }
       e.lanes = static_cast<uint32_t>(
@@ -1213,16 +1290,20 @@ Result<GpuEncodeReport> EncodeOnDevice(std::span<const DeviceTensorPair> pairs,
   };
 
   // A group whose lanes are being encoded (steps 4a-b on st) while the host
-  // chooses the next group's models; its streams are gathered and framed
-  // during the next group's turn. The back buffers are one set: on st, a
-  // group's gathering is enqueued before the next group's encoding.
+  // chooses the next group's models; its gathering is enqueued during the
+  // next group's turn and it is framed during the turn after (by then the
+  // gathering and the copy back are done, so the host does not wait for
+  // them). The back buffers are one set: on st, a group's gathering is
+  // enqueued before the next group's encoding.
   struct Back {
     Group g;
     std::vector<HostChunk> hc;
     uint64_t index = 0;  // the group's place (parity of its host buffers)
   };
-  std::optional<Back> back;
+  std::optional<Back> back, in_gather;
   thread_local PinnedHost pinned_sizes[2];  // stream sizes, then offsets
+  thread_local PinnedHost pinned_back[2];   // a group's chunks and tables
+  std::vector<EncTable> back_tables;
   cudaEvent_t bt[2][4] = {};  // per parity: around the lanes' encoding, the gathering
   cudaEvent_t sizes_ready[2] = {}, gathered[2] = {};
   struct BackEvents {
@@ -1257,9 +1338,10 @@ Result<GpuEncodeReport> EncodeOnDevice(std::span<const DeviceTensorPair> pairs,
                            uint64_t index) -> Status {
     const uint32_t nchunks = static_cast<uint32_t>(g.list.size());
     const int parity = static_cast<int>(index % 2);
-    std::vector<EncTable> tables;
+    std::vector<EncTable>& tables = back_tables;
+    tables.clear();
     uint64_t words = 0;
-    uint32_t lanes = 0, max_coded = 0;
+    uint32_t lanes = 0, max_coded = 0, max_lanes = 1;
     for (uint32_t c = 0; c < nchunks; ++c) {
       EncChunk& e = g.ec[c];
       e.table_first = static_cast<uint32_t>(tables.size());
@@ -1269,31 +1351,47 @@ Result<GpuEncodeReport> EncodeOnDevice(std::span<const DeviceTensorPair> pairs,
       e.lane_first = lanes;
       lanes += e.lanes;
       max_coded = std::max(max_coded, e.coded);
+      max_lanes = std::max(max_lanes, e.lanes);
     }
     EncTable* d_tables;
+    uint4* d_syms;
     REFIT_RETURN_IF_ERROR(b_chunks.Get(nchunks, &d_back_chunks));
     REFIT_RETURN_IF_ERROR(b_tables.Get(std::max<size_t>(tables.size(), 1), &d_tables));
+    REFIT_RETURN_IF_ERROR(b_syms.Get(std::max<size_t>(tables.size(), 1) * 256, &d_syms));
     REFIT_RETURN_IF_ERROR(b_words.Get(words + 1, &d_words));
     REFIT_RETURN_IF_ERROR(b_state.Get(lanes, &d_state));
     REFIT_RETURN_IF_ERROR(b_used.Get(lanes, &d_used));
     REFIT_RETURN_IF_ERROR(b_sizes.Get(nchunks, &d_sizes));
     REFIT_RETURN_IF_ERROR(b_offs.Get(nchunks, &d_offs));
-    // Pageable sources: each call returns once its bytes are staged.
-    REFIT_ENC_CUDA(cudaMemcpyAsync(d_back_chunks, g.ec.data(), nchunks * sizeof(EncChunk),
-                                   cudaMemcpyHostToDevice, st), "copy chunks");
+    // From page-locked memory (pageable sources may make a copy wait for
+    // the stream, here the previous group's gathering). This parity's last
+    // copies (two groups ago) were done when that group's sizes came back.
+    const uint64_t ec_bytes = nchunks * sizeof(EncChunk);
+    REFIT_RETURN_IF_ERROR(pinned_back[parity].Reserve(ec_bytes +
+                                                      tables.size() * sizeof(EncTable)));
+    uint8_t* src = pinned_back[parity].data();
+    std::memcpy(src, g.ec.data(), ec_bytes);
     if (!tables.empty()) {
-      REFIT_ENC_CUDA(cudaMemcpyAsync(d_tables, tables.data(),
+      std::memcpy(src + ec_bytes, tables.data(), tables.size() * sizeof(EncTable));
+    }
+    REFIT_ENC_CUDA(cudaMemcpyAsync(d_back_chunks, src, ec_bytes, cudaMemcpyHostToDevice, st),
+                   "copy chunks");
+    if (!tables.empty()) {
+      REFIT_ENC_CUDA(cudaMemcpyAsync(d_tables, src + ec_bytes,
                                      tables.size() * sizeof(EncTable),
                                      cudaMemcpyHostToDevice, st), "copy tables");
     }
-    const int smem = static_cast<int>(max_coded * 256 * sizeof(internal::EncSym));
-    REFIT_ENC_CUDA(cudaFuncSetAttribute(internal::EncodeLanesKernel,
-                                        cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        std::max(smem, 1)), "attribute");
     REFIT_ENC_CUDA(cudaEventRecord(bt[parity][0], st), "record");
-    internal::EncodeLanesKernel<<<nchunks, 256, smem, st>>>(
-        d_back_chunks, d_tables, g.d_pos, g.d_vals, d_words, d_state, d_used);
-    REFIT_ENC_CUDA(cudaGetLastError(), "encode launch");
+    if (max_coded > 0) {
+      internal::SymbolKernel<<<dim3(nchunks, max_coded), 256, 0, st>>>(d_back_chunks,
+                                                                      d_tables, d_syms);
+      REFIT_ENC_CUDA(cudaGetLastError(), "symbol launch");
+    }
+    // A block per chunk, a thread per lane (<= 255).
+    REFIT_ENC_CUDA(internal::LaunchEncodeLanes(max_coded, nchunks, (max_lanes + 31) / 32 * 32,
+                                               st, d_back_chunks, d_syms, g.d_pos,
+                                               g.d_vals, d_words, d_state, d_used),
+                   "encode launch");
     REFIT_ENC_CUDA(cudaEventRecord(bt[parity][1], st), "record");
     // The front set's records are read: the compaction that reuses the set
     // (two groups on) waits for this point.
@@ -1322,7 +1420,8 @@ Result<GpuEncodeReport> EncodeOnDevice(std::span<const DeviceTensorPair> pairs,
   // Step 4c for the group in `back`: waits for its stream sizes, then
   // enqueues the gathering and the copy of its streams into
   // pinned_streams[index % 2] (the framing that last read that buffer, two
-  // groups ago, was waited for when the previous group's framing started).
+  // groups ago, was waited for when the previous group's framing started,
+  // just before).
   std::vector<uint64_t> back_sizes, back_offs;
   std::span<const uint8_t> back_streams;
   auto launch_gather = [&]() -> Status {
@@ -1350,22 +1449,33 @@ Result<GpuEncodeReport> EncodeOnDevice(std::span<const DeviceTensorPair> pairs,
     REFIT_ENC_CUDA(cudaEventRecord(gathered[parity], st), "record");
     return Status::Ok();
   };
-  // Waits for the group in `back` to be gathered and starts its framing.
-  auto frame_back = [&]() -> Status {
-    Back& bk = *back;
+  // Waits for the group in `in_gather` to be gathered and starts its
+  // framing.
+  auto frame_gathered = [&]() -> Status {
+    Back& bk = *in_gather;
     const int parity = static_cast<int>(bk.index % 2);
     REFIT_RETURN_IF_ERROR(wait_for(gathered[parity], "gather", &report.gather_ms));
     add_elapsed(bt[parity][2], bt[parity][3], &report.gpu_gather_ms);
     Status st_frame = launch_framing(bk.g, bk.index, back_streams, std::move(bk.hc),
                                      std::move(back_offs), std::move(back_sizes));
-    back.reset();
+    in_gather.reset();
     return st_frame;
+  };
+  // Enqueues the gathering of the group in `back`, which moves to
+  // `in_gather`.
+  auto gather_back = [&]() -> Status {
+    REFIT_RETURN_IF_ERROR(launch_gather());
+    in_gather = std::move(back);
+    back.reset();
+    return Status::Ok();
   };
 
   // The pipeline, per group i: its histograms are waited for; group i + 1's
   // compaction is launched; the host chooses group i's models while the GPU
-  // compacts group i + 1 and encodes group i - 1's lanes; group i - 1 is
-  // gathered, group i's lanes are enqueued, and group i - 1 is framed.
+  // compacts group i + 1, encodes group i - 1's lanes and gathers group
+  // i - 2; group i - 2 is framed (its gathering is done by then, so the
+  // host does not wait for it), group i - 1's gathering and group i's lanes
+  // are enqueued.
   Group cur, next;
   uint64_t group_index = 0;
   REFIT_RETURN_IF_ERROR(start_group(0, 0, &cur));
@@ -1386,11 +1496,13 @@ Result<GpuEncodeReport> EncodeOnDevice(std::span<const DeviceTensorPair> pairs,
     if (!cur.list.empty()) choose_models(cur, &hc);
     report.models_ms += std::chrono::duration<double, std::milli>(
                             std::chrono::steady_clock::now() - lap2).count();
-    if (back) REFIT_RETURN_IF_ERROR(launch_gather());
+    if (in_gather) REFIT_RETURN_IF_ERROR(frame_gathered());
+    if (back) REFIT_RETURN_IF_ERROR(gather_back());
     const uint64_t index = group_index++;
     if (!cur.list.empty()) REFIT_RETURN_IF_ERROR(launch_encode(cur, hc, index));
-    if (back) REFIT_RETURN_IF_ERROR(frame_back());
     if (cur.list.empty()) {
+      // Chunks reach the sink in order: the groups before go first.
+      if (in_gather) REFIT_RETURN_IF_ERROR(frame_gathered());
       REFIT_RETURN_IF_ERROR(launch_framing(cur, index, {}, {}, {}, {}));
     } else {
       back.emplace(Back{std::move(cur), std::move(hc), index});
@@ -1399,9 +1511,10 @@ Result<GpuEncodeReport> EncodeOnDevice(std::span<const DeviceTensorPair> pairs,
     cur = std::move(next);
     next = Group{};
   }
+  if (in_gather) REFIT_RETURN_IF_ERROR(frame_gathered());
   if (back) {
-    REFIT_RETURN_IF_ERROR(launch_gather());
-    REFIT_RETURN_IF_ERROR(frame_back());
+    REFIT_RETURN_IF_ERROR(gather_back());
+    REFIT_RETURN_IF_ERROR(frame_gathered());
   }
   if (framing.valid()) REFIT_RETURN_IF_ERROR(framing.get());
   report.peak_device_bytes = mem.peak;
