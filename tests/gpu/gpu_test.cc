@@ -765,6 +765,26 @@ TEST(GpuEncode, WidthsAlignmentsAndWindowsEqualCpu) {
   }
 }
 
+// Windows whose ranges are all unchanged or dense (encoded on the CPU) make
+// groups without GPU chunks between groups with them, and the pipeline
+// frames a group two turns after its models: the chunks still come out in
+// order, each the CPU encoder's.
+TEST(GpuEncode, UnchangedAndDenseWindowsKeepTheOrder) {
+  uint64_t seed = 12000;
+  const uint64_t n = (1 << 20) / 2;
+  std::vector<std::vector<uint8_t>> olds, news;
+  for (double rate : {0.01, 0.0, 0.3, 0.002, 0.0, 0.05, 0.3, 0.01}) {
+    olds.push_back(RandomBytes(n * 2, ++seed));
+    news.push_back(rate == 0.0 ? olds.back() : Perturb(olds.back(), 2, rate, ++seed));
+  }
+  const std::vector<int> widths(olds.size(), 2);
+  for (uint64_t mask_bytes : {uint64_t{8} << 10, uint64_t{0}}) {
+    CheckGpuEncode(olds, news, widths, 256 << 10, 1024,
+                   "mask_bytes=" + std::to_string(mask_bytes), /*host_baseline=*/false,
+                   mask_bytes);
+  }
+}
+
 // The sink sees the chunks in order; an error from it stops the call, which
 // returns that error, and no chunk is handed over after it.
 TEST(GpuEncode, SinkErrorStopsTheCall) {
