@@ -803,16 +803,26 @@ Result<GpuEncodeReport> EncodeOnDevice(std::span<const DeviceTensorPair> pairs,
   const uint32_t nranges = static_cast<uint32_t>(ranges.size());
 
   DeviceMemory mem;
-  cudaStream_t st = nullptr, st_front = nullptr;
-  REFIT_ENC_CUDA(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking), "stream");
+  // Detection (st_detect) streams through both tensors and is never
+  // waited for at once; the compactions (st_front) and the lanes' encoding
+  // (st) are, so their blocks go first (stream priorities).
+  int prio_low = 0, prio_high = 0;
+  REFIT_ENC_CUDA(cudaDeviceGetStreamPriorityRange(&prio_low, &prio_high), "priorities");
+  cudaStream_t st = nullptr, st_front = nullptr, st_detect = nullptr;
+  REFIT_ENC_CUDA(cudaStreamCreateWithPriority(&st, cudaStreamNonBlocking, prio_high),
+                 "stream");
   struct StreamGuard {
     cudaStream_t s;
     ~StreamGuard() {
       if (s) cudaStreamDestroy(s);
     }
   } guard{st};
-  REFIT_ENC_CUDA(cudaStreamCreateWithFlags(&st_front, cudaStreamNonBlocking), "stream");
+  REFIT_ENC_CUDA(cudaStreamCreateWithPriority(&st_front, cudaStreamNonBlocking, prio_high),
+                 "stream");
   StreamGuard guard_front{st_front};
+  REFIT_ENC_CUDA(cudaStreamCreateWithPriority(&st_detect, cudaStreamNonBlocking, prio_low),
+                 "stream");
+  StreamGuard guard_detect{st_detect};
 
   // Per call: ranges, digests, counts, offsets, two windows' change masks.
   DeviceBuffer b_ranges(&mem), b_before(&mem), b_after(&mem), b_rbefore(&mem),
@@ -850,26 +860,29 @@ Result<GpuEncodeReport> EncodeOnDevice(std::span<const DeviceTensorPair> pairs,
 
   // Step 1 for a window: the ranges from w0 whose change masks fit one
   // mask buffer (at least one range). Windows alternate between the two
-  // buffers; a window's detection is enqueued on st_front right after the
-  // compaction of the window before's last group, so it runs while the
-  // host chooses models, and the host waits for it only when it forms the
-  // window's first group. (Detection on a stream of its own, started as
-  // soon as the window before was detected, measured slower at 3%: its
-  // blocks held the multiprocessors that the lanes' encoding and the
-  // compactions wait for.)
+  // buffers. A window's detection runs on st_detect, at low priority: it
+  // is enqueued as soon as the window before has been detected, and waits
+  // on the GPU only for the last compaction that read its mask buffer (the
+  // window two before), so it runs while the window before is compacted
+  // and encoded, and the host rarely waits for it when it forms the
+  // window's first group. (At equal priority its blocks held the
+  // multiprocessors that the lanes' encoding and the compactions wait for:
+  // slower than detecting on st_front between windows.)
   struct Window {
     size_t w0 = 0, w1 = 0;     // its ranges
     uint64_t s0 = 0, s1 = 0;   // their segments
     uint64_t mask_base = 0;  // the window's first mask word
     uint32_t* d_mask = nullptr;
     cudaEvent_t e0 = nullptr, e1 = nullptr, ready = nullptr;
+    // Recorded on st_front after each compaction that reads the mask.
+    cudaEvent_t mask_read = nullptr;
   };
   Window windows[2];
   struct WindowEvents {
     Window* w;
     ~WindowEvents() {
       for (int i = 0; i < 2; ++i) {
-        for (cudaEvent_t e : {w[i].e0, w[i].e1, w[i].ready}) {
+        for (cudaEvent_t e : {w[i].e0, w[i].e1, w[i].ready, w[i].mask_read}) {
           if (e) cudaEventDestroy(e);
         }
       }
@@ -879,6 +892,7 @@ Result<GpuEncodeReport> EncodeOnDevice(std::span<const DeviceTensorPair> pairs,
     REFIT_ENC_CUDA(cudaEventCreate(&w.e0), "event");
     REFIT_ENC_CUDA(cudaEventCreate(&w.e1), "event");
     REFIT_ENC_CUDA(cudaEventCreateWithFlags(&w.ready, cudaEventDisableTiming), "event");
+    REFIT_ENC_CUDA(cudaEventCreateWithFlags(&w.mask_read, cudaEventDisableTiming), "event");
   }
   size_t detected_end = 0;  // ranges [0, detected_end) have counts
   int window_count = 0;
@@ -902,26 +916,32 @@ Result<GpuEncodeReport> EncodeOnDevice(std::span<const DeviceTensorPair> pairs,
     // used this buffer too.
     REFIT_RETURN_IF_ERROR(b_mask[slot].Get(mask_end(w1) - w.mask_base, &w.d_mask));
     const uint64_t s0 = w.s0, s1 = w.s1;
-    REFIT_ENC_CUDA(cudaEventRecord(w.e0, st_front), "record");
+    // The slot's last window has had all its compactions enqueued (groups
+    // are formed in order); the last of them is the one waited for. An
+    // event never recorded is no wait. (The compactions' range updates,
+    // copied on st_front meanwhile, rewrite only fields this detection
+    // does not read, and the others with their own values.)
+    REFIT_ENC_CUDA(cudaStreamWaitEvent(st_detect, w.mask_read, 0), "wait");
+    REFIT_ENC_CUDA(cudaEventRecord(w.e0, st_detect), "record");
     constexpr unsigned kSegsPerBlock = internal::kDetectThreads / 32;
     internal::DetectKernel<<<static_cast<unsigned>((s1 - s0 + kSegsPerBlock - 1) /
                                                    kSegsPerBlock),
-                             internal::kDetectThreads, 0, st_front>>>(
+                             internal::kDetectThreads, 0, st_detect>>>(
         d_ranges, nranges, s0, s1, w.d_mask, w.mask_base, d_before, d_after, d_counts);
     REFIT_ENC_CUDA(cudaGetLastError(), "detect launch");
     internal::RangeDigestKernel<<<static_cast<unsigned>((w1 - w0 + 7) / 8), 256, 0,
-                                  st_front>>>(d_ranges, static_cast<uint32_t>(w0),
+                                  st_detect>>>(d_ranges, static_cast<uint32_t>(w0),
                                               static_cast<uint32_t>(w1), d_before, d_after,
                                               d_rbefore, d_rafter);
     REFIT_ENC_CUDA(cudaGetLastError(), "range hash launch");
-    REFIT_ENC_CUDA(cudaEventRecord(w.e1, st_front), "record");
+    REFIT_ENC_CUDA(cudaEventRecord(w.e1, st_detect), "record");
     REFIT_ENC_CUDA(cudaMemcpyAsync(before.data() + w0, d_rbefore + 2 * w0, 16 * (w1 - w0),
-                                   cudaMemcpyDeviceToHost, st_front), "copy hashes");
+                                   cudaMemcpyDeviceToHost, st_detect), "copy hashes");
     REFIT_ENC_CUDA(cudaMemcpyAsync(after.data() + w0, d_rafter + 2 * w0, 16 * (w1 - w0),
-                                   cudaMemcpyDeviceToHost, st_front), "copy hashes");
+                                   cudaMemcpyDeviceToHost, st_detect), "copy hashes");
     REFIT_ENC_CUDA(cudaMemcpyAsync(counts.data() + s0, d_counts + s0, 4 * (s1 - s0),
-                                   cudaMemcpyDeviceToHost, st_front), "copy counts");
-    REFIT_ENC_CUDA(cudaEventRecord(w.ready, st_front), "record");
+                                   cudaMemcpyDeviceToHost, st_detect), "copy counts");
+    REFIT_ENC_CUDA(cudaEventRecord(w.ready, st_detect), "record");
     pending = &w;
     return Status::Ok();
   };
@@ -949,6 +969,8 @@ Result<GpuEncodeReport> EncodeOnDevice(std::span<const DeviceTensorPair> pairs,
                                    cudaMemcpyHostToDevice, st_front), "copy offsets");
     detected_end = w.w1;
     cur_window = &w;
+    // The next window's detection starts now, in the other mask buffer.
+    if (w.w1 < ranges.size()) return launch_detect(w.w1);
     return Status::Ok();
   };
 
@@ -1048,14 +1070,6 @@ Result<GpuEncodeReport> EncodeOnDevice(std::span<const DeviceTensorPair> pairs,
       need += more;
     }
     g->g1 = g1;
-    // The window's last group: the next window's detection follows its
-    // compaction on st_front.
-    auto detect_next = [&]() -> Status {
-      if (g1 == detected_end && pending == nullptr && g1 < ranges.size()) {
-        return launch_detect(g1);
-      }
-      return Status::Ok();
-    };
     g->list.clear();
     uint64_t recs = 0, val_bytes = 0;
     for (size_t i = g0; i < g1; ++i) {
@@ -1065,7 +1079,7 @@ Result<GpuEncodeReport> EncodeOnDevice(std::span<const DeviceTensorPair> pairs,
       recs += r.k;
       val_bytes += (r.k * pairs[r.pair].width + 15) / 16 * 16;
     }
-    if (g->list.empty()) return detect_next();
+    if (g->list.empty()) return Status::Ok();
     const uint32_t nchunks = static_cast<uint32_t>(g->list.size());
     FrontSet& f = sets[set];
     g->ec.assign(nchunks, EncChunk{});
@@ -1119,6 +1133,7 @@ Result<GpuEncodeReport> EncodeOnDevice(std::span<const DeviceTensorPair> pairs,
         d_ranges, nranges, seg_begin, seg_end, cur_window->d_mask,
         cur_window->mask_base, d_seg_rec, d_pos, d_vals);
     REFIT_ENC_CUDA(cudaGetLastError(), "compact launch");
+    REFIT_ENC_CUDA(cudaEventRecord(cur_window->mask_read, st_front), "record");
     REFIT_ENC_CUDA(cudaEventRecord(f.t[1], st_front), "record");
     REFIT_ENC_CUDA(cudaMemsetAsync(d_hist, 0, 4 * hist_n, st_front), "clear histograms");
     REFIT_ENC_CUDA(cudaMemsetAsync(d_maxgap, 0, 4 * nchunks, st_front), "clear gaps");
@@ -1142,7 +1157,7 @@ Result<GpuEncodeReport> EncodeOnDevice(std::span<const DeviceTensorPair> pairs,
     REFIT_ENC_CUDA(cudaMemcpyAsync(hist_host + hist_n, d_maxgap, 4 * nchunks,
                                    cudaMemcpyDeviceToHost, st_front), "copy gaps");
     REFIT_ENC_CUDA(cudaEventRecord(f.done, st_front), "record");
-    return detect_next();
+    return Status::Ok();
   };
 
   // Buffers of the back half, one set; chunk framing of group g runs on
