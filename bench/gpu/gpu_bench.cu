@@ -13,13 +13,15 @@
 //   - baselines: a dense XOR-mask apply over the whole model, plain
 //     host-to-device copy of the payload, CPU decode of the payload plus a
 //     host-to-device copy of the whole model;
+//   - the scatter's floor: the in-place XOR of every changed element alone
+//     (RED.XOR at Bernoulli(rate) positions, no decode, no payload);
 //   - the trainer side: GPU detect + encode (EncodeOnDevice) of the applied
 //     model against a device copy of the base, 5 timed calls into a sink
 //     that counts the chunks, then one call whose chunks are checked byte
 //     for byte against the CPU-encoded delta.
 //
 //   refit_gpu_bench [--model-gib 32] [--rates 0.001,0.01,0.03]
-//                   [--encode-only 0|1] [--encode-threads N]
+//                   [--encode-only 0|1] [--floor-only 0|1] [--encode-threads N]
 //                   [--encode-staging-mib 256]
 //                   [--records-per-lane 1024]
 #include <cuda_runtime_api.h>
@@ -72,6 +74,58 @@ __global__ void XorMaskKernel(uint4* dst, const uint4* mask, uint64_t n) {
     a.z ^= m.z;
     a.w ^= m.w;
     dst[i] = a;
+  }
+}
+
+// Scatter floor: Bernoulli(rate) positions per 8 MiB chunk (BF16), drawn
+// on the GPU by geometric skips, one thread per chunk, into pos[c * cap..]
+// (count[c] of them, ascending).
+__global__ void FloorPositionsKernel(uint32_t* pos, uint32_t* count, uint64_t chunks,
+                                     uint32_t per_chunk, uint32_t cap, double rate) {
+  const uint64_t c = blockIdx.x * uint64_t{blockDim.x} + threadIdx.x;
+  if (c >= chunks) return;
+  uint64_t x = 0x9e3779b97f4a7c15ull * (c + 1);
+  const double lq = log1p(-rate);
+  uint32_t k = 0;
+  for (uint64_t i = 0;; ++i) {
+    x ^= x << 13;  // xorshift64
+    x ^= x >> 7;
+    x ^= x << 17;
+    const double u = (static_cast<double>(x >> 11) + 0.5) * (1.0 / 9007199254740992.0);
+    i += static_cast<uint64_t>(floor(log(u) / lq));
+    if (i >= per_chunk || k == cap) break;
+    pos[c * cap + k++] = static_cast<uint32_t>(i);
+  }
+  count[c] = k;
+}
+
+// One block per chunk: its threads XOR 1 into the elements at the chunk's
+// positions, 128 consecutive records at a time in ascending order, with
+// the apply kernel's fire-and-forget RED.XOR on the 32-bit word: the DRAM
+// read-modify-write traffic of an in-place sparse apply with no decode.
+__global__ void FloorScatterKernel(uint8_t* model, const uint32_t* pos,
+                                   const uint32_t* count, uint32_t per_chunk, uint32_t cap) {
+  const uint64_t c = blockIdx.x;
+  const uint32_t* p = pos + c * cap;
+  const uint32_t n = count[c];
+  auto* words = reinterpret_cast<unsigned int*>(model);
+  for (uint32_t i = threadIdx.x; i < n; i += blockDim.x) {
+    const uint64_t e = c * per_chunk + p[i];
+    atomicXor(&words[e / 2], 1u << (16 * (e & 1)));
+  }
+}
+
+// The same positions with a plain load, XOR and store of each 16-bit
+// element (no atomic: the elements are distinct).
+__global__ void FloorRmwKernel(uint8_t* model, const uint32_t* pos, const uint32_t* count,
+                               uint32_t per_chunk, uint32_t cap) {
+  const uint64_t c = blockIdx.x;
+  const uint32_t* p = pos + c * cap;
+  const uint32_t n = count[c];
+  auto* el = reinterpret_cast<uint16_t*>(model);
+  for (uint32_t i = threadIdx.x; i < n; i += blockDim.x) {
+    const uint64_t e = c * per_chunk + p[i];
+    el[e] ^= 1;
   }
 }
 
@@ -164,6 +218,7 @@ int Main(int argc, char** argv) {
   double model_gib = 32;
   uint32_t records_per_lane = 1024;  // the encoder's default
   bool encode_only = false;  // trainer side only (no receiver)
+  bool floor_only = false;   // the scatter floors only
   int encode_threads = 0;     // GpuEncodeOptions::host_threads (0: default)
   uint64_t encode_staging_mib = 0;  // GpuEncodeOptions::staging_bytes (0: default)
   std::vector<double> rates = {0.001, 0.01, 0.03};
@@ -171,6 +226,7 @@ int Main(int argc, char** argv) {
     const std::string a = argv[i];
     if (a == "--model-gib") model_gib = std::atof(argv[i + 1]);
     if (a == "--encode-only") encode_only = std::atoi(argv[i + 1]) != 0;
+    if (a == "--floor-only") floor_only = std::atoi(argv[i + 1]) != 0;
     if (a == "--encode-threads") encode_threads = std::atoi(argv[i + 1]);
     if (a == "--encode-staging-mib") {
       encode_staging_mib = std::strtoull(argv[i + 1], nullptr, 10);
@@ -283,6 +339,43 @@ int Main(int argc, char** argv) {
                 ms, h2d_gbps, model_bytes / h2d_gbps / 1e6);
     CK(cudaFreeHost(h));
     CK(cudaFree(d));
+  }
+
+  // The scatter's floor at a rate: every changed element XORed in place
+  // and nothing else (RED.XOR on the element's 32-bit word, as the apply
+  // kernel does, or a plain 16-bit load, XOR and store). Leaves the model
+  // as it was: the warm-up and 3 timed passes toggle it an even number of
+  // times.
+  auto scatter_floor = [&](double rate, bool rmw) -> float {
+    const uint64_t chunks = model_bytes / kChunkBytes;
+    const uint32_t per_chunk = static_cast<uint32_t>(kChunkBytes / 2);
+    const uint32_t cap = static_cast<uint32_t>(per_chunk * rate * 1.2 + 4096);
+    uint32_t *fpos, *fcount;
+    CK(cudaMalloc(&fpos, chunks * cap * sizeof(uint32_t)));
+    CK(cudaMalloc(&fcount, chunks * sizeof(uint32_t)));
+    FloorPositionsKernel<<<static_cast<unsigned>((chunks + 127) / 128), 128, 0, s>>>(
+        fpos, fcount, chunks, per_chunk, cap, rate);
+    CK(cudaGetLastError());
+    const float ms = TimeMs(s, [&] {
+      if (rmw) {
+        FloorRmwKernel<<<static_cast<unsigned>(chunks), 128, 0, s>>>(model, fpos, fcount,
+                                                                    per_chunk, cap);
+      } else {
+        FloorScatterKernel<<<static_cast<unsigned>(chunks), 128, 0, s>>>(model, fpos, fcount,
+                                                                        per_chunk, cap);
+      }
+    }, 3);
+    CK(cudaGetLastError());
+    CK(cudaFree(fpos));
+    CK(cudaFree(fcount));
+    return ms;
+  };
+  if (floor_only) {
+    for (double rate : rates) {
+      std::printf("scatter floor %.1f%%: RED.XOR %.2f ms, 16-bit load+store %.2f ms\n",
+                  rate * 100, scatter_floor(rate, false), scatter_floor(rate, true));
+    }
+    return 0;
   }
 
   // Trainer side: with the model at "after", encode it against the base on
@@ -449,6 +542,8 @@ int Main(int argc, char** argv) {
     const GpuApplyReport dv = verified(dpayload);
     // Back to the base for the next rate.
     if (!(*rn)->Apply(payload, *pn).ok()) return 1;
+    const float floor_ms = scatter_floor(rate, false);
+    const float floor_rmw_ms = scatter_floor(rate, true);
     // Baselines: plain H2D of the payload; CPU decode of every chunk.
     const float h2d_ms = TimeMs(s, [&] { CK(cudaMemcpyAsync(dpay, d.pinned, d.bytes, cudaMemcpyHostToDevice, s)); }, 5);
     CK(cudaFree(dpay));
@@ -476,6 +571,10 @@ int Main(int argc, char** argv) {
                 " e2e +verify / H2D %.2f)\n",
                 enc_s, threads, best_n.kernel_ms, best_d.decode_ms, dv.verify_ms,
                 bv.seconds * 1e3 / h2d_ms);
+    std::printf("  scatter floor (every changed element XORed in place, no decode, no"
+                " payload): RED.XOR %.2f ms = %.2f x H2D of the payload; 16-bit load +"
+                " store %.2f ms = %.2f x\n",
+                floor_ms, floor_ms / h2d_ms, floor_rmw_ms, floor_rmw_ms / h2d_ms);
     CK(cudaFreeHost(d.pinned));
   }
   size_t free1, total1;
