@@ -7,7 +7,9 @@
 // many as GpuEncodeOptions::mask_bytes of change mask covers):
 //   1. GPU: per 64 KiB segment, XXH3-128 of the old and new bytes (the
 //      range hashes' segment digests), the count of changed elements and
-//      their bit mask, reading each byte of both tensors once.
+//      their bit mask, reading each byte of both tensors once. It runs on a
+//      low-priority stream of its own as soon as the window before has
+//      been detected, behind the other work of the window before.
 // Then per group of ranges of the window (records within staging_bytes):
 //   2. GPU: compaction of the changed elements into (position, XOR value)
 //      records from the mask (only changed elements are read again); per
@@ -20,8 +22,9 @@
 //      (as codec::EncodeStream does), then one block per chunk gathers the
 //      lanes into the stream bytes (during the next group's turn), which
 //      come back to the host for framing (SerializeChunkTo, into buffers
-//      kept across calls) and the sink; a group's framing runs on the host
-//      while the groups after it go through the GPU.
+//      kept across calls) and the sink during the turn after; a group's
+//      framing runs on the host while the groups after it go through the
+//      GPU.
 // Chunks where the CPU encoder would also try dense encodings (at least
 // 1/16 of the range changed) are encoded on the CPU from copied-back ranges,
 // so every chunk matches. Only XOR encodings are produced (allow_xor).
@@ -31,7 +34,9 @@
 // groups (two groups' records, one group's lanes: within staging_bytes; a
 // single chunk larger than that still gets its own group), kept across the
 // groups of a call. Host memory: page-locked buffers for the digests,
-// histograms and streams that come back, and two groups' framed chunks,
+// histograms and streams that come back and for each group's uploads (a
+// copy from or into pageable memory may wait for its stream), and two
+// groups' framed chunks,
 // kept per calling thread across calls (page-locking is too slow to repeat
 // per call, and fresh pages cost a fault each).
 // Not thread-safe; one call at a time per device.
