@@ -435,9 +435,33 @@ __device__ inline void XorRed(uint8_t* p, V v, int w) {
   }
 }
 
+// Loads from shared memory by 32-bit shared-window address. Through a
+// generic pointer the compiler rebuilt the window base (S2UR of the CTA's
+// cluster id, then ULEA) for every table lookup, on the decode's chain.
+// Not volatile: only for the decode tables, which do not change once built
+// (a barrier separates building from decoding).
+__device__ __forceinline__ uint32_t LdsU8(uint32_t a) {
+  uint32_t v;
+  asm("ld.shared.u8 %0, [%1];" : "=r"(v) : "r"(a));
+  return v;
+}
+__device__ __forceinline__ uint32_t LdsU32(uint32_t a) {
+  uint32_t v;
+  asm("ld.shared.u32 %0, [%1];" : "=r"(v) : "r"(a));
+  return v;
+}
+// The shared-window address of p, computed once (volatile: not rebuilt at
+// each use).
+__device__ __forceinline__ uint32_t SharedAddr(const void* p) {
+  uint64_t a;
+  asm volatile("cvta.to.shared.u64 %0, %1;" : "=l"(a) : "l"(p));
+  return static_cast<uint32_t>(a);
+}
+
 struct FusedShared {
-  // Per coded plane: t, byte offset of its slot lookup, bit shift of its
-  // byte (+64 for value planes), 1 << t - 1.
+  // Per coded plane: t, shared-window address of its slot lookup, bit
+  // shift of its byte (+64 for value planes), shared-window address of its
+  // f | c << 16 table.
   uint4 plane[kMaxCodedPlanes];
   // Per group parity, per row of the group and warp: the warp's sum of
   // (gap + 1) over the row, bit 31 set when a lane of the warp failed a
@@ -455,10 +479,11 @@ __device__ void BuildTablesAnyBlock(const BatchDevice& b, const DevChunk& cg,
   const uint32_t warp = tid / 32, lane = tid % 32, warps = blockDim.x / 32;
   uint32_t* fc_all = reinterpret_cast<uint32_t*>(smem);
   if (tid == 0) {
+    const uint32_t sbase = SharedAddr(smem);
     uint32_t off = coded * 1024;
     for (uint32_t p = 0; p < coded; ++p) {
       const uint32_t t = b.tables[cg.table_first + p].t;
-      sh.plane[p] = make_uint4(t, off, cg.coded_shift[p], (1u << t) - 1);
+      sh.plane[p] = make_uint4(t, sbase + off, cg.coded_shift[p], sbase + 1024 * p);
       off += 1u << min(t, uint32_t{kSlotTableBits});
     }
     sh.code = kStatusOk;
@@ -489,7 +514,7 @@ __device__ void BuildTablesAnyBlock(const BatchDevice& b, const DevChunk& cg,
     const uint32_t t = sh.plane[p].x;
     const uint32_t bits = min(t, uint32_t{kSlotTableBits});
     const uint32_t* fc = fc_all + p * 256;
-    uint8_t* tab = smem + sh.plane[p].y;
+    uint8_t* tab = smem + (coded * 1024 + (sh.plane[p].y - sh.plane[0].y));
     for (uint32_t e = tid; e < (1u << bits); e += blockDim.x) {
       tab[e] = static_cast<uint8_t>(SearchSymbol(fc, e << (t - bits)));
     }
@@ -519,22 +544,21 @@ struct FusedLane {
     nx = __ldg(words + (q >> 2) + 2);
   }
 
-  // Decodes one symbol of the plane whose slot lookup is at tab and whose
-  // f | c << 16 at fc; t <= 15, mask = 2^t - 1. Sets err (if still ok) when
-  // the lane runs out of bytes.
-  __device__ __forceinline__ uint32_t Symbol(const uint32_t* words,
-                                             const uint8_t* tab,
-                                             const uint32_t* fc, uint32_t t,
+  // Decodes one symbol of the plane whose slot lookup is at shared address
+  // tab and whose f | c << 16 at fc; t <= 15, mask = 2^t - 1. Sets err (if
+  // still ok) when the lane runs out of bytes.
+  __device__ __forceinline__ uint32_t Symbol(const uint32_t* words, uint32_t tab,
+                                             uint32_t fc, uint32_t t,
                                              uint32_t mask, uint32_t& err) {
     const uint32_t slot = x & mask;
     uint32_t s;
     if (t <= kSlotTableBits) {  // uniform: every lane has the chunk's table
-      s = tab[slot];
+      s = LdsU8(tab + slot);
     } else {
-      s = tab[slot >> (t - kSlotTableBits)];
-      while (s < 255 && (fc[s + 1] >> 16) <= slot) ++s;
+      s = LdsU8(tab + (slot >> (t - kSlotTableBits)));
+      while (s < 255 && (LdsU32(fc + 4 * (s + 1)) >> 16) <= slot) ++s;
     }
-    const uint32_t e = fc[s];
+    const uint32_t e = LdsU32(fc + 4 * s);
     x = (e & 0xffffu) * (x >> t) + slot - (e >> 16);
     // Renormalization, at most one per symbol (t <= 16), without a branch.
     const bool rn = x < kRansLow;
@@ -566,7 +590,6 @@ __device__ uint32_t FusedPass(const BatchDevice& b, const DevChunk& cg,
   const uint32_t k = cg.k, L = cg.lanes, coded = cg.coded;
   const uint32_t tid = threadIdx.x, warp = tid / 32, wl = tid % 32;
   const uint32_t warps = blockDim.x / 32;
-  const uint32_t* fc_all = reinterpret_cast<const uint32_t*>(smem);
   const uint8_t* payload = b.payload;
   const uint32_t* words = reinterpret_cast<const uint32_t*>(payload);
   const int w = cg.width;
@@ -607,8 +630,7 @@ __device__ uint32_t FusedPass(const BatchDevice& b, const DevChunk& cg,
         V v = fixed_value;
         // Plane p's symbol into its byte of the gap or the value.
         auto plane = [&](const uint4& pp, uint32_t p) {
-          const uint32_t s = ln.Symbol(words, smem + pp.y, fc_all + p * 256,
-                                       pp.x, pp.w, err);
+          const uint32_t s = ln.Symbol(words, pp.y, pp.w, pp.x, (1u << pp.x) - 1, err);
           if (pp.z < 64) {
             gap |= s << pp.z;
           } else {
