@@ -49,13 +49,6 @@ Status CheckSparseArgs(ChunkKind kind, uint32_t n, int w, uint64_t k) {
   return Status::Ok();
 }
 
-int GapWidthFor(uint32_t max_gap) {
-  if (max_gap < (1u << 8)) return 1;
-  if (max_gap < (1u << 16)) return 2;
-  if (max_gap < (1u << 24)) return 3;
-  return 4;
-}
-
 // The coded planes of a model list and their lookup tables.
 struct CodedPlanes {
   std::vector<int> index;
@@ -587,6 +580,13 @@ Result<PayloadInfo> DescribePayload(std::span<const uint8_t> payload,
     info.table_bytes += model_bytes[j];
   }
   return info;
+}
+
+int GapWidthFor(uint32_t max_gap) {
+  if (max_gap < (1u << 8)) return 1;
+  if (max_gap < (1u << 16)) return 2;
+  if (max_gap < (1u << 24)) return 3;
+  return 4;
 }
 
 }  // namespace refit::codec

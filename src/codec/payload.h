@@ -79,6 +79,10 @@ Status EncodeDense(uint32_t n, int w, const uint8_t* data,
 Status DecodeDense(std::span<const uint8_t> payload, uint32_t n, int w,
                    uint8_t* out);
 
+// Bytes per gap in a sparse payload whose largest gap is max_gap (1-4; the
+// encoder's choice, docs/format.md).
+int GapWidthFor(uint32_t max_gap);
+
 // What a payload spends its bytes on, for `refit inspect`.
 struct PlaneInfo {
   std::string role;        // "gap0", "value1" (sparse); "plane0" (dense)
