@@ -333,6 +333,13 @@ __global__ void __launch_bounds__(32 * kCompactWarps)
   }
 }
 
+// One past the last 16-bit word of lane j's region (lane j holds records
+// j + mL; each coded symbol emits at most one word).
+__device__ inline uint64_t LaneRegionEnd(const EncChunk& c, uint32_t j) {
+  const uint32_t full = c.k / c.lanes, rem = c.k % c.lanes;
+  return c.word_off + uint64_t{c.coded} * (uint64_t{full} * (j + 1) + min(j + 1, rem));
+}
+
 __device__ inline uint32_t GapAt(const uint32_t* pos, uint32_t i) {
   return i == 0 ? pos[0] : pos[i] - pos[i - 1] - 1;
 }
@@ -381,7 +388,7 @@ __global__ void __launch_bounds__(256)
   if (threadIdx.x == 0) atomicMax(&max_gap[chunk], s_max);
 }
 
-// Step 4a: one block per (GPU chunk, coded plane): the plane's encoder
+// Step 4a, first: one block per (GPU chunk, coded plane): the plane's encoder
 // symbols, {rcp low, rcp high, x_max - 1, cum | (2^t - f) << 16} with rcp =
 // ceil(2^(32+t) / f), so that x / f = (x * rcp) >> (32 + t) for every state
 // x < x_max (f <= 2^t and t <= 15: every field fits). Absent symbols are
@@ -408,7 +415,7 @@ __global__ void __launch_bounds__(256)
   syms[uint64_t{table} * 256 + threadIdx.x] = e;
 }
 
-// Step 4b: one block per GPU chunk, thread j encodes lane j exactly as
+// Step 4a: one block per GPU chunk, thread j encodes lane j exactly as
 // codec::EncodeStream does: records j + mL in reverse, coded planes in
 // reverse, words written backwards into the lane's region. A lane is a
 // serial chain (each symbol's state depends on the one before), and a
@@ -434,11 +441,8 @@ __global__ void __launch_bounds__(256)
   __syncthreads();
   const uint32_t tid = threadIdx.x;
   if (tid >= L) return;
-  const uint32_t full = k / L, rem = k % L;
-  const uint32_t recs = full + (tid < rem ? 1 : 0);
-  const uint64_t region_end =
-      c.word_off + uint64_t{nc} * (uint64_t{full} * (tid + 1) + min(tid + 1, rem));
-  uint16_t* const out = words + region_end;
+  const uint32_t recs = k / L + (tid < k % L ? 1 : 0);
+  uint16_t* const out = words + LaneRegionEnd(c, tid);
   uint16_t* p = out;
   uint32_t x = kRansLowE;
   if (nc > 0 && recs > 0) {
@@ -582,7 +586,7 @@ __global__ void __launch_bounds__(256)
   __shared__ uint32_t s_lane_off[256];
   uint8_t* dst = out + offs[blockIdx.x];
   const uint32_t tid = threadIdx.x;
-  const uint32_t L = c.lanes, nc = c.coded;
+  const uint32_t L = c.lanes;
   if (tid == 0) {
     uint32_t o = 0;
     dst[o++] = static_cast<uint8_t>(L);
@@ -601,13 +605,11 @@ __global__ void __launch_bounds__(256)
   Scan(temp).ExclusiveSum(mine, excl);
   s_lane_off[tid] = excl;
   __syncthreads();
-  const uint32_t full = c.k / L, rem = c.k % L;
   for (uint32_t j = 0; j < L; ++j) {
     uint8_t* d = dst + s_hdr + s_lane_off[j];
     const uint32_t used = lane_used[c.lane_first + j];
-    const uint64_t region_end =
-        c.word_off + uint64_t{nc} * (uint64_t{full} * (j + 1) + min(j + 1, rem));
-    const uint8_t* src = reinterpret_cast<const uint8_t*>(words + region_end - used);
+    const uint8_t* src =
+        reinterpret_cast<const uint8_t*>(words + LaneRegionEnd(c, j) - used);
     if (tid < 4) d[tid] = static_cast<uint8_t>(lane_state[c.lane_first + j] >> (8 * tid));
     for (uint32_t q = tid; q < 2 * used; q += blockDim.x) d[4 + q] = src[q];
   }
@@ -701,13 +703,6 @@ class PinnedHost {
 
 const void* HostPtr(uint64_t a) {
   return reinterpret_cast<const void*>(static_cast<uintptr_t>(a));
-}
-
-int GapWidthFor(uint32_t max_gap) {  // as codec/payload.cc
-  if (max_gap < (1u << 8)) return 1;
-  if (max_gap < (1u << 16)) return 2;
-  if (max_gap < (1u << 24)) return 3;
-  return 4;
 }
 
 struct HostRange {
@@ -838,9 +833,12 @@ Result<GpuEncodeReport> EncodeOnDevice(std::span<const DeviceTensorPair> pairs,
   REFIT_RETURN_IF_ERROR(b_rafter.Get(2 * ranges.size(), &d_rafter));
   REFIT_RETURN_IF_ERROR(b_counts.Get(segs, &d_counts));
   REFIT_RETURN_IF_ERROR(b_seg_rec.Get(segs, &d_seg_rec));
+  // On st_detect, ahead of the first detection that reads them; the
+  // compactions (st_front) read them after the host has waited for a
+  // detection.
   REFIT_ENC_CUDA(cudaMemcpyAsync(d_ranges, dev_ranges.data(),
                                  dev_ranges.size() * sizeof(EncRange),
-                                 cudaMemcpyHostToDevice, st_front), "copy ranges");
+                                 cudaMemcpyHostToDevice, st_detect), "copy ranges");
   // Range hashes and segment counts come back into page-locked memory (a
   // copy into pageable memory would block the host until the detection is
   // done).
@@ -1272,7 +1270,7 @@ Result<GpuEncodeReport> EncodeOnDevice(std::span<const DeviceTensorPair> pairs,
       const int w = pairs[r.pair].width;
       const uint32_t n = static_cast<uint32_t>(r.count);
       const uint32_t k = static_cast<uint32_t>(r.k);
-      const int gw = GapWidthFor(g.maxgap[c]);
+      const int gw = codec::GapWidthFor(g.maxgap[c]);
       HostChunk& h = (*hc)[c];
       h.header.push_back(static_cast<uint8_t>(gw));
       EncChunk& e = g.ec[c];
@@ -1318,7 +1316,6 @@ Result<GpuEncodeReport> EncodeOnDevice(std::span<const DeviceTensorPair> pairs,
   std::optional<Back> back, in_gather;
   thread_local PinnedHost pinned_sizes[2];  // stream sizes, then offsets
   thread_local PinnedHost pinned_back[2];   // a group's chunks and tables
-  std::vector<EncTable> back_tables;
   cudaEvent_t bt[2][4] = {};  // per parity: around the lanes' encoding, the gathering
   cudaEvent_t sizes_ready[2] = {}, gathered[2] = {};
   struct BackEvents {
@@ -1353,14 +1350,12 @@ Result<GpuEncodeReport> EncodeOnDevice(std::span<const DeviceTensorPair> pairs,
                            uint64_t index) -> Status {
     const uint32_t nchunks = static_cast<uint32_t>(g.list.size());
     const int parity = static_cast<int>(index % 2);
-    std::vector<EncTable>& tables = back_tables;
-    tables.clear();
-    uint64_t words = 0;
+    uint64_t words = 0, ntables = 0;
     uint32_t lanes = 0, max_coded = 0, max_lanes = 1;
     for (uint32_t c = 0; c < nchunks; ++c) {
       EncChunk& e = g.ec[c];
-      e.table_first = static_cast<uint32_t>(tables.size());
-      tables.insert(tables.end(), hc[c].tables.begin(), hc[c].tables.end());
+      e.table_first = static_cast<uint32_t>(ntables);
+      ntables += hc[c].tables.size();
       e.word_off = words;
       words += uint64_t{e.k} * e.coded;
       e.lane_first = lanes;
@@ -1371,8 +1366,8 @@ Result<GpuEncodeReport> EncodeOnDevice(std::span<const DeviceTensorPair> pairs,
     EncTable* d_tables;
     uint4* d_syms;
     REFIT_RETURN_IF_ERROR(b_chunks.Get(nchunks, &d_back_chunks));
-    REFIT_RETURN_IF_ERROR(b_tables.Get(std::max<size_t>(tables.size(), 1), &d_tables));
-    REFIT_RETURN_IF_ERROR(b_syms.Get(std::max<size_t>(tables.size(), 1) * 256, &d_syms));
+    REFIT_RETURN_IF_ERROR(b_tables.Get(std::max<uint64_t>(ntables, 1), &d_tables));
+    REFIT_RETURN_IF_ERROR(b_syms.Get(std::max<uint64_t>(ntables, 1) * 256, &d_syms));
     REFIT_RETURN_IF_ERROR(b_words.Get(words + 1, &d_words));
     REFIT_RETURN_IF_ERROR(b_state.Get(lanes, &d_state));
     REFIT_RETURN_IF_ERROR(b_used.Get(lanes, &d_used));
@@ -1382,18 +1377,17 @@ Result<GpuEncodeReport> EncodeOnDevice(std::span<const DeviceTensorPair> pairs,
     // the stream, here the previous group's gathering). This parity's last
     // copies (two groups ago) were done when that group's sizes came back.
     const uint64_t ec_bytes = nchunks * sizeof(EncChunk);
-    REFIT_RETURN_IF_ERROR(pinned_back[parity].Reserve(ec_bytes +
-                                                      tables.size() * sizeof(EncTable)));
+    REFIT_RETURN_IF_ERROR(pinned_back[parity].Reserve(ec_bytes + ntables * sizeof(EncTable)));
     uint8_t* src = pinned_back[parity].data();
     std::memcpy(src, g.ec.data(), ec_bytes);
-    if (!tables.empty()) {
-      std::memcpy(src + ec_bytes, tables.data(), tables.size() * sizeof(EncTable));
+    EncTable* src_tables = reinterpret_cast<EncTable*>(src + ec_bytes);
+    for (uint32_t c = 0; c < nchunks; ++c) {
+      std::copy(hc[c].tables.begin(), hc[c].tables.end(), src_tables + g.ec[c].table_first);
     }
     REFIT_ENC_CUDA(cudaMemcpyAsync(d_back_chunks, src, ec_bytes, cudaMemcpyHostToDevice, st),
                    "copy chunks");
-    if (!tables.empty()) {
-      REFIT_ENC_CUDA(cudaMemcpyAsync(d_tables, src + ec_bytes,
-                                     tables.size() * sizeof(EncTable),
+    if (ntables > 0) {
+      REFIT_ENC_CUDA(cudaMemcpyAsync(d_tables, src_tables, ntables * sizeof(EncTable),
                                      cudaMemcpyHostToDevice, st), "copy tables");
     }
     REFIT_ENC_CUDA(cudaEventRecord(bt[parity][0], st), "record");
