@@ -478,8 +478,8 @@ __device__ void BuildTablesAnyBlock(const BatchDevice& b, const DevChunk& cg,
   const uint32_t coded = cg.coded, tid = threadIdx.x;
   const uint32_t warp = tid / 32, lane = tid % 32, warps = blockDim.x / 32;
   uint32_t* fc_all = reinterpret_cast<uint32_t*>(smem);
+  const uint32_t sbase = SharedAddr(smem);
   if (tid == 0) {
-    const uint32_t sbase = SharedAddr(smem);
     uint32_t off = coded * 1024;
     for (uint32_t p = 0; p < coded; ++p) {
       const uint32_t t = b.tables[cg.table_first + p].t;
@@ -514,7 +514,7 @@ __device__ void BuildTablesAnyBlock(const BatchDevice& b, const DevChunk& cg,
     const uint32_t t = sh.plane[p].x;
     const uint32_t bits = min(t, uint32_t{kSlotTableBits});
     const uint32_t* fc = fc_all + p * 256;
-    uint8_t* tab = smem + (coded * 1024 + (sh.plane[p].y - sh.plane[0].y));
+    uint8_t* tab = smem + (sh.plane[p].y - sbase);
     for (uint32_t e = tid; e < (1u << bits); e += blockDim.x) {
       tab[e] = static_cast<uint8_t>(SearchSymbol(fc, e << (t - bits)));
     }
