@@ -1,8 +1,6 @@
 #include "sync/journal.h"
 
-#include <fcntl.h>
 #include <unistd.h>
-#include <xxhash.h>
 
 #include <cerrno>
 #include <cstring>
@@ -17,17 +15,6 @@ namespace {
 enum RecordType : uint8_t { kBegin = 1, kApplied = 2, kVoted = 3, kBeginFold = 4 };
 // A chain longer than this is not a fold any receiver writes.
 constexpr uint64_t kMaxFoldVersions = 1u << 16;
-constexpr uint32_t kMaxRecord = 1u << 30;
-
-uint32_t Checksum(uint8_t type, const uint8_t* p, size_t n) {
-  XXH3_state_t* st = XXH3_createState();
-  XXH3_64bits_reset(st);
-  XXH3_64bits_update(st, &type, 1);
-  XXH3_64bits_update(st, p, n);
-  uint64_t h = XXH3_64bits_digest(st);
-  XXH3_freeState(st);
-  return static_cast<uint32_t>(h);
-}
 
 Status Errno(const std::string& what, const std::string& path) {
   return UnavailableError(what + " '" + path + "': " + std::strerror(errno));
@@ -35,32 +22,12 @@ Status Errno(const std::string& what, const std::string& path) {
 
 }  // namespace
 
-Journal::Journal(Journal&& o) noexcept
-    : fd_(std::exchange(o.fd_, -1)), path_(std::move(o.path_)) {}
-Journal& Journal::operator=(Journal&& o) noexcept {
-  if (this != &o) {
-    if (fd_ >= 0) close(fd_);
-    fd_ = std::exchange(o.fd_, -1);
-    path_ = std::move(o.path_);
-  }
-  return *this;
-}
-Journal::~Journal() {
-  if (fd_ >= 0) close(fd_);
-}
-
 Result<std::optional<JournalState>> Journal::Load(const std::string& path) {
   if (!PathExists(path)) return std::optional<JournalState>();
   REFIT_ASSIGN_OR_RETURN(std::vector<uint8_t> bytes, ReadFile(path));
   std::optional<JournalState> state;
-  ByteReader r(bytes);
-  while (r.remaining() >= 9) {
-    uint32_t len = r.U32();
-    uint8_t type = r.U8();
-    if (len > kMaxRecord || r.remaining() < static_cast<size_t>(len) + 4) break;
-    auto body = r.Bytes(len);
-    uint32_t sum = r.U32();
-    if (sum != Checksum(type, body.data(), body.size())) break;  // torn tail
+  const Status read = RecordFile::ForEach(
+      bytes, [&](uint8_t type, std::span<const uint8_t> body) -> Status {
     ByteReader b(body);
     if (type == kBegin) {
       state.emplace();
@@ -106,17 +73,16 @@ Result<std::optional<JournalState>> Journal::Load(const std::string& path) {
     } else if (type == kVoted) {
       state->voted = true;
     }
-    REFIT_RETURN_IF_ERROR(b.status("journal '" + path + "'"));
-  }
+    return b.status("journal '" + path + "'");
+  });
+  REFIT_RETURN_IF_ERROR(read);
   return state;
 }
 
 Result<Journal> Journal::Create(const std::string& path, uint8_t type,
                                 const std::vector<uint8_t>& body) {
   Journal j;
-  j.path_ = path;
-  j.fd_ = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (j.fd_ < 0) return Errno("cannot create journal", path);
+  REFIT_ASSIGN_OR_RETURN(j.file_, RecordFile::Create(path));
   REFIT_RETURN_IF_ERROR(j.Append(type, body));
   REFIT_RETURN_IF_ERROR(j.Sync());
   return j;
@@ -152,31 +118,12 @@ Result<Journal> Journal::BeginFold(const std::string& path, uint64_t base_versio
 
 Result<Journal> Journal::Reopen(const std::string& path) {
   Journal j;
-  j.path_ = path;
-  j.fd_ = open(path.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC);
-  if (j.fd_ < 0) return Errno("cannot reopen journal", path);
+  REFIT_ASSIGN_OR_RETURN(j.file_, RecordFile::Reopen(path));
   return j;
 }
 
 Status Journal::Append(uint8_t type, const std::vector<uint8_t>& body) {
-  std::vector<uint8_t> rec;
-  ByteWriter w(&rec);
-  w.U32(static_cast<uint32_t>(body.size()));
-  w.U8(type);
-  w.Bytes(body.data(), body.size());
-  w.U32(Checksum(type, body.data(), body.size()));
-  const uint8_t* p = rec.data();
-  size_t n = rec.size();
-  while (n > 0) {
-    ssize_t k = write(fd_, p, n);
-    if (k < 0) {
-      if (errno == EINTR) continue;
-      return Errno("cannot append to journal", path_);
-    }
-    p += k;
-    n -= static_cast<size_t>(k);
-  }
-  return Status();
+  return file_.Append(type, body);
 }
 
 Status Journal::Applied(uint64_t chunk, const UndoRecord& undo) {
@@ -193,10 +140,7 @@ Status Journal::Applied(uint64_t chunk, const UndoRecord& undo) {
 
 Status Journal::Voted() { return Append(kVoted, {}); }
 
-Status Journal::Sync() {
-  if (fdatasync(fd_) != 0) return Errno("cannot sync journal", path_);
-  return Status();
-}
+Status Journal::Sync() { return file_.Sync(); }
 
 Status Journal::Remove(const std::string& path) {
   if (unlink(path.c_str()) != 0 && errno != ENOENT) {

@@ -1,11 +1,10 @@
 // The receiver's durable journal of the version it is applying
 // (docs/protocol.md, "Receiver").
 //
-// Records are appended to one file, each framed as
-// `u32 length | u8 type | body | u32 checksum` (checksum = low 32 bits of
-// XXH3-64 of type and body), so a record torn by a crash is detected and
-// ignored with everything after it. Append() writes; Sync() makes all
-// records so far durable (fdatasync). Not thread-safe.
+// Records are appended to one RecordFile (base/record_file.h), so a record
+// torn by a crash is detected and ignored with everything after it.
+// Append() writes; Sync() makes all records so far durable (fdatasync).
+// Not thread-safe.
 //
 // A journal begun with BeginFold() records a fold: committed versions
 // V1..Vk applied in one step from the active version to Vk
@@ -22,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "base/record_file.h"
 #include "delta/apply.h"
 #include "refit/status.h"
 #include "sync/auth.h"
@@ -61,9 +61,6 @@ class Journal {
   static Result<Journal> Reopen(const std::string& path);
 
   Journal() = default;  // closed; assign from Begin() or Reopen()
-  Journal(Journal&&) noexcept;
-  Journal& operator=(Journal&&) noexcept;
-  ~Journal();
 
   Status Applied(uint64_t chunk, const UndoRecord& undo);
   Status Voted();
@@ -78,8 +75,7 @@ class Journal {
   static Result<Journal> Create(const std::string& path, uint8_t type,
                                 const std::vector<uint8_t>& body);
   Status Append(uint8_t type, const std::vector<uint8_t>& body);
-  int fd_ = -1;
-  std::string path_;
+  RecordFile file_;
 };
 
 }  // namespace refit
