@@ -5,13 +5,14 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <utility>
+#include <vector>
 
 namespace refit {
-namespace {
 
 Status ErrnoStatus(const std::string& what, const std::string& path) {
   int e = errno;
@@ -27,9 +28,12 @@ Status ErrnoStatus(const std::string& what, const std::string& path) {
     case EINTR:
     case EAGAIN:
     case EIO: return UnavailableError(msg);
+    case ENAMETOOLONG: return InvalidArgumentError(msg);
     default: return InternalError(msg);
   }
 }
+
+namespace {
 
 std::string DirName(const std::string& path) {
   auto slash = path.find_last_of('/');
@@ -38,7 +42,53 @@ std::string DirName(const std::string& path) {
   return path.substr(0, slash);
 }
 
+// Stores through a shared mapping into a hole of a sparse file allocate
+// blocks when the page is first written back or faulted; on a full file
+// system the kernel then raises SIGBUS in whichever thread stores, which no
+// caller can turn into an error. Allocating every hole before the file is
+// mapped reports ENOSPC here instead, before anything is written. Holes read
+// as zeros, so allocating them changes no byte. fallocate on an allocated
+// range only walks the extent tree; where the file system cannot fallocate,
+// each hole is filled with zeros by pwrite, which fails with ENOSPC too.
+Status ReserveHoles(int fd, size_t size, const std::string& path) {
+  if (size == 0) return Status();
+  if (fallocate(fd, 0, 0, static_cast<off_t>(size)) == 0) return Status();
+  if (errno != EOPNOTSUPP && errno != ENOSYS) {
+    return ErrnoStatus("cannot allocate the unallocated blocks (holes) of", path);
+  }
+  static const std::vector<uint8_t> zeros(1 << 16, 0);
+  off_t pos = 0;
+  const off_t end = static_cast<off_t>(size);
+  while (pos < end) {
+    off_t hole = lseek(fd, pos, SEEK_HOLE);
+    if (hole < 0 || hole >= end) break;  // no SEEK_HOLE support, or no hole
+    off_t data = lseek(fd, hole, SEEK_DATA);
+    if (data < 0 || data > end) data = end;
+    for (off_t at = hole; at < data;) {
+      size_t n = std::min<size_t>(zeros.size(), static_cast<size_t>(data - at));
+      ssize_t k = pwrite(fd, zeros.data(), n, at);
+      if (k < 0) {
+        if (errno == EINTR) continue;
+        return ErrnoStatus("cannot fill the holes of", path);
+      }
+      at += k;
+    }
+    pos = data;
+  }
+  return Status();
+}
+
 }  // namespace
+
+Status SyncDirectoryOf(const std::string& path) {
+  std::string dir = DirName(path);
+  int dfd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd < 0) return ErrnoStatus("cannot open directory", dir);
+  int rc = fsync(dfd);
+  close(dfd);
+  if (rc != 0) return ErrnoStatus("fsync failed on directory", dir);
+  return Status();
+}
 
 MappedFile::~MappedFile() { Reset(); }
 
@@ -82,6 +132,7 @@ Result<MappedFile> MappedFile::Open(const std::string& path, Mode mode) {
   }
   f.size_ = static_cast<size_t>(st.st_size);
   if (f.size_ == 0) return f;
+  if (f.writable_) REFIT_RETURN_IF_ERROR(ReserveHoles(f.fd_, f.size_, path));
   int prot = PROT_READ | (f.writable_ ? PROT_WRITE : 0);
   void* p = mmap(nullptr, f.size_, prot, MAP_SHARED, f.fd_, 0);
   if (p == MAP_FAILED) {
@@ -170,13 +221,7 @@ Status WriteFileAtomic(const std::string& path, std::span<const uint8_t> data) {
     unlink(tmp.c_str());
     return s;
   }
-  std::string dir = DirName(path);
-  int dfd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd < 0) return ErrnoStatus("cannot open directory", dir);
-  int rc = fsync(dfd);
-  close(dfd);
-  if (rc != 0) return ErrnoStatus("fsync failed on directory", dir);
-  return Status();
+  return SyncDirectoryOf(path);
 }
 
 bool PathExists(const std::string& path) {

@@ -31,7 +31,9 @@ class MappedFile {
 
   // Maps the whole file. kReadWrite maps it MAP_SHARED, so stores reach the
   // file; call Sync() to make them durable. An empty file maps to an empty
-  // span.
+  // span. Note 1: kReadWrite first allocates the blocks of every hole of a
+  // sparse file (changing no byte), so a full file system is reported here
+  // as kResourceExhausted instead of raising SIGBUS at a later store.
   static Result<MappedFile> Open(const std::string& path, Mode mode);
 
   const uint8_t* data() const { return data_; }
@@ -61,6 +63,15 @@ Result<std::vector<uint8_t>> ReadFile(const std::string& path);
 // Writes `data` to a temp file beside `path` (unique per call), fsyncs it, renames it over `path` and
 // fsyncs the directory: readers see the old file or the new one, whole.
 Status WriteFileAtomic(const std::string& path, std::span<const uint8_t> data);
+
+// fsync of the directory that holds `path`, so a create, rename or unlink
+// of `path` survives a crash.
+Status SyncDirectoryOf(const std::string& path);
+
+// An error for the failed system call `what` on `path`, its code chosen by
+// errno (ENOENT kNotFound, EACCES kPermissionDenied, ENOSPC
+// kResourceExhausted, ENAMETOOLONG kInvalidArgument, ...).
+Status ErrnoStatus(const std::string& what, const std::string& path);
 
 bool PathExists(const std::string& path);
 bool IsDirectory(const std::string& path);
