@@ -18,6 +18,7 @@
 #ifndef REFIT_DELTA_H_
 #define REFIT_DELTA_H_
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -107,14 +108,22 @@ Result<DiffReport> DiffTensors(const std::vector<TensorView>& base,
 
 struct ApplyOptions {
   int threads = 0;
-  bool sync = true;  // msync + fsync the touched files before returning
+  // msync + fsync the touched files before returning; Apply() also makes
+  // each journal record durable before the chunk's stores.
+  bool sync = true;
   ProgressFn progress;
+  // Read before each chunk; once true, the apply stops at a chunk boundary
+  // with kCancelled (a signal handler may set it).
+  const std::atomic<bool>* cancel = nullptr;
 };
 
 struct ApplyReport {
   uint64_t chunks = 0;
   uint64_t chunks_applied = 0;
   uint64_t chunks_skipped = 0;  // already at "after" (applied before)
+  // Chunks of an interrupted earlier apply that were restored to the base
+  // from its journal before this apply (or rollback) ran.
+  uint64_t chunks_restored = 0;
   uint64_t changed_elements = 0;
   uint64_t checkpoint_bytes = 0;
   uint64_t pages_written = 0;   // distinct pages the apply stored into
@@ -123,14 +132,37 @@ struct ApplyReport {
 };
 
 // Applies the delta in place: checks every tensor against the delta's base
-// first (nothing is written unless every chunk is applicable or already
-// applied), applies each chunk at most once, verifies every tensor against
-// the target hashes, then syncs.
+// first (nothing is written unless every tensor is the base or already the
+// target), applies each chunk at most once, verifies every tensor against
+// the target hashes, then syncs; any failure rolls back what was stored.
+//
+// Interruptions (docs/format.md, "Interrupted applies"): before a chunk's
+// first store, its pre-image goes to a journal beside the checkpoint (a
+// file CHECKPOINT.refit-apply, or DIR/.refit-apply), removed when the apply
+// is done. A run that finds a journal of the same delta restores its
+// pre-images first (the checkpoint is then the base again) and applies the
+// delta; so after a kill at any point, or a cancel, running Apply again
+// completes the delta. Errors beyond those listed at the top:
+//   kCancelled           options.cancel was set: the chunks applied so far
+//                        stay, recorded in the journal
+//   kFailedPrecondition  also: a journal of another delta is present
+//   kResourceExhausted   the file system cannot hold the checkpoint's
+//                        unallocated blocks (a sparse file); nothing written
 Result<ApplyReport> Apply(const std::string& delta_path,
                           const std::string& checkpoint_path,
                           const ApplyOptions& options);
 
-// The same for tensors in host memory.
+// Undoes an interrupted Apply of this delta: restores the journal's
+// pre-images, checks that every tensor is the delta's base again, syncs and
+// removes the journal. With no journal: OK when the checkpoint already is
+// the base, kFailedPrecondition otherwise (a completed apply keeps no
+// pre-images). The report counts chunks_restored.
+Result<ApplyReport> Rollback(const std::string& delta_path,
+                             const std::string& checkpoint_path,
+                             const ApplyOptions& options);
+
+// The same as Apply for tensors in host memory, with no journal: a cancel
+// rolls every stored chunk back before returning kCancelled.
 Result<ApplyReport> ApplyToTensors(const std::string& delta_path,
                                    const std::vector<MutableTensorView>& tensors,
                                    const ApplyOptions& options);

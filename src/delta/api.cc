@@ -2,6 +2,7 @@
 #include <chrono>
 
 #include "delta/apply.h"
+#include "delta/apply_journal.h"
 #include "delta/delta_file.h"
 #include "delta/encoder.h"
 #include "refit/checkpoint.h"
@@ -60,19 +61,104 @@ Result<ApplyReport> ApplyToTensors(const std::string& delta_path,
   return ApplyDelta(delta, tensors, options, nullptr);
 }
 
+namespace {
+
+// A checkpoint opened for an apply or a rollback, with any journal an
+// interrupted apply left: its pre-images are restored before anything else
+// (and made durable before a new journal replaces it).
+struct Recovered {
+  std::vector<MutableTensorView> views;
+  std::string journal_path;
+  bool had_journal = false;
+  uint64_t chunks_restored = 0;
+};
+
+Result<Recovered> Recover(const DeltaReader& delta, Checkpoint& ckpt,
+                          const std::string& checkpoint_path,
+                          const ApplyOptions& options) {
+  Recovered r;
+  r.views = MutableCheckpointViews(ckpt);
+  r.journal_path = ApplyJournal::PathFor(checkpoint_path);
+  REFIT_ASSIGN_OR_RETURN(auto journal, ApplyJournal::Load(r.journal_path));
+  if (!journal) return r;
+  if (journal->delta != IdentifyDelta(delta)) {
+    return FailedPreconditionError(
+        "an interrupted apply of another delta (version " +
+        std::to_string(journal->delta.version) + " from " +
+        std::to_string(journal->delta.base_version) + ") left its journal '" +
+        r.journal_path + "': finish it (`refit apply THAT_DELTA " +
+        checkpoint_path + "`) or undo it (`refit apply --rollback THAT_DELTA " +
+        checkpoint_path + "`) first; nothing was written");
+  }
+  r.had_journal = true;
+  REFIT_ASSIGN_OR_RETURN(r.chunks_restored,
+                         RestorePreImages(delta, r.views, *journal, options.threads));
+  REFIT_RETURN_IF_ERROR(ckpt.Sync());
+  return r;
+}
+
+}  // namespace
+
 Result<ApplyReport> Apply(const std::string& delta_path,
                           const std::string& checkpoint_path,
                           const ApplyOptions& options) {
   // The delta is fully validated before the checkpoint is opened for writing.
   REFIT_ASSIGN_OR_RETURN(DeltaReader delta, DeltaReader::Open(delta_path));
-  REFIT_ASSIGN_OR_RETURN(Checkpoint ckpt,
-                         Checkpoint::Open(checkpoint_path,
-                                          Checkpoint::Mode::kReadWrite));
-  auto views = MutableCheckpointViews(ckpt);
-  return ApplyDelta(delta, views, options, [&](size_t tensor) {
+  REFIT_ASSIGN_OR_RETURN(Checkpoint ckpt, Checkpoint::Open(checkpoint_path,
+                                                           Checkpoint::Mode::kReadWrite));
+  REFIT_ASSIGN_OR_RETURN(Recovered r, Recover(delta, ckpt, checkpoint_path, options));
+  REFIT_ASSIGN_OR_RETURN(ApplyJournal journal,
+                         ApplyJournal::Begin(r.journal_path, IdentifyDelta(delta)));
+  auto report = ApplyDelta(delta, r.views, options, [&](size_t tensor) {
     const TensorInfo& t = ckpt.tensors()[tensor];
     return ckpt.SyncRange(tensor, 0, t.byte_size);
-  });
+  }, &journal);
+  if (!report.ok()) {
+    if (report.status().code() == StatusCode::kCancelled) return report.status();
+    // Rolled back in memory: the checkpoint is the base again once synced.
+    REFIT_RETURN_IF_ERROR(ckpt.Sync());
+  }
+  REFIT_RETURN_IF_ERROR(ApplyJournal::Remove(r.journal_path));
+  if (report.ok()) report->chunks_restored = r.chunks_restored;
+  return report;
+}
+
+Result<ApplyReport> Rollback(const std::string& delta_path,
+                             const std::string& checkpoint_path,
+                             const ApplyOptions& options) {
+  auto t0 = std::chrono::steady_clock::now();
+  REFIT_ASSIGN_OR_RETURN(DeltaReader delta, DeltaReader::Open(delta_path));
+  REFIT_ASSIGN_OR_RETURN(Checkpoint ckpt, Checkpoint::Open(checkpoint_path,
+                                                           Checkpoint::Mode::kReadWrite));
+  REFIT_ASSIGN_OR_RETURN(Recovered r, Recover(delta, ckpt, checkpoint_path, options));
+  std::vector<TensorView> views;
+  for (const MutableTensorView& v : r.views) {
+    views.push_back(TensorView{v.name, v.dtype, v.width, v.shape, v.data});
+  }
+  REFIT_ASSIGN_OR_RETURN(VerifyReport check, VerifyTensors(delta, views, options.threads));
+  if (!check.matches_base) {
+    return FailedPreconditionError(
+        r.had_journal
+            ? "after restoring the journal's pre-images the checkpoint is "
+              "not the delta's base; it was changed by something else"
+            : "there is no interrupted apply to roll back (no journal '" +
+                  r.journal_path + "'), and the checkpoint is not the delta's "
+                  "base" + (check.matches_target ? " but its target: a completed "
+                                                   "apply keeps no pre-images"
+                                                 : ""));
+  }
+  REFIT_RETURN_IF_ERROR(ApplyJournal::Remove(r.journal_path));
+  ApplyReport report;
+  report.chunks = delta.index().size();
+  report.chunks_restored = r.chunks_restored;
+  for (const MutableTensorView& v : r.views) {
+    uint64_t n = 1;
+    for (uint64_t d : v.shape) n *= d;
+    report.checkpoint_bytes += n * static_cast<uint64_t>(v.width);
+  }
+  report.seconds = std::chrono::duration<double>(
+                       std::chrono::steady_clock::now() - t0).count();
+  return report;
 }
 
 Result<VerifyReport> Verify(const std::string& checkpoint_path,

@@ -198,22 +198,47 @@ void Restore(const ChunkHeader& h, const RegionAddr& at, const UndoRecord& undo)
   }
 }
 
+// Elements a decoded chunk may store to, in the order its pre-image lists
+// them (apply_journal.h): the positions of a sparse chunk, every element of
+// a dense one.
+uint64_t PreImageElements(const ChunkHeader& h) {
+  return h.IsSparse() ? h.changed : h.count;
+}
+
+template <typename Fn>
+void ForEachPreImageElement(const ChunkHeader& h, const RegionAddr& at,
+                            const ApplyScratch& s, Fn&& fn) {
+  // Pre-images are written and restored through the same walk.
+  const uint64_t n = PreImageElements(h);
+  for (uint64_t i = 0; i < n; ++i) {
+    fn(at.At(h.IsSparse() ? s.positions[i] : i), i * h.width);
+  }
+}
+
+void GatherPreImage(const ChunkHeader& h, const RegionAddr& at,
+                    const ApplyScratch& s, std::vector<uint8_t>* out) {
+  out->resize(PreImageElements(h) * h.width);
+  ForEachPreImageElement(h, at, s, [&](const uint8_t* p, uint64_t off) {
+    std::memcpy(out->data() + off, p, h.width);
+  });
+}
+
 }  // namespace
 
 namespace {
 
-// ApplyChunkInPlace, which also hands back the 64 KiB segment digests of a
-// contiguous range after the apply (empty for strided regions): the check
-// against "after" already hashed every segment, and ApplyDelta would
-// otherwise hash the range a second time to refresh its tensor digests.
-Status ApplyChunk(const ParsedChunk& chunk, uint8_t* tensor_data,
-                  ApplyScratch* s, uint64_t* pages_written, UndoRecord* undo,
-                  std::vector<Hash128>* after_digests) {
-  const ChunkHeader& h = chunk.header;
+// ApplyChunkInPlace in two steps, StoreAndCheck also handing back the
+// 64 KiB segment digests of a contiguous range after the apply (empty for
+// strided regions): the check against "after" already hashed every
+// segment, and ApplyDelta would otherwise hash the range a second time to
+// refresh its tensor digests.
+// The second half of applying a chunk whose records DecodeRecords left in
+// *s: stores them, checks the range against "after" and undoes the stores
+// if it does not match.
+Status StoreAndCheck(const ChunkHeader& h, uint8_t* tensor_data, ApplyScratch* s,
+                     uint64_t* pages_written, UndoRecord* undo,
+                     std::vector<Hash128>* after_digests) {
   const RegionAddr at(h, tensor_data);
-  // Stores happen only after the payload decoded completely, so a corrupt
-  // payload is refused before the region is touched.
-  REFIT_RETURN_IF_ERROR(DecodeRecords(chunk, s));
   PageCounter pages;
   s->undo.at.clear();
   s->undo.old.clear();
@@ -242,6 +267,16 @@ Status ApplyChunk(const ParsedChunk& chunk, uint8_t* tensor_data,
   return DataLossError("chunk decoded but its result does not hash to the "
                        "chunk's \"after\" hash; the chunk is corrupt and was "
                        "not applied");
+}
+
+// Stores happen only after the payload decoded completely, so a corrupt
+// payload is refused before the region is touched.
+Status ApplyChunk(const ParsedChunk& chunk, uint8_t* tensor_data,
+                  ApplyScratch* s, uint64_t* pages_written, UndoRecord* undo,
+                  std::vector<Hash128>* after_digests) {
+  REFIT_RETURN_IF_ERROR(DecodeRecords(chunk, s));
+  return StoreAndCheck(chunk.header, tensor_data, s, pages_written, undo,
+                       after_digests);
 }
 
 }  // namespace
@@ -369,19 +404,12 @@ void HashAll(std::vector<Binding>* bindings, int threads, const ProgressFn& prog
   if (progress) progress(stage, total, total);
 }
 
-Hash128 RangeFromDigests(const Binding& b, uint64_t start, uint64_t count) {
-  const uint64_t w = b.entry->width;
-  uint64_t first = start * w / kRangeHashSegment;
-  uint64_t last = SegmentCount((start + count) * w);
-  return HashSegmentDigests(b.digests.data() + first, last - first);
-}
-
 }  // namespace
 
 Result<ApplyReport> ApplyDelta(const DeltaReader& delta,
                                const std::vector<MutableTensorView>& tensors,
                                const ApplyOptions& options,
-                               const SyncRangeFn& sync) {
+                               const SyncRangeFn& sync, ApplyJournal* journal) {
   auto t0 = std::chrono::steady_clock::now();
   REFIT_ASSIGN_OR_RETURN(auto bindings, BindViews(delta, tensors));
   ApplyReport report;
@@ -392,70 +420,37 @@ Result<ApplyReport> ApplyDelta(const DeltaReader& delta,
 
   // Phase 1: check every chunk's framing and checksum (even those that
   // will turn out to be applied already: a damaged delta is an error
-  // whatever the checkpoint holds), then classify every tensor and chunk,
-  // all before writing anything.
+  // whatever the checkpoint holds), then every tensor's hash, all before
+  // writing anything. A tensor must be exactly the base or exactly the
+  // target: chunk range hashes alone would miss a difference outside the
+  // chunks' ranges, found only after the writes. An interrupted apply
+  // leaves no tensor in between: its journal restores the base first.
   for (size_t c = 0; c < delta.index().size(); ++c) {
     REFIT_RETURN_IF_ERROR(delta.ReadChunk(c).status());
   }
   HashAll(&bindings, options.threads, options.progress, "check");
-  std::vector<bool> apply_chunk(delta.index().size(), false);
-  std::vector<bool> tensor_has_chunks(bindings.size(), false);
-  for (size_t i = 0; i < delta.index().size(); ++i) {
-    tensor_has_chunks[delta.index()[i].tensor_id] = true;
-  }
-  {
-    size_t ci = 0;
-    for (size_t t = 0; t < bindings.size(); ++t) {
-      const Binding& b = bindings[t];
-      Hash128 h = HashSegmentDigests(b.digests.data(), b.digests.size());
-      const bool at_before = h == b.entry->before;
-      const bool at_after = h == b.entry->after;
-      size_t first = ci;
-      while (ci < delta.index().size() && delta.index()[ci].tensor_id == t) ++ci;
-      if (!tensor_has_chunks[t]) {
-        if (!at_after) {
-          return FailedPreconditionError(
-              "tensor '" + b.entry->name +
-              "' hashes to neither the delta's base nor its target; this "
-              "checkpoint is not the delta's base (check with `refit verify`)");
-        }
-        continue;
-      }
-      if (at_after) continue;  // applied before
-      for (size_t c = first; c < ci; ++c) {
-        if (at_before) {
-          apply_chunk[c] = true;
-          continue;
-        }
-        // Partly applied tensor: decide chunk by chunk.
-        REFIT_ASSIGN_OR_RETURN(ParsedChunk chunk, delta.ReadChunk(c));
-        Hash128 rh = RangeFromDigests(b, chunk.header.start, chunk.header.count);
-        switch (ClassifyRange(chunk.header, rh)) {
-          case RangeState::kAfter: break;
-          case RangeState::kBefore: apply_chunk[c] = true; break;
-          case RangeState::kNeither:
-            return FailedPreconditionError(
-                "tensor '" + b.entry->name + "' elements [" +
-                std::to_string(chunk.header.start) + ", " +
-                std::to_string(chunk.header.start + chunk.header.count) +
-                ") hash to neither the delta's base nor its target; this "
-                "checkpoint is not the delta's base, or an earlier apply was "
-                "interrupted mid-chunk (restore the base or fetch an overwrite "
-                "re-send); nothing was written");
-        }
-      }
+  std::vector<bool> tensor_at_after(bindings.size(), false);
+  for (size_t t = 0; t < bindings.size(); ++t) {
+    const Binding& b = bindings[t];
+    Hash128 h = HashSegmentDigests(b.digests.data(), b.digests.size());
+    tensor_at_after[t] = h == b.entry->after;
+    if (!tensor_at_after[t] && h != b.entry->before) {
+      return FailedPreconditionError(
+          "tensor '" + b.entry->name +
+          "' hashes to neither the delta's base nor its target; this "
+          "checkpoint is not the delta's base (check with `refit verify`); "
+          "nothing was written");
     }
   }
 
   // Phase 2: apply, in parallel over chunks.
   std::vector<size_t> todo;
-  for (size_t c = 0; c < apply_chunk.size(); ++c) {
-    if (apply_chunk[c]) todo.push_back(c);
+  for (size_t c = 0; c < delta.index().size(); ++c) {
+    if (!tensor_at_after[delta.index()[c].tensor_id]) todo.push_back(c);
   }
   report.chunks_applied = todo.size();
   report.chunks_skipped = report.chunks - todo.size();
   int threads = options.threads > 0 ? options.threads : DefaultThreads();
-  std::vector<ApplyScratch> scratch(static_cast<size_t>(threads));
   std::vector<uint64_t> pages(static_cast<size_t>(threads), 0);
   std::vector<uint64_t> changed(static_cast<size_t>(threads), 0);
   // Per applied chunk: whether it was stored, and how to undo it, so a
@@ -465,54 +460,116 @@ Result<ApplyReport> ApplyDelta(const DeltaReader& delta,
   std::mutex err_mu;
   Status first_error;
   std::atomic<bool> failed{false};
+  std::atomic<bool> cancelled{false};
   std::atomic<uint64_t> done_bytes{0};
+  std::atomic<uint64_t> done_chunks{0};
   uint64_t todo_bytes = 0;
   for (size_t c : todo) {
     todo_bytes += delta.index()[c].count * bindings[delta.index()[c].tensor_id].entry->width;
   }
   std::vector<std::vector<Hash128>> after_digests(static_cast<size_t>(threads));
-  ParallelForEach(todo.size(), threads, [&](size_t j, int worker) {
-    if (failed.load()) return;
-    const size_t c = todo[j];
-    auto chunk = delta.ReadChunk(c);
-    Status st = chunk.status();
-    Binding& b = bindings[delta.index()[c].tensor_id];
-    std::vector<Hash128>& digests = after_digests[static_cast<size_t>(worker)];
-    if (st.ok()) {
-      st = ApplyChunk(*chunk, b.data, &scratch[static_cast<size_t>(worker)],
-                      &pages[static_cast<size_t>(worker)], &undo[j], &digests);
+  auto fail = [&](const Status& st, size_t c) {
+    std::lock_guard<std::mutex> lock(err_mu);
+    if (first_error.ok()) {
+      first_error = st.WithContext(
+          "tensor '" + bindings[delta.index()[c].tensor_id].entry->name +
+          "' chunk " + std::to_string(c));
     }
-    if (!st.ok()) {
-      std::lock_guard<std::mutex> lock(err_mu);
-      if (first_error.ok()) {
-        first_error = st.WithContext("tensor '" + b.entry->name + "' chunk " +
-                                     std::to_string(c));
-      }
+    failed.store(true);
+  };
+  // Chunks go in batches: every chunk of a batch is decoded and its
+  // pre-image journaled, the journal is synced once, then the batch is
+  // stored. One fdatasync per batch instead of per chunk keeps the
+  // journal's cost small while no store can reach the disk before its
+  // pre-image does. A batch holds at most kBatchChunks chunks and about
+  // kBatchBytes of decoded records and pre-images.
+  auto stop = [&] {
+    if (!failed.load() && options.cancel != nullptr && options.cancel->load()) {
+      cancelled.store(true);
       failed.store(true);
-      return;
     }
-    applied[j] = 1;
-    changed[static_cast<size_t>(worker)] += chunk->header.changed;
-    // Refresh this range's digests for the final tensor check; chunks own
-    // disjoint segments (chunk ranges are segment-aligned).
-    const uint64_t w = b.entry->width;
-    const uint64_t off = chunk->header.start * w;
-    if (!digests.empty() && off % kRangeHashSegment == 0) {
-      std::copy(digests.begin(), digests.end(),
-                b.digests.begin() + static_cast<ptrdiff_t>(off / kRangeHashSegment));
-    } else {
-      SegmentDigests(b.data + off, chunk->header.count * w,
-                     b.digests.data() + off / kRangeHashSegment);
+    return failed.load();
+  };
+  constexpr size_t kBatchChunks = 256;
+  constexpr uint64_t kBatchBytes = uint64_t{64} << 20;
+  std::vector<ApplyScratch> slots;
+  WorkerPool pool(static_cast<int>(std::min<size_t>(static_cast<size_t>(threads),
+                                                    std::max<size_t>(todo.size(), 1))));
+  for (size_t first = 0; first < todo.size() && !failed.load();) {
+    size_t end = first;
+    uint64_t batch_bytes = 0;
+    while (end < todo.size() && end - first < kBatchChunks &&
+           (end == first || batch_bytes < kBatchBytes)) {
+      const IndexEntry& e = delta.index()[todo[end]];
+      const uint64_t w = bindings[e.tensor_id].entry->width;
+      // Sparse records decode to ~(4 + w) bytes per changed element, a few
+      // times the payload; dense ones to the range, journaled whole.
+      const bool dense = e.kind == ChunkKind::kDenseXor || e.kind == ChunkKind::kRaw;
+      batch_bytes += dense ? 2 * e.count * w : 8 * e.size;
+      ++end;
     }
-    uint64_t d = done_bytes.fetch_add(chunk->header.count * w) + chunk->header.count * w;
-    if (options.progress && worker == 0) options.progress("apply", d, todo_bytes);
-  });
+    if (slots.size() < end - first) slots.resize(end - first);
+    pool.ForEach(end - first, [&](size_t i, int) {
+      if (stop()) return;
+      const size_t c = todo[first + i];
+      ApplyScratch* slot = &slots[i];
+      auto chunk = delta.ReadChunk(c);
+      Status st = chunk.status();
+      if (st.ok()) st = DecodeRecords(*chunk, slot);
+      if (st.ok() && journal != nullptr) {
+        const RegionAddr at(chunk->header, bindings[delta.index()[c].tensor_id].data);
+        GatherPreImage(chunk->header, at, *slot, &slot->pre_image);
+        st = journal->Record(c, slot->pre_image);
+      }
+      if (!st.ok()) fail(st, c);
+    });
+    if (failed.load()) break;
+    if (journal != nullptr && options.sync) {
+      if (Status st = journal->Sync(); !st.ok()) {
+        fail(st, todo[first]);
+        break;
+      }
+    }
+    pool.ForEach(end - first, [&](size_t i, int worker) {
+      // A cancel stops here too: the batch's chunks not yet stored were
+      // journaled, and restoring their pre-images rewrites the same bytes.
+      if (stop()) return;
+      const size_t j = first + i;
+      const size_t c = todo[j];
+      Binding& b = bindings[delta.index()[c].tensor_id];
+      const IndexEntry& e = delta.index()[c];
+      auto chunk = delta.ReadChunk(c);  // parsed fine above; the map is read-only
+      if (!chunk.ok()) return fail(chunk.status(), c);
+      std::vector<Hash128>& digests = after_digests[static_cast<size_t>(worker)];
+      Status st = StoreAndCheck(chunk->header, b.data, &slots[i],
+                                &pages[static_cast<size_t>(worker)], &undo[j], &digests);
+      if (!st.ok()) return fail(st, c);
+      applied[j] = 1;
+      done_chunks.fetch_add(1);
+      changed[static_cast<size_t>(worker)] += chunk->header.changed;
+      // Refresh this range's digests for the final tensor check; chunks own
+      // disjoint segments (chunk ranges are segment-aligned).
+      const uint64_t w = b.entry->width;
+      const uint64_t off = e.start * w;
+      if (!digests.empty() && off % kRangeHashSegment == 0) {
+        std::copy(digests.begin(), digests.end(),
+                  b.digests.begin() + static_cast<ptrdiff_t>(off / kRangeHashSegment));
+      } else {
+        SegmentDigests(b.data + off, e.count * w,
+                       b.digests.data() + off / kRangeHashSegment);
+      }
+      uint64_t d = done_bytes.fetch_add(e.count * w) + e.count * w;
+      if (options.progress && worker == 0) options.progress("apply", d, todo_bytes);
+    });
+    first = end;
+  }
   for (int t = 0; t < threads; ++t) {
     report.pages_written += pages[static_cast<size_t>(t)];
     report.changed_elements += changed[static_cast<size_t>(t)];
   }
-  if (!first_error.ok()) {
-    ParallelForEach(todo.size(), threads, [&](size_t j, int worker) {
+  auto roll_back = [&](Status why) {
+    std::vector<ApplyScratch> scratch(static_cast<size_t>(pool.threads()));
+    pool.ForEach(todo.size(), [&](size_t j, int worker) {
       if (!applied[j]) return;
       auto chunk = delta.ReadChunk(todo[j]);
       if (!chunk.ok()) return;  // read fine moments ago; the map is read-only
@@ -520,15 +577,26 @@ Result<ApplyReport> ApplyDelta(const DeltaReader& delta,
       (void)UndoChunkInPlace(*chunk, b.data, &scratch[static_cast<size_t>(worker)],
                              undo[j]);
     });
-    return first_error.WithContext("rolled back; the checkpoint is unchanged");
+    return why.WithContext("rolled back; the checkpoint is unchanged");
+  };
+  if (cancelled.load() && first_error.ok()) {
+    const std::string progress = "interrupted after " +
+                                 std::to_string(done_chunks.load()) + " of " +
+                                 std::to_string(todo.size()) + " chunks";
+    if (journal == nullptr) return roll_back(CancelledError(progress));
+    // The journal holds every stored chunk's pre-image: the next run
+    // restores them, or a rollback does.
+    return CancelledError(progress + "; the journal records the chunks applied");
   }
+  if (!first_error.ok()) return roll_back(first_error);
 
   // Phase 3: every tensor must now be exactly the target.
   for (const Binding& b : bindings) {
     if (HashSegmentDigests(b.digests.data(), b.digests.size()) != b.entry->after) {
-      return DataLossError("after apply, tensor '" + b.entry->name +
-                           "' does not hash to the delta's target; was the "
-                           "checkpoint modified concurrently?");
+      return roll_back(DataLossError(
+          "after apply, tensor '" + b.entry->name +
+          "' does not hash to the delta's target; was the checkpoint "
+          "modified concurrently?"));
     }
   }
   if (options.sync && sync) {
@@ -544,6 +612,46 @@ Result<ApplyReport> ApplyDelta(const DeltaReader& delta,
   report.seconds = std::chrono::duration<double>(
                        std::chrono::steady_clock::now() - t0).count();
   return report;
+}
+
+Result<uint64_t> RestorePreImages(const DeltaReader& delta,
+                                  const std::vector<MutableTensorView>& tensors,
+                                  const ApplyJournalState& journal, int threads) {
+  REFIT_ASSIGN_OR_RETURN(auto bindings, BindViews(delta, tensors));
+  std::vector<std::pair<size_t, std::span<const uint8_t>>> items;
+  for (const auto& [c, pre] : journal.pre_images) {
+    if (c >= delta.index().size()) {
+      return DataLossError("the apply journal names chunk " + std::to_string(c) +
+                           ", which the delta does not have");
+    }
+    items.emplace_back(static_cast<size_t>(c), pre);
+  }
+  std::vector<ApplyScratch> scratch(static_cast<size_t>(threads > 0 ? threads : DefaultThreads()));
+  std::mutex err_mu;
+  Status first_error;
+  ParallelForEach(items.size(), static_cast<int>(scratch.size()), [&](size_t i, int worker) {
+    const auto [c, pre] = items[i];
+    auto chunk = delta.ReadChunk(c);
+    Status st = chunk.status();
+    ApplyScratch* s = &scratch[static_cast<size_t>(worker)];
+    if (st.ok()) st = DecodeRecords(*chunk, s);
+    if (st.ok() && pre.size() != PreImageElements(chunk->header) * chunk->header.width) {
+      st = DataLossError("the apply journal's pre-image of chunk " + std::to_string(c) +
+                         " has the wrong size");
+    }
+    if (!st.ok()) {
+      std::lock_guard<std::mutex> lock(err_mu);
+      if (first_error.ok()) first_error = st;
+      return;
+    }
+    const ChunkHeader& h = chunk->header;
+    const RegionAddr at(h, bindings[h.tensor_id].data);
+    ForEachPreImageElement(h, at, *s, [&](uint8_t* p, uint64_t off) {
+      std::memcpy(p, pre.data() + off, h.width);
+    });
+  });
+  REFIT_RETURN_IF_ERROR(first_error);
+  return static_cast<uint64_t>(items.size());
 }
 
 Result<VerifyReport> VerifyTensors(const DeltaReader& delta,

@@ -5,8 +5,10 @@
 // changed elements (so only their pages are dirtied), re-hashes the range
 // and undoes its stores if the result is not exactly "after". ApplyDelta
 // runs the whole protocol over a set of tensors: check every tensor against
-// the base first (nothing is written unless every chunk is applicable or
-// already applied), apply chunks in parallel, verify the target hashes.
+// the base first (nothing is written unless every tensor is exactly the
+// base or already the target), apply chunks in parallel (journaling each
+// chunk's pre-image first when given a journal), verify the target hashes,
+// and roll every stored chunk back when anything fails.
 // Distinct chunks touch distinct ranges, so chunks may be applied
 // concurrently; everything else is single-caller.
 #ifndef REFIT_DELTA_APPLY_H_
@@ -16,6 +18,7 @@
 #include <functional>
 #include <vector>
 
+#include "delta/apply_journal.h"
 #include "delta/chunk.h"
 #include "delta/delta_file.h"
 #include "refit/delta.h"
@@ -40,6 +43,7 @@ struct ApplyScratch {
   std::vector<uint32_t> positions;
   std::vector<uint8_t> values;
   std::vector<uint8_t> dense;
+  std::vector<uint8_t> pre_image;
   UndoRecord undo;
 };
 
@@ -60,10 +64,24 @@ Status UndoChunkInPlace(const ParsedChunk& chunk, uint8_t* tensor_data,
 // the caller's list, after all chunks are applied and verified.
 using SyncRangeFn = std::function<Status(size_t tensor)>;
 
+// Errors: kFailedPrecondition when a tensor is neither the base nor the
+// target (nothing written); kCancelled when options.cancel was set: without
+// a journal every stored chunk is rolled back first, with one the stored
+// chunks stay and the journal records them (RestorePreImages undoes them);
+// otherwise the first chunk's error, after rolling every chunk back.
 Result<ApplyReport> ApplyDelta(const DeltaReader& delta,
                                const std::vector<MutableTensorView>& tensors,
                                const ApplyOptions& options,
-                               const SyncRangeFn& sync);
+                               const SyncRangeFn& sync,
+                               ApplyJournal* journal = nullptr);
+
+// Writes every pre-image of `journal` (an interrupted apply of `delta`)
+// back into `tensors`, which then hold the delta's base wherever that apply
+// stored; returns the number of chunks restored. Idempotent. kDataLoss when
+// the journal does not fit the delta.
+Result<uint64_t> RestorePreImages(const DeltaReader& delta,
+                                  const std::vector<MutableTensorView>& tensors,
+                                  const ApplyJournalState& journal, int threads);
 
 // Range hashes of every tensor in `tensors` compared with the delta's
 // tensor table.

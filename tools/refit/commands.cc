@@ -3,7 +3,11 @@
 
 #include <fmt/format.h>
 
+#include <signal.h>
+
 #include <algorithm>
+#include <atomic>
+#include <csignal>
 #include <cmath>
 #include <cstdio>
 
@@ -102,6 +106,56 @@ int RunDiff(const DiffArgs& args) {
   return kExitOk;
 }
 
+namespace {
+
+// SIGINT/SIGTERM during an apply ask it to stop at the next chunk
+// boundary; SA_RESETHAND lets a second signal end the process at once,
+// which the apply's journal makes safe too.
+std::atomic<bool> g_cancel_apply{false};
+volatile std::sig_atomic_t g_cancel_signal = 0;
+
+extern "C" void OnCancelApply(int sig) {
+  g_cancel_signal = sig;
+  g_cancel_apply.store(true);
+}
+
+void CancelApplyOnSignals() {
+  struct sigaction sa {};
+  sa.sa_handler = OnCancelApply;
+  sa.sa_flags = SA_RESETHAND;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+}
+
+int RunRollback(const ApplyArgs& args, const ApplyOptions& options) {
+  constexpr std::string_view kCmd = "apply";
+  Result<ApplyReport> report = Rollback(args.delta, args.checkpoint, options);
+  if (!report.ok()) {
+    return Fail(kCmd,
+                report.status().WithContext(fmt::format(
+                    "rolling back {} on {}", args.delta, args.checkpoint)),
+                args.json);
+  }
+  if (args.json) {
+    Json j;
+    j["ok"] = true;
+    j["command"] = "apply";
+    j["rollback"] = true;
+    j["delta"] = args.delta;
+    j["checkpoint"] = args.checkpoint;
+    j["chunks_restored"] = report->chunks_restored;
+    j["seconds"] = report->seconds;
+    PrintJson(j);
+    return kExitOk;
+  }
+  fmt::print("rolled back {}: {} is the delta's base ({} chunk(s) restored)\n",
+             args.delta, args.checkpoint, WithCommas(report->chunks_restored));
+  return kExitOk;
+}
+
+}  // namespace
+
 int RunApply(const ApplyArgs& args) {
   constexpr std::string_view kCmd = "apply";
   if (Status s = CheckExists(args.delta, "delta"); !s.ok()) {
@@ -113,10 +167,25 @@ int RunApply(const ApplyArgs& args) {
   ApplyOptions options;
   options.threads = args.threads;
   options.sync = !args.no_sync;
+  if (args.rollback) return RunRollback(args, options);
   ProgressBar bar;
   options.progress = bar.Callback();
+  options.cancel = &g_cancel_apply;
+  CancelApplyOnSignals();
   Result<ApplyReport> report = Apply(args.delta, args.checkpoint, options);
   bar.Clear();
+  if (!report.ok() && report.status().code() == StatusCode::kCancelled) {
+    const int sig = g_cancel_signal != 0 ? int{g_cancel_signal} : SIGINT;
+    return FailWith(
+        kCmd, 128 + sig, StatusCodeName(StatusCode::kCancelled),
+        fmt::format("stopped by {} at a chunk boundary: {}; run `refit apply "
+                    "{} {}` again to finish, or `refit apply --rollback {} {}` "
+                    "to restore the base",
+                    sig == SIGTERM ? "SIGTERM" : "SIGINT",
+                    report.status().message(), args.delta, args.checkpoint,
+                    args.delta, args.checkpoint),
+        args.json);
+  }
   if (!report.ok()) {
     const Status& error = report.error();
     if (error.code() == StatusCode::kFailedPrecondition) {
@@ -151,6 +220,7 @@ int RunApply(const ApplyArgs& args) {
     j["chunks"] = r.chunks;
     j["chunks_applied"] = r.chunks_applied;
     j["chunks_skipped"] = r.chunks_skipped;
+    j["chunks_restored"] = r.chunks_restored;
     j["changed_elements"] = r.changed_elements;
     j["checkpoint_bytes"] = r.checkpoint_bytes;
     j["pages_written"] = r.pages_written;
@@ -165,6 +235,11 @@ int RunApply(const ApplyArgs& args) {
   fmt::print("  chunks    {} ({} applied, {} already applied)\n",
              WithCommas(r.chunks), WithCommas(r.chunks_applied),
              WithCommas(r.chunks_skipped));
+  if (r.chunks_restored > 0) {
+    fmt::print("  resumed   {} chunk(s) of an interrupted apply restored "
+               "from its journal first\n",
+               WithCommas(r.chunks_restored));
+  }
   fmt::print("  elements  {} changed\n", WithCommas(r.changed_elements));
   fmt::print("  pages     {} written of {} ({} of {})\n",
              WithCommas(r.pages_written), WithCommas(checkpoint_pages),

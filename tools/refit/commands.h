@@ -34,6 +34,7 @@ struct ApplyArgs {
   std::string checkpoint;
   int threads = 0;
   bool no_sync = false;
+  bool rollback = false;
   bool json = false;
 };
 int RunApply(const ApplyArgs& args);

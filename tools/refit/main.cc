@@ -77,7 +77,10 @@ int Main(int argc, char** argv) {
   CLI::App* apply_cmd = app.add_subcommand(
       "apply",
       "Apply DELTA to CHECKPOINT in place (checked against the delta's base "
-      "first; nothing is written unless it applies; safe to re-run).");
+      "first; nothing is written unless it applies). Interrupted (Ctrl-C, "
+      "SIGTERM, or killed at any point), it leaves a journal beside the "
+      "checkpoint: run the same command again to finish, or with --rollback "
+      "to restore the base.");
   apply_cmd->add_option("DELTA", apply.delta, "a delta from `refit diff`")
       ->required();
   apply_cmd
@@ -87,6 +90,9 @@ int Main(int argc, char** argv) {
   AddThreads(apply_cmd, &apply.threads);
   apply_cmd->add_flag("--no-sync", apply.no_sync,
                       "skip msync/fsync at the end (faster, not durable)");
+  apply_cmd->add_flag("--rollback", apply.rollback,
+                      "undo an interrupted apply of DELTA: restore the base "
+                      "from the journal it left");
   AddJson(apply_cmd, &apply.json);
 
   VerifyArgs verify;
