@@ -660,6 +660,151 @@ TEST(ReceiveTest, SigtermStopsBetweenSteps) {
             std::string::npos);
 }
 
+// A publish that cannot be right is refused before anything is written:
+// a baseline that is not the store's head version, a version number used
+// for other weights, a negative or overflowing --version. A re-run of the
+// publish that committed a version still reports it.
+TEST(PublishRefusalTest, StaleBaselineReusedVersionAndBadNumbers) {
+  const Inputs& in = Inputs::Get();
+  Cluster cl;
+  {
+    Proc receivers[kReceivers];
+    Proc publisher;
+    for (int i = 0; i < kReceivers; ++i) cl.StartReceiver(&receivers[i], i);
+    cl.StartPublisher(&publisher, 20000);
+    ASSERT_TRUE(publisher.Wait(30)) << "publisher hangs";
+    ASSERT_EQ(publisher.exit_code(), 0) << ReadText(cl.PubErr());
+    for (Proc& r : receivers) ASSERT_TRUE(r.Wait(30));
+  }
+  TempDir dir;
+  const std::string stale = dir.File("stale.safetensors");
+  fs::copy_file(in.base, stale);
+  auto publish = [&](const std::string& baseline, const std::string& version,
+                     const std::string& target, const std::string& tag) {
+    Proc p;
+    p.Start({"publish", "--store", cl.store(), "--baseline", baseline, "--members",
+             kMembers, "--version", version, target, "--key-file", in.key,
+             "--vote-timeout-ms", "2000", "--chunk-mib", "0.0625"},
+            dir.File(tag + ".out"), dir.File(tag + ".err"));
+    EXPECT_TRUE(p.Wait(30)) << tag << " hangs";
+    return p.exit_code();
+  };
+  auto listed = [&] {
+    std::vector<std::string> keys;
+    for (const auto& e : fs::recursive_directory_iterator(cl.store())) {
+      keys.push_back(e.path().string());
+    }
+    return keys;
+  };
+  const auto before = listed();
+
+  // Head is version 1; this baseline holds version 0.
+  EXPECT_EQ(publish(stale, "2", in.v1, "stale"), 5);
+  std::string err = ReadText(dir.File("stale.err"));
+  EXPECT_NE(err.find("version 1"), std::string::npos) << err;
+  EXPECT_NE(err.find("tensor '"), std::string::npos) << err;
+  EXPECT_FALSE(cl.HasObject(IndexKey(2)));
+
+  // Version 1 was committed with other weights: refused, naming head.
+  fs::copy_file(in.v1, dir.File("unused.safetensors"));
+  EXPECT_EQ(publish(dir.File("unused.safetensors"), "1", in.base, "reuse"), 5);
+  err = ReadText(dir.File("reuse.err"));
+  EXPECT_NE(err.find("head"), std::string::npos) << err;
+  EXPECT_EQ(ReadText(dir.File("reuse.out")).find("resumed"), std::string::npos);
+  EXPECT_EQ(listed(), before) << "a refused publish wrote to the store";
+
+  // The same weights: the earlier run's decision is reported.
+  EXPECT_EQ(publish(dir.File("unused.safetensors"), "1", in.v1, "rerun"), 0)
+      << ReadText(dir.File("rerun.err"));
+  EXPECT_NE(ReadText(dir.File("rerun.out")).find("resumed"), std::string::npos);
+
+  for (const char* bad : {"-1", "18446744073709551616", "1x"}) {
+    EXPECT_NE(publish(dir.File("unused.safetensors"), bad, in.v1, "bad"), 0) << bad;
+    err = ReadText(dir.File("bad.err"));
+    EXPECT_NE(err.find("--version"), std::string::npos) << bad << ": " << err;
+  }
+  EXPECT_EQ(ReadText(dir.File("bad.out")).find("18446744073709551615"), std::string::npos);
+  EXPECT_EQ(listed(), before);
+}
+
+// `refit receive` says what it waits for: the first version of an empty
+// store, and that it does not vote when its name is not a member. A
+// receiver waiting for a decision stops within a second of SIGTERM, and
+// a second signal ends it at once with a message.
+TEST(ReceiveTest, WaitingMessagesAndPromptSignals) {
+  Cluster cl;
+  TempDir dir;
+  {
+    Proc r;
+    cl.StartReceiver(&r, 0);
+    auto t0 = Clock::now();
+    bool waiting = false;
+    while (!waiting && SecondsSince(t0) < 10) {
+      for (const Json& e : JsonLines(cl.Log(0))) {
+        waiting |= e.value("event", "") == "waiting" &&
+                   e.value("message", "").find("first version") != std::string::npos;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    EXPECT_TRUE(waiting) << ReadText(cl.Log(0));
+    r.Signal(SIGTERM);
+    ASSERT_TRUE(r.Wait(5));
+  }
+  // r0 alone votes; the publisher waits for r1 and r2, so r0 waits for
+  // the decision.
+  Proc publisher;
+  cl.StartPublisher(&publisher, 60000);
+  {
+    // A receiver outside the membership is told it does not vote.
+    fs::create_directories(dir.File("r9"));
+    fs::copy_file(Inputs::Get().base, dir.File("r9/model.safetensors"));
+    Proc outsider;
+    outsider.Start({"receive", "--store", cl.store(), "--member", "r9", "--checkpoint",
+                    dir.File("r9/model.safetensors"), "--state", dir.File("r9"),
+                    "--key-file", Inputs::Get().key, "--poll-ms", "2"},
+                   dir.File("r9.out"), dir.File("r9.err"));
+    auto t0 = Clock::now();
+    while (ReadText(dir.File("r9.err")).find("not a voting member") == std::string::npos &&
+           SecondsSince(t0) < 10) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    EXPECT_NE(ReadText(dir.File("r9.err")).find("not a voting member"), std::string::npos)
+        << ReadText(dir.File("r9.out")) << ReadText(dir.File("r9.err"));
+    outsider.Signal(SIGTERM);
+    EXPECT_TRUE(outsider.Wait(5));
+  }
+  for (int sigs : {1, 2}) {
+    Proc r;
+    const size_t err_before = ReadText(cl.Err(0)).size();
+    cl.StartReceiver(&r, 0);
+    auto t0 = Clock::now();
+    while (!cl.HasObject(VoteKey(1, "r0")) && SecondsSince(t0) < 20) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    ASSERT_TRUE(cl.HasObject(VoteKey(1, "r0")));
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));  // waiting now
+    auto signalled = Clock::now();
+    r.Signal(sigs == 1 ? SIGTERM : SIGINT);
+    if (sigs == 2) r.Signal(SIGINT);
+    ASSERT_TRUE(r.Wait(5));
+    EXPECT_LT(SecondsSince(signalled), 1.0) << sigs << " signal(s)";
+    if (sigs == 1) {
+      EXPECT_EQ(r.exit_code(), 0);
+      std::vector<Json> events = JsonLines(cl.Log(0));
+      ASSERT_FALSE(events.empty());
+      EXPECT_EQ(events.back().value("event", ""), "exit");
+      EXPECT_NE(events.back().value("reason", "").find("signal 15"), std::string::npos);
+    } else {
+      // Whichever signal ended it, it said so.
+      const std::string err = ReadText(cl.Err(0)).substr(err_before);
+      std::vector<Json> events = JsonLines(cl.Log(0));
+      const bool exit_event = !events.empty() && events.back().value("event", "") == "exit";
+      EXPECT_TRUE(exit_event || err.find("signal") != std::string::npos) << err;
+    }
+    EXPECT_EQ(cl.Active(0), 0u);
+  }
+}
+
 // ------------------------------------------------------------ (c) fold
 
 // A receiver three committed versions behind folds them in one step

@@ -12,7 +12,13 @@
 namespace refit {
 namespace {
 
-enum RecordType : uint8_t { kBegin = 1, kApplied = 2, kVoted = 3, kBeginFold = 4 };
+enum RecordType : uint8_t {
+  kBegin = 1,
+  kApplied = 2,
+  kVoted = 3,
+  kBeginFold = 4,
+  kFailed = 5,
+};
 // A chain longer than this is not a fold any receiver writes.
 constexpr uint64_t kMaxFoldVersions = 1u << 16;
 
@@ -72,6 +78,9 @@ Result<std::optional<JournalState>> Journal::Load(const std::string& path) {
       state->applied[chunk] = std::move(undo);
     } else if (type == kVoted) {
       state->voted = true;
+    } else if (type == kFailed) {
+      state->failed = true;
+      state->failed_bound = b.U64();
     }
     return b.status("journal '" + path + "'");
   });
@@ -139,6 +148,13 @@ Status Journal::Applied(uint64_t chunk, const UndoRecord& undo) {
 }
 
 Status Journal::Voted() { return Append(kVoted, {}); }
+
+Status Journal::Failed(uint64_t bound) {
+  std::vector<uint8_t> body;
+  ByteWriter w(&body);
+  w.U64(bound);
+  return Append(kFailed, body);
+}
 
 Status Journal::Sync() { return file_.Sync(); }
 

@@ -35,6 +35,11 @@ struct JournalState {
   // Chunks known applied, with their undo records (overwrite kinds).
   std::map<uint64_t, UndoRecord> applied;
   bool voted = false;
+  // The receiver voted failed on the version (docs/protocol.md, "Failed
+  // votes"): it only waits for the decision and rolls back. Chunks at or
+  // above `failed_bound` were never written in this version.
+  bool failed = false;
+  uint64_t failed_bound = UINT64_MAX;
   // A fold: the chain V1..Vk (k >= 2, ascending; Vk == version) with the
   // SHA-256 of each stored announcement. Empty for a single version.
   std::vector<uint64_t> fold_versions;
@@ -64,6 +69,9 @@ class Journal {
 
   Status Applied(uint64_t chunk, const UndoRecord& undo);
   Status Voted();
+  // The receiver voted failed; chunks at or above `bound` were never
+  // written (UINT64_MAX: any may have been).
+  Status Failed(uint64_t bound);
   Status Sync();
 
   // Removes the journal file (after activation or rollback).

@@ -183,8 +183,14 @@ Status Publisher::ServeRequests(uint64_t version, const std::vector<TensorEntry>
         if (object.status().code() == StatusCode::kNotFound) continue;
         return object.status();
       }
-      REFIT_ASSIGN_OR_RETURN(auto chunk_body, opt_.auth.Open(*object));
-      REFIT_ASSIGN_OR_RETURN(ParsedChunk original, ParseChunk(chunk_body));
+      // A chunk object changed in the store names no range this publisher
+      // can trust: nothing is served for it (the receiver's wait ends in
+      // its deadline), and the coordinator goes on.
+      auto chunk_body = opt_.auth.Open(*object);
+      if (!chunk_body.ok()) continue;
+      auto parsed = ParseChunk(*chunk_body);
+      if (!parsed.ok()) continue;
+      const ParsedChunk& original = *parsed;
       const ChunkHeader& h = original.header;
       if (h.tensor_id >= tensors.size() || h.version != version) continue;
       const TensorEntry& e = tensors[h.tensor_id];
@@ -206,6 +212,89 @@ Status Publisher::ServeRequests(uint64_t version, const std::vector<TensorEntry>
       ++*served;
     }
     served_requests_[info.key] = sha;
+  }
+  return Status();
+}
+
+Result<std::optional<std::vector<TensorEntry>>> Publisher::VersionTensors(uint64_t version) {
+  auto bytes = store_->Get(ManifestKey(version));
+  if (bytes.ok()) {
+    REFIT_ASSIGN_OR_RETURN(auto body, opt_.auth.Open(*bytes));
+    REFIT_ASSIGN_OR_RETURN(Manifest m, DecodeManifest(body));
+    if (m.version != version) return DataLossError("manifest names another version");
+    return std::optional<std::vector<TensorEntry>>(std::move(m.tensors));
+  }
+  if (bytes.status().code() != StatusCode::kNotFound) return bytes.status();
+  // Version 0 has no manifest; a snapshot records its hashes when the
+  // store keeps snapshots.
+  bytes = store_->Get(SnapshotIndexKey(version));
+  if (bytes.ok()) {
+    REFIT_ASSIGN_OR_RETURN(auto body, opt_.auth.Open(*bytes));
+    REFIT_ASSIGN_OR_RETURN(SnapshotIndex index, DecodeSnapshotIndex(body));
+    if (index.version != version) return DataLossError("snapshot index names another version");
+    return std::optional<std::vector<TensorEntry>>(std::move(index.tensors));
+  }
+  if (bytes.status().code() != StatusCode::kNotFound) return bytes.status();
+  return std::optional<std::vector<TensorEntry>>();
+}
+
+Status Publisher::CheckBaseline() {
+  REFIT_ASSIGN_OR_RETURN(auto head, VersionTensors(committed_));
+  if (!head) return Status();  // nothing records the head's hashes
+  for (size_t i = 0; i < baseline_->tensors().size(); ++i) {
+    const std::string& name = baseline_->tensors()[i].name;
+    auto it = std::find_if(head->begin(), head->end(),
+                           [&](const TensorEntry& e) { return e.name == name; });
+    if (it == head->end() || it->after != baseline_hashes_[i] ||
+        head->size() != baseline_->tensors().size()) {
+      return FailedPreconditionError(
+          "the baseline '" + baseline_->path() + "' is not the store's head version " +
+          std::to_string(committed_) + ": tensor '" + name + "' " +
+          (it == head->end() ? "is not in" : "does not hash to") + " version " +
+          std::to_string(committed_) + "'s manifest; receivers hold version " +
+          std::to_string(committed_) + ", so a diff from this baseline cannot apply. Give "
+          "the publisher a copy of version " + std::to_string(committed_) +
+          " (the baseline of the publisher that committed it)");
+    }
+  }
+  return Status();
+}
+
+Status Publisher::CheckPublished(uint64_t version, const std::vector<TensorView>& target) {
+  auto bytes = store_->Get(ManifestKey(version));
+  if (!bytes.ok()) {
+    if (bytes.status().code() != StatusCode::kNotFound) return bytes.status();
+    return NotFoundError("version " + std::to_string(version) +
+                         " has no manifest (it was never completely published); the store's "
+                         "head is version " + std::to_string(committed_) +
+                         ": publish these weights as version " +
+                         std::to_string(committed_ + 1) + " or higher");
+  }
+  REFIT_ASSIGN_OR_RETURN(auto body, opt_.auth.Open(*bytes));
+  REFIT_ASSIGN_OR_RETURN(Manifest m, DecodeManifest(body));
+  return TargetMatches(m, target);
+}
+
+Status Publisher::TargetMatches(const Manifest& m, const std::vector<TensorView>& target) {
+  auto refuse = [&](const std::string& what) {
+    return FailedPreconditionError(
+        "version " + std::to_string(m.version) + " was published with other weights (" + what +
+        "); a version number is used once. The store's head is version " +
+        std::to_string(committed_) + ": publish these weights as version " +
+        std::to_string(std::max(committed_, m.version) + 1) + " or higher");
+  };
+  if (target.size() != m.tensors.size()) {
+    return refuse("it has " + std::to_string(m.tensors.size()) + " tensors, the target " +
+                  std::to_string(target.size()));
+  }
+  for (const TensorEntry& e : m.tensors) {
+    auto it = std::find_if(target.begin(), target.end(),
+                           [&](const TensorView& v) { return v.name == e.name; });
+    if (it == target.end()) return refuse("the target lacks tensor '" + e.name + "'");
+    if (it->dtype != e.dtype || it->width != e.width || it->shape != e.shape ||
+        RangeHash(it->data, e.num_elements * e.width) != e.after) {
+      return refuse("tensor '" + e.name + "' differs from its manifest");
+    }
   }
   return Status();
 }
@@ -372,11 +461,16 @@ Result<PublishReport> Publisher::Publish(uint64_t version,
     REFIT_ASSIGN_OR_RETURN(auto mb, store_->Get(ManifestKey(version)));
     REFIT_ASSIGN_OR_RETURN(auto mbody, opt_.auth.Open(mb));
     REFIT_ASSIGN_OR_RETURN(m, DecodeManifest(mbody));
+    // Following the decision is resuming only for the tensors it decided.
+    REFIT_RETURN_IF_ERROR(TargetMatches(m, target));
   } else if (d.status().code() != StatusCode::kNotFound) {
     return d.status();
   }
 
   if (!decision) {
+    // Before anything is written: the announcement carries the baseline's
+    // hashes as the base every receiver must hold.
+    REFIT_RETURN_IF_ERROR(CheckBaseline());
     // Versions started before this one and never decided (their publisher
     // died) can no longer commit: their base is not this version's base's
     // successor chain. Abort them, so receivers inside one roll back.

@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <memory>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -89,6 +90,13 @@ class Publisher {
   Result<PublishReport> Publish(uint64_t version, const std::vector<TensorView>& target);
   Result<PublishReport> PublishCheckpoint(uint64_t version, const std::string& target_path);
 
+  // Whether `target` holds exactly the tensors `version` was published
+  // with (every tensor's hash against the version's manifest), so that
+  // re-running its publish is a resume. FAILED_PRECONDITION naming the
+  // head version when it is other weights; NOT_FOUND when the version has
+  // no manifest.
+  Status CheckPublished(uint64_t version, const std::vector<TensorView>& target);
+
   // Serves re-send requests for `version` from the baseline (after its
   // decision) for up to `ms` milliseconds.
   Status Serve(uint64_t version, int ms);
@@ -97,6 +105,13 @@ class Publisher {
   Publisher(ObjectStore* store, PublisherOptions options)
       : store_(store), opt_(std::move(options)) {}
   std::vector<TensorView> BaselineViews() const;
+  // The tensor table recording `version`'s hashes ("after"): its manifest,
+  // or its snapshot index; nullopt when the store holds neither.
+  Result<std::optional<std::vector<TensorEntry>>> VersionTensors(uint64_t version);
+  // FAILED_PRECONDITION unless the baseline hashes to the head version's
+  // tensor table (when the store records one).
+  Status CheckBaseline();
+  Status TargetMatches(const Manifest& m, const std::vector<TensorView>& target);
   Status ServeRequests(uint64_t version, const std::vector<TensorEntry>& tensors,
                        const std::vector<TensorView>* target, uint64_t* served);
   // Writes an abort decision for every announced, undecided version

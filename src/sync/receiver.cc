@@ -30,6 +30,15 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// In how many consecutive steps the store must return the same bytes for a
+// chunk that fails its checks before the failure is the version's (the
+// receiver votes failed): a damaged read differs from read to read, a
+// damaged object does not.
+constexpr int kPersistentBadReads = 4;
+
+// Chunks of a version that may have been written: all of them.
+constexpr uint64_t kAllChunks = UINT64_MAX;
+
 int ElapsedMs(Clock::time_point since) {
   return static_cast<int>(
       std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - since).count());
@@ -190,7 +199,9 @@ class BaseCheck {
       const bool at_base = digests_->Ensure(b_, t) == base_[t].before;
       if (!resume_ && !at_base) {
         return DataLossError("tensor '" + base_[t].name + "' is not at " + of_ +
-                             "; the local model was changed; resync this receiver");
+                             " (it does not hash to the announced base): the local model "
+                             "was changed (resync this receiver), or the publisher's "
+                             "baseline is not that version");
       }
       digests_->SetCovered(t, at_base && !resume_);
     }
@@ -549,6 +560,8 @@ Result<Manifest> Receiver::ReadManifest(uint64_t version, Sha256* sha) {
 }
 
 Result<StepResult> Receiver::Step(uint64_t fold_limit) {
+  failed_vote_.reset();
+  reread_pending_ = false;
   // A snapshot that was being put in place comes first: until it is
   // active, the checkpoint may be any mix of old and new files.
   if (PathExists(StatePath(opt_, "snapshot"))) {
@@ -649,7 +662,11 @@ Result<StepResult> Receiver::Step(uint64_t fold_limit) {
     REFIT_ASSIGN_OR_RETURN(auto decision, ReadDecision(v));
     if (decision && !decision->commit) continue;  // aborted: not ours to apply
     bool member = std::find(a.members.begin(), a.members.end(), opt_.member) != a.members.end();
-    if (!decision && !member) return StepResult{};  // not ours; wait for its decision
+    if (!decision && !member) {  // not ours; wait for its decision
+      StepResult idle;
+      idle.not_member_of = v;
+      return idle;
+    }
     if (decision && opt_.max_fold_versions > 1) {
       // Committed: extend it with the committed versions that follow, each
       // built on the previous one (aborted ones are passed over; an
@@ -835,21 +852,96 @@ Result<StepResult> Receiver::SyncTo(uint64_t version, int timeout_ms) {
                                    std::to_string(active_) + ")");
     }
     if (last.outcome == StepResult::Outcome::kIdle) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(opt_.poll_ms));
+      REFIT_RETURN_IF_ERROR(Pause("version " + std::to_string(version)));
     }
   }
   return last;
 }
 
+Status Receiver::Pause(const std::string& waiting_for) {
+  auto stopped = [&] {
+    return CancelledError("stopped while waiting for " + waiting_for +
+                          "; what was done is journaled and resumes on the next step");
+  };
+  if (opt_.stop && opt_.stop()) return stopped();
+  std::this_thread::sleep_for(std::chrono::milliseconds(opt_.poll_ms));
+  if (opt_.stop && opt_.stop()) return stopped();
+  return Status();
+}
+
+Result<std::optional<std::vector<TensorEntry>>> Receiver::ActiveTensors() {
+  Sha256 sha;
+  auto m = ReadManifest(active_, &sha);
+  if (m.ok()) return std::optional<std::vector<TensorEntry>>(std::move(m->tensors));
+  if (m.status().code() != StatusCode::kNotFound) return m.status();
+  // Version 0 has no manifest; a snapshot records its hashes when the
+  // store keeps snapshots.
+  auto bytes = store_->Get(SnapshotIndexKey(active_));
+  if (!bytes.ok()) {
+    if (bytes.status().code() == StatusCode::kNotFound) {
+      return std::optional<std::vector<TensorEntry>>();
+    }
+    return bytes.status();
+  }
+  REFIT_ASSIGN_OR_RETURN(auto body, opt_.auth.Open(*bytes));
+  REFIT_ASSIGN_OR_RETURN(SnapshotIndex index, DecodeSnapshotIndex(body));
+  if (index.version != active_) return DataLossError("snapshot index names another version");
+  return std::optional<std::vector<TensorEntry>>(std::move(index.tensors));
+}
+
 Result<StepResult> Receiver::ProcessVersion(const Announcement& a,
                                             const Sha256& announcement_sha, bool vote,
                                             bool resume) {
+  VersionFailure failure;
+  Result<StepResult> step = ApplyVersion(a, announcement_sha, vote, resume, &failure);
+  if (step.ok() || !vote || !failure.set) return step;
+  // The version cannot be applied here: say so at once, so the coordinator
+  // aborts it without waiting for its deadline (docs/protocol.md, "Failed
+  // votes"). The journal then holds nothing more to do than the rollback.
+  const std::string V = std::to_string(a.version);
+  Status put = store_->Put(VoteKey(a.version, opt_.member),
+                           opt_.auth.SealMember(EncodeVote(Vote{false, step.status().ToString()})));
+  if (!put.ok()) return put.WithContext(step.status().ToString() + "; voting failed on version " + V);
+  if (failure.journaled) {
+    REFIT_ASSIGN_OR_RETURN(Journal journal, Journal::Reopen(StatePath(opt_, "journal")));
+    REFIT_RETURN_IF_ERROR(journal.Failed(failure.bound));
+    REFIT_RETURN_IF_ERROR(journal.Sync());
+  }
+  failed_vote_ = a.version;
+  return Status(step.status().code(),
+                std::string(step.status().message()) + "; voted failed on version " + V +
+                    " (its coordinator aborts it; the next step rolls it back)");
+}
+
+Result<StepResult> Receiver::ApplyVersion(const Announcement& a,
+                                          const Sha256& announcement_sha, bool vote,
+                                          bool resume, VersionFailure* failure) {
   auto t0 = Clock::now();
   StepResult result;
   result.version = a.version;
   result.versions_folded = 1;
   const std::string V = std::to_string(a.version);
   const std::string journal_path = StatePath(opt_, "journal");
+  if (!resume) {
+    // The announced base must be the version this receiver holds, as the
+    // store records it: a version diffed from another baseline cannot
+    // apply, and nothing of it is journaled or written.
+    REFIT_ASSIGN_OR_RETURN(auto held, ActiveTensors());
+    for (size_t t = 0; held && t < a.tensors.size(); ++t) {
+      const TensorEntry& e = a.tensors[t];
+      auto it = std::find_if(held->begin(), held->end(),
+                             [&](const TensorEntry& h) { return h.name == e.name; });
+      if (it != held->end() && it->after != e.before) {
+        const std::string base = std::to_string(a.base_version);
+        failure->set = true;
+        failure->bound = 0;
+        return FailedPreconditionError(
+            "version " + V + " is announced on base version " + base + " with tensor '" +
+            e.name + "' not as version " + base + "'s manifest records it: its publisher's "
+            "baseline is not version " + base + ", which this receiver holds; it cannot apply");
+      }
+    }
+  }
   std::optional<JournalState> state;
   Journal journal;
   if (resume) {
@@ -861,7 +953,21 @@ Result<StepResult> Receiver::ProcessVersion(const Announcement& a,
     state.emplace();
     CrashPoint("receiver.after-begin");
   }
-  REFIT_ASSIGN_OR_RETURN(Bound b, BindTensors(opt_, a.tensors, a.version));
+  failure->journaled = true;
+  // Marks a failure as the version's (see ProcessVersion); chunks at or
+  // above `bound` were not written in it. A receiver that voted ready
+  // already stands by that vote.
+  auto version_failure = [&](uint64_t bound) {
+    if (state->voted) return;
+    failure->set = true;
+    failure->bound = resume ? kAllChunks : bound;
+  };
+  auto bound_tensors = BindTensors(opt_, a.tensors, a.version);
+  if (!bound_tensors.ok()) {
+    version_failure(0);
+    return bound_tensors.status();
+  }
+  Bound b = std::move(*bound_tensors);
   REFIT_ASSIGN_OR_RETURN(auto decision, ReadDecision(a.version));
   ApplyScratch scratch;
 
@@ -984,7 +1090,7 @@ Result<StepResult> Receiver::ProcessVersion(const Announcement& a,
                                        std::to_string(opt_.resend_timeout_ms) +
                                        " ms; is the publisher running?");
         }
-        std::this_thread::sleep_for(std::chrono::milliseconds(opt_.poll_ms));
+        REFIT_RETURN_IF_ERROR(Pause("a re-send of chunk " + std::to_string(i) + " of version " + V));
       }
     }
     return Status();
@@ -994,22 +1100,37 @@ Result<StepResult> Receiver::ProcessVersion(const Announcement& a,
   // stored (the publisher writes them once), so the chunks in the store are
   // the ones that were applied; without a manifest they are probed in
   // order up to the first missing one (chunks are applied in order).
+  // After a failed vote, only chunks below the journaled bound were
+  // written, and only the tensors they belong to are checked at the end:
+  // the others were never touched in this version (their state is the
+  // receiver's, whatever the announcement says of it).
   auto roll_back = [&]() -> Status {
     if (!manifest) REFIT_RETURN_IF_ERROR(read_manifest());
+    const uint64_t bound = state->failed ? state->failed_bound : kAllChunks;
+    std::vector<bool> probed(a.tensors.size(), false);
     uint64_t last_journaled = 0;
     for (const auto& [i, undo] : state->applied) last_journaled = std::max(last_journaled, i + 1);
     std::vector<uint64_t> torn;
-    for (uint64_t i = 0;; ++i) {
+    for (uint64_t i = 0; i < bound; ++i) {
       if (manifest && i >= manifest->chunks.size()) break;
       auto c = fetch(ChunkKey(a.version, i), i, /*original=*/true);
       if (!c.ok()) {
-        if (!manifest && c.status().code() == StatusCode::kNotFound && i >= last_journaled) {
-          break;
+        const StatusCode code = c.status().code();
+        if (!manifest && code == StatusCode::kNotFound && i >= last_journaled) break;
+        // A chunk is applied only after it passed these checks, and a
+        // stored chunk never changes: one that fails them now (changed in
+        // the store) was not applied, unless journaled. The final check
+        // of the tensors catches the one case left (applied, not yet
+        // journaled, then changed in the store).
+        if ((code == StatusCode::kDataLoss || code == StatusCode::kUnauthenticated) &&
+            state->applied.count(i) == 0) {
+          continue;
         }
         return c.status();
       }
       auto [off, len] = range_of(c->header);
       const size_t t = c->header.tensor_id;
+      probed[t] = true;
       Hash128 h = RangeOf(b, t, off, len);
       if (h == c->header.before) continue;
       if (h == c->header.after) {
@@ -1027,7 +1148,7 @@ Result<StepResult> Receiver::ProcessVersion(const Announcement& a,
     }
     REFIT_RETURN_IF_ERROR(repair(torn, /*after=*/false));
     for (size_t t = 0; t < a.tensors.size(); ++t) {
-      if (TensorHash(b, t) != a.tensors[t].before) {
+      if ((bound == kAllChunks || probed[t]) && TensorHash(b, t) != a.tensors[t].before) {
         return DataLossError("rollback of version " + V + " left tensor '" +
                              a.tensors[t].name +
                              "' off its base; resync this receiver from a snapshot");
@@ -1044,6 +1165,23 @@ Result<StepResult> Receiver::ProcessVersion(const Announcement& a,
   };
 
   if (decision && !decision->commit) return aborted();
+  if (state->failed) {
+    // This receiver voted failed: nothing more is applied; the
+    // coordinator aborts the version (any failed vote aborts).
+    auto start = Clock::now();
+    while (!decision) {
+      if (ElapsedMs(start) > opt_.decision_timeout_ms) {
+        return DeadlineExceededError(
+            "voted failed on version " + V + " but no decision arrived within " +
+            std::to_string(opt_.decision_timeout_ms) + " ms; the next step waits again");
+      }
+      REFIT_RETURN_IF_ERROR(Pause("the decision on version " + V));
+      REFIT_ASSIGN_OR_RETURN(decision, ReadDecision(a.version));
+    }
+    if (!decision->commit) return aborted();
+    return DataLossError("version " + V + " was committed although this receiver voted "
+                         "failed on it; resync this receiver from a snapshot");
+  }
 
   BaseCheck base_check(b, &digests, a.tensors, resume, a.base_version, "version " + V);
 
@@ -1113,15 +1251,38 @@ Result<StepResult> Receiver::ProcessVersion(const Announcement& a,
             " ms; its publisher may have stopped (publishing a later version aborts it); "
             "the work is journaled and resumes on the next step");
       }
-      std::this_thread::sleep_for(std::chrono::milliseconds(opt_.poll_ms));
+      REFIT_RETURN_IF_ERROR(Pause("chunk " + std::to_string(i) + " of version " + V));
       continue;
     }
     object = std::move(*got);
-    REFIT_ASSIGN_OR_RETURN(ParsedChunk c, parse(i, /*original=*/true));
+    auto parsed = parse(i, /*original=*/true);
+    if (!parsed.ok()) {
+      // The same bytes in consecutive steps are the stored object: the
+      // version cannot be applied here (a re-send would come from the same
+      // publisher that stored it; the version is aborted instead).
+      const std::string key = ChunkKey(a.version, i);
+      const Sha256 bad = ComputeSha256(object);
+      if (bad_read_.key == key && bad_read_.sha == bad) {
+        ++bad_read_.reads;
+      } else {
+        bad_read_ = BadRead{key, bad, 1};
+      }
+      if (bad_read_.reads >= kPersistentBadReads) {
+        version_failure(i);
+      } else {
+        reread_pending_ = true;
+      }
+      return parsed.status();
+    }
+    if (bad_read_.key == ChunkKey(a.version, i)) bad_read_ = BadRead{};
+    ParsedChunk c = std::move(*parsed);
     const Sha256 sha = manifest ? manifest->chunks[i].sha256 : ComputeSha256(object);
     last_progress = Clock::now();
     const size_t t = c.header.tensor_id;
-    REFIT_RETURN_IF_ERROR(base_check.Through(t));
+    if (Status s = base_check.Through(t); !s.ok()) {
+      version_failure(i);
+      return s;
+    }
     auto [off, len] = range_of(c.header);
     if (pool.Pending(t, off, len)) REFIT_RETURN_IF_ERROR(drain(true));
     const Hash128 h = digests.Range(b, t, off, len);
@@ -1154,7 +1315,10 @@ Result<StepResult> Receiver::ProcessVersion(const Announcement& a,
   REFIT_RETURN_IF_ERROR(drain(true));
   REFIT_RETURN_IF_ERROR(repair(torn, /*after=*/true));
   CrashPoint("receiver.after-apply");
-  REFIT_RETURN_IF_ERROR(base_check.All());
+  if (Status s = base_check.All(); !s.ok()) {
+    version_failure(kAllChunks);
+    return s;
+  }
   // Every tensor at the manifest's after hash. A covered tensor was at
   // the base as a whole and each of its chunks' ranges now hashes to that
   // chunk's "after"; the bytes outside the chunks are the base's, which
@@ -1170,6 +1334,7 @@ Result<StepResult> Receiver::ProcessVersion(const Announcement& a,
                         ? has_chunks[t] || manifest->tensors[t].after == a.tensors[t].before
                         : TensorHash(b, t) == manifest->tensors[t].after;
     if (!ok) {
+      version_failure(kAllChunks);
       return DataLossError("after applying version " + V + ", tensor '" +
                            a.tensors[t].name +
                            "' does not hash to the manifest; the local model "
@@ -1196,7 +1361,7 @@ Result<StepResult> Receiver::ProcessVersion(const Announcement& a,
             std::to_string(opt_.decision_timeout_ms) +
             " ms; the work is journaled and resumes on the next step");
       }
-      std::this_thread::sleep_for(std::chrono::milliseconds(opt_.poll_ms));
+      REFIT_RETURN_IF_ERROR(Pause("the decision on version " + V));
       REFIT_ASSIGN_OR_RETURN(decision, ReadDecision(a.version));
     }
   } else if (!decision) {
@@ -1515,7 +1680,7 @@ Result<std::optional<StepResult>> Receiver::Fold(const std::vector<Announcement>
                 " ms (" + what + " found its range torn); a publisher must serve re-sends "
                 "of that version; the work is journaled and resumes on the next step");
           }
-          std::this_thread::sleep_for(std::chrono::milliseconds(opt_.poll_ms));
+          REFIT_RETURN_IF_ERROR(Pause(name));
         }
         result.bytes_fetched += object.size();
         REFIT_ASSIGN_OR_RETURN(auto body, opt_.auth.Open(object));

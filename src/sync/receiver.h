@@ -16,6 +16,7 @@
 #define REFIT_SYNC_RECEIVER_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -53,6 +54,11 @@ struct ReceiverOptions {
   // applies up to this many of them in one pass over the model and
   // activates Vk directly. 1 (or less) applies them one by one.
   int max_fold_versions = 16;
+  // Polled while a step waits (for chunks, re-sends, a decision) and
+  // between its polls: when it returns true the step ends within one
+  // poll_ms with CANCELLED, its work journaled as after any failure (the
+  // next step resumes). Empty: never. Called on the stepping thread.
+  std::function<bool()> stop;
 };
 
 struct StepResult {
@@ -83,6 +89,10 @@ struct StepResult {
   // (those with at least one changed element), in manifest order, so a
   // caller can reload just those into an engine.
   std::vector<std::string> changed_tensors;
+  // kIdle because the next version has no decision yet and its members do
+  // not include this receiver (it does not vote; it applies the version
+  // once committed): that version. 0 otherwise.
+  uint64_t not_member_of = 0;
   // kSnapshot taken because committed versions could not be applied as
   // deltas (a torn range nobody re-sent, or a local model off its base):
   // why. Empty otherwise.
@@ -117,6 +127,21 @@ class Receiver {
   // the work; the next Step resumes).
   Result<StepResult> Step(uint64_t fold_limit = UINT64_MAX);
 
+  // The version this receiver voted failed on in its last Step(), which
+  // then returned why (docs/protocol.md, "Failed votes"): the version
+  // cannot be applied here (its announced base is not the model this
+  // receiver holds, a chunk the store keeps returning fails its checks,
+  // the model is not the one the version describes). The coordinator
+  // aborts it; the next steps wait for that decision, roll back what was
+  // applied and follow the next version. nullopt when the last step voted
+  // no failure.
+  std::optional<uint64_t> failed_vote() const { return failed_vote_; }
+  // The last Step() failed on a chunk that failed its checks, too few
+  // times in a row to tell a damaged read from a damaged object: the next
+  // step reads it again (and votes failed once the store keeps returning
+  // the same bytes).
+  bool rereading() const { return reread_pending_; }
+
   // Step(version) until the active version is at least `version`, polling
   // while idle, up to timeout_ms (kDeadlineExceeded). Folds stop at
   // `version`, so a committed `version` is where the receiver ends.
@@ -125,8 +150,26 @@ class Receiver {
  private:
   Receiver(ObjectStore* store, ReceiverOptions options)
       : store_(store), opt_(std::move(options)) {}
+  // Applies version `a` (voting when `vote`); when it cannot be applied
+  // here, votes failed first (a member) and returns why.
   Result<StepResult> ProcessVersion(const Announcement& a, const Sha256& announcement_sha,
                                     bool vote, bool resume);
+  // Why ApplyVersion failed, when the failure is the version's (it cannot
+  // be applied here) rather than a transient one.
+  struct VersionFailure {
+    bool set = false;
+    bool journaled = false;  // a journal of the version exists
+    // Chunks at or above this index were not written in this version.
+    uint64_t bound = UINT64_MAX;
+  };
+  Result<StepResult> ApplyVersion(const Announcement& a, const Sha256& announcement_sha,
+                                  bool vote, bool resume, VersionFailure* failure);
+  // The tensor table recording the active version's hashes ("after"): its
+  // manifest or its snapshot index; nullopt when the store holds neither.
+  Result<std::optional<std::vector<TensorEntry>>> ActiveTensors();
+  // Sleeps poll_ms, unless options.stop says to stop: CANCELLED naming
+  // what the step was waiting for.
+  Status Pause(const std::string& waiting_for);
   // Applies the committed chain V1..Vk (chain[0] builds on the active
   // version, each next one on the previous one) in one pass and activates
   // Vk. nullopt, having changed nothing, when the chain cannot be folded
@@ -159,6 +202,18 @@ class Receiver {
   ReceiverOptions opt_;
   uint64_t active_ = 0;
   uint64_t chunks_applied_total_ = 0;
+  std::optional<uint64_t> failed_vote_;
+  bool reread_pending_ = false;
+  // The last chunk object that failed its checks, and in how many
+  // consecutive steps the store returned exactly these bytes for it: a
+  // stored object that fails is the version's fault, bytes damaged in
+  // transit differ from read to read.
+  struct BadRead {
+    std::string key;
+    Sha256 sha{};
+    int reads = 0;
+  };
+  BadRead bad_read_;
 };
 
 // The key of a version's announcement, which the publisher writes before

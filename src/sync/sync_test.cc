@@ -10,6 +10,7 @@
 #include <condition_variable>
 #include <filesystem>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <thread>
 
@@ -1187,6 +1188,242 @@ TEST_P(SyncTest, InMemoryReceiverFollowsVersions) {
   EXPECT_EQ(refused.status().code(), StatusCode::kFailedPrecondition)
       << refused.status().ToString();
   EXPECT_EQ(memory.data, at3.data);
+}
+
+// Reads member `member`'s vote on `version`, or nullopt when there is none.
+std::optional<Vote> VoteOf(ObjectStore* store, uint64_t version, const std::string& member) {
+  auto bytes = store->Get(VoteKey(version, member));
+  if (!bytes.ok()) return std::nullopt;
+  auto body = Key().OpenMember(*bytes);
+  if (!body.ok()) return std::nullopt;
+  auto vote = DecodeVote(*body);
+  if (!vote.ok()) return std::nullopt;
+  return *vote;
+}
+
+// A publisher whose baseline is not the store's head version (here: the
+// base model, while head is version 2) is refused before it writes
+// anything: its announcement would carry hashes no receiver holds.
+TEST_P(SyncTest, PublisherWithAnotherBaselineIsRefusedBeforeItWritesAnything) {
+  auto pub = Publisher::Open(store_.get(), dir_.File("baseline.safetensors"), MakePublisher(1));
+  ASSERT_OK(pub);
+  std::vector<std::unique_ptr<Receiver>> rcv;
+  auto r0 = Receiver::Open(store_.get(), MakeReceiver(0));
+  ASSERT_OK(r0);
+  rcv.push_back(std::move(*r0));
+  Model trainer = model_;
+  std::mt19937_64 rng(51);
+  for (uint64_t v = 1; v <= 2; ++v) {
+    trainer.Step(rng, 0.03);
+    ASSERT_NO_FATAL_FAILURE(testing::PublishToAll(**pub, rcv, v, trainer, 20000));
+  }
+  model_.Write(dir_.File("stale.safetensors"));  // version 0's weights
+  auto stale = Publisher::Open(store_.get(), dir_.File("stale.safetensors"), MakePublisher(1));
+  ASSERT_OK(stale);
+  auto listed_before = store_->List("");
+  ASSERT_OK(listed_before);
+  Model next = trainer;
+  next.Step(rng, 0.03);
+  auto refused = (*stale)->Publish(3, next.Views());
+  EXPECT_EQ(refused.status().code(), StatusCode::kFailedPrecondition)
+      << refused.status().ToString();
+  EXPECT_NE(refused.status().message().find("version 2"), std::string::npos)
+      << refused.status().ToString();
+  EXPECT_NE(refused.status().message().find("a.weight"), std::string::npos)
+      << refused.status().ToString();
+  auto listed_after = store_->List("");
+  ASSERT_OK(listed_after);
+  EXPECT_EQ(listed_after->size(), listed_before->size()) << "the refused publisher wrote";
+  EXPECT_FALSE(store_->Get(IndexKey(3)).ok());
+  // The right baseline publishes version 3 as usual.
+  ASSERT_NO_FATAL_FAILURE(testing::PublishToAll(**pub, rcv, 3, next, 20000));
+}
+
+// A version announced on a base this receiver does not hold (its
+// publisher's baseline was another model; the store had no manifest to
+// check it against) is not applied: the receiver votes failed at once, so
+// the publisher aborts without waiting for its deadline, and the next step
+// rolls back and follows the next version with no manual step.
+TEST_P(SyncTest, ReceiverOffTheAnnouncedBaseVotesFailedAndFollowsTheNextVersion) {
+  Model other(77);
+  other.Write(dir_.File("other.safetensors"));
+  auto popts = MakePublisher(1);
+  popts.vote_timeout_ms = 5000;
+  auto wrong = Publisher::Open(store_.get(), dir_.File("other.safetensors"), popts);
+  ASSERT_OK(wrong);
+  auto opts = MakeReceiver(0);
+  auto r0 = Receiver::Open(store_.get(), opts);
+  ASSERT_OK(r0);
+  Model bad = other;
+  std::mt19937_64 rng(52);
+  bad.Step(rng, 0.03);
+  Result<StepResult> step = InternalError("not run");
+  std::thread t = StepUntilBusy(r0->get(), &step, 2000);
+  auto report = (*wrong)->Publish(1, bad.Views());
+  t.join();
+  ASSERT_OK(report);
+  EXPECT_FALSE(report->committed);
+  EXPECT_LT(report->commit_seconds, 2.5) << "the publisher waited for its deadline";
+  EXPECT_NE(report->reason.find("r0"), std::string::npos) << report->reason;
+  EXPECT_FALSE(step.ok());
+  auto vote = VoteOf(store_.get(), 1, "r0");
+  ASSERT_TRUE(vote.has_value());
+  EXPECT_FALSE(vote->ready);
+  EXPECT_NE(vote->message.find("a.weight"), std::string::npos) << vote->message;
+  EXPECT_TRUE(model_.Matches(opts.checkpoint));
+
+  // The next step rolls the aborted version back (nothing of it was
+  // written), and the receiver follows the next version.
+  auto rolled = (*r0)->Step();
+  ASSERT_OK(rolled);
+  EXPECT_EQ(rolled->outcome, StepResult::Outcome::kAborted);
+  EXPECT_FALSE(PathExists(opts.state_dir + "/journal"));
+  EXPECT_TRUE(model_.Matches(opts.checkpoint));
+  auto right = Publisher::Open(store_.get(), dir_.File("baseline.safetensors"), MakePublisher(1));
+  ASSERT_OK(right);
+  Model trainer = model_;
+  trainer.Step(rng, 0.03);
+  std::vector<std::unique_ptr<Receiver>> rcv;
+  rcv.push_back(std::move(*r0));
+  ASSERT_NO_FATAL_FAILURE(testing::PublishToAll(**right, rcv, 2, trainer, 20000));
+  EXPECT_TRUE(trainer.Matches(opts.checkpoint));
+}
+
+// The announcement's base hashes are checked against the active version's
+// manifest before anything is journaled or written: a version built on
+// another baseline is voted failed at once and then passed over.
+TEST_P(SyncTest, AnnouncementOnAnotherBaselineIsVotedFailedBeforeAnythingIsWritten) {
+  auto pub = Publisher::Open(store_.get(), dir_.File("baseline.safetensors"), MakePublisher(1));
+  ASSERT_OK(pub);
+  auto opts = MakeReceiver(0);
+  std::vector<std::unique_ptr<Receiver>> rcv;
+  auto r0 = Receiver::Open(store_.get(), opts);
+  ASSERT_OK(r0);
+  rcv.push_back(std::move(*r0));
+  Model trainer = model_;
+  std::mt19937_64 rng(53);
+  trainer.Step(rng, 0.03);
+  ASSERT_NO_FATAL_FAILURE(testing::PublishToAll(**pub, rcv, 1, trainer, 20000));
+  // Version 2 on base 1, announced with version 0's hashes (as a publisher
+  // started with a stale baseline would).
+  auto a1 = store_->Get(IndexKey(1));
+  ASSERT_OK(a1);
+  auto body = Key().Open(*a1);
+  ASSERT_OK(body);
+  auto a = DecodeAnnouncement(*body);
+  ASSERT_OK(a);
+  a->version = 2;
+  a->base_version = 1;
+  ASSERT_OK(store_->Put(IndexKey(2), Key().Seal(EncodeAnnouncement(*a))));
+  auto before = testing::ReadBytes(opts.checkpoint);
+  auto s = rcv[0]->Step();
+  EXPECT_EQ(s.status().code(), StatusCode::kFailedPrecondition) << s.status().ToString();
+  EXPECT_NE(s.status().message().find("version 1"), std::string::npos) << s.status().ToString();
+  auto vote = VoteOf(store_.get(), 2, "r0");
+  ASSERT_TRUE(vote.has_value());
+  EXPECT_FALSE(vote->ready);
+  EXPECT_FALSE(PathExists(opts.state_dir + "/journal"));
+  EXPECT_EQ(testing::ReadBytes(opts.checkpoint), before);
+  // Once aborted, the version is passed over and the next one followed.
+  Decision d{2, false, {}, "member failed"};
+  ASSERT_OK(store_->PutIfAbsent(DecisionKey(2), Key().Seal(EncodeDecision(d))));
+  auto idle = rcv[0]->Step();
+  ASSERT_OK(idle);
+  EXPECT_EQ(idle->outcome, StepResult::Outcome::kIdle);
+  trainer.Step(rng, 0.03);
+  ASSERT_NO_FATAL_FAILURE(testing::PublishToAll(**pub, rcv, 3, trainer, 20000));
+  EXPECT_TRUE(trainer.Matches(opts.checkpoint));
+}
+
+// A chunk modified in the store: the receiver votes failed at once (the
+// publisher aborts without waiting for its deadline), the next step rolls
+// back what was applied although the modified chunk is still there, and
+// the receiver follows the next version.
+TEST_P(SyncTest, CorruptChunkIsVotedFailedRolledBackAndTheNextVersionFollowed) {
+  auto popts = MakePublisher(1);
+  popts.vote_timeout_ms = 5000;
+  GateStore gate(store_.get(), ManifestKey(1));
+  auto pub = Publisher::Open(&gate, dir_.File("baseline.safetensors"), popts);
+  ASSERT_OK(pub);
+  Model trainer = model_;
+  std::mt19937_64 rng(54);
+  trainer.Step(rng, 0.05);
+  Result<PublishReport> report = InternalError("not run");
+  std::thread pt([&] { report = (*pub)->Publish(1, trainer.Views()); });
+  for (int i = 0; i < 10000 && !gate.held(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  ASSERT_TRUE(gate.held());
+  auto chunks = store_->List(VersionPrefix(1) + "chunk/");
+  ASSERT_OK(chunks);
+  ASSERT_GE(chunks->size(), 3u);
+  const std::string key = chunks->back().key;
+  auto original = store_->Get(key);
+  ASSERT_OK(original);
+  auto bad = *original;
+  bad[bad.size() / 2] ^= 1;
+  ASSERT_OK(store_->Put(key, bad));
+  gate.Release();
+  auto opts = MakeReceiver(0);
+  auto r0 = Receiver::Open(store_.get(), opts);
+  ASSERT_OK(r0);
+  // The same bytes in consecutive steps: the stored object, not a read
+  // damaged on the way; then the receiver votes failed.
+  for (int n = 0; n < 10 && !(*r0)->failed_vote(); ++n) {
+    auto s = (*r0)->Step();
+    EXPECT_EQ(s.status().code(), StatusCode::kDataLoss) << s.status().ToString();
+  }
+  pt.join();
+  EXPECT_EQ((*r0)->failed_vote(), std::optional<uint64_t>(1));
+  EXPECT_GT((*r0)->chunks_applied_total(), 0u);
+  ASSERT_OK(report);
+  EXPECT_FALSE(report->committed);
+  EXPECT_LT(report->commit_seconds, 2.5) << "the publisher waited for its deadline";
+  auto vote = VoteOf(store_.get(), 1, "r0");
+  ASSERT_TRUE(vote.has_value());
+  EXPECT_FALSE(vote->ready);
+
+  // Restarted (as the CLI would), with the modified chunk still stored.
+  r0 = Receiver::Open(store_.get(), opts);
+  ASSERT_OK(r0);
+  auto rolled = (*r0)->Step();
+  ASSERT_OK(rolled);
+  EXPECT_EQ(rolled->outcome, StepResult::Outcome::kAborted);
+  EXPECT_TRUE(model_.Matches(opts.checkpoint));
+  EXPECT_FALSE(PathExists(opts.state_dir + "/journal"));
+  Model next = model_;
+  next.Step(rng, 0.03);
+  auto pub2 = Publisher::Open(store_.get(), dir_.File("baseline.safetensors"), MakePublisher(1));
+  ASSERT_OK(pub2);
+  std::vector<std::unique_ptr<Receiver>> rcv;
+  rcv.push_back(std::move(*r0));
+  ASSERT_NO_FATAL_FAILURE(testing::PublishToAll(**pub2, rcv, 2, next, 20000));
+  EXPECT_TRUE(next.Matches(opts.checkpoint));
+}
+
+// Re-publishing a decided version resumes only when the target is that
+// version's content; other weights under a used number are refused.
+TEST_P(SyncTest, ReusedVersionNumberWithOtherWeightsIsRefused) {
+  auto pub = Publisher::Open(store_.get(), dir_.File("baseline.safetensors"), MakePublisher(1));
+  ASSERT_OK(pub);
+  std::vector<std::unique_ptr<Receiver>> rcv;
+  auto r0 = Receiver::Open(store_.get(), MakeReceiver(0));
+  ASSERT_OK(r0);
+  rcv.push_back(std::move(*r0));
+  Model trainer = model_;
+  std::mt19937_64 rng(55);
+  trainer.Step(rng, 0.03);
+  ASSERT_NO_FATAL_FAILURE(testing::PublishToAll(**pub, rcv, 1, trainer, 20000));
+  Model v1 = trainer;
+  trainer.Step(rng, 0.03);
+  ASSERT_NO_FATAL_FAILURE(testing::PublishToAll(**pub, rcv, 2, trainer, 20000));
+  EXPECT_OK((*pub)->CheckPublished(2, trainer.Views()));
+  EXPECT_OK((*pub)->CheckPublished(1, v1.Views()));
+  Status s = (*pub)->CheckPublished(2, model_.Views());
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s.ToString();
+  EXPECT_NE(s.message().find("head"), std::string::npos) << s.ToString();
+  EXPECT_NE(s.message().find("version 2"), std::string::npos) << s.ToString();
+  EXPECT_EQ((*pub)->CheckPublished(7, trainer.Views()).code(), StatusCode::kNotFound);
 }
 
 INSTANTIATE_TEST_SUITE_P(Stores, SyncTest, ::testing::Values("dir", "s3"),

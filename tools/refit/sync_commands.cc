@@ -4,9 +4,11 @@
 
 #include <fmt/format.h>
 #include <signal.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <csignal>
@@ -20,6 +22,7 @@
 
 #include "base/file.h"
 #include "cli_util.h"
+#include "refit/checkpoint.h"
 #include "sync/auth.h"
 #include "sync/journal.h"
 #include "sync/protocol.h"
@@ -451,8 +454,17 @@ int RunPublish(const PublishArgs& args) {
   PublishReport report;
   bool already_decided = false;
   if (args.version <= (*publisher)->committed_version()) {
-    // Re-running a publish that completed (head moved past it): report the
-    // decision on record; there is nothing left to do.
+    // Re-running a publish that completed (head moved past it) reports the
+    // decision on record, but only for the weights that version holds: a
+    // version number is used once.
+    Result<Checkpoint> target =
+        Checkpoint::Open(args.target, Checkpoint::Mode::kReadOnly);
+    if (!target.ok()) return fail(target.status());
+    if (Status s = (*publisher)->CheckPublished(args.version,
+                                                CheckpointViews(*target));
+        !s.ok()) {
+      return fail(s);
+    }
     Result<std::vector<uint8_t>> bytes =
         (*store)->Get(DecisionKey(args.version));
     if (!bytes.ok()) {
@@ -536,15 +548,28 @@ namespace {
 
 volatile std::sig_atomic_t g_stop_signal = 0;
 
-extern "C" void OnStopSignal(int sig) { g_stop_signal = sig; }
+// The first SIGTERM/SIGINT asks for a stop: a step that waits (for chunks,
+// re-sends, a decision) ends within a poll (ReceiverOptions::stop), and the
+// process exits with a message. A second one exits at once (safe: the
+// journal resumes the version on restart), saying so with write(2), the
+// one way a handler may print.
+extern "C" void OnStopSignal(int sig) {
+  if (g_stop_signal != 0) {
+    static const char kMessage[] =
+        "refit: receive: second stop signal: exiting now; the journal resumes "
+        "the version on restart\n";
+    ssize_t ignored = write(STDERR_FILENO, kMessage, sizeof kMessage - 1);
+    (void)ignored;
+    _exit(128 + sig);
+  }
+  g_stop_signal = sig;
+}
 
-// The first SIGTERM/SIGINT asks for a stop between steps; SA_RESETHAND
-// makes a second one kill at once (safe: the journal resumes).
 void InstallStopHandlers() {
   struct sigaction sa {};
   sa.sa_handler = OnStopSignal;
   sigemptyset(&sa.sa_mask);
-  sa.sa_flags = SA_RESETHAND;
+  sa.sa_flags = 0;
   sigaction(SIGTERM, &sa, nullptr);
   sigaction(SIGINT, &sa, nullptr);
 }
@@ -778,6 +803,7 @@ int RunReceive(const ReceiveArgs& args) {
   options.decision_timeout_ms = args.decision_timeout_ms;
   options.resend_timeout_ms = args.resend_timeout_ms;
   options.max_fold_versions = args.max_fold_versions;
+  options.stop = [] { return g_stop_signal != 0; };
   Result<std::unique_ptr<Receiver>> opened =
       Receiver::Open(store->get(), options);
   if (!opened.ok()) {
@@ -870,6 +896,17 @@ int RunReceive(const ReceiveArgs& args) {
     return kExitOk;
   };
 
+  // Says once what an idle receiver waits for, when it is not obvious.
+  bool told_empty = false;
+  uint64_t told_not_member = 0;
+  auto tell = [&](std::string_view event, const std::string& message) {
+    if (args.json) {
+      PrintJsonLine({{"event", std::string(event)}, {"message", message}});
+    } else {
+      fmt::print(stderr, "refit: receive: {}\n", message);
+    }
+  };
+
   int backoff_ms = 0;
   for (;;) {
     if (watch && watch->gave_up()) {
@@ -889,11 +926,24 @@ int RunReceive(const ReceiveArgs& args) {
         args.until >= 0 ? static_cast<uint64_t>(args.until) : UINT64_MAX);
     if (!step.ok()) {
       const Status& s = step.status();
+      // Stopped by a signal while it waited: the loop's top says so.
+      if (s.code() == StatusCode::kCancelled && g_stop_signal != 0) continue;
       // On a relay node an object can be missing only for now: a node that
       // just (re)started resumes its journaled version before its parent's
       // replay has delivered the manifest.
       bool transient = IsTransient(s.code()) ||
                        (node != nullptr && s.code() == StatusCode::kNotFound);
+      // A version this receiver cannot apply was voted failed: its
+      // coordinator aborts it, and the next steps roll it back and follow
+      // the next version. A chunk that failed its checks is read again
+      // before that.
+      const std::optional<uint64_t> failed = receiver.failed_vote();
+      if (failed) {
+        tell("failed", fmt::format("voted failed on version {}: {}; it is rolled "
+                                   "back once aborted",
+                                   *failed, s.ToString()));
+      }
+      transient = transient || failed.has_value() || receiver.rereading();
       RecordLastError(args.state, s, transient);
       if (!transient) return fail(s);
       // Exponential backoff: poll interval doubling up to 5 s.
@@ -913,6 +963,23 @@ int RunReceive(const ReceiveArgs& args) {
     backoff_ms = 0;
     const StepResult& r = *step;
     if (r.outcome == StepResult::Outcome::kIdle) {
+      if (r.not_member_of != 0 && r.not_member_of != told_not_member) {
+        told_not_member = r.not_member_of;
+        tell("warning",
+             fmt::format("member '{}' is not in the members of version {}: it is not "
+                         "a voting member (check --member against publish --members); "
+                         "it applies versions once they are committed",
+                         args.member, r.not_member_of));
+      }
+      if (!told_empty) {
+        told_empty = true;
+        Result<std::vector<ObjectInfo>> versions = (*store)->List("index/");
+        if (versions.ok() && versions->empty() && receiver.active_version() == 0) {
+          tell("waiting", fmt::format("{} holds no version yet; waiting for the "
+                                      "first version",
+                                      (*store)->Describe()));
+        }
+      }
       SleepUnlessStopped(args.poll_ms);
       continue;
     }
@@ -1208,6 +1275,28 @@ int RunSyncStatus(const StatusArgs& args) {
 
 // ---------------------------------------------------------------- CLI
 
+namespace {
+
+// Version numbers are u64: refuses what the conversion would wrap or cut
+// ("-1" would otherwise be stored as 2^64 - 1).
+CLI::Validator VersionNumber() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        uint64_t v = 0;
+        const char* end = text.data() + text.size();
+        auto [p, ec] = std::from_chars(text.data(), end, v);
+        if (text.empty() || ec != std::errc() || p != end) {
+          return fmt::format(
+              "'{}' is not a version number: give a whole number from 0 to {}",
+              text, UINT64_MAX);
+        }
+        return std::string();
+      },
+      "VERSION");
+}
+
+}  // namespace
+
 void RegisterSyncCommands(CLI::App* app, SyncCommandArgs* args) {
   auto add_json = [](CLI::App* cmd, bool* json) {
     cmd->add_flag("--json", *json, "print JSON on stdout instead of text");
@@ -1264,7 +1353,8 @@ void RegisterSyncCommands(CLI::App* app, SyncCommandArgs* args) {
   pub->add_option("--base-version", p.base_version,
                   "--relay-listen without --store only: the committed "
                   "version --baseline holds (a bare root records none)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(VersionNumber());
   pub->add_option("--baseline", p.baseline,
                   "the publisher's own copy of the committed version; "
                   "advanced in place on commit")
@@ -1274,8 +1364,11 @@ void RegisterSyncCommands(CLI::App* app, SyncCommandArgs* args) {
       ->required()
       ->delimiter(',');
   pub->add_option("--version", p.version,
-                  "the version to publish (above the store's head)")
-      ->required();
+                  "the version to publish (above the store's head; re-running "
+                  "a decided version with the same TARGET reports its "
+                  "decision, other weights are refused)")
+      ->required()
+      ->check(VersionNumber());
   pub->add_option("TARGET", p.target, "the new checkpoint (file or directory)")
       ->required();
   add_key(pub, &p.key_file);
@@ -1337,8 +1430,11 @@ void RegisterSyncCommands(CLI::App* app, SyncCommandArgs* args) {
       "Follow the versions published to the store: apply each in place to "
       "CHECKPOINT (at most once per chunk, journaled), vote, and activate it "
       "after the joint commit. Runs until stopped (SIGTERM/SIGINT stop it "
-      "between versions; a second signal stops it at once, safely), until "
-      "--until, or after one version with --once.");
+      "within a second, also while it waits for chunks or a decision, its "
+      "work journaled; a second signal exits at once, safely), until "
+      "--until, or after one version with --once. A version it cannot apply "
+      "(announced on another base, a chunk changed in the store) is voted "
+      "failed, rolled back once aborted, and the next version followed.");
   args->receive_cmd = rcv;
   rcv->add_option("--store", r.store, "store URL (as for publish)");
   rcv->add_option("--relay-parent", r.relay_parent,
