@@ -136,7 +136,7 @@ struct ApplyReport {
 // target), applies each chunk at most once, verifies every tensor against
 // the target hashes, then syncs; any failure rolls back what was stored.
 //
-// Interruptions (docs/format.md, "Interrupted applies"): before a chunk's
+// Interruptions (docs/format.md §8): before a chunk's
 // first store, its pre-image goes to a journal beside the checkpoint (a
 // file CHECKPOINT.refit-apply, or DIR/.refit-apply), removed when the apply
 // is done. A run that finds a journal of the same delta restores its
