@@ -3,14 +3,18 @@
 // safetensors files and on the qwen2-tiny fixtures, the exit code of every
 // error family, --json output (parsed by python3), and small runs of
 // `refit demo --synthetic` and `refit bench`.
+#include <signal.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <regex>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -52,9 +56,17 @@ std::string ReadText(const std::string& path) {
   return std::string(bytes.begin(), bytes.end());
 }
 
-// Runs `refit <args>` with stdout and stderr captured to files in `dir`.
-RunResult Refit(const TempDir& dir, const std::vector<std::string>& args) {
-  std::string cmd = Quote(REFIT_CLI_PATH);
+// Runs `refit <args>` with stdout and stderr captured to files in `dir`;
+// `env` ("NAME=value" each) is added to the environment.
+RunResult Refit(const TempDir& dir, const std::vector<std::string>& args,
+                const std::vector<std::string>& env = {}) {
+  std::string cmd;
+  if (!env.empty()) {
+    cmd = "env";
+    for (const std::string& e : env) cmd += " " + Quote(e);
+    cmd += " ";
+  }
+  cmd += Quote(REFIT_CLI_PATH);
   for (const std::string& a : args) cmd += " " + Quote(a);
   std::string out = dir.File("stdout.txt");
   std::string err = dir.File("stderr.txt");
@@ -166,8 +178,9 @@ class CliTest : public ::testing::Test {
     WriteSafetensors(other_, SmallModel(3));  // same layout, other bits
   }
 
-  RunResult Run(const std::vector<std::string>& args) {
-    return Refit(dir_, args);
+  RunResult Run(const std::vector<std::string>& args,
+                const std::vector<std::string>& env = {}) {
+    return Refit(dir_, args, env);
   }
 
   void MakeDelta() {
@@ -350,6 +363,190 @@ TEST_F(CliTest, BenchRunsSmall) {
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_TRUE(IsJson(dir_, r.out)) << r.out;
   EXPECT_NE(r.out.find("zstd3_dense_xor_bytes"), std::string::npos);
+}
+
+// A checkpoint where a delta belongs, or the reverse, is named as the
+// mix-up with the usage line, not reported as a corrupt delta.
+TEST_F(CliTest, SwappedArgumentsAreNamed) {
+  MakeDelta();
+  std::filesystem::copy_file(base_, scratch_);
+  const std::vector<uint8_t> before = ReadBytes(scratch_);
+  const std::string kNotDelta = "is a safetensors checkpoint, not a refit delta";
+  const std::string kNotCheckpoint = "is a refit delta, not a checkpoint";
+
+  RunResult swapped = Run({"apply", scratch_, delta_});
+  EXPECT_EQ(swapped.exit_code, 2) << swapped.err;
+  EXPECT_NE(swapped.err.find(kNotDelta), std::string::npos) << swapped.err;
+  EXPECT_NE(swapped.err.find("usage: refit apply DELTA CHECKPOINT"),
+            std::string::npos)
+      << swapped.err;
+  EXPECT_EQ(swapped.err.find("corrupt"), std::string::npos) << swapped.err;
+  EXPECT_EQ(ReadBytes(scratch_), before);
+
+  RunResult two_deltas = Run({"apply", delta_, delta_});
+  EXPECT_EQ(two_deltas.exit_code, 2) << two_deltas.err;
+  EXPECT_NE(two_deltas.err.find(kNotCheckpoint), std::string::npos)
+      << two_deltas.err;
+
+  RunResult inspect = Run({"inspect", base_});
+  EXPECT_EQ(inspect.exit_code, 2) << inspect.err;
+  EXPECT_NE(inspect.err.find(kNotDelta), std::string::npos) << inspect.err;
+  EXPECT_NE(inspect.err.find("usage: refit inspect DELTA"), std::string::npos)
+      << inspect.err;
+
+  RunResult verify = Run({"verify", delta_, "--delta", base_});
+  EXPECT_EQ(verify.exit_code, 2) << verify.err;
+  EXPECT_NE(verify.err.find("usage: refit verify CHECKPOINT --delta DELTA"),
+            std::string::npos)
+      << verify.err;
+
+  RunResult diff = Run({"diff", delta_, target_, "-o", dir_.File("x.rfd")});
+  EXPECT_EQ(diff.exit_code, 2) << diff.err;
+  EXPECT_NE(diff.err.find(kNotCheckpoint), std::string::npos) << diff.err;
+}
+
+// The advice after an error fits its cause: no disk-space advice for a
+// refused connection or a missing key, no "bug" for an overlong path.
+TEST_F(CliTest, HintsFitTheError) {
+  RunResult refused = Run(
+      {"status", "--store", "s3://bkt/x?endpoint=http://127.0.0.1:1"},
+      {"AWS_ACCESS_KEY_ID=test", "AWS_SECRET_ACCESS_KEY=test"});
+  EXPECT_EQ(refused.exit_code, 6) << refused.err;
+  EXPECT_NE(refused.err.find("curl error 7"), std::string::npos)
+      << refused.err;
+  EXPECT_EQ(refused.err.find("disk space"), std::string::npos) << refused.err;
+  EXPECT_NE(refused.err.find("reachable"), std::string::npos) << refused.err;
+
+  // A store written with an HMAC key, read by a receiver without one.
+  const std::string store = dir_.File("store");
+  const std::string key = dir_.File("hmac.key");
+  WriteBytes(key, std::vector<uint8_t>(32, 'k'));
+  const std::string baseline = dir_.File("baseline.safetensors");
+  std::filesystem::copy_file(base_, baseline);
+  std::filesystem::copy_file(base_, scratch_);
+  RunResult publish = Run({"publish", "--store", store, "--baseline", baseline,
+                           "--members", "r0", "--version", "1", "--key-file",
+                           key, "--vote-timeout-ms", "100", target_});
+  ASSERT_EQ(publish.exit_code, 8) << publish.err;  // aborted: nobody voted
+  RunResult keyless =
+      Run({"receive", "--store", store, "--member", "r0", "--checkpoint",
+           scratch_, "--state", dir_.File("state"), "--once"});
+  EXPECT_NE(keyless.exit_code, 0);
+  EXPECT_NE(keyless.err.find("no key"), std::string::npos) << keyless.err;
+  EXPECT_EQ(keyless.err.find("disk space"), std::string::npos) << keyless.err;
+
+  RunResult overlong =
+      Run({"status", "--store", dir_.File(std::string(300, 'a'))});
+  EXPECT_EQ(overlong.exit_code, 2) << overlong.err;
+  EXPECT_EQ(overlong.err.find("bug"), std::string::npos) << overlong.err;
+}
+
+TEST_F(CliTest, UnknownSubcommandSuggestsTheNearOne) {
+  RunResult typo = Run({"aply", delta_, base_});
+  EXPECT_EQ(typo.exit_code, 1);
+  EXPECT_NE(typo.err.find("unknown subcommand 'aply'"), std::string::npos)
+      << typo.err;
+  EXPECT_NE(typo.err.find("did you mean 'apply'"), std::string::npos)
+      << typo.err;
+  RunResult far = Run({"--json", "frobnicate"});
+  EXPECT_EQ(far.exit_code, 1);
+  EXPECT_NE(far.err.find("unknown subcommand 'frobnicate'"), std::string::npos)
+      << far.err;
+  EXPECT_EQ(far.err.find("did you mean"), std::string::npos) << far.err;
+}
+
+// Out-of-range numbers name a readable range, never the largest double.
+TEST_F(CliTest, NumericFlagsNameASensibleRange) {
+  const std::vector<std::vector<std::string>> cases = {
+      {"apply", "--threads", "-1", delta_, base_},
+      {"apply", "--threads", "100000", delta_, base_},
+      {"inspect", "--top", "-5", delta_},
+      {"diff", base_, target_, "-o", delta_, "--version", "-1"},
+      {"diff", base_, target_, "-o", delta_, "--base-version", "-1"},
+      {"bench", "--seed", "-1"},
+      {"demo", "--seed", "-1"},
+      {"layout", "generate", "--config", "c.json", "-o", "l.json", "--tp",
+       "-2"},
+      {"receive", "--store", "s", "--member", "r0", "--checkpoint", "c",
+       "--state", "s", "-j", "-1"},
+      {"publish", "--store", "s", "--baseline", "b", "--members", "r0",
+       "--version", "1", "--upload-threads", "0", "t"},
+  };
+  const std::regex long_number("[0-9]{12,}");
+  for (const auto& args : cases) {
+    RunResult r = Run(args);
+    EXPECT_EQ(r.exit_code, 1) << args[1] << ": " << r.err;
+    EXPECT_FALSE(std::regex_search(r.err, long_number)) << r.err;
+    EXPECT_LT(r.err.size(), 300u) << r.err;
+  }
+  RunResult threads = Run({"apply", "--threads", "-1", delta_, base_});
+  EXPECT_NE(threads.err.find("0..1024"), std::string::npos) << threads.err;
+}
+
+// A read-only command never creates a store: a typo is an error.
+TEST_F(CliTest, StatusDoesNotCreateAStore) {
+  const std::string typo = dir_.File("dir/stor");
+  RunResult r = Run({"status", "--store", typo});
+  EXPECT_EQ(r.exit_code, 3) << r.out << r.err;
+  EXPECT_NE(r.err.find("no store at"), std::string::npos) << r.err;
+  EXPECT_FALSE(std::filesystem::exists(dir_.File("dir")));
+}
+
+// Ctrl-C during `refit bench` removes its scratch folder (generated
+// checkpoints of --size-mib each) before the process dies of the signal.
+TEST_F(CliTest, BenchInterruptedLeavesNoScratch) {
+  for (int sig : {SIGINT, SIGTERM}) {
+    const std::string tmp = dir_.File("tmp" + std::to_string(sig));
+    std::filesystem::create_directories(tmp);
+    pid_t pid = fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      setenv("TMPDIR", tmp.c_str(), 1);
+      freopen("/dev/null", "w", stdout);
+      execl(REFIT_CLI_PATH, REFIT_CLI_PATH, "bench", "--size-mib", "64",
+            "--rate", "1%", static_cast<char*>(nullptr));
+      _exit(127);
+    }
+    // Wait until the scratch folder holds the generated checkpoint.
+    bool started = false;
+    for (int i = 0; i < 600 && !started; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      for (const auto& e : std::filesystem::recursive_directory_iterator(tmp)) {
+        if (e.is_regular_file()) started = true;
+      }
+    }
+    EXPECT_TRUE(started) << "no scratch file appeared";
+    kill(pid, sig);
+    int status = 0;
+    ASSERT_EQ(waitpid(pid, &status, 0), pid);
+    EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == sig)
+        << "status " << status;
+    EXPECT_TRUE(std::filesystem::is_empty(tmp))
+        << std::filesystem::directory_iterator(tmp)->path();
+  }
+}
+
+// The page report counts pages as the file has them: 64 KiB of tensor data
+// that starts mid-page spans 17 pages, and one chunk storing into all of
+// them wrote 17 of 17, not "17 of 16 (106%)".
+TEST_F(CliTest, ApplyReportsPagesOfTheFile) {
+  Tensor t{"w", "BF16", {32768}, std::vector<uint8_t>(65536)};
+  uint64_t state = 7;
+  for (uint8_t& b : t.data) b = static_cast<uint8_t>(Lcg(&state));
+  WriteSafetensors(base_, {t});
+  // Changes in the first and last bytes too: every page holds one.
+  t.data[0] ^= 1;
+  for (size_t i = 255; i < t.data.size(); i += 256) t.data[i] ^= 1;
+  WriteSafetensors(target_, {t});
+  RunResult diff = Run({"diff", base_, target_, "-o", delta_});
+  ASSERT_EQ(diff.exit_code, 0) << diff.err;
+  std::filesystem::copy_file(base_, scratch_);
+  RunResult apply = Run({"apply", delta_, scratch_, "--json"});
+  ASSERT_EQ(apply.exit_code, 0) << apply.err;
+  EXPECT_NE(apply.out.find("\"pages_written\": 17"), std::string::npos)
+      << apply.out;
+  EXPECT_NE(apply.out.find("\"checkpoint_pages\": 17"), std::string::npos)
+      << apply.out;
 }
 
 // The real fixtures: step0 -> step1 through the CLI, checked tensor by

@@ -41,6 +41,25 @@ def _tag():
     return impl, abi, plat
 
 
+def _note(message):
+    """Shows a stage of the build.
+
+    pip captures a backend's output and shows it only with `pip install -v`,
+    so a Release build of several minutes would look hung; each stage note
+    therefore also goes straight to the terminal when there is one.
+    """
+    line = f"refit build: {message}\n"
+    sys.stderr.write(line)
+    sys.stderr.flush()
+    if sys.stderr.isatty():
+        return
+    try:
+        with open("/dev/tty", "w") as tty:
+            tty.write(line)
+    except OSError:
+        pass  # no terminal (CI): the captured output has the note
+
+
 def _build_extension():
     impl, _, _ = _tag()
     build = ROOT / "build" / f"pip-{impl}"
@@ -55,10 +74,14 @@ def _build_extension():
     except ImportError:
         pass
     args += shlex.split(os.environ.get("CMAKE_ARGS", ""))
+    _note(f"configuring with CMake in {build}")
     subprocess.run(args, check=True)
     jobs = os.environ.get("CMAKE_BUILD_PARALLEL_LEVEL", str(os.cpu_count() or 1))
+    _note(f"compiling the extension with {jobs} jobs; this takes minutes "
+          "(`pip install -v .` shows every step)")
     subprocess.run(["cmake", "--build", str(build), "--target", "refit_python", "-j", jobs],
                    check=True)
+    _note("packing the wheel")
     suffix = sysconfig.get_config_var("EXT_SUFFIX")
     ext = build / "python" / "refit" / f"_native{suffix}"
     if not ext.exists():

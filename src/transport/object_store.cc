@@ -261,14 +261,15 @@ Result<std::unique_ptr<ObjectStore>> OpenObjectStore(
       return InvalidArgumentError("file URL '" + url +
                                   "' must be file:///absolute/path");
     }
-    return internal::OpenDirStore(std::string(path));
+    return internal::OpenDirStore(std::string(path),
+                                   options.create_if_missing);
   }
   if (auto colon = u.find("://"); colon != std::string_view::npos) {
     return InvalidArgumentError("unsupported object store URL '" + url +
                                 "' (want s3://bucket/prefix, file:///dir or "
                                 "a path)");
   }
-  return internal::OpenDirStore(url);
+  return internal::OpenDirStore(url, options.create_if_missing);
 }
 
 std::unique_ptr<ObjectStore> NewRetryingStore(

@@ -80,9 +80,13 @@ struct StoreOptions {
   int backoff_ms = 50;
   // Per-request deadline.
   int timeout_ms = 30000;
+  // Directory stores: create the directory (and its parents) when absent.
+  // Writers (publish, receive) want that; readers (status) set false, so a
+  // mistyped path fails with kNotFound ("no store at PATH") instead of
+  // leaving an empty store behind.
+  bool create_if_missing = true;
 };
 
-// Opens a store by URL: "s3://bucket/prefix" for S3-compatible storage,
 // Stores an object that must never change once written: PutIfAbsent, where
 // a key already holding exactly `bytes` is success (a writer re-running
 // the same deterministic work) and other bytes are kFailedPrecondition,
@@ -90,7 +94,9 @@ struct StoreOptions {
 Status PutOnce(ObjectStore* store, const std::string& key, std::span<const uint8_t> bytes,
                const std::string& on_conflict);
 
-// "file:///abs/dir" or a plain path for a directory (created if absent).
+// Opens a store by URL: "s3://bucket/prefix" for S3-compatible storage,
+// "file:///abs/dir" or a plain path for a directory (created if absent,
+// unless options.create_if_missing is false).
 // An s3 URL may carry "?endpoint=URL&region=NAME"; they fill the options
 // fields left empty (docs/protocol.md, "Object stores").
 Result<std::unique_ptr<ObjectStore>> OpenObjectStore(

@@ -446,5 +446,91 @@ TEST(DirStoreTest, CreatesRootAndRejectsFiles) {
   EXPECT_EQ(OpenObjectStore("").status().code(), StatusCode::kInvalidArgument);
 }
 
+// Readers must not create a store, so a mistyped path is an error rather
+// than an empty store.
+TEST(DirStoreTest, OpeningForReadingDoesNotCreate) {
+  TempDir dir;
+  StoreOptions read_only;
+  read_only.create_if_missing = false;
+  auto missing = OpenObjectStore(dir.path() + "/typo/stor", read_only);
+  ASSERT_FALSE(missing.ok());
+  EXPECT_EQ(missing.status().code(), StatusCode::kNotFound);
+  EXPECT_NE(missing.status().message().find("no store at"), std::string::npos)
+      << missing.status().ToString();
+  EXPECT_FALSE(std::filesystem::exists(dir.path() + "/typo"));
+  EXPECT_EQ(OpenObjectStore("file://" + dir.path() + "/nope", read_only)
+                .status()
+                .code(),
+            StatusCode::kNotFound);
+  ASSERT_OK(OpenObjectStore(dir.path() + "/s"));  // writers create it
+  EXPECT_OK(OpenObjectStore(dir.path() + "/s", read_only));
+}
+
+// A path over the file system's limit is the caller's mistake, not a bug.
+TEST(DirStoreTest, OverlongPathIsInvalidArgument) {
+  TempDir dir;
+  auto store = OpenObjectStore(dir.path() + "/" + std::string(300, 'a'));
+  ASSERT_FALSE(store.ok());
+  EXPECT_EQ(store.status().code(), StatusCode::kInvalidArgument)
+      << store.status().ToString();
+}
+
+// A link inside the store (here planted where a receiver's vote goes) must
+// never be followed: every operation through it is refused, and nothing
+// outside the store is read, written, listed or removed.
+TEST(DirStoreTest, RefusesSymbolicLinksInsideTheStore) {
+  TempDir dir;
+  const std::string root = dir.path() + "/s";
+  const std::string outside = dir.path() + "/outside";
+  std::filesystem::create_directories(outside);
+  std::ofstream(outside + "/secret") << "outside";
+  auto store = OpenObjectStore(root);
+  ASSERT_OK(store);
+  ObjectStore* s = store->get();
+  ASSERT_OK(s->Put("votes/1/r1", Bytes("yes")));
+
+  // A key's folder replaced by a link to a folder outside.
+  std::filesystem::create_directory_symlink(outside, root + "/votes/2");
+  auto is_refused = [](const Status& st) {
+    return st.code() == StatusCode::kFailedPrecondition &&
+           st.message().find("symbolic link") != std::string_view::npos;
+  };
+  EXPECT_PRED1(is_refused, s->Put("votes/2/r0", Bytes("yes")));
+  EXPECT_PRED1(is_refused, s->PutIfAbsent("votes/2/r0", Bytes("yes")));
+  EXPECT_PRED1(is_refused, s->Put("votes/2/deeper/r0", Bytes("yes")));
+  EXPECT_PRED1(is_refused, s->Get("votes/2/secret").status());
+  EXPECT_PRED1(is_refused, s->Delete("votes/2/secret"));
+  EXPECT_PRED1(is_refused, s->List("votes/2/").status());
+  EXPECT_PRED1(is_refused, s->List("").status());
+  EXPECT_PRED1(is_refused, s->List("votes/").status());
+
+  // A key's file replaced by a link to a file outside.
+  std::filesystem::remove(root + "/votes/2");
+  ASSERT_OK(s->Put("votes/3/r1", Bytes("yes")));
+  std::filesystem::create_symlink(outside + "/secret", root + "/votes/3/r0");
+  EXPECT_PRED1(is_refused, s->Get("votes/3/r0").status());
+  EXPECT_PRED1(is_refused, s->Put("votes/3/r0", Bytes("yes")));
+  EXPECT_PRED1(is_refused, s->PutIfAbsent("votes/3/r0", Bytes("yes")));
+  EXPECT_PRED1(is_refused, s->Delete("votes/3/r0"));
+  EXPECT_PRED1(is_refused, s->List("votes/3/").status());
+  // Untouched: the link still points outside and the target kept its bytes.
+  EXPECT_TRUE(std::filesystem::is_symlink(root + "/votes/3/r0"));
+  std::ifstream in(outside + "/secret");
+  std::string text((std::istreambuf_iterator<char>(in)),
+                   std::istreambuf_iterator<char>());
+  EXPECT_EQ(text, "outside");
+  EXPECT_EQ(std::distance(std::filesystem::directory_iterator(outside),
+                          std::filesystem::directory_iterator()),
+            1);
+
+  // Objects beside the links are still served.
+  EXPECT_EQ(*s->Get("votes/3/r1"), Bytes("yes"));
+  EXPECT_EQ(*s->Get("votes/1/r1"), Bytes("yes"));
+  std::filesystem::remove(root + "/votes/3/r0");
+  auto listed = s->List("votes/");
+  ASSERT_OK(listed);
+  EXPECT_EQ(listed->size(), 2u);
+}
+
 }  // namespace
 }  // namespace refit

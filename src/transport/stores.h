@@ -13,8 +13,11 @@
 
 namespace refit::internal {
 
-// A directory store rooted at `root` (created with its parents if absent).
-Result<std::unique_ptr<ObjectStore>> OpenDirStore(const std::string& root);
+// A directory store rooted at `root`. When the directory is absent it is
+// created with its parents if `create_if_missing`, else kNotFound ("no
+// store at ..."). Links inside the store are never followed (dir_store.cc).
+Result<std::unique_ptr<ObjectStore>> OpenDirStore(const std::string& root,
+                                                  bool create_if_missing);
 
 // An S3 store for objects "<prefix>/<key>" in `bucket`. `prefix` may be
 // empty, else it must be a valid key. Endpoint, region and credentials come

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <charconv>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <thread>
@@ -70,27 +71,65 @@ void PrintJson(const Json& json) {
 
 namespace {
 
-std::string Hint(std::string_view command, StatusCode code) {
-  switch (ExitCodeFor(code)) {
-    case kExitNotFound:
+bool Contains(std::string_view text, std::string_view word) {
+  return text.find(word) != std::string_view::npos;
+}
+
+// The advice after a failure, by its code and, where one code has several
+// usual causes, by what the message names: the advice must fit the cause
+// (no disk-space advice for a refused connection).
+std::string Hint(std::string_view command, const Status& status) {
+  const std::string_view message = status.message();
+  const bool file_command = command == "diff" || command == "apply" ||
+                            command == "verify" || command == "inspect";
+  switch (status.code()) {
+    case StatusCode::kOk:
+    case StatusCode::kCancelled:
+      return "";
+    case StatusCode::kNotFound:
       return "check the path";
-    case kExitDataLoss:
-      if (command == "diff") {
-        return "a checkpoint file is damaged; re-save it";
-      }
+    case StatusCode::kDataLoss:
+      if (command == "diff") return "a checkpoint file is damaged; re-save it";
+      if (!file_command) return "";
       return "the file is corrupt or truncated; fetch the delta again or "
              "re-create it with `refit diff`";
-    case kExitFailedPrecondition:
+    case StatusCode::kFailedPrecondition:
+    case StatusCode::kAborted:
+      // A store's own refusals (a link inside it, an object that already
+      // holds other bytes) say what to fix in the message.
+      if (!file_command) return "";
       return "fix the checkpoint's state first (see `refit verify`)";
-    case kExitInvalidArgument:
+    case StatusCode::kInvalidArgument:
+    case StatusCode::kOutOfRange:
+    case StatusCode::kUnimplemented:
+    case StatusCode::kAlreadyExists:
       return fmt::format("see `refit {} --help`", command);
-    case kExitIo:
-      return "check free disk space and permissions, then retry";
-    case kExitInternal:
+    case StatusCode::kUnavailable:
+      if (Contains(message, "curl error") || Contains(message, "connect") ||
+          Contains(message, "resolve")) {
+        return "check that the store's endpoint is up and reachable from "
+               "here (the s3 URL's endpoint= or AWS_ENDPOINT_URL), then retry";
+      }
+      return "this may be transient (network, store or file system); retry";
+    case StatusCode::kDeadlineExceeded:
+      return "the store or a peer did not answer in time; check that it is "
+             "up, then retry";
+    case StatusCode::kUnauthenticated:
+      return "every node of a store uses the same --key-file (or none), and "
+             "receivers of a signed store the publisher's --verify-key";
+    case StatusCode::kPermissionDenied:
+      if (Contains(message, "s3://") || Contains(message, "HTTP")) {
+        return "check the store's credentials (AWS_ACCESS_KEY_ID, "
+               "AWS_SECRET_ACCESS_KEY) and the bucket's policy";
+      }
+      return "check the permissions of the path";
+    case StatusCode::kResourceExhausted:
+      return "free disk space or memory (or use fewer threads), then retry";
+    case StatusCode::kUnknown:
+    case StatusCode::kInternal:
       return "this is a bug in refit; please report it with the command line";
-    default:
-      return "";
   }
+  return "";
 }
 
 }  // namespace
@@ -114,10 +153,64 @@ int Fail(std::string_view command, const Status& status, bool json,
          std::string_view hint) {
   std::string message(status.message());
   std::string advice =
-      hint.empty() ? Hint(command, status.code()) : std::string(hint);
+      hint.empty() ? Hint(command, status) : std::string(hint);
   if (!advice.empty()) message += "; " + advice;
   return FailWith(command, ExitCodeFor(status.code()),
                   StatusCodeName(status.code()), message, json);
+}
+
+namespace {
+
+// A delta's first bytes (docs/format.md, "Delta file"): the CLI sniffs
+// them without the library's internal headers.
+constexpr char kDeltaMagic[8] = {'R', 'E', 'F', 'I', 'T', 'D', 'L', 'T'};
+
+enum class FileKind { kOther, kDelta, kCheckpoint };
+
+// What `path` plainly is: a refit delta (its magic), a safetensors
+// checkpoint (a plausible little-endian header length followed by '{'), a
+// directory holding .safetensors files, or anything else (kOther, also when
+// unreadable: the real open reports that).
+FileKind Sniff(const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) {
+    for (const auto& entry :
+         std::filesystem::directory_iterator(path, ec)) {
+      if (entry.path().extension() == ".safetensors") {
+        return FileKind::kCheckpoint;
+      }
+    }
+    return FileKind::kOther;
+  }
+  std::ifstream in(path, std::ios::binary);
+  unsigned char head[9] = {};
+  if (!in.read(reinterpret_cast<char*>(head), sizeof head)) {
+    return FileKind::kOther;
+  }
+  if (std::memcmp(head, kDeltaMagic, sizeof kDeltaMagic) == 0) {
+    return FileKind::kDelta;
+  }
+  uint64_t header_len = 0;
+  for (int i = 7; i >= 0; --i) header_len = header_len << 8 | head[i];
+  // Safetensors caps its header at 100 MB.
+  if (head[8] == '{' && header_len >= 2 && header_len <= 100'000'000) {
+    return FileKind::kCheckpoint;
+  }
+  return FileKind::kOther;
+}
+
+}  // namespace
+
+Status CheckIsDelta(const std::string& path) {
+  if (Sniff(path) != FileKind::kCheckpoint) return Status::Ok();
+  return InvalidArgumentError(fmt::format(
+      "{} is a safetensors checkpoint, not a refit delta", path));
+}
+
+Status CheckIsCheckpoint(const std::string& path) {
+  if (Sniff(path) != FileKind::kDelta) return Status::Ok();
+  return InvalidArgumentError(
+      fmt::format("{} is a refit delta, not a checkpoint", path));
 }
 
 Status CheckExists(const std::string& path, std::string_view what) {

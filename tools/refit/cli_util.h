@@ -60,6 +60,15 @@ int FailWith(std::string_view command, int exit_code,
 // kNotFound naming `what` when `path` does not exist; otherwise OK.
 Status CheckExists(const std::string& path, std::string_view what);
 
+// Swapped arguments: kInvalidArgument ("X is a safetensors checkpoint, not a
+// refit delta") when `path`, given where a delta is expected, is plainly a
+// checkpoint (file or directory); OK otherwise, also for files that are
+// neither (the real open reports those).
+Status CheckIsDelta(const std::string& path);
+// The reverse: kInvalidArgument when `path`, given where a checkpoint is
+// expected, starts with a delta's magic.
+Status CheckIsCheckpoint(const std::string& path);
+
 // A progress bar on stderr for the library's ProgressFn callbacks: enabled
 // only when stderr is a TTY; redraws at most ~10 times a second; erases
 // itself on Clear() and on destruction.

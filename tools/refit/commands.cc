@@ -12,6 +12,7 @@
 #include <cstdio>
 
 #include "cli_util.h"
+#include "refit/checkpoint.h"
 #include "refit/delta.h"
 
 namespace refit::cli {
@@ -23,9 +24,50 @@ Json KindsJson(const std::map<std::string, uint64_t>& kinds) {
   return j;
 }
 
+// Named in the hint when a checkpoint and a delta were swapped.
+constexpr std::string_view kDiffUsage = "usage: refit diff BASE TARGET -o DELTA";
+constexpr std::string_view kApplyUsage =
+    "usage: refit apply DELTA CHECKPOINT";
+constexpr std::string_view kVerifyUsage =
+    "usage: refit verify CHECKPOINT --delta DELTA";
+
 double Fraction(uint64_t part, uint64_t whole) {
   return whole == 0 ? 0.0
                     : static_cast<double>(part) / static_cast<double>(whole);
+}
+
+// The pages of the checkpoint's files that hold tensor data: the pages an
+// apply can store into, counted as the apply counts them (pages of each
+// file's mapping). Tensor data seldom starts on a page boundary, so N bytes
+// of it usually span more than ceil(N / page_size) pages.
+Result<uint64_t> TensorPages(const std::string& path, uint64_t page_size) {
+  if (page_size == 0) return InvalidArgumentError("page size 0");
+  REFIT_ASSIGN_OR_RETURN(Checkpoint checkpoint,
+                         Checkpoint::Open(path, Checkpoint::Mode::kReadOnly));
+  struct Span {
+    size_t file;
+    uint64_t first, last;  // pages, inclusive
+  };
+  std::vector<Span> spans;
+  for (const TensorInfo& t : checkpoint.tensors()) {
+    if (t.byte_size == 0) continue;
+    spans.push_back({t.file_index, t.offset / page_size,
+                     (t.offset + t.byte_size - 1) / page_size});
+  }
+  std::sort(spans.begin(), spans.end(), [](const Span& a, const Span& b) {
+    return a.file != b.file ? a.file < b.file : a.first < b.first;
+  });
+  // Neighbouring tensors share the page where one ends and the next starts.
+  uint64_t pages = 0;
+  for (size_t i = 0; i < spans.size();) {
+    Span merged = spans[i++];
+    while (i < spans.size() && spans[i].file == merged.file &&
+           spans[i].first <= merged.last + 1) {
+      merged.last = std::max(merged.last, spans[i++].last);
+    }
+    pages += merged.last - merged.first + 1;
+  }
+  return pages;
 }
 
 }  // namespace
@@ -37,6 +79,11 @@ int RunDiff(const DiffArgs& args) {
   }
   if (Status s = CheckExists(args.target, "target checkpoint"); !s.ok()) {
     return Fail(kCmd, s, args.json);
+  }
+  for (const std::string& path : {args.base, args.target}) {
+    if (Status s = CheckIsCheckpoint(path); !s.ok()) {
+      return Fail(kCmd, s, args.json, kDiffUsage);
+    }
   }
   if (!(args.chunk_mib > 0) || args.chunk_mib > 1024 * 1024) {
     return Fail(kCmd,
@@ -164,6 +211,12 @@ int RunApply(const ApplyArgs& args) {
   if (Status s = CheckExists(args.checkpoint, "checkpoint"); !s.ok()) {
     return Fail(kCmd, s, args.json);
   }
+  if (Status s = CheckIsDelta(args.delta); !s.ok()) {
+    return Fail(kCmd, s, args.json, kApplyUsage);
+  }
+  if (Status s = CheckIsCheckpoint(args.checkpoint); !s.ok()) {
+    return Fail(kCmd, s, args.json, kApplyUsage);
+  }
   ApplyOptions options;
   options.threads = args.threads;
   options.sync = !args.no_sync;
@@ -208,9 +261,14 @@ int RunApply(const ApplyArgs& args) {
                 args.json);
   }
   const ApplyReport& r = *report;
+  // The apply succeeded, so the checkpoint opens; the estimate is a
+  // fallback only.
+  Result<uint64_t> tensor_pages = TensorPages(args.checkpoint, r.page_size);
   uint64_t checkpoint_pages =
-      r.page_size == 0 ? 0
-                       : (r.checkpoint_bytes + r.page_size - 1) / r.page_size;
+      tensor_pages.ok() ? *tensor_pages
+      : r.page_size == 0
+          ? 0
+          : (r.checkpoint_bytes + r.page_size - 1) / r.page_size;
   if (args.json) {
     Json j;
     j["ok"] = true;
@@ -257,6 +315,12 @@ int RunVerify(const VerifyArgs& args) {
   }
   if (Status s = CheckExists(args.delta, "delta"); !s.ok()) {
     return Fail(kCmd, s, args.json);
+  }
+  if (Status s = CheckIsCheckpoint(args.checkpoint); !s.ok()) {
+    return Fail(kCmd, s, args.json, kVerifyUsage);
+  }
+  if (Status s = CheckIsDelta(args.delta); !s.ok()) {
+    return Fail(kCmd, s, args.json, kVerifyUsage);
   }
   Result<VerifyReport> report =
       Verify(args.checkpoint, args.delta, args.threads);
@@ -308,6 +372,9 @@ int RunInspect(const InspectArgs& args) {
   constexpr std::string_view kCmd = "inspect";
   if (Status s = CheckExists(args.delta, "delta"); !s.ok()) {
     return Fail(kCmd, s, args.json);
+  }
+  if (Status s = CheckIsDelta(args.delta); !s.ok()) {
+    return Fail(kCmd, s, args.json, "usage: refit inspect DELTA");
   }
   Result<InspectReport> report = Inspect(args.delta);
   if (!report.ok()) return Fail(kCmd, report.status(), args.json);

@@ -15,6 +15,7 @@
 
 #include "base/file.h"
 #include "cli_util.h"
+#include "flag_checks.h"
 #include "layout/generate.h"
 #include "layout/layout.h"
 #include "refit/checkpoint.h"
@@ -233,15 +234,15 @@ std::function<std::optional<int>(bool)> RegisterLayoutCommand(CLI::App* app) {
       ->required();
   gen->add_option("-o,--output", a->output, "the layout JSON to write")->required();
   gen->add_option("--tp", a->tp, "tensor-parallel size")->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(IntIn(1, 1 << 16));
   gen->add_option("--pp", a->pp, "pipeline stages")->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(IntIn(1, 1 << 16));
   gen->add_option("--ep", a->ep, "expert-parallel size (divides --dp)")
-      ->capture_default_str()->check(CLI::PositiveNumber);
+      ->capture_default_str()->check(IntIn(1, 1 << 16));
   gen->add_option("--dp", a->dp, "data-parallel replicas")->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(IntIn(1, 1 << 16));
   gen->add_option("--cp", a->cp, "context-parallel size (replicas of the weights)")
-      ->capture_default_str()->check(CLI::PositiveNumber);
+      ->capture_default_str()->check(IntIn(1, 1 << 16));
   gen->add_flag("--no-fused-qkv", a->no_fused_qkv,
                 "separate q, k and v tensors instead of Megatron's linear_qkv");
   gen->add_option("--gate-up", a->gate_up,
@@ -250,7 +251,7 @@ std::function<std::optional<int>(bool)> RegisterLayoutCommand(CLI::App* app) {
   gen->add_flag("--transposed", a->transposed, "2-D linear weights stored [in, out]");
   gen->add_option("--vocab-multiple", a->vocab_multiple,
                   "pad the vocabulary to a multiple of this times --tp")
-      ->capture_default_str()->check(CLI::PositiveNumber);
+      ->capture_default_str()->check(IntIn(1, 1 << 20));
   gen->add_option("--local-dtype", a->local_dtype,
                   "dtype of the trainer's storage (default: the checkpoint's)");
   gen->add_flag("--json", a->json, "print a JSON object on stdout instead of text");

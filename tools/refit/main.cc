@@ -3,14 +3,20 @@
 // failure leaves through cli_util.h's ExitCodeFor, so exit codes are the same
 // across subcommands (listed in `refit --help`).
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <exception>
 #include <new>
+#include <optional>
 #include <string>
+#include <string_view>
+#include <vector>
 
 #include "cli_util.h"
 #include "commands.h"
+#include "flag_checks.h"
 #include "layout_command.h"
 #include "sync_commands.h"
 
@@ -20,12 +26,63 @@ namespace {
 void AddThreads(CLI::App* cmd, int* threads) {
   cmd->add_option("-j,--threads", *threads, "worker threads; 0 = all cores")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(IntIn(0, kMaxThreads));
 }
 
 void AddJson(CLI::App* cmd, bool* json) {
   cmd->add_flag("--json", *json,
                 "print a JSON object on stdout instead of text");
+}
+
+// Levenshtein distance, for suggesting the subcommand a typo meant.
+size_t EditDistance(std::string_view a, std::string_view b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diagonal = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      size_t above = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1,
+                         diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diagonal = above;
+    }
+  }
+  return row[b.size()];
+}
+
+// CLI11 answers a mistyped subcommand with "A subcommand is required" or
+// complains about its arguments; this names the word instead, with the
+// nearest subcommand when one is close. The top level takes only flags, so
+// the first word not starting with '-' is the subcommand. Returns the exit
+// code when the word is unknown.
+std::optional<int> CheckSubcommand(CLI::App* app, int argc, char** argv) {
+  std::string_view word;
+  for (int i = 1; i < argc && word.empty(); ++i) {
+    if (argv[i][0] != '-') word = argv[i];
+  }
+  if (word.empty()) return std::nullopt;
+  std::vector<std::string> names;
+  for (const CLI::App* sub : app->get_subcommands({})) {
+    if (sub->check_name(std::string(word))) return std::nullopt;
+    names.push_back(sub->get_name());
+  }
+  std::string nearest;
+  size_t best = 3;  // at most two edits away
+  for (const std::string& name : names) {
+    size_t d = EditDistance(word, name);
+    if (d < best) {
+      best = d;
+      nearest = name;
+    }
+  }
+  std::string advice =
+      nearest.empty()
+          ? fmt::format("subcommands: {}", fmt::join(names, ", "))
+          : fmt::format("did you mean '{}'?", nearest);
+  fmt::print(stderr, "refit: unknown subcommand '{}'; {} (see `refit --help`)\n",
+             word, advice);
+  return kExitUsage;
 }
 
 int Main(int argc, char** argv) {
@@ -54,11 +111,13 @@ int Main(int argc, char** argv) {
   diff_cmd
       ->add_option("--version", diff.version,
                    "version number of TARGET, recorded in the delta")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(Unsigned());
   diff_cmd
       ->add_option("--base-version", diff.base_version,
                    "version number of BASE")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(Unsigned());
   diff_cmd
       ->add_option("--chunk-mib", diff.chunk_mib,
                    "bytes of a tensor per chunk, in MiB (a multiple of "
@@ -123,7 +182,7 @@ int Main(int argc, char** argv) {
       ->add_option("--top", inspect.top,
                    "how many tensors to list without --tensors")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(IntIn(0, 1'000'000));
   AddJson(inspect_cmd, &inspect.json);
 
   DemoArgs demo;
@@ -150,7 +209,8 @@ int Main(int argc, char** argv) {
                    "synthetic fraction of elements changed per step")
       ->capture_default_str();
   demo_cmd->add_option("--seed", demo.seed, "synthetic generator seed")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(Unsigned());
   AddThreads(demo_cmd, &demo.threads);
   demo_cmd->add_flag("--no-sync", demo.no_sync,
                      "apply without msync/fsync (time the patching alone)");
@@ -173,7 +233,8 @@ int Main(int argc, char** argv) {
                         "(default: 0.1% 1% 3% 50%)");
   AddThreads(bench_cmd, &bench.threads);
   bench_cmd->add_option("--seed", bench.seed, "generator seed")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(Unsigned());
   bench_cmd->add_flag("--no-sync", bench.no_sync, "apply without msync/fsync");
   bench_cmd->add_option(
       "--fixtures", bench.fixtures,
@@ -188,6 +249,9 @@ int Main(int argc, char** argv) {
   if (argc <= 1) {
     fmt::print(stderr, "{}", app.help());
     return kExitUsage;
+  }
+  if (std::optional<int> code = CheckSubcommand(&app, argc, argv)) {
+    return *code;
   }
   try {
     app.parse(argc, argv);

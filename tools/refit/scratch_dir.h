@@ -1,6 +1,9 @@
 // A fresh directory under $TMPDIR (or /tmp), removed with its contents on
-// destruction. Used by demo and bench for generated checkpoints, deltas and
-// scratch copies. Not copyable.
+// destruction, and also when the process is ended by SIGINT or SIGTERM
+// (where those signals still have their default action: the first Create
+// installs a handler that removes every live scratch directory, then lets
+// the signal end the process). Used by demo and bench for generated
+// checkpoints, deltas and scratch copies. Not copyable.
 #ifndef REFIT_TOOLS_REFIT_SCRATCH_DIR_H_
 #define REFIT_TOOLS_REFIT_SCRATCH_DIR_H_
 

@@ -47,6 +47,7 @@
 
 #include "cli_util.h"
 #include "commands.h"
+#include "flag_checks.h"
 #include "refit/checkpoint.h"
 #include "scratch_dir.h"
 #include "sync/auth.h"
@@ -784,7 +785,8 @@ std::function<int(bool, const std::string&)> RegisterBenchSync(
       ->capture_default_str();
   cmd->add_option("--receivers", args->receivers,
                   "receivers (threads); 0 = 1, or 16 with --relay")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(IntIn(0, 1024));
   cmd->add_flag("--relay", args->relay,
                 "receivers in a relay tree on loopback; runs 1 receiver and "
                 "then --receivers, for the comparison");
@@ -792,7 +794,8 @@ std::function<int(bool, const std::string&)> RegisterBenchSync(
                 "receivers hold their tensors in host memory (an inference "
                 "worker's weights) instead of a checkpoint file each");
   cmd->add_option("--fanout", args->fanout, "relay tree fan-out")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(IntIn(1, 64));
   cmd->add_option("--throttle", args->throttle,
                   "up: the publisher's calls cross the link; both: the "
                   "receivers' reads too (a second bucket)")
@@ -805,10 +808,12 @@ std::function<int(bool, const std::string&)> RegisterBenchSync(
       ->capture_default_str();
   cmd->add_option("-j,--threads", args->threads,
                   "encoder threads; 0 = all cores")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(IntIn(0, kMaxThreads));
   cmd->add_option("--upload-threads", args->upload_threads,
                   "publisher upload threads")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(IntIn(1, 256));
   cmd->add_option("--poll-ms", args->poll_ms,
                   "publisher and receiver poll interval")
       ->capture_default_str();
@@ -817,7 +822,8 @@ std::function<int(bool, const std::string&)> RegisterBenchSync(
                   "at most this long; otherwise report the computed time")
       ->capture_default_str();
   cmd->add_option("--seed", args->seed, "generator seed")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(Unsigned());
   cmd->add_flag("--json", args->json, "print a JSON object on stdout");
   return [args](bool json, const std::string& command_line) {
     SyncBenchArgs a = *args;

@@ -22,6 +22,7 @@
 
 #include "base/file.h"
 #include "cli_util.h"
+#include "flag_checks.h"
 #include "refit/checkpoint.h"
 #include "sync/auth.h"
 #include "sync/journal.h"
@@ -1134,7 +1135,11 @@ int RunSyncStatus(const StatusArgs& args) {
   auto fail = [&](const Status& s) { return Fail(kCmd, s, args.json); };
   Result<Authenticator> auth = LoadAuth(args.key_file, "", args.verify_key);
   if (!auth.ok()) return fail(auth.status());
-  Result<std::unique_ptr<ObjectStore>> store = OpenObjectStore(args.store);
+  // Status only reads: a mistyped path must fail, not become a new store.
+  StoreOptions read_only;
+  read_only.create_if_missing = false;
+  Result<std::unique_ptr<ObjectStore>> store =
+      OpenObjectStore(args.store, read_only);
   if (!store.ok()) return fail(store.status());
   ObjectStore* s = store->get();
 
@@ -1399,11 +1404,11 @@ void RegisterSyncCommands(CLI::App* app, SyncCommandArgs* args) {
       ->capture_default_str();
   pub->add_option("-j,--threads", p.threads, "encoder threads; 0 = all cores")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(IntIn(0, kMaxThreads));
   pub->add_option("--upload-threads", p.upload_threads,
                   "concurrent chunk uploads")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(IntIn(1, 256));
   pub->add_option("--serve-ms", p.serve_ms,
                   "after the decision, keep serving re-send requests this "
                   "long; with --relay-listen, the most to wait for members")
@@ -1485,7 +1490,7 @@ void RegisterSyncCommands(CLI::App* app, SyncCommandArgs* args) {
       ->capture_default_str();
   rcv->add_option("-j,--threads", r.threads, "worker threads; 0 = all cores")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(IntIn(0, kMaxThreads));
   rcv->add_flag("--json", r.json,
                 "print one JSON object per line (events: start, version, "
                 "error, exit)");
@@ -1554,7 +1559,7 @@ void RegisterSyncDemoOptions(CLI::App* demo_cmd, DemoArgs* demo,
       ->add_option("--link-gbit", sync->link_gbit,
                    "link speed in Gbit/s for the computed transfer times")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(NumberAbove(0, 1e6));
   demo_cmd
       ->add_option("--crash-version", sync->crash_version,
                    "the version in which one receiver is killed and "
