@@ -191,7 +191,19 @@ Status CarryHeaders(const DeltaReader& delta, const Checkpoint& ckpt,
     paths.push_back(path);
   }
   if (plan.empty()) return Status();
-  if (sync) REFIT_RETURN_IF_ERROR(WriteHeaderJournal(ckpt.path(), plan));
+  if (sync) {
+    // Without a redo record a torn header could not be repaired, so no
+    // header is written; the tensors are the target's all the same.
+    Status journaled = WriteHeaderJournal(ckpt.path(), plan);
+    if (!journaled.ok()) {
+      for (const std::string& path : paths) {
+        report->headers_not_carried.push_back(
+            path + ": the header journal could not be written (" +
+            std::string(journaled.message()) + ")");
+      }
+      return Status();
+    }
+  }
   for (size_t i = 0; i < plan.size(); ++i) {
     REFIT_RETURN_IF_ERROR(
         WriteSafetensorsHeaderInPlace(paths[i], plan[i].new_json, sync));

@@ -45,9 +45,11 @@ Result<std::vector<CarriedHeader>> CollectCarriedHeaders(const Checkpoint& ckpt)
 
 // Step 2-4 above for a checkpoint whose tensors ApplyDelta has just made
 // the target's. Requires a read-write checkpoint. Counts and notes go into
-// report->headers_*; errors are I/O errors only (a header that cannot be
-// carried is a note). With sync false, no journal is kept and nothing is
-// fsynced: a crash may then tear a header, as it may tear tensor data.
+// report->headers_*; errors are I/O errors on the checkpoint's files only (a
+// header that cannot be carried, or a journal that cannot be written, e.g.
+// in a read-only folder, is a note and no header is written). With sync
+// false, no journal is kept and nothing is fsynced: a crash may then tear a
+// header, as it may tear tensor data.
 Status CarryHeaders(const DeltaReader& delta, const Checkpoint& ckpt,
                     bool sync, ApplyReport* report);
 
