@@ -1,6 +1,7 @@
 // Fuzz target: a whole delta file from arbitrary bytes. Parses it, decodes
-// every chunk, and applies it to zero-filled tensors shaped like its
-// trailer (when small enough). Beyond "no crash, no UB": an apply that
+// every chunk, parses every carried safetensors header as an apply would,
+// and applies it to zero-filled tensors shaped like its trailer (when small
+// enough). Beyond "no crash, no UB": an apply that
 // fails must leave the tensors exactly as they were.
 #include <cstddef>
 #include <cstdint>
@@ -9,6 +10,7 @@
 
 #include "delta/apply.h"
 #include "delta/delta_file.h"
+#include "format/safetensors.h"
 
 namespace {
 
@@ -19,6 +21,15 @@ constexpr uint64_t kMaxBytes = 8 << 20;  // tensors and decode buffers
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   auto reader = refit::DeltaReader::FromBytes({data, size});
   if (!reader.ok()) return 0;
+
+  for (const auto& h : reader->headers()) {
+    std::vector<uint8_t> prefix(8);
+    for (int i = 0; i < 8; ++i) {
+      prefix[static_cast<size_t>(i)] = static_cast<uint8_t>(h.json.size() >> (8 * i));
+    }
+    prefix.insert(prefix.end(), h.json.begin(), h.json.end());
+    (void)refit::ParseSafetensorsHeader(prefix, prefix.size());
+  }
 
   uint64_t total = 0;
   for (const auto& t : reader->tensors()) {

@@ -96,9 +96,14 @@ struct Tensor {
 };
 
 // A minimal safetensors writer (huggingface/safetensors README, "Format"),
-// independent of refit's own writer.
-void WriteSafetensors(const std::string& path, std::vector<Tensor> tensors) {
+// independent of refit's own writer. `metadata` is the JSON text of the
+// "__metadata__" object, or empty for none.
+void WriteSafetensors(const std::string& path, std::vector<Tensor> tensors,
+                      const std::string& metadata = "") {
   std::string header = "{";
+  if (!metadata.empty()) {
+    header += "\"__metadata__\":" + metadata + (tensors.empty() ? "" : ",");
+  }
   uint64_t offset = 0;
   for (size_t i = 0; i < tensors.size(); ++i) {
     const Tensor& t = tensors[i];
@@ -218,6 +223,60 @@ TEST_F(CliTest, RoundTripOnGeneratedFiles) {
   EXPECT_NE(again.out.find("\"chunks_applied\": 0"), std::string::npos)
       << again.out;
   EXPECT_EQ(ReadBytes(scratch_), ReadBytes(target_));
+}
+
+// The target's header (its __metadata__) travels in the delta: apply makes
+// the file byte-identical to the target, or says why it could not; verify
+// reports a header-only difference apart from tensor mismatches.
+TEST_F(CliTest, HeadersAreCarriedAndHeaderOnlyDifferencesReported) {
+  const std::vector<Tensor> model = SmallModel(1);
+  WriteSafetensors(base_, model, R"({"step":"0"})");
+  WriteSafetensors(target_, Step(model, 0.02, 2), R"({"step":"1"})");
+  MakeDelta();
+  std::filesystem::copy_file(base_, scratch_);
+  RunResult apply = Run({"apply", delta_, scratch_});
+  ASSERT_EQ(apply.exit_code, 0) << apply.err;
+  EXPECT_NE(apply.out.find("1 rewritten to the target's"), std::string::npos)
+      << apply.out;
+  EXPECT_EQ(ReadBytes(scratch_), ReadBytes(target_));
+  RunResult same = Run({"verify", scratch_, "--delta", delta_});
+  EXPECT_EQ(same.exit_code, 0) << same.err;
+  EXPECT_EQ(same.out.find("header differs"), std::string::npos) << same.out;
+
+  // The target's tensors under another header: a header-only difference,
+  // on its own line and JSON field, not a mismatch.
+  const std::string other = dir_.File("header_only.safetensors");
+  WriteSafetensors(other, Step(model, 0.02, 2), R"({"step":"7"})");
+  RunResult text = Run({"verify", other, "--delta", delta_});
+  EXPECT_EQ(text.exit_code, 0) << text.err;
+  EXPECT_NE(text.out.find("header differs: " + other), std::string::npos)
+      << text.out;
+  RunResult json = Run({"verify", other, "--delta", delta_, "--json"});
+  EXPECT_EQ(json.exit_code, 0) << json.err;
+  EXPECT_TRUE(IsJson(dir_, json.out)) << json.out;
+  EXPECT_NE(json.out.find("\"header_matches_target\": false"), std::string::npos)
+      << json.out;
+  EXPECT_NE(json.out.find("\"mismatched\": []"), std::string::npos) << json.out;
+
+  // A target header longer than the base's header area is not carried:
+  // the apply succeeds with the target's tensors and says so.
+  const std::string long_target = dir_.File("long.safetensors");
+  WriteSafetensors(long_target, Step(model, 0.02, 2),
+                   R"({"step":"1","note":")" + std::string(64, 'n') + R"("})");
+  ASSERT_EQ(Run({"diff", base_, long_target, "-o", delta_}).exit_code, 0);
+  std::filesystem::copy_file(base_, scratch_,
+                             std::filesystem::copy_options::overwrite_existing);
+  RunResult partial = Run({"apply", delta_, scratch_, "--json"});
+  ASSERT_EQ(partial.exit_code, 0) << partial.err;
+  EXPECT_TRUE(IsJson(dir_, partial.out)) << partial.out;
+  EXPECT_NE(partial.out.find("header area"), std::string::npos) << partial.out;
+  RunResult partial_text = Run({"apply", delta_, scratch_});
+  EXPECT_NE(partial_text.out.find("header not carried"), std::string::npos)
+      << partial_text.out;
+  RunResult tensors_only = Run({"verify", scratch_, "--delta", delta_});
+  EXPECT_EQ(tensors_only.exit_code, 0) << tensors_only.err;
+  EXPECT_NE(tensors_only.out.find("header differs"), std::string::npos)
+      << tensors_only.out;
 }
 
 TEST_F(CliTest, OverwriteOnlyDeltaRoundTrips) {

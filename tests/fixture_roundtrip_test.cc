@@ -33,6 +33,21 @@ void ExpectSameTensors(const std::string& a_path, const std::string& b_path) {
   }
 }
 
+// `a` and `b` hold the same safetensors files, byte for byte.
+void ExpectSameFiles(const std::string& a, const std::string& b) {
+  if (!std::filesystem::is_directory(a)) {
+    EXPECT_EQ(testing::ReadBytes(a), testing::ReadBytes(b)) << a;
+    return;
+  }
+  for (const auto& entry : std::filesystem::directory_iterator(b)) {
+    const std::string name = entry.path().filename().string();
+    if (!name.ends_with(".safetensors")) continue;
+    EXPECT_EQ(testing::ReadBytes(a + "/" + name),
+              testing::ReadBytes(entry.path().string()))
+        << name;
+  }
+}
+
 struct Pair {
   const char* base;
   const char* target;
@@ -62,10 +77,23 @@ TEST_P(FixturePairTest, RoundTripIsBitExact) {
   EXPECT_LE(applied->pages_written * applied->page_size,
             applied->checkpoint_bytes + (diff->chunks + 1) * applied->page_size);
   ExpectSameTensors(work, target);
+  // The target's headers travel with the delta: where the layouts match
+  // (the fixtures' headers all fit their base's), the patched files are the
+  // target's byte for byte; otherwise the apply says which header it left.
+  const bool same_layout = std::filesystem::is_directory(base) ==
+                           std::filesystem::is_directory(target);
+  if (same_layout) {
+    EXPECT_TRUE(applied->headers_not_carried.empty());
+    ExpectSameFiles(work, target);
+  } else {
+    EXPECT_FALSE(applied->headers_not_carried.empty());
+  }
 
   auto verify = Verify(work, delta);
   ASSERT_OK(verify);
   EXPECT_TRUE(verify->matches_target);
+  EXPECT_TRUE(verify->headers_checked);
+  EXPECT_EQ(verify->header_differs.size(), applied->headers_not_carried.size());
   auto verify_base = Verify(base, delta);
   ASSERT_OK(verify_base);
   EXPECT_FALSE(verify_base->matches_target);

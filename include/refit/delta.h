@@ -129,17 +129,31 @@ struct ApplyReport {
   uint64_t pages_written = 0;   // distinct pages the apply stored into
   uint64_t page_size = 4096;
   double seconds = 0;
+  // Safetensors headers (docs/format.md §8), when the delta carries the
+  // target's (format version 2, diffed from files) and the checkpoint is on
+  // disk: files whose header was rewritten to the target's, files whose
+  // header already was the target's, and one "<file>: <why>" note per file
+  // left with its own header (the tensors are the target's all the same).
+  uint64_t headers_written = 0;
+  uint64_t headers_unchanged = 0;
+  std::vector<std::string> headers_not_carried;
 };
 
 // Applies the delta in place: checks every tensor against the delta's base
 // first (nothing is written unless every tensor is the base or already the
 // target), applies each chunk at most once, verifies every tensor against
 // the target hashes, then syncs; any failure rolls back what was stored.
+// Then, when the delta carries the target's safetensors headers, rewrites
+// each file's header to the target's where it fits the file's header area
+// (docs/format.md §8), so the file becomes byte-identical to the target's;
+// a header that does not fit is reported in headers_not_carried, not as an
+// error. A header write interrupted by a crash is finished by the next
+// Apply on the same checkpoint.
 //
-// Interruptions (docs/format.md §8): before a chunk's
-// first store, its pre-image goes to a journal beside the checkpoint (a
-// file CHECKPOINT.refit-apply, or DIR/.refit-apply), removed when the apply
-// is done. A run that finds a journal of the same delta restores its
+// Interruptions (docs/format.md §9): before a chunk's first store, its
+// pre-image goes to a journal beside the checkpoint (a file
+// CHECKPOINT.refit-apply, or DIR/.refit-apply), removed when the apply is
+// done. A run that finds a journal of the same delta restores its
 // pre-images first (the checkpoint is then the base again) and applies the
 // delta; so after a kill at any point, or a cancel, running Apply again
 // completes the delta. Errors beyond those listed at the top:
@@ -172,6 +186,12 @@ struct VerifyReport {
   bool matches_base = false;    // every tensor hashes to the delta's "before"
   uint64_t tensors = 0;
   std::vector<std::string> mismatched;  // tensors matching neither... target
+  // Only when the delta carries the target's safetensors headers: whether
+  // they were compared, and "<file>: <why>" for each file whose header
+  // differs from the target's (trailing padding ignored). A header-only
+  // difference leaves matches_target true and `mismatched` empty.
+  bool headers_checked = false;
+  std::vector<std::string> header_differs;
 };
 
 // Is `checkpoint_path` exactly the delta's target?

@@ -500,6 +500,9 @@ void BindReports(py::module_& m) {
       .def_readonly("pages_written", &ApplyReport::pages_written)
       .def_readonly("page_size", &ApplyReport::page_size)
       .def_readonly("seconds", &ApplyReport::seconds)
+      .def_readonly("headers_written", &ApplyReport::headers_written)
+      .def_readonly("headers_unchanged", &ApplyReport::headers_unchanged)
+      .def_readonly("headers_not_carried", &ApplyReport::headers_not_carried)
       .def("__repr__", [](const ApplyReport& r) {
         return "ApplyReport(" + std::to_string(r.chunks_applied) + " chunks applied, " +
                std::to_string(r.chunks_skipped) + " skipped, " +
@@ -511,6 +514,8 @@ void BindReports(py::module_& m) {
       .def_readonly("matches_base", &VerifyReport::matches_base)
       .def_readonly("tensors", &VerifyReport::tensors)
       .def_readonly("mismatched", &VerifyReport::mismatched)
+      .def_readonly("headers_checked", &VerifyReport::headers_checked)
+      .def_readonly("header_differs", &VerifyReport::header_differs)
       .def("__repr__", [](const VerifyReport& r) {
         return std::string("VerifyReport(matches_target=") +
                (r.matches_target ? "True" : "False") +

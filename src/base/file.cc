@@ -224,6 +224,95 @@ Status WriteFileAtomic(const std::string& path, std::span<const uint8_t> data) {
   return SyncDirectoryOf(path);
 }
 
+Result<std::vector<uint8_t>> ReadFileRange(const std::string& path,
+                                           uint64_t offset, uint64_t length) {
+  int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return ErrnoStatus("cannot open", path);
+  struct stat st;
+  if (fstat(fd, &st) != 0) {
+    Status s = ErrnoStatus("cannot stat", path);
+    close(fd);
+    return s;
+  }
+  const uint64_t size = static_cast<uint64_t>(st.st_size);
+  if (offset > size || length > size - offset) {
+    close(fd);
+    return DataLossError("'" + path + "' has " + std::to_string(size) +
+                         " bytes, too few for bytes [" +
+                         std::to_string(offset) + ", +" +
+                         std::to_string(length) + ")");
+  }
+  std::vector<uint8_t> out(static_cast<size_t>(length));
+  size_t done = 0;
+  while (done < out.size()) {
+    ssize_t n = pread(fd, out.data() + done, out.size() - done,
+                      static_cast<off_t>(offset + done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      Status s = n < 0 ? ErrnoStatus("cannot read", path)
+                       : DataLossError("'" + path + "' shrank while read");
+      close(fd);
+      return s;
+    }
+    done += static_cast<size_t>(n);
+  }
+  close(fd);
+  return out;
+}
+
+Status WriteFileRange(const std::string& path, uint64_t offset,
+                      std::span<const uint8_t> data, bool sync) {
+  int fd = open(path.c_str(), O_WRONLY | O_CLOEXEC);
+  if (fd < 0) return ErrnoStatus("cannot open", path);
+  struct stat st;
+  if (fstat(fd, &st) != 0) {
+    Status s = ErrnoStatus("cannot stat", path);
+    close(fd);
+    return s;
+  }
+  const uint64_t size = static_cast<uint64_t>(st.st_size);
+  if (offset > size || data.size() > size - offset) {
+    close(fd);
+    return OutOfRangeError("bytes [" + std::to_string(offset) + ", +" +
+                           std::to_string(data.size()) +
+                           ") lie past the end of '" + path + "'");
+  }
+  size_t done = 0;
+  while (done < data.size()) {
+    ssize_t n = pwrite(fd, data.data() + done, data.size() - done,
+                       static_cast<off_t>(offset + done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      Status s = ErrnoStatus("cannot write", path);
+      close(fd);
+      return s;
+    }
+    done += static_cast<size_t>(n);
+  }
+  if (sync && fsync(fd) != 0) {
+    Status s = ErrnoStatus("fsync failed on", path);
+    close(fd);
+    return s;
+  }
+  close(fd);
+  return Status();
+}
+
+Status RemoveFile(const std::string& path, bool sync) {
+  if (unlink(path.c_str()) != 0) {
+    if (errno == ENOENT) return Status();
+    return ErrnoStatus("cannot remove", path);
+  }
+  if (!sync) return Status();
+  std::string dir = DirName(path);
+  int dfd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd < 0) return ErrnoStatus("cannot open directory", dir);
+  int rc = fsync(dfd);
+  close(dfd);
+  if (rc != 0) return ErrnoStatus("fsync failed on directory", dir);
+  return Status();
+}
+
 bool PathExists(const std::string& path) {
   struct stat st;
   return stat(path.c_str(), &st) == 0;

@@ -73,6 +73,23 @@ Status SyncDirectoryOf(const std::string& path);
 // kResourceExhausted, ENAMETOOLONG kInvalidArgument, ...).
 Status ErrnoStatus(const std::string& what, const std::string& path);
 
+// Reads bytes [offset, offset + length) of a file; kDataLoss when the file
+// ends before them.
+Result<std::vector<uint8_t>> ReadFileRange(const std::string& path,
+                                           uint64_t offset, uint64_t length);
+
+// Overwrites bytes [offset, offset + data.size()) of an existing file in
+// place, in one pwrite (repeated only on a short write), then fsyncs it when
+// `sync`. Not atomic: a crash can leave any mix of old and new disk blocks
+// in the range, so callers that need all-or-nothing keep a redo record.
+// kOutOfRange when the range reaches past the end of the file (files never
+// grow here).
+Status WriteFileRange(const std::string& path, uint64_t offset,
+                      std::span<const uint8_t> data, bool sync);
+
+// Removes a file and, when `sync`, fsyncs its directory. OK if it is absent.
+Status RemoveFile(const std::string& path, bool sync);
+
 bool PathExists(const std::string& path);
 bool IsDirectory(const std::string& path);
 

@@ -5,6 +5,7 @@
 #include "delta/apply_journal.h"
 #include "delta/delta_file.h"
 #include "delta/encoder.h"
+#include "delta/file_headers.h"
 #include "refit/checkpoint.h"
 #include "refit/delta.h"
 
@@ -32,16 +33,30 @@ std::vector<MutableTensorView> MutableCheckpointViews(Checkpoint& ckpt) {
   return out;
 }
 
-Result<DiffReport> DiffTensors(const std::vector<TensorView>& base,
-                               const std::vector<TensorView>& target,
-                               const std::string& out_path,
-                               const DiffOptions& options) {
+namespace {
+
+// A diff into a delta file carrying `headers` (none for tensors in memory).
+Result<DiffReport> DiffToFile(const std::vector<TensorView>& base,
+                              const std::vector<TensorView>& target,
+                              std::vector<CarriedHeader> headers,
+                              const std::string& out_path,
+                              const DiffOptions& options) {
   REFIT_ASSIGN_OR_RETURN(auto writer, DeltaWriter::Create(out_path, options.version,
                                                           options.base_version));
+  REFIT_RETURN_IF_ERROR(writer->SetCarriedHeaders(std::move(headers)));
   REFIT_ASSIGN_OR_RETURN(DiffReport report,
                          DiffTensorsToSink(base, target, options, writer.get()));
   report.file_bytes = writer->bytes_written();
   return report;
+}
+
+}  // namespace
+
+Result<DiffReport> DiffTensors(const std::vector<TensorView>& base,
+                               const std::vector<TensorView>& target,
+                               const std::string& out_path,
+                               const DiffOptions& options) {
+  return DiffToFile(base, target, {}, out_path, options);
 }
 
 Result<DiffReport> Diff(const std::string& base_path,
@@ -51,7 +66,10 @@ Result<DiffReport> Diff(const std::string& base_path,
                          Checkpoint::Open(base_path, Checkpoint::Mode::kReadOnly));
   REFIT_ASSIGN_OR_RETURN(Checkpoint target,
                          Checkpoint::Open(target_path, Checkpoint::Mode::kReadOnly));
-  return DiffTensors(CheckpointViews(base), CheckpointViews(target), out_path, options);
+  REFIT_ASSIGN_OR_RETURN(std::vector<CarriedHeader> headers,
+                         CollectCarriedHeaders(target));
+  return DiffToFile(CheckpointViews(base), CheckpointViews(target),
+                    std::move(headers), out_path, options);
 }
 
 Result<ApplyReport> ApplyToTensors(const std::string& delta_path,
@@ -104,6 +122,9 @@ Result<ApplyReport> Apply(const std::string& delta_path,
                           const ApplyOptions& options) {
   // The delta is fully validated before the checkpoint is opened for writing.
   REFIT_ASSIGN_OR_RETURN(DeltaReader delta, DeltaReader::Open(delta_path));
+  // A header rewrite that a crash interrupted may have left a header torn
+  // (unparsable), so it is finished before the checkpoint is parsed.
+  REFIT_RETURN_IF_ERROR(RecoverHeaderJournal(checkpoint_path));
   REFIT_ASSIGN_OR_RETURN(Checkpoint ckpt, Checkpoint::Open(checkpoint_path,
                                                            Checkpoint::Mode::kReadWrite));
   REFIT_ASSIGN_OR_RETURN(Recovered r, Recover(delta, ckpt, checkpoint_path, options));
@@ -119,7 +140,12 @@ Result<ApplyReport> Apply(const std::string& delta_path,
     REFIT_RETURN_IF_ERROR(ckpt.Sync());
   }
   REFIT_RETURN_IF_ERROR(ApplyJournal::Remove(r.journal_path));
-  if (report.ok()) report->chunks_restored = r.chunks_restored;
+  if (!report.ok()) return report.status();
+  report->chunks_restored = r.chunks_restored;
+  // Only now is every tensor the target's (and synced): the header is the
+  // last thing written, so a file never carries the target's header over
+  // data that is not the target's.
+  REFIT_RETURN_IF_ERROR(CarryHeaders(delta, ckpt, options.sync, &*report));
   return report;
 }
 
@@ -167,7 +193,10 @@ Result<VerifyReport> Verify(const std::string& checkpoint_path,
   REFIT_ASSIGN_OR_RETURN(Checkpoint ckpt,
                          Checkpoint::Open(checkpoint_path,
                                           Checkpoint::Mode::kReadOnly));
-  return VerifyTensors(delta, CheckpointViews(ckpt), threads);
+  REFIT_ASSIGN_OR_RETURN(VerifyReport report,
+                         VerifyTensors(delta, CheckpointViews(ckpt), threads));
+  REFIT_RETURN_IF_ERROR(CompareHeaders(delta, ckpt, &report));
+  return report;
 }
 
 }  // namespace refit

@@ -1,4 +1,4 @@
-// The journal of an apply into a checkpoint on disk (docs/format.md §8,
+// The journal of an apply into a checkpoint on disk (docs/format.md §9,
 // "Interrupted applies").
 //
 // XOR chunks are not idempotent, so a process killed in the middle of a

@@ -4,6 +4,7 @@
 #include <unistd.h>
 #include <xxhash.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -108,7 +109,7 @@ Result<std::unique_ptr<DeltaWriter>> DeltaWriter::Create(
   if (w->fd_ < 0) return IoError("cannot create", w->tmp_path_);
   ByteWriter h(&w->header_);
   h.Bytes(kHeaderMagic, 8);
-  h.U16(kFormatVersion);
+  h.U16(kDeltaFormatVersion);
   h.U16(0);
   h.U32(0);
   h.U64(version);
@@ -150,6 +151,38 @@ Status DeltaWriter::AddChunk(std::span<const uint8_t> chunk,
   return Write(chunk.data(), chunk.size());
 }
 
+Status DeltaWriter::SetCarriedHeaders(std::vector<CarriedHeader> headers) {
+  if (finished_) return FailedPreconditionError("delta already finished");
+  if (headers.size() > kMaxCarriedFiles) {
+    return InvalidArgumentError("cannot carry the headers of " +
+                                std::to_string(headers.size()) +
+                                " files; the format's limit is " +
+                                std::to_string(kMaxCarriedFiles));
+  }
+  std::sort(headers.begin(), headers.end(),
+            [](const CarriedHeader& a, const CarriedHeader& b) {
+              return a.name < b.name;
+            });
+  for (size_t i = 0; i < headers.size(); ++i) {
+    const CarriedHeader& h = headers[i];
+    if (h.name.empty() || h.name.size() > kMaxNameBytes) {
+      return InvalidArgumentError("file name of " +
+                                  std::to_string(h.name.size()) +
+                                  " bytes cannot be carried (1..4096)");
+    }
+    if (i > 0 && headers[i - 1].name == h.name) {
+      return InvalidArgumentError("file '" + h.name + "' given twice");
+    }
+    if (h.json.size() < 2 || h.json.size() > kMaxCarriedHeaderBytes) {
+      return InvalidArgumentError("header of '" + h.name + "' has " +
+                                  std::to_string(h.json.size()) +
+                                  " bytes, outside 2..100,000,000");
+    }
+  }
+  headers_ = std::move(headers);
+  return Status();
+}
+
 Status DeltaWriter::Finish(const std::vector<TensorEntry>& tensors) {
   if (finished_) return FailedPreconditionError("delta already finished");
   std::vector<uint8_t> trailer;
@@ -163,6 +196,12 @@ Status DeltaWriter::Finish(const std::vector<TensorEntry>& tensors) {
     w.Varint(e.start);
     w.Varint(e.count);
     w.U8(static_cast<uint8_t>(e.kind));
+  }
+  w.Varint(headers_.size());
+  for (const CarriedHeader& h : headers_) {
+    w.String(h.name);
+    w.Varint(h.json.size());
+    w.Bytes(h.json);
   }
   uint64_t trailer_offset = offset_;
   std::vector<uint8_t> footer;
@@ -225,12 +264,15 @@ Status DeltaReader::Parse() {
   uint32_t reserved = h.U32();
   version_ = h.U64();
   base_version_ = h.U64();
-  if (format_version != kFormatVersion) {
+  if (format_version < kMinDeltaFormatVersion ||
+      format_version > kDeltaFormatVersion) {
     return DataLossError("delta has format version " +
                          std::to_string(format_version) +
-                         "; this build reads version " +
-                         std::to_string(kFormatVersion));
+                         "; this build reads versions " +
+                         std::to_string(kMinDeltaFormatVersion) + " to " +
+                         std::to_string(kDeltaFormatVersion));
   }
+  format_version_ = format_version;
   if (flags != 0 || reserved != 0) {
     return DataLossError("delta header has unknown flags");
   }
@@ -304,10 +346,48 @@ Status DeltaReader::Parse() {
     }
   }
   REFIT_RETURN_IF_ERROR(r.status("delta trailer"));
+  if (format_version_ >= 2) REFIT_RETURN_IF_ERROR(ParseCarriedHeaders(&r));
   if (r.remaining() != 0) {
     return DataLossError("delta trailer has trailing bytes");
   }
   return Status();
+}
+
+// The file-header section (docs/format.md §6, format version 2). Each entry
+// takes at least 3 bytes (a 1-byte name and two length varints), which
+// bounds the count before anything is allocated; header bytes are copied
+// only after their length is checked against what the trailer holds.
+Status DeltaReader::ParseCarriedHeaders(ByteReader* reader) {
+  ByteReader& r = *reader;
+  uint64_t file_count = r.Varint();
+  if (!r.ok() || file_count > kMaxCarriedFiles ||
+      file_count > r.remaining() / 3) {
+    REFIT_RETURN_IF_ERROR(r.status("delta file headers"));
+    return DataLossError("delta names an implausible number of file headers (" +
+                         std::to_string(file_count) + ")");
+  }
+  headers_.resize(file_count);
+  for (uint64_t i = 0; i < file_count && r.ok(); ++i) {
+    CarriedHeader& h = headers_[i];
+    h.name = r.String(kMaxNameBytes);
+    uint64_t n = r.Varint();
+    if (!r.ok()) break;
+    if (h.name.empty()) {
+      return DataLossError("file header " + std::to_string(i) +
+                           " has an empty name");
+    }
+    if (i > 0 && !(headers_[i - 1].name < h.name)) {
+      return DataLossError("file headers are not sorted by unique name");
+    }
+    if (n < 2 || n > kMaxCarriedHeaderBytes || n > r.remaining()) {
+      return DataLossError("file header of '" + h.name + "' claims " +
+                           std::to_string(n) +
+                           " bytes (2..100,000,000, within the trailer)");
+    }
+    std::span<const uint8_t> json = r.Bytes(n);
+    h.json.assign(json.begin(), json.end());
+  }
+  return r.status("delta file headers");
 }
 
 Result<ParsedChunk> DeltaReader::ReadChunk(size_t i) const {

@@ -1,6 +1,6 @@
 // Delta files (docs/format.md §6): a header, chunks in tensor order, and a
-// trailer that names the base and target by tensor hashes and indexes the
-// chunks.
+// trailer that names the base and target by tensor hashes, indexes the
+// chunks and (format version 2) carries the target's safetensors headers.
 //
 // DeltaWriter streams: each chunk is written as soon as it is handed over,
 // so memory does not grow with the delta; the file appears under its final
@@ -26,11 +26,20 @@
 
 namespace refit {
 
+// The delta file's own version (docs/format.md §6), distinct from the chunk
+// framing's kFormatVersion. Version 2 added the file-header section;
+// readers accept every version from kMinDeltaFormatVersion on.
+inline constexpr uint16_t kDeltaFormatVersion = 2;
+inline constexpr uint16_t kMinDeltaFormatVersion = 1;
 inline constexpr size_t kDeltaHeaderSize = 32;
 inline constexpr size_t kDeltaFooterSize = 24;
 inline constexpr uint64_t kMaxTensors = uint64_t{1} << 24;
 inline constexpr uint64_t kMaxNameBytes = 4096;
 inline constexpr uint64_t kMaxDims = 16;
+// File-header section (docs/format.md §6, §7): a sharded checkpoint has far
+// fewer shards; a header is capped as the safetensors spec caps it.
+inline constexpr uint64_t kMaxCarriedFiles = uint64_t{1} << 16;
+inline constexpr uint64_t kMaxCarriedHeaderBytes = 100'000'000;
 
 struct TensorEntry {
   std::string name;
@@ -40,6 +49,15 @@ struct TensorEntry {
   uint64_t num_elements = 0;
   Hash128 before;
   Hash128 after;
+};
+
+// One safetensors file's header as the target holds it: `name` is the
+// file's path relative to the checkpoint directory ("model.safetensors" for
+// a checkpoint that is one file), `json` the file's bytes 8 .. 8 + N (its
+// JSON header with any trailing padding).
+struct CarriedHeader {
+  std::string name;
+  std::vector<uint8_t> json;
 };
 
 struct IndexEntry {
@@ -77,6 +95,11 @@ class DeltaWriter : public ChunkSink {
   // Appends one serialized chunk.
   Status AddChunk(std::span<const uint8_t> chunk,
                   const ChunkHeader& header) override;
+  // Sets the target's file headers that Finish() writes into the trailer;
+  // without a call the section is empty. Requires names unique, 1..4096
+  // bytes, at most kMaxCarriedFiles of them, and each json 2 ..
+  // kMaxCarriedHeaderBytes bytes (kInvalidArgument otherwise).
+  Status SetCarriedHeaders(std::vector<CarriedHeader> headers);
   // Writes trailer and footer and publishes the file.
   Status Finish(const std::vector<TensorEntry>& tensors) override;
 
@@ -91,6 +114,7 @@ class DeltaWriter : public ChunkSink {
   uint64_t offset_ = 0;
   std::vector<uint8_t> header_;
   std::vector<IndexEntry> index_;
+  std::vector<CarriedHeader> headers_;  // sorted by name
   bool finished_ = false;
 };
 
@@ -101,10 +125,15 @@ class DeltaReader {
   // outlive the reader.
   static Result<DeltaReader> FromBytes(std::span<const uint8_t> bytes);
 
+  // The file's format version: 1 (no file headers) or 2.
+  uint16_t format_version() const { return format_version_; }
   uint64_t version() const { return version_; }
   uint64_t base_version() const { return base_version_; }
   const std::vector<TensorEntry>& tensors() const { return tensors_; }
   const std::vector<IndexEntry>& index() const { return index_; }
+  // The target's safetensors headers, sorted by name; empty for a version 1
+  // delta or a diff of tensors in memory.
+  const std::vector<CarriedHeader>& headers() const { return headers_; }
   uint64_t file_size() const { return bytes_.size(); }
 
   // Parses chunk i and checks that its header agrees with the index.
@@ -112,12 +141,15 @@ class DeltaReader {
 
  private:
   Status Parse();
+  Status ParseCarriedHeaders(ByteReader* reader);
   MappedFile file_;
   std::span<const uint8_t> bytes_;
+  uint16_t format_version_ = 0;
   uint64_t version_ = 0;
   uint64_t base_version_ = 0;
   std::vector<TensorEntry> tensors_;
   std::vector<IndexEntry> index_;
+  std::vector<CarriedHeader> headers_;
 };
 
 }  // namespace refit

@@ -411,11 +411,8 @@ TEST(ChunkTest, TwoPartAndRawFramingEqualOnePart) {
 namespace refit {
 namespace {
 
-// Golden: a fixed input's delta bytes never change within format version 1
-// (docs/format.md). If this fails, the encoder's output drifted: either
-// restore it or bump the format version and freeze a new golden.
-TEST(GoldenTest, FormatVersion1DeltaBytesAreFrozen) {
-  std::vector<Tensor> base, target;
+// The fixed input of the golden deltas: three tensors and a sparse step.
+void GoldenTensors(std::vector<Tensor>* base, std::vector<Tensor>* target) {
   for (int t = 0; t < 3; ++t) {
     const int w = t == 2 ? 4 : 2;
     Tensor x{"t" + std::to_string(t), w == 2 ? "BF16" : "F32", w, {40000}, {}};
@@ -429,9 +426,17 @@ TEST(GoldenTest, FormatVersion1DeltaBytesAreFrozen) {
     for (size_t i = 0; i < 40000; i += 7 + static_cast<size_t>(t)) {
       y.bytes[i * static_cast<size_t>(w)] ^= static_cast<uint8_t>(1u << (i % 3));
     }
-    base.push_back(x);
-    target.push_back(y);
+    base->push_back(x);
+    target->push_back(y);
   }
+}
+
+// Golden: a fixed input's delta bytes never change within format version 2
+// (docs/format.md). If this fails, the encoder's output drifted: either
+// restore it or bump the format version and freeze a new golden.
+TEST(GoldenTest, FormatVersion2DeltaBytesAreFrozen) {
+  std::vector<Tensor> base, target;
+  GoldenTensors(&base, &target);
   TempDir dir;
   DiffOptions opts;
   opts.version = 2;
@@ -439,9 +444,35 @@ TEST(GoldenTest, FormatVersion1DeltaBytesAreFrozen) {
   opts.chunk_bytes = 64 * 1024;
   ASSERT_OK(DiffTensors(Views(base), Views(target), dir.File("g.rfd"), opts));
   auto bytes = testing::ReadBytes(dir.File("g.rfd"));
-  EXPECT_EQ(bytes.size(), 2954u);
+  EXPECT_EQ(bytes.size(), 2955u);
+  EXPECT_EQ(HashBytes(bytes.data(), bytes.size()).Hex(),
+            "01bffa3f6ddabaf9242f0551f556e0ce");
+}
+
+// The version 1 golden, frozen as a file when version 2 came: the same
+// input's delta as version 1 wrote it (no file headers). It must keep
+// reading and applying.
+TEST(GoldenTest, FormatVersion1DeltaStillApplies) {
+  const std::string path = std::string(REFIT_DELTA_TESTDATA) + "/golden_v1.rfd";
+  auto bytes = testing::ReadBytes(path);
+  ASSERT_EQ(bytes.size(), 2954u);
   EXPECT_EQ(HashBytes(bytes.data(), bytes.size()).Hex(),
             "8bc701f032de025f5aa7c12b87ea8996");
+  auto reader = DeltaReader::Open(path);
+  ASSERT_OK(reader);
+  EXPECT_EQ(reader->format_version(), 1);
+  EXPECT_TRUE(reader->headers().empty());
+  std::vector<Tensor> base, target;
+  GoldenTensors(&base, &target);
+  auto applied = ApplyToTensors(path, MutViews(base), {});
+  ASSERT_OK(applied);
+  EXPECT_GT(applied->chunks_applied, 0u);
+  for (size_t i = 0; i < base.size(); ++i) {
+    EXPECT_EQ(base[i].bytes, target[i].bytes) << base[i].name;
+  }
+  auto info = Inspect(path);
+  ASSERT_OK(info);
+  EXPECT_EQ(info->format_version, 1u);
 }
 
 }  // namespace

@@ -36,7 +36,7 @@ double EntropyBits(const std::unordered_map<uint64_t, uint64_t>& hist) {
 Result<InspectReport> Inspect(const std::string& delta_path) {
   REFIT_ASSIGN_OR_RETURN(DeltaReader delta, DeltaReader::Open(delta_path));
   InspectReport report;
-  report.format_version = kFormatVersion;
+  report.format_version = delta.format_version();
   report.version = delta.version();
   report.base_version = delta.base_version();
   report.file_bytes = delta.file_size();

@@ -340,4 +340,31 @@ Status WriteSafetensors(const std::string& path,
   return WriteFileAtomic(path, out);
 }
 
+Result<std::vector<uint8_t>> ReadSafetensorsHeaderBytes(
+    const std::string& path) {
+  REFIT_ASSIGN_OR_RETURN(std::vector<uint8_t> prefix,
+                         ReadFileRange(path, 0, 8));
+  const uint64_t n = LoadLE(prefix.data(), 8);
+  if (n > kMaxSafetensorsHeaderSize) {
+    return DataLossError(path + ": safetensors header length " +
+                         std::to_string(n) + " exceeds the limit of " +
+                         std::to_string(kMaxSafetensorsHeaderSize));
+  }
+  return ReadFileRange(path, 8, n);
+}
+
+Status WriteSafetensorsHeaderInPlace(const std::string& path,
+                                     std::span<const uint8_t> json,
+                                     bool sync) {
+  REFIT_ASSIGN_OR_RETURN(std::vector<uint8_t> prefix,
+                         ReadFileRange(path, 0, 8));
+  const uint64_t n = LoadLE(prefix.data(), 8);
+  if (n != json.size()) {
+    return FailedPreconditionError(
+        path + ": a header of " + std::to_string(json.size()) +
+        " bytes cannot replace one of " + std::to_string(n) + " in place");
+  }
+  return WriteFileRange(path, 8, json, sync);
+}
+
 }  // namespace refit

@@ -146,6 +146,21 @@ Status WriteSafetensors(const std::string& path,
                         std::span<const SafetensorsTensorView> tensors,
                         const DTypeRegistry& dtypes = {});
 
+// Reads the header of the safetensors file at `path`: its bytes 8 .. 8 + N
+// (the JSON with any trailing padding), without mapping or parsing the
+// file. Errors: kDataLoss when N > kMaxSafetensorsHeaderSize or the file
+// ends before 8 + N bytes; file errors as ReadFileRange.
+Result<std::vector<uint8_t>> ReadSafetensorsHeaderBytes(const std::string& path);
+
+// Overwrites the header of the safetensors file at `path` in place with
+// `json`, which must be exactly as long as the header it replaces (the
+// 8-byte N and every tensor byte stay as they are; kFailedPrecondition
+// otherwise). One pwrite, then fsync when `sync`. It does not check that
+// `json` describes the file's data: callers parse it first. Not atomic (see
+// WriteFileRange).
+Status WriteSafetensorsHeaderInPlace(const std::string& path,
+                                     std::span<const uint8_t> json, bool sync);
+
 }  // namespace refit
 
 #endif  // REFIT_FORMAT_SAFETENSORS_H_

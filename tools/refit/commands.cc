@@ -286,6 +286,9 @@ int RunApply(const ApplyArgs& args) {
     j["checkpoint_pages"] = checkpoint_pages;
     j["synced"] = !args.no_sync;
     j["seconds"] = r.seconds;
+    j["headers_written"] = r.headers_written;
+    j["headers_unchanged"] = r.headers_unchanged;
+    j["headers_not_carried"] = r.headers_not_carried;
     PrintJson(j);
     return kExitOk;
   }
@@ -305,6 +308,15 @@ int RunApply(const ApplyArgs& args) {
              HumanBytes(static_cast<double>(r.checkpoint_bytes)));
   fmt::print("  time      {}{}\n", HumanSeconds(r.seconds),
              args.no_sync ? " (not synced)" : " (synced)");
+  if (r.headers_written + r.headers_unchanged > 0) {
+    fmt::print("  headers   {} rewritten to the target's, {} already the target's\n",
+               WithCommas(r.headers_written), WithCommas(r.headers_unchanged));
+  }
+  // Not an error: every tensor is the target's; only the file's header
+  // (its metadata) is not.
+  for (const std::string& note : r.headers_not_carried) {
+    fmt::print("  note      header not carried: {}\n", note);
+  }
   return kExitOk;
 }
 
@@ -336,6 +348,9 @@ int RunVerify(const VerifyArgs& args) {
     j["matches_base"] = r.matches_base;
     j["tensors"] = r.tensors;
     j["mismatched"] = r.mismatched;
+    j["headers_checked"] = r.headers_checked;
+    j["header_matches_target"] = r.headers_checked && r.header_differs.empty();
+    j["header_differs"] = r.header_differs;
     j["exit_code"] = r.matches_target ? kExitOk : kExitMismatch;
     PrintJson(j);
   }
@@ -343,6 +358,11 @@ int RunVerify(const VerifyArgs& args) {
     if (!args.json) {
       fmt::print("{} is the target of {} ({} tensors match)\n", args.checkpoint,
                  args.delta, WithCommas(r.tensors));
+      // A header-only difference: the tensors are the target's, so this is
+      // not a mismatch, but the file is not byte-identical to the target.
+      for (const std::string& d : r.header_differs) {
+        fmt::print("  header differs: {}\n", d);
+      }
     }
     return kExitOk;
   }
