@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -389,6 +390,64 @@ TEST_F(CliTest, UsageAndInvalidArguments) {
   WriteSafetensors(small, {SmallModel(4)[1]});
   RunResult mismatched = Run({"diff", base_, small, "-o", delta_});
   EXPECT_EQ(mismatched.exit_code, 2) << mismatched.err;
+}
+
+// The delta is renamed over OUT when it is complete, so an OUT that names an
+// input, by any path, would replace that input with the delta.
+TEST_F(CliTest, DiffRefusesToWriteOverItsInputs) {
+  namespace fs = std::filesystem;
+  const std::vector<uint8_t> base_bytes = ReadBytes(base_);
+  const std::vector<uint8_t> target_bytes = ReadBytes(target_);
+  fs::create_directory(dir_.File("sub"));
+  const std::string symlink = dir_.File("link.safetensors");
+  fs::create_symlink(base_, symlink);
+  const std::string hardlink = dir_.File("hard.safetensors");
+  fs::create_hard_link(target_, hardlink);
+  // A checkpoint directory: nothing may be written inside it either (its
+  // index, its shards, or a stray file that copies of it would carry along).
+  const std::string ckpt = dir_.File("ckpt");
+  fs::create_directory(ckpt);
+  fs::copy_file(base_, ckpt + "/model.safetensors");
+  const std::vector<uint8_t> ckpt_bytes = ReadBytes(ckpt + "/model.safetensors");
+  // Every file under dir_, but the captured output of the runs.
+  auto listing = [&] {
+    std::vector<std::string> names;
+    for (const auto& e : fs::recursive_directory_iterator(dir_.path())) {
+      if (e.path().extension() != ".txt") names.push_back(e.path().string());
+    }
+    std::sort(names.begin(), names.end());
+    return names;
+  };
+  const std::vector<std::string> before = listing();
+
+  const std::vector<std::vector<std::string>> kCases = {
+      {base_, target_, base_},
+      {base_, target_, target_},
+      {base_, target_, dir_.File("sub/../base.safetensors")},
+      {base_, target_, symlink},
+      {base_, target_, hardlink},
+      {symlink, target_, base_},
+      {ckpt, target_, ckpt + "/model.safetensors"},
+      {ckpt, target_, ckpt + "/model.safetensors.index.json"},
+      {base_, ckpt, ckpt + "/step1.rfd"},
+      {base_, ckpt, ckpt},
+  };
+  for (const auto& c : kCases) {
+    SCOPED_TRACE(c[0] + " " + c[1] + " -o " + c[2]);
+    RunResult r = Run({"diff", c[0], c[1], "-o", c[2]});
+    EXPECT_EQ(r.exit_code, 2) << r.err;
+    EXPECT_NE(r.err.find("output '" + c[2] + "' would "), std::string::npos)
+        << r.err;
+  }
+  EXPECT_EQ(ReadBytes(base_), base_bytes);
+  EXPECT_EQ(ReadBytes(target_), target_bytes);
+  EXPECT_TRUE(fs::is_symlink(symlink));
+  EXPECT_EQ(ReadBytes(ckpt + "/model.safetensors"), ckpt_bytes);
+  // Nothing was written: no delta, no temporary file.
+  EXPECT_EQ(listing(), before);
+  // A delta beside the inputs is fine.
+  RunResult ok = Run({"diff", ckpt, target_, "-o", delta_});
+  EXPECT_EQ(ok.exit_code, 0) << ok.err;
 }
 
 TEST_F(CliTest, HelpDocumentsEverySubcommandAndExitCodes) {

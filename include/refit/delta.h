@@ -96,6 +96,10 @@ struct DiffReport {
 // (atomically: a partial file is never left under that name). Chunks are
 // written as they are encoded; memory stays bounded by a few chunks per
 // thread.
+// Note 1: fails with kInvalidArgument, before writing anything, when
+// `out_path` names a file of either checkpoint (by any path: compared by
+// device and inode, so symbolic and hard links count) or lies inside a
+// checkpoint directory; the delta would replace that input.
 Result<DiffReport> Diff(const std::string& base_path,
                         const std::string& target_path,
                         const std::string& out_path, const DiffOptions& options);

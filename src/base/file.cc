@@ -9,6 +9,8 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
+#include <system_error>
 #include <utility>
 #include <vector>
 
@@ -321,6 +323,29 @@ bool PathExists(const std::string& path) {
 bool IsDirectory(const std::string& path) {
   struct stat st;
   return stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+std::optional<FileId> GetFileId(const std::string& path) {
+  struct stat st;
+  if (stat(path.c_str(), &st) != 0) return std::nullopt;
+  return FileId{.device = static_cast<uint64_t>(st.st_dev),
+                .inode = static_cast<uint64_t>(st.st_ino)};
+}
+
+bool IsWithinDirectory(const std::string& path, const FileId& dir) {
+  std::error_code ec;
+  std::filesystem::path p = std::filesystem::absolute(path, ec);
+  if (ec) return false;
+  // Every lexical prefix is looked up, so "a/link/../x" is examined through
+  // "a/link/..", as the kernel resolves it, not as "a". "a/link" is examined
+  // too, which errs towards true for a path that enters `dir` through a link
+  // and leaves it again by "..".
+  while (true) {
+    if (GetFileId(p.string()) == dir) return true;
+    std::filesystem::path parent = p.parent_path();
+    if (parent == p || parent.empty()) return false;
+    p = std::move(parent);
+  }
 }
 
 }  // namespace refit

@@ -10,6 +10,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -92,6 +93,25 @@ Status RemoveFile(const std::string& path, bool sync);
 
 bool PathExists(const std::string& path);
 bool IsDirectory(const std::string& path);
+
+// What a path names, as the file system identifies it: two paths name the
+// same file or directory, whatever their spelling and through any symbolic
+// or hard link, exactly when their ids are equal.
+struct FileId {
+  uint64_t device = 0;
+  uint64_t inode = 0;
+  friend bool operator==(const FileId&, const FileId&) = default;
+};
+
+// The id of what `path` names, symbolic links followed; nullopt when nothing
+// is there or it cannot be examined.
+std::optional<FileId> GetFileId(const std::string& path);
+
+// Whether `path`, existing or not, is the directory `dir` or lies anywhere
+// under it: true when `path` or one of its ancestors (taken lexically from
+// its absolute form, each looked up with symbolic links followed) has id
+// `dir`.
+bool IsWithinDirectory(const std::string& path, const FileId& dir);
 
 }  // namespace refit
 

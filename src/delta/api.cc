@@ -1,6 +1,9 @@
 // The public delta API (include/refit/delta.h) over checkpoints on disk.
 #include <chrono>
+#include <optional>
+#include <string_view>
 
+#include "base/file.h"
 #include "delta/apply.h"
 #include "delta/apply_journal.h"
 #include "delta/delta_file.h"
@@ -10,6 +13,38 @@
 #include "refit/delta.h"
 
 namespace refit {
+namespace {
+
+// The delta is written beside `out_path` and renamed over it once complete,
+// so an `out_path` that names a file of an input checkpoint, by any path,
+// would replace that input with the delta; one inside an input's directory
+// would replace its index or shards, or leave a stray file that every copy
+// of the checkpoint carries along. Both are refused before anything is
+// written. `role` is "base" or "target", for the message.
+Status CheckOutputSparesInput(const std::string& out_path,
+                              const Checkpoint& input, std::string_view role) {
+  const std::string output = "output '" + out_path + "' would ";
+  if (IsDirectory(input.path())) {
+    std::optional<FileId> dir = GetFileId(input.path());
+    if (dir && IsWithinDirectory(out_path, *dir)) {
+      return InvalidArgumentError(output + "be written inside the " +
+                                  std::string(role) + " checkpoint '" +
+                                  input.path() + "'");
+    }
+  }
+  std::optional<FileId> out = GetFileId(out_path);
+  if (!out) return Status();  // a new file, outside every input directory
+  for (const CheckpointFile& f : input.files()) {
+    if (GetFileId(f.path) == out) {
+      return InvalidArgumentError(
+          output + "overwrite the " + std::string(role) + " checkpoint '" +
+          f.path + "'" + (f.path == out_path ? "" : " (the same file)"));
+    }
+  }
+  return Status();
+}
+
+}  // namespace
 
 std::vector<TensorView> CheckpointViews(const Checkpoint& ckpt) {
   std::vector<TensorView> out;
@@ -66,6 +101,8 @@ Result<DiffReport> Diff(const std::string& base_path,
                          Checkpoint::Open(base_path, Checkpoint::Mode::kReadOnly));
   REFIT_ASSIGN_OR_RETURN(Checkpoint target,
                          Checkpoint::Open(target_path, Checkpoint::Mode::kReadOnly));
+  REFIT_RETURN_IF_ERROR(CheckOutputSparesInput(out_path, base, "base"));
+  REFIT_RETURN_IF_ERROR(CheckOutputSparesInput(out_path, target, "target"));
   REFIT_ASSIGN_OR_RETURN(std::vector<CarriedHeader> headers,
                          CollectCarriedHeaders(target));
   return DiffToFile(CheckpointViews(base), CheckpointViews(target),

@@ -29,6 +29,11 @@ Status Corrupt(std::string_view tensor, const std::string& message) {
   return Corrupt("tensor " + QuoteForMessage(tensor) + ": " + message);
 }
 
+std::string HexByte(uint8_t b) {
+  constexpr char kDigits[] = "0123456789abcdef";
+  return {'0', 'x', kDigits[b >> 4], kDigits[b & 15]};
+}
+
 // Every integer in a header is a non-negative count or offset; nlohmann
 // types negative numbers number_integer, fractions and values past 2^64
 // number_float.
@@ -102,24 +107,35 @@ Result<SafetensorsTensor> ParseTensor(const std::string& name, const Json& v,
   return t;
 }
 
-// The spec requires the tensors to tile the data buffer: no overlaps, no
-// holes, nothing after the last tensor. Empty tensors occupy no bytes and
-// may sit anywhere in [0, data_size], including at a neighbour's offset.
+// The reference reader's rule (safetensors/src/tensor.rs, Metadata::validate):
+// ordered by (begin, end), each tensor begins where the previous one ended
+// and the last ends at the end of the buffer. So the tensors tile the buffer
+// with no overlap and no hole, and a zero-size tensor may sit at the start,
+// at the end or between two tensors, never inside one.
 Status CheckTiling(const std::vector<SafetensorsTensor>& tensors,
                    uint64_t data_start, uint64_t data_size) {
   std::vector<const SafetensorsTensor*> by_offset;
   by_offset.reserve(tensors.size());
-  for (const SafetensorsTensor& t : tensors) {
-    if (t.byte_size > 0) by_offset.push_back(&t);
-  }
-  std::sort(by_offset.begin(), by_offset.end(),
-            [](const SafetensorsTensor* a, const SafetensorsTensor* b) {
-              return a->offset < b->offset;
-            });
+  for (const SafetensorsTensor& t : tensors) by_offset.push_back(&t);
+  // Stable, so ties (empty tensors at one offset) keep name order and the
+  // error message names the same tensors on every run.
+  std::stable_sort(by_offset.begin(), by_offset.end(),
+                   [](const SafetensorsTensor* a, const SafetensorsTensor* b) {
+                     if (a->offset != b->offset) return a->offset < b->offset;
+                     return a->byte_size < b->byte_size;
+                   });
   uint64_t expected = data_start;
   const SafetensorsTensor* prev = nullptr;
   for (const SafetensorsTensor* t : by_offset) {
     if (t->offset < expected) {
+      // Sorting puts a tensor that begins inside prev after it; an empty one
+      // that begins where prev begins would have sorted before it.
+      if (t->byte_size == 0) {
+        return Corrupt("zero-size tensor " + QuoteForMessage(t->name) +
+                       " at data offset " +
+                       std::to_string(t->offset - data_start) +
+                       " lies inside tensor " + QuoteForMessage(prev->name));
+      }
       return Corrupt("tensors " + QuoteForMessage(prev->name) + " and " +
                      QuoteForMessage(t->name) + " overlap");
     }
@@ -136,6 +152,29 @@ Status CheckTiling(const std::vector<SafetensorsTensor>& tensors,
     return Corrupt(std::to_string(data_start + data_size - expected) +
                    " bytes after the last tensor are not covered by any "
                    "tensor (tensors must tile the data buffer)");
+  }
+  return Status();
+}
+
+// The reference reader requires the header to begin with '{' and, its
+// writer padding the header to 8 bytes with spaces, allows only spaces after
+// the JSON. Called once `text` has parsed as a JSON object; nlohmann skips a
+// byte order mark and whitespace on either side, which are refused here.
+Status CheckHeaderFraming(std::string_view text) {
+  if (text.substr(0, 3) == "\xEF\xBB\xBF") {
+    return Corrupt("header starts with a UTF-8 byte order mark; it must begin "
+                   "with '{'");
+  }
+  if (text.front() != '{') {
+    return Corrupt("header must begin with '{', not whitespace");
+  }
+  // The object's closing brace is its last byte that is not whitespace, so
+  // the last byte that is not a space must be it.
+  size_t last = text.find_last_not_of(' ');
+  if (text[last] != '}') {
+    return Corrupt("only spaces may follow the header's JSON (byte " +
+                   std::to_string(last) + " is " +
+                   HexByte(static_cast<uint8_t>(text[last])) + ")");
   }
   return Status();
 }
@@ -175,6 +214,7 @@ Result<SafetensorsHeader> ParseSafetensorsHeader(
       Json root,
       internal::ParseJsonStrict(text, kMaxHeaderDepth, "safetensors header"));
   if (!root.is_object()) return Corrupt("JSON root is not an object");
+  REFIT_RETURN_IF_ERROR(CheckHeaderFraming(text));
 
   h.tensors.reserve(root.size());
   try {

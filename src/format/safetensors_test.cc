@@ -118,6 +118,33 @@ TEST(FormatSafetensorsTest, RejectsBadJson) {
       StatusCode::kDataLoss, "nesting deeper");
 }
 
+// The reference reader (huggingface/safetensors) requires the header to
+// begin with '{' and allows only spaces after the JSON; nlohmann alone would
+// skip a byte order mark and stop at the first NUL.
+TEST(FormatSafetensorsTest, HeaderIsOneObjectPaddedWithSpaces) {
+  ExpectRejected(RawFile("\xEF\xBB\xBF{}"), StatusCode::kDataLoss,
+                 "byte order mark");
+  ExpectRejected(RawFile(" {}"), StatusCode::kDataLoss, "begin with '{'");
+  ExpectRejected(RawFile("\n{}"), StatusCode::kDataLoss, "begin with '{'");
+  ExpectRejected(RawFile(std::string("{}\0\0\0\0\0\0", 8)),
+                 StatusCode::kDataLoss, "NUL byte at offset 2");
+  ExpectRejected(RawFile(std::string("{}  \0junk", 9)), StatusCode::kDataLoss,
+                 "NUL byte at offset 4");
+  ExpectRejected(RawFile("{}\n"), StatusCode::kDataLoss,
+                 "only spaces may follow");
+  ExpectRejected(RawFile("{}  \t  "), StatusCode::kDataLoss,
+                 "only spaces may follow");
+  ExpectRejected(
+      RawFile(std::string(R"({"a":{"dtype":"U8","shape":[1],)"
+                          R"("data_offsets":[0,1]}})") +
+                  std::string(1, '\0') + R"({"b":1})",
+              1),
+      StatusCode::kDataLoss, "NUL byte");
+  // Spaces after the JSON, and whitespace inside it, are fine.
+  EXPECT_OK(Parse(RawFile("{}      ")));
+  EXPECT_OK(Parse(RawFile("{ \"__metadata__\" :\n{\t} }  ")));
+}
+
 TEST(FormatSafetensorsTest, RejectsWrongTypes) {
   const std::pair<std::string, std::string> kCases[] = {
       {R"({"a":[1]})", "not an object"},
@@ -237,6 +264,43 @@ TEST(FormatSafetensorsTest, RejectsBadOffsets) {
       RawFile(R"({"a":{"dtype":"U8","shape":[2],"data_offsets":[0,2]}})", 3),
       StatusCode::kDataLoss, "not covered");
   ExpectRejected(RawFile("{}", 1), StatusCode::kDataLoss, "not covered");
+}
+
+// Zero-size tensors occupy no bytes, but the reference still orders every
+// tensor by its offsets and requires each to begin where the previous one
+// ended: an empty tensor may sit only at the start of the buffer, at its end,
+// or between two tensors, never inside one.
+TEST(FormatSafetensorsTest, ZeroSizeTensorsSitBetweenTensors) {
+  ExpectRejected(
+      RawFile(R"({"a":{"dtype":"U8","shape":[4],"data_offsets":[0,4]},)"
+              R"("e":{"dtype":"U8","shape":[0],"data_offsets":[2,2]}})",
+              4),
+      StatusCode::kDataLoss, "zero-size tensor 'e' at data offset 2 lies "
+                             "inside tensor 'a'");
+  ExpectRejected(
+      RawFile(R"({"a":{"dtype":"U8","shape":[2],"data_offsets":[0,2]},)"
+              R"("b":{"dtype":"U8","shape":[2],"data_offsets":[2,4]},)"
+              R"("e":{"dtype":"F32","shape":[3,0],"data_offsets":[3,3]}})",
+              4),
+      StatusCode::kDataLoss, "inside tensor 'b'");
+  // Past the end of the buffer is out of it, as before.
+  ExpectRejected(
+      RawFile(R"({"a":{"dtype":"U8","shape":[4],"data_offsets":[0,4]},)"
+              R"("e":{"dtype":"U8","shape":[0],"data_offsets":[5,5]}})",
+              4),
+      StatusCode::kDataLoss, "past the data buffer");
+  // At the start, between tensors, at the end, several at one offset, and
+  // with no other tensor at all.
+  EXPECT_OK(Parse(
+      RawFile(R"({"e0":{"dtype":"U8","shape":[0],"data_offsets":[0,0]},)"
+              R"("a":{"dtype":"U8","shape":[2],"data_offsets":[0,2]},)"
+              R"("e1":{"dtype":"BF16","shape":[0,5],"data_offsets":[2,2]},)"
+              R"("e2":{"dtype":"U8","shape":[0],"data_offsets":[2,2]},)"
+              R"("b":{"dtype":"U8","shape":[2],"data_offsets":[2,4]},)"
+              R"("e3":{"dtype":"U8","shape":[0],"data_offsets":[4,4]}})",
+              4)));
+  EXPECT_OK(Parse(
+      RawFile(R"({"e":{"dtype":"U8","shape":[0],"data_offsets":[0,0]}})")));
 }
 
 TEST(FormatSafetensorsTest, UnknownDTypeWithAndWithoutRegistry) {
