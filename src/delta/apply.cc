@@ -29,8 +29,11 @@ uint64_t SegmentCount(uint64_t bytes) {
   return bytes == 0 ? 1 : (bytes + kRangeHashSegment - 1) / kRangeHashSegment;
 }
 
-// Counts distinct pages among ascending addresses as they are stored to.
+// Counts distinct pages among ascending addresses as they are stored to,
+// and remembers the first and last, so that a page two adjacent chunks
+// share can be counted once over a whole apply.
 struct PageCounter {
+  uint64_t first = UINT64_MAX;
   uint64_t last = UINT64_MAX;
   uint64_t pages = 0;
   void Touch(const uint8_t* p) {
@@ -38,9 +41,24 @@ struct PageCounter {
     if (page != last) {
       ++pages;
       last = page;
+      if (first == UINT64_MAX) first = page;
     }
   }
 };
+
+// Distinct pages of chunks over disjoint ascending ranges: only the first
+// page of one chunk can be the last page of the chunk before it.
+uint64_t DistinctPages(std::vector<PageCounter> chunks) {
+  std::sort(chunks.begin(), chunks.end(),
+            [](const PageCounter& a, const PageCounter& b) { return a.first < b.first; });
+  uint64_t total = 0, prev_last = UINT64_MAX;
+  for (const PageCounter& c : chunks) {
+    if (c.pages == 0) continue;
+    total += c.pages - (c.first == prev_last ? 1 : 0);
+    prev_last = c.last;
+  }
+  return total;
+}
 
 }  // namespace
 
@@ -236,7 +254,7 @@ namespace {
 // *s: stores them, checks the range against "after" and undoes the stores
 // if it does not match.
 Status StoreAndCheck(const ChunkHeader& h, uint8_t* tensor_data, ApplyScratch* s,
-                     uint64_t* pages_written, UndoRecord* undo,
+                     PageCounter* pages_written, UndoRecord* undo,
                      std::vector<Hash128>* after_digests) {
   const RegionAddr at(h, tensor_data);
   PageCounter pages;
@@ -255,7 +273,7 @@ Status StoreAndCheck(const ChunkHeader& h, uint8_t* tensor_data, ApplyScratch* s
     got = RegionHash(h, tensor_data);
   }
   if (got == h.after) {
-    if (pages_written) *pages_written += pages.pages;
+    if (pages_written) *pages_written = pages;
     if (undo) *undo = s->undo;
     return Status();
   }
@@ -275,8 +293,11 @@ Status ApplyChunk(const ParsedChunk& chunk, uint8_t* tensor_data,
                   ApplyScratch* s, uint64_t* pages_written, UndoRecord* undo,
                   std::vector<Hash128>* after_digests) {
   REFIT_RETURN_IF_ERROR(DecodeRecords(chunk, s));
-  return StoreAndCheck(chunk.header, tensor_data, s, pages_written, undo,
-                       after_digests);
+  PageCounter pages;
+  REFIT_RETURN_IF_ERROR(StoreAndCheck(chunk.header, tensor_data, s, &pages, undo,
+                                      after_digests));
+  if (pages_written) *pages_written += pages.pages;
+  return Status();
 }
 
 }  // namespace
@@ -451,7 +472,7 @@ Result<ApplyReport> ApplyDelta(const DeltaReader& delta,
   report.chunks_applied = todo.size();
   report.chunks_skipped = report.chunks - todo.size();
   int threads = options.threads > 0 ? options.threads : DefaultThreads();
-  std::vector<uint64_t> pages(static_cast<size_t>(threads), 0);
+  std::vector<PageCounter> pages(todo.size());
   std::vector<uint64_t> changed(static_cast<size_t>(threads), 0);
   // Per applied chunk: whether it was stored, and how to undo it, so a
   // failure anywhere rolls every chunk back and leaves the base intact.
@@ -542,7 +563,7 @@ Result<ApplyReport> ApplyDelta(const DeltaReader& delta,
       if (!chunk.ok()) return fail(chunk.status(), c);
       std::vector<Hash128>& digests = after_digests[static_cast<size_t>(worker)];
       Status st = StoreAndCheck(chunk->header, b.data, &slots[i],
-                                &pages[static_cast<size_t>(worker)], &undo[j], &digests);
+                                &pages[j], &undo[j], &digests);
       if (!st.ok()) return fail(st, c);
       applied[j] = 1;
       done_chunks.fetch_add(1);
@@ -564,9 +585,9 @@ Result<ApplyReport> ApplyDelta(const DeltaReader& delta,
     first = end;
   }
   for (int t = 0; t < threads; ++t) {
-    report.pages_written += pages[static_cast<size_t>(t)];
     report.changed_elements += changed[static_cast<size_t>(t)];
   }
+  report.pages_written = DistinctPages(std::move(pages));
   auto roll_back = [&](Status why) {
     std::vector<ApplyScratch> scratch(static_cast<size_t>(pool.threads()));
     pool.ForEach(todo.size(), [&](size_t j, int worker) {

@@ -278,3 +278,34 @@ TEST(ApplyFullDiskTest, HoleOnAFullFileSystemIsAnErrorNotACrash) {
 
 }  // namespace
 }  // namespace refit
+
+namespace refit {
+namespace {
+
+TEST(ApplyPagesTest, APageTwoChunksShareIsCountedOnce) {
+  // 1 MiB of BF16 at an address 100 bytes past a page boundary, half of
+  // its elements changed, in 64 KiB chunks: every page of the span is
+  // written, and the 16 chunks' boundary pages are each shared by two.
+  TempDir dir;
+  const uint64_t n = 512 << 10;
+  std::vector<uint8_t> base_buf(n * 2 + 8192), target_buf;
+  const size_t skew = (4096 - reinterpret_cast<uintptr_t>(base_buf.data()) % 4096) % 4096 + 100;
+  std::mt19937_64 rng(5);
+  for (auto& b : base_buf) b = static_cast<uint8_t>(rng());
+  target_buf = base_buf;
+  for (uint64_t i = 0; i < n; i += 2) target_buf[skew + 2 * i] ^= 1;
+  std::vector<TensorView> base{{"w", "BF16", 2, {n}, base_buf.data() + skew}};
+  std::vector<TensorView> target{{"w", "BF16", 2, {n}, target_buf.data() + skew}};
+  DiffOptions opts;
+  opts.chunk_bytes = 64 << 10;
+  ASSERT_OK(DiffTensors(base, target, dir.File("d.rfd"), opts).status());
+  std::vector<MutableTensorView> work{{"w", "BF16", 2, {n}, base_buf.data() + skew}};
+  auto r = ApplyToTensors(dir.File("d.rfd"), work, {});
+  ASSERT_OK(r.status());
+  const uintptr_t first = reinterpret_cast<uintptr_t>(base_buf.data() + skew);
+  const uint64_t spanned = (first + n * 2 + 4095) / 4096 - first / 4096;
+  EXPECT_EQ(r->pages_written, spanned);
+}
+
+}  // namespace
+}  // namespace refit
