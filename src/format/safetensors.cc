@@ -156,10 +156,11 @@ Status CheckTiling(const std::vector<SafetensorsTensor>& tensors,
   return Status();
 }
 
-// The reference reader requires the header to begin with '{' and, its
-// writer padding the header to 8 bytes with spaces, allows only spaces after
-// the JSON. Called once `text` has parsed as a JSON object; nlohmann skips a
-// byte order mark and whitespace on either side, which are refused here.
+// The reference reader requires the header to begin with '{' and parses
+// the rest as one JSON value, so only JSON whitespace may follow it (its
+// writer pads with spaces). Called once `text` has parsed as a JSON object;
+// nlohmann skips a byte order mark and whitespace before it, which are
+// refused here.
 Status CheckHeaderFraming(std::string_view text) {
   if (text.substr(0, 3) == "\xEF\xBB\xBF") {
     return Corrupt("header starts with a UTF-8 byte order mark; it must begin "
@@ -168,11 +169,10 @@ Status CheckHeaderFraming(std::string_view text) {
   if (text.front() != '{') {
     return Corrupt("header must begin with '{', not whitespace");
   }
-  // The object's closing brace is its last byte that is not whitespace, so
-  // the last byte that is not a space must be it.
-  size_t last = text.find_last_not_of(' ');
+  // The object's closing brace is its last byte that is not whitespace.
+  size_t last = text.find_last_not_of(" \t\n\r");
   if (text[last] != '}') {
-    return Corrupt("only spaces may follow the header's JSON (byte " +
+    return Corrupt("only whitespace may follow the header's JSON (byte " +
                    std::to_string(last) + " is " +
                    HexByte(static_cast<uint8_t>(text[last])) + ")");
   }

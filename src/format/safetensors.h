@@ -3,7 +3,7 @@
 // A file is an 8-byte little-endian u64 N, then N bytes of UTF-8 JSON
 //   {"<name>": {"dtype": "BF16", "shape": [d0, ...], "data_offsets": [b, e]},
 //    ..., "__metadata__": {"<key>": "<string>", ...}}
-// that begin with '{' and may be padded at the end with spaces (0x20) only,
+// that begin with '{' and may end with JSON whitespace only (spaces pad it),
 // then the data buffer; each tensor's bytes are [b, e) of the buffer, and the
 // tensors tile the buffer exactly: ordered by (b, e), each begins where the
 // previous one ended and the last ends at the end of the buffer (upstream
@@ -59,8 +59,8 @@ struct SafetensorsHeader {
 //   kDataLoss        N > kMaxSafetensorsHeaderSize or past the end of the
 //                    file; malformed JSON or UTF-8; a header that does not
 //                    begin with '{' (a byte order mark, leading whitespace)
-//                    or has anything but spaces after its JSON (a NUL byte,
-//                    a newline, other text); a JSON value of the wrong
+//                    or has anything but JSON whitespace after its JSON (a
+//                    NUL byte, other text); a JSON value of the wrong
 //                    type; a missing field; a duplicate key; an empty tensor
 //                    name; a shape dimension that is negative, fractional or
 //                    too large; an element count or byte size that
