@@ -15,9 +15,9 @@ namespace {
 class ApplyInterruptTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    // About 40 MB: long enough with one thread that a signal lands inside
+    // About 20 MB: long enough with one thread that a signal lands inside
     // the apply's chunk loop.
-    auto base = BaseModel(32);
+    auto base = BaseModel(16);
     WriteSafetensors(base_, base);
     WriteSafetensors(target_, NextVersion(base, 7));
     ASSERT_EQ(Run({"diff", base_, target_, "-o", delta_, "--chunk-mib", "1"}), 0);
@@ -69,7 +69,7 @@ TEST_F(ApplyInterruptTest, KillAtAnyPointIsFinishedByRunningApplyAgain) {
 
   std::mt19937_64 rng(11);
   int mid_apply = 0;
-  for (int trial = 0; trial < 12; ++trial) {
+  for (int trial = 0; trial < 10; ++trial) {
     const std::string& delta = trial % 3 == 2 ? ow_delta_ : delta_;
     FreshCheckpoint();
     const double delay = std::uniform_real_distribution<double>(0.1, 1.0)(rng) * full;
@@ -94,7 +94,7 @@ TEST_F(ApplyInterruptTest, KillAtAnyPointIsFinishedByRunningApplyAgain) {
   }
   // The test is only worth something if kills landed inside the chunk loop.
   EXPECT_GE(mid_apply, 3);
-  std::printf("%d of 12 kills landed inside the chunk loop (one apply: %.2f s)\n",
+  std::printf("%d of 10 kills landed inside the chunk loop (one apply: %.2f s)\n",
               mid_apply, full);
 }
 
