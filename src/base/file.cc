@@ -226,9 +226,11 @@ Status WriteFileAtomic(const std::string& path, std::span<const uint8_t> data) {
   return SyncDirectoryOf(path);
 }
 
-Result<std::vector<uint8_t>> ReadFileRange(const std::string& path,
-                                           uint64_t offset, uint64_t length) {
-  int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+namespace {
+
+// Opens `path` with `flags` and returns the descriptor and the file's size.
+Result<std::pair<int, uint64_t>> OpenWithSize(const std::string& path, int flags) {
+  int fd = open(path.c_str(), flags | O_CLOEXEC);
   if (fd < 0) return ErrnoStatus("cannot open", path);
   struct stat st;
   if (fstat(fd, &st) != 0) {
@@ -236,7 +238,15 @@ Result<std::vector<uint8_t>> ReadFileRange(const std::string& path,
     close(fd);
     return s;
   }
-  const uint64_t size = static_cast<uint64_t>(st.st_size);
+  return std::pair<int, uint64_t>(fd, static_cast<uint64_t>(st.st_size));
+}
+
+}  // namespace
+
+Result<std::vector<uint8_t>> ReadFileRange(const std::string& path,
+                                           uint64_t offset, uint64_t length) {
+  REFIT_ASSIGN_OR_RETURN(auto opened, OpenWithSize(path, O_RDONLY));
+  const auto [fd, size] = opened;
   if (offset > size || length > size - offset) {
     close(fd);
     return DataLossError("'" + path + "' has " + std::to_string(size) +
@@ -264,15 +274,8 @@ Result<std::vector<uint8_t>> ReadFileRange(const std::string& path,
 
 Status WriteFileRange(const std::string& path, uint64_t offset,
                       std::span<const uint8_t> data, bool sync) {
-  int fd = open(path.c_str(), O_WRONLY | O_CLOEXEC);
-  if (fd < 0) return ErrnoStatus("cannot open", path);
-  struct stat st;
-  if (fstat(fd, &st) != 0) {
-    Status s = ErrnoStatus("cannot stat", path);
-    close(fd);
-    return s;
-  }
-  const uint64_t size = static_cast<uint64_t>(st.st_size);
+  REFIT_ASSIGN_OR_RETURN(auto opened, OpenWithSize(path, O_WRONLY));
+  const auto [fd, size] = opened;
   if (offset > size || data.size() > size - offset) {
     close(fd);
     return OutOfRangeError("bytes [" + std::to_string(offset) + ", +" +
