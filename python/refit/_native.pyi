@@ -24,17 +24,23 @@ class ApplyReport:
     chunks: int
     chunks_applied: int
     chunks_skipped: int
+    chunks_restored: int
     changed_elements: int
     checkpoint_bytes: int
     pages_written: int
     page_size: int
     seconds: float
+    headers_written: int
+    headers_unchanged: int
+    headers_not_carried: List[str]
 
 class VerifyReport:
     matches_target: bool
     matches_base: bool
     tensors: int
     mismatched: List[str]
+    headers_checked: bool
+    header_differs: List[str]
 
 class TensorInspect:
     name: str

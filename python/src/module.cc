@@ -495,6 +495,7 @@ void BindReports(py::module_& m) {
       .def_readonly("chunks", &ApplyReport::chunks)
       .def_readonly("chunks_applied", &ApplyReport::chunks_applied)
       .def_readonly("chunks_skipped", &ApplyReport::chunks_skipped)
+      .def_readonly("chunks_restored", &ApplyReport::chunks_restored)
       .def_readonly("changed_elements", &ApplyReport::changed_elements)
       .def_readonly("checkpoint_bytes", &ApplyReport::checkpoint_bytes)
       .def_readonly("pages_written", &ApplyReport::pages_written)

@@ -45,7 +45,19 @@ def test_diff_of_tensors_equals_diff_of_files(qwen, tmp_path):
     # Plain dicts of uint16 bit patterns adopt the Checkpoint's BF16 dtypes.
     plain_target = {n: np.array(a) for n, a in target.items()}
     refit.diff(base, plain_target, tmp_path / "tensors")
-    assert (tmp_path / "files").read_bytes() == (tmp_path / "tensors").read_bytes()
+    files = (tmp_path / "files").read_bytes()
+    tensors = (tmp_path / "tensors").read_bytes()
+    # The same header and chunks, byte for byte; the trailers differ only in
+    # that a diff of files carries the target files' safetensors headers
+    # (docs/format.md section 6), which tensors in memory do not have.
+    def trailer_offset(b):
+        return int.from_bytes(b[-24:-16], "little")
+    assert trailer_offset(files) == trailer_offset(tensors)
+    assert files[: trailer_offset(files)] == tensors[: trailer_offset(tensors)]
+    a, b = refit.inspect(tmp_path / "files"), refit.inspect(tmp_path / "tensors")
+    assert [(t.name, t.changed, t.chunks, t.chunk_bytes) for t in a.tensors] == [
+        (t.name, t.changed, t.chunks, t.chunk_bytes) for t in b.tensors
+    ]
 
 
 def test_apply_writes_into_the_callers_arrays(qwen, tmp_path):
