@@ -57,6 +57,8 @@ std::string ExitCodesHelp() {
          "  6   I/O error or unavailable (disk full, permissions; retry)\n"
          "  7   verify mismatch (the checkpoint is not the delta's target)\n"
          "  10  internal error (a bug in refit)\n"
+         "  130, 143  apply stopped by SIGINT or SIGTERM at a chunk boundary "
+         "(run it again to finish)\n"
          "Every subcommand takes --json for machine-readable output on "
          "stdout;\nprogress bars go to stderr, only when it is a terminal.";
 }
