@@ -218,6 +218,13 @@ Result<Announcement> DecodeAnnouncement(std::span<const uint8_t> body) {
                                         &a.base_version, &a.members));
   REFIT_RETURN_IF_ERROR(ReadTensorTable(&r, &a.tensors));
   REFIT_RETURN_IF_ERROR(CheckVersionTail(r, "announcement", a.version, a.base_version));
+  // The "after" hashes are not known when a version is announced; the
+  // encoder writes zeros, and anything else is not an announcement we wrote.
+  for (const TensorEntry& t : a.tensors) {
+    if (!(t.after == Hash128{})) {
+      return DataLossError("announcement tensor '" + t.name + "' has an after hash");
+    }
+  }
   return a;
 }
 

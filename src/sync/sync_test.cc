@@ -14,6 +14,8 @@
 #include <random>
 #include <thread>
 
+#include <xxhash.h>
+
 #include "base/bytes.h"
 #include "base/file.h"
 #include "base/hash.h"
@@ -182,6 +184,31 @@ TEST(ProtocolTest, ObjectsRoundTripAndRejectGarbage) {
   EXPECT_EQ(v->message, "disk full");
   EXPECT_FALSE(ValidateMember("../x").ok());
   EXPECT_EQ(ChunkKey(7, 3), "v/00000000000000000007/chunk/00000003");
+}
+
+TEST(ProtocolTest, AnnouncementRefusesAnAfterHash) {
+  Announcement a;
+  a.version = 5;
+  a.base_version = 3;
+  a.members = {"r0"};
+  TensorEntry e;
+  e.name = "w";
+  e.dtype = "F32";
+  e.width = 4;
+  e.shape = {8};
+  e.num_elements = 8;
+  e.before = Hash128{1, 2};
+  a.tensors = {e};
+  auto bytes = EncodeAnnouncement(a);
+  ASSERT_OK(DecodeAnnouncement(bytes));
+  // The tensor's "after" hash is the 16 bytes before the seal: set one bit
+  // and seal the object again, so only that check can refuse it.
+  bytes.resize(bytes.size() - 8);
+  bytes.back() ^= 1;
+  ByteWriter(&bytes).U64(XXH3_64bits(bytes.data(), bytes.size()));
+  auto refused = DecodeAnnouncement(bytes);
+  EXPECT_EQ(refused.status().code(), StatusCode::kDataLoss);
+  EXPECT_NE(refused.status().message().find("after hash"), std::string::npos);
 }
 
 TEST(JournalTest, TornTailIsIgnored) {
