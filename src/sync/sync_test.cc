@@ -703,6 +703,10 @@ TEST(ProtocolTest, SnapshotIndexRoundTripsAndRefusesUnsafeNames) {
   EXPECT_EQ(SnapshotFileKey(10, 2), "snap/00000000000000000010/file/00000002");
   EXPECT_EQ(ParseSnapshotIndexKey(SnapshotIndexKey(10)), std::optional<uint64_t>(10));
   EXPECT_FALSE(ParseSnapshotIndexKey(SnapshotFileKey(10, 0)).has_value());
+  EXPECT_EQ(ParseSnapshotIndexKey("snap/18446744073709551615/index"),
+            std::optional<uint64_t>(UINT64_MAX));
+  EXPECT_FALSE(ParseSnapshotIndexKey("snap/18446744073709551616/index").has_value());
+  EXPECT_FALSE(ParseSnapshotIndexKey("snap/80000000000000000042/index").has_value());
 }
 
 // Publishes versions first..last with r0 (the only member) following.
