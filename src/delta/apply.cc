@@ -651,7 +651,9 @@ Result<uint64_t> RestorePreImages(const DeltaReader& delta,
   std::mutex err_mu;
   Status first_error;
   ParallelForEach(items.size(), static_cast<int>(scratch.size()), [&](size_t i, int worker) {
-    const auto [c, pre] = items[i];
+    // Not a structured binding: clang before 16 cannot capture one below.
+    const size_t c = items[i].first;
+    const std::span<const uint8_t> pre = items[i].second;
     auto chunk = delta.ReadChunk(c);
     Status st = chunk.status();
     ApplyScratch* s = &scratch[static_cast<size_t>(worker)];

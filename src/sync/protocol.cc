@@ -124,10 +124,15 @@ std::optional<uint64_t> ParseSnapshotIndexKey(const std::string& key) {
       key.compare(25, 6, "/index") != 0) {
     return std::nullopt;
   }
+  // 20 digits reach past 2^64 - 1; such a key is junk, not a version
+  // (wrapped, it would pass for an older snapshot).
   uint64_t v = 0;
   for (size_t i = 5; i < 25; ++i) {
     if (key[i] < '0' || key[i] > '9') return std::nullopt;
-    v = v * 10 + static_cast<uint64_t>(key[i] - '0');
+    if (!MulChecked(v, 10, &v) ||
+        __builtin_add_overflow(v, static_cast<uint64_t>(key[i] - '0'), &v)) {
+      return std::nullopt;
+    }
   }
   return v;
 }
@@ -218,6 +223,13 @@ Result<Announcement> DecodeAnnouncement(std::span<const uint8_t> body) {
                                         &a.base_version, &a.members));
   REFIT_RETURN_IF_ERROR(ReadTensorTable(&r, &a.tensors));
   REFIT_RETURN_IF_ERROR(CheckVersionTail(r, "announcement", a.version, a.base_version));
+  // The "after" hashes are not known when a version is announced; the
+  // encoder writes zeros, and anything else is not an announcement we wrote.
+  for (const TensorEntry& t : a.tensors) {
+    if (!(t.after == Hash128{})) {
+      return DataLossError("announcement tensor '" + t.name + "' has an after hash");
+    }
+  }
   return a;
 }
 

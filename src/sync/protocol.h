@@ -44,7 +44,7 @@ std::string SnapshotIndexKey(uint64_t version);
 std::string SnapshotFileKey(uint64_t version, uint64_t index);
 inline constexpr char kSnapshotsPrefix[] = "snap/";
 // The version of a snapshot index key ("snap/<V>/index"), or nullopt for
-// any other key (snapshot file objects, junk).
+// any other key (snapshot file objects, junk, 20 digits above 2^64 - 1).
 std::optional<uint64_t> ParseSnapshotIndexKey(const std::string& key);
 
 // Member names: 1..64 characters of [A-Za-z0-9._-].

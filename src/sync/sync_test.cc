@@ -14,6 +14,8 @@
 #include <random>
 #include <thread>
 
+#include <xxhash.h>
+
 #include "base/bytes.h"
 #include "base/file.h"
 #include "base/hash.h"
@@ -182,6 +184,31 @@ TEST(ProtocolTest, ObjectsRoundTripAndRejectGarbage) {
   EXPECT_EQ(v->message, "disk full");
   EXPECT_FALSE(ValidateMember("../x").ok());
   EXPECT_EQ(ChunkKey(7, 3), "v/00000000000000000007/chunk/00000003");
+}
+
+TEST(ProtocolTest, AnnouncementRefusesAnAfterHash) {
+  Announcement a;
+  a.version = 5;
+  a.base_version = 3;
+  a.members = {"r0"};
+  TensorEntry e;
+  e.name = "w";
+  e.dtype = "F32";
+  e.width = 4;
+  e.shape = {8};
+  e.num_elements = 8;
+  e.before = Hash128{1, 2};
+  a.tensors = {e};
+  auto bytes = EncodeAnnouncement(a);
+  ASSERT_OK(DecodeAnnouncement(bytes));
+  // The tensor's "after" hash is the 16 bytes before the seal: set one bit
+  // and seal the object again, so only that check can refuse it.
+  bytes.resize(bytes.size() - 8);
+  bytes.back() ^= 1;
+  ByteWriter(&bytes).U64(XXH3_64bits(bytes.data(), bytes.size()));
+  auto refused = DecodeAnnouncement(bytes);
+  EXPECT_EQ(refused.status().code(), StatusCode::kDataLoss);
+  EXPECT_NE(refused.status().message().find("after hash"), std::string::npos);
 }
 
 TEST(JournalTest, TornTailIsIgnored) {
@@ -676,6 +703,10 @@ TEST(ProtocolTest, SnapshotIndexRoundTripsAndRefusesUnsafeNames) {
   EXPECT_EQ(SnapshotFileKey(10, 2), "snap/00000000000000000010/file/00000002");
   EXPECT_EQ(ParseSnapshotIndexKey(SnapshotIndexKey(10)), std::optional<uint64_t>(10));
   EXPECT_FALSE(ParseSnapshotIndexKey(SnapshotFileKey(10, 0)).has_value());
+  EXPECT_EQ(ParseSnapshotIndexKey("snap/18446744073709551615/index"),
+            std::optional<uint64_t>(UINT64_MAX));
+  EXPECT_FALSE(ParseSnapshotIndexKey("snap/18446744073709551616/index").has_value());
+  EXPECT_FALSE(ParseSnapshotIndexKey("snap/80000000000000000042/index").has_value());
 }
 
 // Publishes versions first..last with r0 (the only member) following.
