@@ -165,8 +165,7 @@ Result<ApplyReport> Apply(const std::string& delta_path,
   REFIT_ASSIGN_OR_RETURN(Checkpoint ckpt, Checkpoint::Open(checkpoint_path,
                                                            Checkpoint::Mode::kReadWrite));
   REFIT_ASSIGN_OR_RETURN(Recovered r, Recover(delta, ckpt, checkpoint_path, options));
-  REFIT_ASSIGN_OR_RETURN(ApplyJournal journal,
-                         ApplyJournal::Begin(r.journal_path, IdentifyDelta(delta)));
+  ApplyJournal journal(r.journal_path, IdentifyDelta(delta));
   auto report = ApplyDelta(delta, r.views, options, [&](size_t tensor) {
     const TensorInfo& t = ckpt.tensors()[tensor];
     return ckpt.SyncRange(tensor, 0, t.byte_size);

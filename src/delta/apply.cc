@@ -488,6 +488,7 @@ Result<ApplyReport> ApplyDelta(const DeltaReader& delta,
   for (size_t c : todo) {
     todo_bytes += delta.index()[c].count * bindings[delta.index()[c].tensor_id].entry->width;
   }
+  if (journal != nullptr && !todo.empty()) REFIT_RETURN_IF_ERROR(journal->Start());
   std::vector<std::vector<Hash128>> after_digests(static_cast<size_t>(threads));
   auto fail = [&](const Status& st, size_t c) {
     std::lock_guard<std::mutex> lock(err_mu);

@@ -44,21 +44,18 @@ std::string ApplyJournal::PathFor(const std::string& checkpoint_path) {
   return p + ".refit-apply";
 }
 
-Result<ApplyJournal> ApplyJournal::Begin(const std::string& path,
-                                         const DeltaIdentity& delta) {
-  ApplyJournal j;
-  REFIT_ASSIGN_OR_RETURN(j.file_, RecordFile::Create(path));
+Status ApplyJournal::Start() {
+  REFIT_ASSIGN_OR_RETURN(file_, RecordFile::Create(path_));
   std::vector<uint8_t> body;
   ByteWriter w(&body);
   w.Bytes(kMagic, sizeof(kMagic));
-  w.U64(delta.version);
-  w.U64(delta.base_version);
-  w.U64(delta.digest.lo);
-  w.U64(delta.digest.hi);
-  REFIT_RETURN_IF_ERROR(j.file_.Append(kBegin, body));
-  REFIT_RETURN_IF_ERROR(j.file_.Sync());
-  REFIT_RETURN_IF_ERROR(SyncDirectoryOf(path));
-  return j;
+  w.U64(delta_.version);
+  w.U64(delta_.base_version);
+  w.U64(delta_.digest.lo);
+  w.U64(delta_.digest.hi);
+  REFIT_RETURN_IF_ERROR(file_.Append(kBegin, body));
+  REFIT_RETURN_IF_ERROR(file_.Sync());
+  return SyncDirectoryOf(path_);
 }
 
 Status ApplyJournal::Record(uint64_t chunk, std::span<const uint8_t> pre_image) {

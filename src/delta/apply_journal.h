@@ -57,10 +57,13 @@ class ApplyJournal {
   // checkpoint directory (`DIR/.refit-apply`).
   static std::string PathFor(const std::string& checkpoint_path);
 
-  // Starts a fresh journal for `delta` (replacing any old one) and makes
-  // its existence durable before anything is stored.
-  static Result<ApplyJournal> Begin(const std::string& path,
-                                    const DeltaIdentity& delta);
+  // A journal for `delta` at `path`, not yet on disk: Start() creates it.
+  ApplyJournal(std::string path, const DeltaIdentity& delta)
+      : path_(std::move(path)), delta_(delta) {}
+  // Creates the journal (replacing any old one) and makes its existence
+  // durable; an apply calls it once it has checked everything and is about
+  // to store, so a journal on disk means stores may have begun.
+  Status Start();
   // The journal at `path`: nullopt when there is none, or when a crash
   // tore its first record (then nothing was stored either). kDataLoss for
   // a journal that is not one.
@@ -71,10 +74,13 @@ class ApplyJournal {
   // durable; a chunk's stores may reach the disk any time after they are
   // made, so an apply that must survive a power loss syncs between the
   // records and the stores.
+  // Requires Start().
   Status Record(uint64_t chunk, std::span<const uint8_t> pre_image);
   Status Sync() { return file_.Sync(); }
 
  private:
+  std::string path_;
+  DeltaIdentity delta_;
   RecordFile file_;
 };
 
