@@ -308,14 +308,7 @@ Status RemoveFile(const std::string& path, bool sync) {
     if (errno == ENOENT) return Status();
     return ErrnoStatus("cannot remove", path);
   }
-  if (!sync) return Status();
-  std::string dir = DirName(path);
-  int dfd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd < 0) return ErrnoStatus("cannot open directory", dir);
-  int rc = fsync(dfd);
-  close(dfd);
-  if (rc != 0) return ErrnoStatus("fsync failed on directory", dir);
-  return Status();
+  return sync ? SyncDirectoryOf(path) : Status();
 }
 
 bool PathExists(const std::string& path) {

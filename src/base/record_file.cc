@@ -106,11 +106,7 @@ Status RecordFile::ForEach(
 }
 
 Status RecordFile::Remove(const std::string& path) {
-  if (unlink(path.c_str()) != 0) {
-    if (errno == ENOENT) return Status();
-    return ErrnoStatus("cannot remove", path);
-  }
-  return SyncDirectoryOf(path);
+  return RemoveFile(path, /*sync=*/true);
 }
 
 }  // namespace refit
