@@ -514,7 +514,8 @@ Result<ApplyReport> ApplyDelta(const DeltaReader& delta,
   };
   constexpr size_t kBatchChunks = 256;
   constexpr uint64_t kBatchBytes = uint64_t{64} << 20;
-  std::vector<ApplyScratch> slots;
+  std::vector<ApplyScratch> slots;  // a batch's decoded records, by position
+  std::vector<ChunkHeader> headers;  // and their chunks' headers
   WorkerPool pool(static_cast<int>(std::min<size_t>(static_cast<size_t>(threads),
                                                     std::max<size_t>(todo.size(), 1))));
   for (size_t first = 0; first < todo.size() && !failed.load();) {
@@ -530,14 +531,20 @@ Result<ApplyReport> ApplyDelta(const DeltaReader& delta,
       batch_bytes += dense ? 2 * e.count * w : 8 * e.size;
       ++end;
     }
-    if (slots.size() < end - first) slots.resize(end - first);
+    if (slots.size() < end - first) {
+      slots.resize(end - first);
+      headers.resize(end - first);
+    }
     pool.ForEach(end - first, [&](size_t i, int) {
       if (stop()) return;
       const size_t c = todo[first + i];
       ApplyScratch* slot = &slots[i];
       auto chunk = delta.ReadChunk(c);
       Status st = chunk.status();
-      if (st.ok()) st = DecodeRecords(*chunk, slot);
+      if (st.ok()) {
+        headers[i] = chunk->header;
+        st = DecodeRecords(*chunk, slot);
+      }
       if (st.ok() && journal != nullptr) {
         const RegionAddr at(chunk->header, bindings[delta.index()[c].tensor_id].data);
         GatherPreImage(chunk->header, at, *slot, &slot->pre_image);
@@ -560,15 +567,13 @@ Result<ApplyReport> ApplyDelta(const DeltaReader& delta,
       const size_t c = todo[j];
       Binding& b = bindings[delta.index()[c].tensor_id];
       const IndexEntry& e = delta.index()[c];
-      auto chunk = delta.ReadChunk(c);  // parsed fine above; the map is read-only
-      if (!chunk.ok()) return fail(chunk.status(), c);
       std::vector<Hash128>& digests = after_digests[static_cast<size_t>(worker)];
-      Status st = StoreAndCheck(chunk->header, b.data, &slots[i],
-                                &pages[j], &undo[j], &digests);
+      Status st = StoreAndCheck(headers[i], b.data, &slots[i], &pages[j], &undo[j],
+                                &digests);
       if (!st.ok()) return fail(st, c);
       applied[j] = 1;
       done_chunks.fetch_add(1);
-      changed[static_cast<size_t>(worker)] += chunk->header.changed;
+      changed[static_cast<size_t>(worker)] += headers[i].changed;
       // Refresh this range's digests for the final tensor check; chunks own
       // disjoint segments (chunk ranges are segment-aligned).
       const uint64_t w = b.entry->width;
