@@ -264,6 +264,22 @@ class SyncTest : public testing::StoreTest {
 
   std::unique_ptr<ObjectStore> NewStore() { return StoreTest::NewStore("store"); }
 
+  // After an aborted version 1, receiver `r` (checkpoint at `checkpoint`)
+  // follows version 2, published from the right baseline.
+  void ExpectFollowsTheNextVersion(std::unique_ptr<Receiver> r,
+                                   const std::string& checkpoint,
+                                   std::mt19937_64& rng) {
+    Model next = model_;
+    next.Step(rng, 0.03);
+    auto pub = Publisher::Open(store_.get(), dir_.File("baseline.safetensors"),
+                               MakePublisher(1));
+    ASSERT_OK(pub);
+    std::vector<std::unique_ptr<Receiver>> rcv;
+    rcv.push_back(std::move(r));
+    ASSERT_NO_FATAL_FAILURE(testing::PublishToAll(**pub, rcv, 2, next, 20000));
+    EXPECT_TRUE(next.Matches(checkpoint));
+  }
+
   // Receiver i's checkpoint and state dir, starting at version 0.
   ReceiverOptions MakeReceiver(int i) {
     std::string name = "r" + std::to_string(i);
@@ -1310,14 +1326,7 @@ TEST_P(SyncTest, ReceiverOffTheAnnouncedBaseVotesFailedAndFollowsTheNextVersion)
   EXPECT_EQ(rolled->outcome, StepResult::Outcome::kAborted);
   EXPECT_FALSE(PathExists(opts.state_dir + "/journal"));
   EXPECT_TRUE(model_.Matches(opts.checkpoint));
-  auto right = Publisher::Open(store_.get(), dir_.File("baseline.safetensors"), MakePublisher(1));
-  ASSERT_OK(right);
-  Model trainer = model_;
-  trainer.Step(rng, 0.03);
-  std::vector<std::unique_ptr<Receiver>> rcv;
-  rcv.push_back(std::move(*r0));
-  ASSERT_NO_FATAL_FAILURE(testing::PublishToAll(**right, rcv, 2, trainer, 20000));
-  EXPECT_TRUE(trainer.Matches(opts.checkpoint));
+  ExpectFollowsTheNextVersion(std::move(*r0), opts.checkpoint, rng);
 }
 
 // The announcement's base hashes are checked against the active version's
@@ -1422,14 +1431,7 @@ TEST_P(SyncTest, CorruptChunkIsVotedFailedRolledBackAndTheNextVersionFollowed) {
   EXPECT_EQ(rolled->outcome, StepResult::Outcome::kAborted);
   EXPECT_TRUE(model_.Matches(opts.checkpoint));
   EXPECT_FALSE(PathExists(opts.state_dir + "/journal"));
-  Model next = model_;
-  next.Step(rng, 0.03);
-  auto pub2 = Publisher::Open(store_.get(), dir_.File("baseline.safetensors"), MakePublisher(1));
-  ASSERT_OK(pub2);
-  std::vector<std::unique_ptr<Receiver>> rcv;
-  rcv.push_back(std::move(*r0));
-  ASSERT_NO_FATAL_FAILURE(testing::PublishToAll(**pub2, rcv, 2, next, 20000));
-  EXPECT_TRUE(next.Matches(opts.checkpoint));
+  ExpectFollowsTheNextVersion(std::move(*r0), opts.checkpoint, rng);
 }
 
 // Re-publishing a decided version resumes only when the target is that
