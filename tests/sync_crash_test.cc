@@ -592,13 +592,14 @@ TEST_P(DeadlineTest, SilentReceiverCostsOnlyTheDeadline) {
   double seconds = publisher.seconds_since_start();
   Json report = Json::parse(ReadText(cl.PubLog()), nullptr, false);
   ASSERT_FALSE(report.is_discarded()) << ReadText(cl.PubLog());
-  // The whole process: start, encode, upload, the deadline, the decision.
-  // Start-up and encoding are bounded by what the publisher reports (they
-  // grow on a loaded or sanitized build); what follows the upload must
-  // end soon after the deadline.
+  // The wait itself: the decision soon after the deadline (commit_seconds
+  // below). The whole process (start, encode, upload, the deadline, the
+  // decision, exit) only has to end long before a second deadline or the
+  // receivers' own 30 s: process start-up and exit grow on a loaded or
+  // sanitized build (LeakSanitizer scans memory at exit).
   const double upload = report["encode_upload_seconds"].get<double>();
   EXPECT_GE(seconds, kDeadlineMs / 1000.0);
-  EXPECT_LT(seconds - upload, kDeadlineMs / 1000.0 + 1.0)
+  EXPECT_LT(seconds - upload, kDeadlineMs / 1000.0 + 10.0)
       << "waited past the deadline (process " << seconds << " s, encode and "
       << "upload " << upload << " s)";
   EXPECT_LT(report["commit_seconds"].get<double>(), kDeadlineMs / 1000.0 + 0.3);
