@@ -11,6 +11,7 @@ import json
 import os
 import tempfile
 import threading
+import time
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
@@ -98,6 +99,17 @@ class Publisher:
       with the public half (Receiver(verify_key=...)).
     vote_timeout: seconds to wait for the votes; policy "abort" (default) or
       "drop" (commit with those that voted).
+    baseline_memory: where the baseline lives. "file" (the default when
+      ``baseline`` is given): the checkpoint at ``baseline``, diffed on the
+      CPU. "device" (the default when ``baseline`` is None and ``initial``
+      holds CUDA tensors): a copy of ``initial`` in device memory; publish()
+      then takes CUDA tensors of that device, which are diffed and encoded
+      on the GPU, and only the encoded chunks come to host memory; commits
+      advance the baseline on the device. "pinned": the same with the
+      baseline in page-locked host memory, read by the GPU over the bus (for
+      a device short of memory; encoding is bound by the bus then). Device
+      memory is not durable: after a restart, open the publisher again
+      from weights at the store's head version (it refuses others).
 
     Not thread-safe, except that :meth:`publish_async` runs publishes on one
     background thread, in order.
@@ -112,11 +124,13 @@ class Publisher:
                  policy: str = "abort", threads: int = 0, chunk_bytes: int = 0,
                  upload_threads: int = 4, snapshot_every: int = 0,
                  keep_versions: int = 0, parts: Optional[str] = None,
-                 decision_timeout: float = 600.0) -> None:
+                 decision_timeout: float = 600.0,
+                 baseline_memory: Optional[str] = None) -> None:
         self._executor: Optional[concurrent.futures.ThreadPoolExecutor] = None
         self._lock = threading.Lock()
         self._layout = layout
         self._rank = rank
+        self._device = False
         if layout is not None:
             self._init_rank(store, layout, rank, baseline, initial, key, key_file, threads,
                             chunk_bytes, upload_threads, parts, decision_timeout)
@@ -125,13 +139,42 @@ class Publisher:
             raise NotImplementedError(
                 "refit.Publisher(rank=...) needs a layout (several ranks each owning part of "
                 "the canonical tensors); with layout=None, publish from rank 0 only")
-        if baseline is None or members is None:
+        if members is None or (baseline is None and initial is None):
             raise InvalidArgumentError("refit.Publisher needs baseline= and members= "
                                        "(or layout= and rank= for one trainer rank)",
                                        "INVALID_ARGUMENT")
         if isinstance(members, str):
             raise InvalidArgumentError("members must be a list of names, not one string",
                                        "INVALID_ARGUMENT")
+        memory = baseline_memory
+        if memory is None:
+            memory = "device" if baseline is None and _any_cuda(initial) else "file"
+        if memory not in ("file", "device", "pinned"):
+            raise InvalidArgumentError("baseline_memory must be 'file', 'device' or 'pinned', "
+                                       f"not {memory!r}", "INVALID_ARGUMENT")
+        if memory != "file":
+            if baseline is not None or initial is None:
+                raise InvalidArgumentError(
+                    f"baseline_memory={memory!r} keeps the baseline in memory: give initial= "
+                    "(the CUDA tensors every receiver starts from), not baseline=",
+                    "INVALID_ARGUMENT")
+            self._device = True
+            self._baseline = ""
+            p = prepare(named_items(initial), writable=False, dtypes=dtypes, cuda_in_place=True)
+            self._dtypes = dict(p.dtypes)
+            _sync_cuda(initial)
+            self._native = _native.Publisher(
+                store, "", list(members), key, os.fspath(key_file) if key_file else "",
+                sign_key, os.fspath(sign_key_file) if sign_key_file else "",
+                float(vote_timeout), policy, threads, chunk_bytes, upload_threads,
+                snapshot_every, keep_versions, device_initial=p.triples,
+                pinned_host=memory == "pinned")
+            self._decision_timeout = float(decision_timeout)
+            return
+        if baseline is None:
+            raise InvalidArgumentError("refit.Publisher needs baseline= (a checkpoint path) "
+                                       "or, for a baseline in memory, CUDA tensors in "
+                                       "initial=", "INVALID_ARGUMENT")
         baseline = os.fspath(baseline)
         if not os.path.exists(baseline):
             if initial is None:
@@ -187,7 +230,13 @@ class Publisher:
 
     @property
     def baseline(self) -> str:
+        """The baseline checkpoint's path ("" when the baseline is in memory)."""
         return self._baseline
+
+    @property
+    def on_device(self) -> bool:
+        """Whether the baseline is in memory and publish() encodes on the GPU."""
+        return self._device
 
     def _canonical(self, named_tensors: Any) -> List[Tuple[str, Any]]:
         # The seam for trainer layouts: with a layout, local shards and fused
@@ -198,17 +247,22 @@ class Publisher:
         """Publishes `named_tensors` as `version` and waits for the commit decision.
 
         The tensors are read in place (NumPy arrays, CPU torch tensors; CUDA
-        tensors are copied to host first) and must not change until this
-        returns. Returns a report: ``committed``, ``changed_percent``,
+        tensors are copied to host first, except with a baseline in memory,
+        which encodes them on the GPU where they are) and must not change
+        until this returns. Returns a report: ``committed``, ``changed_percent``,
         ``bytes_uploaded``, ``seconds`` ...; an aborted version is reported
         (``committed`` False, ``reason``), not raised.
         """
         self.wait()
         return self._publish_now(version, self._canonical(named_tensors))
 
-    def _publish_now(self, version: int, items: List[Tuple[str, Any]]) -> Any:
+    def _publish_now(self, version: int, items: List[Tuple[str, Any]],
+                     wait_streams: bool = True) -> Any:
         with self._lock:
-            p = prepare(items, writable=False, expected=self._dtypes)
+            p = prepare(items, writable=False, expected=self._dtypes,
+                        cuda_in_place=self._device)
+            if self._device and wait_streams:
+                _sync_cuda(items)
             if self._layout is None:
                 return self._native.publish(version, p.triples)
             # A rank: upload the part, then wait for the version's decision
@@ -221,19 +275,32 @@ class Publisher:
                       copy: bool = True) -> "concurrent.futures.Future[Any]":
         """Starts publishing and returns at once, with a Future of the report.
 
-        With ``copy=True`` (default) the tensors are first copied to host
-        memory, so the training loop may update the model right away (the
-        cost: one host copy of the model per version in flight). With
+        With ``copy=True`` (default) the tensors are first copied (to host
+        memory; with a baseline in memory, to device memory, which takes
+        milliseconds), so the training loop may update the model right away
+        (the cost: one copy of the model per version in flight). With
         ``copy=False`` they are read in place and must not change until the
         future is done. Versions publish one after another, in call order.
         """
         items = self._canonical(named_tensors)
-        if copy:
+        ready = None
+        if copy and self._device:
+            # Copies on the device, ordered after the training step's work on
+            # the current stream; the publishing thread waits for them.
+            items = [(n, t.detach().clone() if is_torch(t) else t) for n, t in items]
+            ready = _record_cuda_event(items)
+        elif copy:
             items = [(n, _snapshot(t)) for n, t in items]
         if self._executor is None:
             self._executor = concurrent.futures.ThreadPoolExecutor(
                 max_workers=1, thread_name_prefix="refit-publish")
-        return self._executor.submit(self._publish_now, version, items)
+        if ready is None:
+            return self._executor.submit(self._publish_now, version, items)
+
+        def run() -> Any:
+            ready.synchronize()
+            return self._publish_now(version, items, wait_streams=False)
+        return self._executor.submit(run)
 
     def publish_checkpoint(self, version: int, path: PathLike) -> "_native.PublishReport":
         """Publishes the tensors of a checkpoint on disk as `version`."""
@@ -266,6 +333,50 @@ class Publisher:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+def _cuda_tensors(named: Any) -> List[Any]:
+    if named is None:
+        return []
+    items = named.items() if isinstance(named, dict) else named
+    try:
+        return [t for _, t in items if is_torch(t) and t.device.type == "cuda"]
+    except (TypeError, ValueError):
+        return []
+
+
+def _any_cuda(named: Any) -> bool:
+    return bool(_cuda_tensors(named))
+
+
+def _sync_cuda(named: Any) -> None:
+    """Waits for the work queued on the tensors' devices' current streams."""
+    tensors = _cuda_tensors(named)
+    if tensors:
+        import torch  # noqa: PLC0415 (only with CUDA tensors)
+        for d in {t.device for t in tensors}:
+            torch.cuda.current_stream(d).synchronize()
+
+
+def _record_cuda_event(named: Any) -> Any:
+    tensors = _cuda_tensors(named)
+    if not tensors:
+        return None
+    import torch  # noqa: PLC0415 (only with CUDA tensors)
+    event = torch.cuda.Event()
+    event.record(torch.cuda.current_stream(tensors[0].device))
+    return event
+
+
+def _pinned_copy(t: Any) -> Any:
+    """A host copy of a device tensor, page-locked when the platform allows."""
+    t = t.detach()
+    try:
+        host = t.new_empty(t.shape, device="cpu", pin_memory=True)
+    except RuntimeError:  # no page-locked memory to be had
+        return t.to("cpu").contiguous()
+    host.copy_(t)
+    return host
 
 
 def _snapshot(t: Any) -> Any:
@@ -363,7 +474,9 @@ class Receiver:
             host_items = []
             for name, t in self._targets.items():
                 if is_torch(t) and t.device.type != "cpu":
-                    host = t.detach().to("cpu").contiguous()
+                    # Page-locked, so the copies back run at the bus's speed
+                    # and overlap one another.
+                    host = _pinned_copy(t)
                     self._staged[name] = (t, host)
                     t = host
                 host_items.append((name, t))
@@ -389,6 +502,7 @@ class Receiver:
             os.fspath(verify_key_file) if verify_key_file else "", threads, float(poll_interval),
             float(decision_timeout), float(resend_timeout), int(max_fold_versions))
         self._last_changed: List[str] = []
+        self.last_copy_seconds = 0.0
 
     @property
     def active_version(self) -> int:
@@ -448,10 +562,19 @@ class Receiver:
                     seen.add(n)
                     changed.append(n)
         self._last_changed = changed
+        t0 = time.perf_counter()
+        devices = set()
         for name in changed:
             if name in self._staged:
                 device, host = self._staged[name]
-                device.copy_(host)
+                device.copy_(host, non_blocking=host.is_pinned())
+                devices.add(device.device)
+        if devices:
+            import torch  # noqa: PLC0415 (only with CUDA tensors)
+            for d in devices:
+                torch.cuda.current_stream(d).synchronize()
+        #: seconds the last sync spent copying changed tensors to the device
+        self.last_copy_seconds = time.perf_counter() - t0
         report = SyncReport(self.active_version, steps, changed, self.checkpoint_dir)
         if report.committed_versions:
             for hook in self._hooks:

@@ -17,6 +17,7 @@
 
 #include "base/file.h"
 #include "borrow.h"
+#include "cuda/device_baseline.h"
 #include "cuda/pipeline.h"
 #include "cuda/placement.h"
 #include "delta/delta_file.h"
@@ -115,6 +116,15 @@ Result<cuda::GpuApplyReport> ApplyCudaImpl(const std::string& delta_path,
 }
 
 }  // namespace
+
+Result<std::unique_ptr<PublisherBaseline>> MakeDeviceBaseline(
+    const std::vector<TensorView>& initial, int device, bool pinned_host) {
+  cuda::DeviceBaselineOptions options;
+  options.device = device;
+  options.pinned_host = pinned_host;
+  REFIT_ASSIGN_OR_RETURN(auto baseline, cuda::DeviceBaseline::Create(initial, options));
+  return std::unique_ptr<PublisherBaseline>(std::move(baseline));
+}
 
 void BindCuda(py::module_& m, void (*raise)(const Status&)) {
   py::class_<cuda::GpuApplyReport>(m, "GpuApplyReport")

@@ -79,6 +79,26 @@ void TranslateStatusError(std::exception_ptr p) {
 
 using Borrowed = std::vector<std::unique_ptr<BorrowedTensor>>;
 
+// The CUDA device all of `b` lives on; kInvalidArgument naming a tensor in
+// host memory or on another device.
+Result<int> OneDevice(const Borrowed& b) {
+  int device = -1;
+  for (const auto& t : b) {
+    if (!t->on_cuda()) {
+      return InvalidArgumentError("tensor '" + t->name() +
+                                  "' is in host memory; a publisher with its baseline in "
+                                  "device memory publishes CUDA tensors");
+    }
+    if (device >= 0 && t->device_id() != device) {
+      return InvalidArgumentError("tensors are on CUDA devices " + std::to_string(device) +
+                                  " and " + std::to_string(t->device_id()) +
+                                  "; one publisher takes the tensors of one device");
+    }
+    device = t->device_id();
+  }
+  return device < 0 ? 0 : device;
+}
+
 std::vector<TensorView> Views(const Borrowed& b) {
   std::vector<TensorView> out;
   out.reserve(b.size());
@@ -199,7 +219,7 @@ class PyPublisher {
               const std::string& key_file, const py::object& sign_key,
               const std::string& sign_key_file, double vote_timeout, const std::string& policy,
               int threads, uint64_t chunk_bytes, int upload_threads, uint64_t snapshot_every,
-              uint64_t keep_versions) {
+              uint64_t keep_versions, const py::object& device_initial, bool pinned_host) {
     PublisherOptions o;
     o.members = std::move(members);
     o.auth = MakeAuth(key, key_file, sign_key, sign_key_file, /*signing=*/true);
@@ -218,18 +238,46 @@ class PyPublisher {
     o.snapshot_every = snapshot_every;
     o.keep_versions = keep_versions;
     store_ = OpenStore(store_url);
+    if (device_initial.is_none()) {
+      py::gil_scoped_release release;
+      pub_ = Unwrap(Publisher::Open(store_.get(), baseline, std::move(o)));
+      return;
+    }
+    // The baseline in device memory: a copy of the trainer's CUDA tensors.
+    Borrowed b = Unwrap(BorrowAll(device_initial, /*writable=*/false, /*allow_cuda=*/true));
+    device_ = Unwrap(OneDevice(b));
+#ifdef REFIT_PYTHON_CUDA
+    std::vector<TensorView> views = Views(b);
     py::gil_scoped_release release;
-    pub_ = Unwrap(Publisher::Open(store_.get(), baseline, std::move(o)));
+    auto made = Unwrap(MakeDeviceBaseline(views, device_, pinned_host));
+    pub_ = Unwrap(Publisher::Open(store_.get(), std::move(made), std::move(o)));
+#else
+    (void)pinned_host;
+    throw StatusError(UnimplementedError(
+        "this build of refit has no CUDA module: a publisher baseline in device memory "
+        "needs one (build where nvcc is installed, or with -DREFIT_WITH_CUDA=ON)"));
+#endif
   }
 
   uint64_t committed_version() const { return pub_->committed_version(); }
 
   PublishReport Publish(uint64_t version, py::handle triples) {
-    Borrowed b = Unwrap(BorrowAll(triples, /*writable=*/false));
+    Borrowed b = Unwrap(BorrowAll(triples, /*writable=*/false, /*allow_cuda=*/device_ >= 0));
+    if (device_ >= 0) {
+      int d = Unwrap(OneDevice(b));
+      if (d != device_) {
+        throw StatusError(InvalidArgumentError(
+            "the tensors are on CUDA device " + std::to_string(d) +
+            " but the publisher's baseline is on device " + std::to_string(device_)));
+      }
+    }
     std::vector<TensorView> views = Views(b);
     py::gil_scoped_release release;
     return Unwrap(pub_->Publish(version, views));
   }
+
+  // The CUDA device of the baseline, or -1 when it is a checkpoint file.
+  int device() const { return device_; }
 
   PublishReport PublishCheckpoint(uint64_t version, const std::string& path) {
     py::gil_scoped_release release;
@@ -245,6 +293,7 @@ class PyPublisher {
  private:
   std::shared_ptr<ObjectStore> store_;  // outlives pub_ (declared first)
   std::unique_ptr<Publisher> pub_;
+  int device_ = -1;
 };
 
 class PyRankPublisher {
@@ -777,13 +826,15 @@ void BindClasses(py::module_& m) {
       .def(py::init<const std::string&, const std::string&, std::vector<std::string>,
                     const py::object&, const std::string&, const py::object&,
                     const std::string&, double, const std::string&, int, uint64_t, int,
-                    uint64_t, uint64_t>(),
+                    uint64_t, uint64_t, const py::object&, bool>(),
            py::arg("store"), py::arg("baseline"), py::arg("members"), py::arg("key"),
            py::arg("key_file"), py::arg("sign_key"), py::arg("sign_key_file"),
            py::arg("vote_timeout"), py::arg("policy"), py::arg("threads"),
            py::arg("chunk_bytes"), py::arg("upload_threads"), py::arg("snapshot_every"),
-           py::arg("keep_versions"))
+           py::arg("keep_versions"), py::arg("device_initial") = py::none(),
+           py::arg("pinned_host") = false)
       .def_property_readonly("committed_version", &PyPublisher::committed_version)
+      .def_property_readonly("device", &PyPublisher::device)
       .def("publish", &PyPublisher::Publish, py::arg("version"), py::arg("tensors"))
       .def("publish_checkpoint", &PyPublisher::PublishCheckpoint, py::arg("version"),
            py::arg("path"))

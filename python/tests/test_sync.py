@@ -235,3 +235,22 @@ def test_signed_store(tmp_path):
         refit.Receiver(store, member="r1", checkpoint_dir=tmp_path / "r0.safetensors",
                        state_dir=tmp_path / "st1", verify_key=b"short")
     pub.close()
+
+
+def test_memory_baselines_need_cuda_tensors(tmp_path):
+    model = synthetic_model(seed=9)
+    store = str(tmp_path / "store")
+    # No baseline= and host tensors: a checkpoint baseline is needed.
+    with pytest.raises(refit.InvalidArgumentError, match="baseline="):
+        refit.Publisher(store, members=["r0"], initial=model, dtypes=SYNTH_DTYPES)
+    with pytest.raises(refit.InvalidArgumentError, match="baseline_memory"):
+        refit.Publisher(store, members=["r0"], initial=model, baseline_memory="gpu")
+    with pytest.raises(refit.InvalidArgumentError, match="not baseline="):
+        refit.Publisher(store, baseline=tmp_path / "b.safetensors", members=["r0"],
+                        initial=model, baseline_memory="device")
+    # A baseline in device memory takes CUDA tensors (or needs the CUDA module).
+    with pytest.raises((refit.InvalidArgumentError, refit.Error),
+                       match="host memory|CUDA module"):
+        refit.Publisher(store, members=["r0"], initial=model, dtypes=SYNTH_DTYPES,
+                        baseline_memory="device")
+    assert not os.path.exists(os.path.join(store, "head"))

@@ -407,6 +407,31 @@ Result<Hash128> RangeHashDevice(const void* data, uint64_t len) {
   return Hash128{h[0], h[1]};
 }
 
+Result<std::vector<Hash128>> RangeHashesDevice(std::span<const DeviceRange> ranges) {
+  uint64_t most = 1;
+  for (const DeviceRange& r : ranges) {
+    most = std::max<uint64_t>(most, (r.len + kRangeHashSegment - 1) / kRangeHashSegment);
+  }
+  DeviceBuffer dig, out;
+  REFIT_RETURN_IF_ERROR(dig.Reserve(16 * most));
+  REFIT_RETURN_IF_ERROR(out.Reserve(16 * std::max<size_t>(ranges.size(), 1)));
+  // One stream: each launch finishes with the scratch before the next.
+  for (size_t i = 0; i < ranges.size(); ++i) {
+    REFIT_CUDA_RETURN(internal::LaunchRangeHash(static_cast<const uint8_t*>(ranges[i].data),
+                                                ranges[i].len, dig.bytes(),
+                                                static_cast<uint64_t*>(out.p) + 2 * i, 0),
+                      "range hash");
+  }
+  std::vector<uint64_t> h(2 * ranges.size());
+  if (!h.empty()) {
+    REFIT_CUDA_RETURN(cudaMemcpy(h.data(), out.p, 8 * h.size(), cudaMemcpyDeviceToHost),
+                      "copy");
+  }
+  std::vector<Hash128> hashes(ranges.size());
+  for (size_t i = 0; i < ranges.size(); ++i) hashes[i] = Hash128{h[2 * i], h[2 * i + 1]};
+  return hashes;
+}
+
 Result<std::vector<Hash128>> HashSpansDevice(const void* data,
                                              std::span<const uint64_t> offsets,
                                              std::span<const uint64_t> lens) {

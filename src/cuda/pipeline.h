@@ -118,6 +118,14 @@ class Receiver {
 // synchronous helper for tests and the pre-pause check of whole tensors.
 Result<Hash128> RangeHashDevice(const void* data, uint64_t len);
 
+// Range hashes of several device ranges (e.g. every tensor of a model):
+// one launch each on one stream, one scratch buffer, one copy back.
+struct DeviceRange {
+  const void* data = nullptr;
+  uint64_t len = 0;
+};
+Result<std::vector<Hash128>> RangeHashesDevice(std::span<const DeviceRange> ranges);
+
 // XXH3-128 of spans of one device buffer (tests).
 Result<std::vector<Hash128>> HashSpansDevice(const void* data,
                                              std::span<const uint64_t> offsets,

@@ -111,28 +111,38 @@ Result<std::vector<uint8_t>> MakeResend(const ParsedChunk& original,
   return out;
 }
 
+Status ValidateMembers(const std::vector<std::string>& members) {
+  if (members.empty()) return InvalidArgumentError("a publisher needs at least one member");
+  std::set<std::string> unique;
+  for (const auto& m : members) {
+    REFIT_RETURN_IF_ERROR(ValidateMember(m));
+    if (!unique.insert(m).second) return InvalidArgumentError("member '" + m + "' listed twice");
+  }
+  return Status();
+}
+
 }  // namespace
 
 Result<std::unique_ptr<Publisher>> Publisher::Open(ObjectStore* store,
                                                    const std::string& baseline,
                                                    PublisherOptions options) {
-  if (options.members.empty()) {
-    return InvalidArgumentError("a publisher needs at least one member");
-  }
-  std::set<std::string> unique;
-  for (const auto& m : options.members) {
-    REFIT_RETURN_IF_ERROR(ValidateMember(m));
-    if (!unique.insert(m).second) return InvalidArgumentError("member '" + m + "' listed twice");
-  }
+  REFIT_RETURN_IF_ERROR(ValidateMembers(options.members));
+  REFIT_ASSIGN_OR_RETURN(std::unique_ptr<FileBaseline> file, FileBaseline::Open(baseline));
+  return Open(store, std::move(file), std::move(options));
+}
+
+Result<std::unique_ptr<Publisher>> Publisher::Open(ObjectStore* store,
+                                                   std::unique_ptr<PublisherBaseline> baseline,
+                                                   PublisherOptions options) {
+  REFIT_RETURN_IF_ERROR(ValidateMembers(options.members));
   std::unique_ptr<Publisher> p(new Publisher(store, std::move(options)));
-  REFIT_ASSIGN_OR_RETURN(Checkpoint ckpt,
-                         Checkpoint::Open(baseline, Checkpoint::Mode::kReadWrite));
-  p->baseline_ = std::make_unique<Checkpoint>(std::move(ckpt));
+  p->baseline_ = std::move(baseline);
   // Announcements carry the base's tensor hashes: hash the baseline once
   // here; commits keep them current from the manifests' after hashes.
   for (size_t i = 0; i < p->baseline_->tensors().size(); ++i) {
-    auto d = p->baseline_->Data(i);
-    p->baseline_hashes_.push_back(RangeHash(d.data(), d.size()));
+    REFIT_ASSIGN_OR_RETURN(Hash128 h, p->baseline_->HashTensor(i));
+    p->baseline_hashes_.push_back(h);
+    p->baseline_index_[p->baseline_->tensors()[i].name] = i;
   }
   auto head = store->Get(kHeadKey);
   if (head.ok()) {
@@ -147,10 +157,6 @@ Result<std::unique_ptr<Publisher>> Publisher::Open(ObjectStore* store,
     return head.status();
   }
   return p;
-}
-
-std::vector<TensorView> Publisher::BaselineViews() const {
-  return CheckpointViews(*baseline_);
 }
 
 Result<PublishReport> Publisher::PublishCheckpoint(uint64_t version,
@@ -197,16 +203,21 @@ Status Publisher::ServeRequests(uint64_t version, const std::vector<TensorEntry>
       if (h.width != e.width || h.start + h.count > e.num_elements) continue;
       // The desired bytes: before a decision the target holds V and the
       // baseline the base; after it the baseline holds whichever won.
-      const uint8_t* data = nullptr;
+      const uint64_t offset = h.start * e.width, length = h.count * e.width;
+      std::vector<uint8_t> desired(length);
+      bool found = false;
       if (target && after) {
         for (const TensorView& v : *target) {
-          if (v.name == e.name) data = v.data;
+          if (v.name != e.name) continue;
+          REFIT_RETURN_IF_ERROR(baseline_->ReadTarget(v, offset, length, desired.data()));
+          found = true;
         }
-      } else if (auto idx = baseline_->IndexOf(e.name)) {
-        data = baseline_->Data(*idx).data();
+      } else if (auto b = baseline_index_.find(e.name); b != baseline_index_.end()) {
+        REFIT_RETURN_IF_ERROR(baseline_->Read(b->second, offset, length, desired.data()));
+        found = true;
       }
-      if (data == nullptr) continue;
-      REFIT_ASSIGN_OR_RETURN(auto resend, MakeResend(original, data + h.start * e.width, after));
+      if (!found) continue;
+      REFIT_ASSIGN_OR_RETURN(auto resend, MakeResend(original, desired.data(), after));
       REFIT_RETURN_IF_ERROR(
           store_->Put(ResendKey(version, member, i, after), opt_.auth.Seal(resend)));
       ++*served;
@@ -248,7 +259,7 @@ Status Publisher::CheckBaseline() {
     if (it == head->end() || it->after != baseline_hashes_[i] ||
         head->size() != baseline_->tensors().size()) {
       return FailedPreconditionError(
-          "the baseline '" + baseline_->path() + "' is not the store's head version " +
+          baseline_->Describe() + " is not the store's head version " +
           std::to_string(committed_) + ": tensor '" + name + "' " +
           (it == head->end() ? "is not in" : "does not hash to") + " version " +
           std::to_string(committed_) + "'s manifest; receivers hold version " +
@@ -291,10 +302,11 @@ Status Publisher::TargetMatches(const Manifest& m, const std::vector<TensorView>
     auto it = std::find_if(target.begin(), target.end(),
                            [&](const TensorView& v) { return v.name == e.name; });
     if (it == target.end()) return refuse("the target lacks tensor '" + e.name + "'");
-    if (it->dtype != e.dtype || it->width != e.width || it->shape != e.shape ||
-        RangeHash(it->data, e.num_elements * e.width) != e.after) {
+    if (it->dtype != e.dtype || it->width != e.width || it->shape != e.shape) {
       return refuse("tensor '" + e.name + "' differs from its manifest");
     }
+    REFIT_ASSIGN_OR_RETURN(Hash128 h, baseline_->HashTarget(*it));
+    if (h != e.after) return refuse("tensor '" + e.name + "' differs from its manifest");
   }
   return Status();
 }
@@ -315,61 +327,29 @@ Status Publisher::Serve(uint64_t version, int ms) {
 }
 
 Status Publisher::AdvanceBaseline(const Manifest& m, const std::vector<TensorView>& target) {
-  std::map<std::string, const TensorView*> by_name;
-  for (const TensorView& v : target) by_name[v.name] = &v;
-  for (const ManifestChunk& mc : m.chunks) {
-    const TensorEntry& e = m.tensors[mc.tensor_id];
-    auto it = by_name.find(e.name);
-    if (it == by_name.end()) return InternalError("target lost tensor " + e.name);
-    size_t idx = *baseline_->IndexOf(e.name);
-    std::memcpy(baseline_->MutableData(idx).data() + mc.start * e.width,
-                it->second->data + mc.start * e.width, mc.count * e.width);
-  }
-  for (size_t t = 0; t < m.tensors.size(); ++t) {
-    auto d = baseline_->Data(*baseline_->IndexOf(m.tensors[t].name));
-    if (RangeHash(d.data(), d.size()) != m.tensors[t].after) {
-      return DataLossError("baseline tensor '" + m.tensors[t].name +
-                           "' does not match the committed version after advancing");
-    }
-  }
-  return baseline_->Sync();
+  return baseline_->Advance(m, target);
 }
 
 Status Publisher::WriteSnapshot(uint64_t version) {
-  REFIT_RETURN_IF_ERROR(baseline_->Sync());
   SnapshotIndex index;
   index.version = version;
-  // Names are relative to the checkpoint directory, or the file's own name.
-  std::string root = baseline_->path();
-  while (root.size() > 1 && root.back() == '/') root.pop_back();
-  const bool dir = IsDirectory(root);
-  std::vector<std::pair<std::string, std::string>> files;  // name, path
-  for (const CheckpointFile& f : baseline_->files()) {
-    std::string name = dir ? f.path.substr(root.size()) : f.path.substr(f.path.rfind('/') + 1);
-    while (!name.empty() && name.front() == '/') name.erase(0, 1);
-    files.emplace_back(name, f.path);
-  }
-  if (baseline_->sharded()) {
-    // Without its index a sharded directory does not open.
-    files.emplace_back("model.safetensors.index.json", root + "/model.safetensors.index.json");
-  }
-  for (size_t i = 0; i < files.size(); ++i) {
-    REFIT_ASSIGN_OR_RETURN(MappedFile file,
-                           MappedFile::Open(files[i].second, MappedFile::Mode::kReadOnly));
-    index.files.push_back(SnapshotFile{files[i].first, file.size(), ComputeSha256(file.bytes())});
-    REFIT_RETURN_IF_ERROR(store_->Put(SnapshotFileKey(version, i), file.bytes())
-                              .WithContext("storing snapshot file " + files[i].second));
-  }
-  for (size_t t = 0; t < baseline_->tensors().size(); ++t) {
-    const TensorInfo& info = baseline_->tensors()[t];
-    auto d = baseline_->Data(t);
+  REFIT_RETURN_IF_ERROR(baseline_->ForEachSnapshotFile(
+      [&](const std::string& name, std::span<const uint8_t> bytes) -> Status {
+        const size_t i = index.files.size();
+        index.files.push_back(SnapshotFile{name, bytes.size(), ComputeSha256(bytes)});
+        return store_->Put(SnapshotFileKey(version, i), bytes);
+      }));
+  const auto& views = baseline_->tensors();
+  for (size_t t = 0; t < views.size(); ++t) {
+    const TensorView& v = views[t];
     TensorEntry e;
-    e.name = info.name;
-    e.dtype = info.dtype;
-    e.width = static_cast<uint8_t>(info.element_width);
-    e.shape = info.shape;
-    e.num_elements = info.num_elements;
-    e.before = e.after = RangeHash(d.data(), d.size());
+    e.name = v.name;
+    e.dtype = v.dtype;
+    e.width = static_cast<uint8_t>(v.width);
+    e.shape = v.shape;
+    e.num_elements = v.width > 0 ? TensorBytes(v) / static_cast<uint64_t>(v.width) : 0;
+    REFIT_ASSIGN_OR_RETURN(e.before, baseline_->HashTensor(t));
+    e.after = e.before;
     index.tensors.push_back(std::move(e));
   }
   return store_->Put(SnapshotIndexKey(version), opt_.auth.Seal(EncodeSnapshotIndex(index)));
@@ -475,7 +455,7 @@ Result<PublishReport> Publisher::Publish(uint64_t version,
     // died) can no longer commit: their base is not this version's base's
     // successor chain. Abort them, so receivers inside one roll back.
     REFIT_RETURN_IF_ERROR(AbortSuperseded(version));
-    const std::vector<TensorView> base_views = BaselineViews();
+    const std::vector<TensorView>& base_views = baseline_->tensors();
     // The announcement first (docs/protocol.md, "Publisher"): receivers
     // start applying chunks as they land instead of after the manifest.
     Announcement a;
@@ -499,7 +479,7 @@ Result<PublishReport> Publisher::Publish(uint64_t version,
     DiffOptions diff = opt_.diff;
     diff.version = version;
     diff.base_version = committed_;
-    REFIT_ASSIGN_OR_RETURN(report.diff, DiffTensorsToSink(base_views, target, diff, &sink));
+    REFIT_ASSIGN_OR_RETURN(report.diff, baseline_->Diff(target, diff, &sink));
     m.tensors = sink.tensors();
     m.chunks = sink.chunks();
     for (size_t t = 0; t < m.tensors.size(); ++t) {
@@ -587,7 +567,9 @@ Result<PublishReport> Publisher::Publish(uint64_t version,
     REFIT_RETURN_IF_ERROR(AdvanceBaseline(m, target));
     committed_ = version;
     for (const TensorEntry& e : m.tensors) {
-      if (auto idx = baseline_->IndexOf(e.name)) baseline_hashes_[*idx] = e.after;
+      if (auto b = baseline_index_.find(e.name); b != baseline_index_.end()) {
+        baseline_hashes_[b->second] = e.after;
+      }
     }
     // The snapshot is stored before head names the version, so receivers
     // (which take snapshots at or below head) never see a partial one, and

@@ -17,6 +17,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "refit/checkpoint.h"
@@ -24,6 +25,7 @@
 #include "refit/status.h"
 #include "sync/auth.h"
 #include "sync/protocol.h"
+#include "sync/publisher_baseline.h"
 #include "transport/object_store.h"
 
 namespace refit {
@@ -80,6 +82,11 @@ class Publisher {
   static Result<std::unique_ptr<Publisher>> Open(ObjectStore* store,
                                                  const std::string& baseline,
                                                  PublisherOptions options);
+  // The same with any baseline (publisher_baseline.h), e.g. one in device
+  // memory; Publish's targets are then in its memory kind.
+  static Result<std::unique_ptr<Publisher>> Open(ObjectStore* store,
+                                                 std::unique_ptr<PublisherBaseline> baseline,
+                                                 PublisherOptions options);
 
   uint64_t committed_version() const { return committed_; }
 
@@ -104,7 +111,6 @@ class Publisher {
  private:
   Publisher(ObjectStore* store, PublisherOptions options)
       : store_(store), opt_(std::move(options)) {}
-  std::vector<TensorView> BaselineViews() const;
   // The tensor table recording `version`'s hashes ("after"): its manifest,
   // or its snapshot index; nullopt when the store holds neither.
   Result<std::optional<std::vector<TensorEntry>>> VersionTensors(uint64_t version);
@@ -126,8 +132,9 @@ class Publisher {
 
   ObjectStore* store_;
   PublisherOptions opt_;
-  std::unique_ptr<Checkpoint> baseline_;
+  std::unique_ptr<PublisherBaseline> baseline_;
   std::vector<Hash128> baseline_hashes_;  // per baseline tensor, its RangeHash
+  std::unordered_map<std::string, size_t> baseline_index_;  // name -> tensor
   uint64_t committed_ = 0;
   std::map<std::string, Sha256> served_requests_;
 };
