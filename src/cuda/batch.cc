@@ -8,6 +8,7 @@
 #include "base/parallel.h"
 #include "codec/payload.h"
 #include "codec/rans.h"
+#include "codec/sparse_plane.h"
 #include "codec/table.h"
 #include "delta/chunk.h"
 
@@ -167,27 +168,23 @@ Status ParseSparse(const ParsedChunk& c, uint64_t payload_offset, Parsed* out) {
   d.gw = static_cast<uint8_t>(gw);
   uint32_t smem = 0;
   for (int j = 0; j < gw + w; ++j) {
-    const bool is_gap = j < gw;
-    const codec::GapContext ctx{is_gap, n, k, is_gap ? j : 0};
+    const codec::SparsePlane plane = codec::SparsePlaneAt(j, gw);
     codec::Model m;
     size_t used = 0;
-    Status s = codec::ReadModel(p.subspan(off), ctx, &m, &used);
+    Status s = codec::ReadModel(p.subspan(off), codec::SparsePlaneContext(j, gw, n, k),
+                                &m, &used);
     if (!s.ok()) return s.WithContext("plane " + std::to_string(j));
     off += used;
-    const int shift = is_gap ? 8 * j : 64 + 8 * (j - gw);
     if (!m.coded()) {
-      if (is_gap) {
-        d.fixed_gap |= uint64_t{m.symbol} << (8 * j);
-      } else {
-        d.fixed_value |= uint64_t{m.symbol} << (8 * (j - gw));
-      }
+      uint64_t& fixed = plane.is_gap ? d.fixed_gap : d.fixed_value;
+      fixed |= uint64_t{m.symbol} << (8 * plane.byte);
       continue;
     }
     DevTable t{};
     t.t = static_cast<uint32_t>(m.t);
     std::memcpy(t.f, m.f.data(), sizeof(t.f));
     out->tables.push_back(t);
-    d.coded_shift[d.coded++] = static_cast<uint8_t>(shift);
+    d.coded_shift[d.coded++] = static_cast<uint8_t>(plane.shift());
     smem += 1024 + (1u << std::min(m.t, kSlotTableBits));
   }
   d.smem = smem;

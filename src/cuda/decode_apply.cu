@@ -249,10 +249,10 @@ __global__ void __launch_bounds__(kDecodeThreads)
               ring.Take16(reinterpret_cast<const uint32_t*>(payload), q);
         }
         const uint32_t sh = s_shift[p];
-        if (sh < 64) {
+        if (codec::ShiftIsGap(sh)) {
           gap |= uint64_t{s} << sh;
         } else {
-          val |= uint64_t{s} << (sh - 64);
+          val |= uint64_t{s} << (sh - codec::kSparseValueShift);
         }
       }
       if (err != kStatusOk) break;
@@ -460,8 +460,8 @@ __device__ __forceinline__ uint32_t SharedAddr(const void* p) {
 
 struct FusedShared {
   // Per coded plane: t, shared-window address of its slot lookup, bit
-  // shift of its byte (+64 for value planes), shared-window address of its
-  // f | c << 16 table.
+  // shift of its byte (codec::SparsePlane::shift), shared-window address of
+  // its f | c << 16 table.
   uint4 plane[kMaxCodedPlanes];
   // Per group parity, per row of the group and warp: the warp's sum of
   // (gap + 1) over the row, bit 31 set when a lane of the warp failed a
@@ -631,10 +631,10 @@ __device__ uint32_t FusedPass(const BatchDevice& b, const DevChunk& cg,
         // Plane p's symbol into its byte of the gap or the value.
         auto plane = [&](const uint4& pp, uint32_t p) {
           const uint32_t s = ln.Symbol(words, pp.y, pp.w, pp.x, (1u << pp.x) - 1, err);
-          if (pp.z < 64) {
+          if (codec::ShiftIsGap(pp.z)) {
             gap |= s << pp.z;
           } else {
-            v |= static_cast<V>(s) << (pp.z - 64);
+            v |= static_cast<V>(s) << (pp.z - codec::kSparseValueShift);
           }
         };
         if constexpr (kP > 0) {
