@@ -6,6 +6,7 @@
 // framing, see batch.cc) and produce the same bytes.
 #include <cub/block/block_scan.cuh>
 
+#include "cuda/cuda_common.h"
 #include "cuda/kernels.h"
 #include "cuda/xxh3.cuh"
 
@@ -15,23 +16,6 @@ namespace {
 constexpr int kThreads = 256;
 constexpr uint32_t kRansLow = 1u << 16;
 constexpr uint64_t kSegment = 64 * 1024;
-
-__device__ inline uint64_t LoadW(const uint8_t* p, int w) {
-  switch (w) {
-    case 1: return *p;
-    case 2: return *reinterpret_cast<const uint16_t*>(p);
-    case 4: return *reinterpret_cast<const uint32_t*>(p);
-    default: return *reinterpret_cast<const uint64_t*>(p);
-  }
-}
-__device__ inline void StoreW(uint8_t* p, uint64_t v, int w) {
-  switch (w) {
-    case 1: *p = static_cast<uint8_t>(v); break;
-    case 2: *reinterpret_cast<uint16_t*>(p) = static_cast<uint16_t>(v); break;
-    case 4: *reinterpret_cast<uint32_t*>(p) = static_cast<uint32_t>(v); break;
-    default: *reinterpret_cast<uint64_t*>(p) = v; break;
-  }
-}
 
 __device__ inline uint8_t* Addr(uint64_t a) {
   return reinterpret_cast<uint8_t*>(static_cast<uintptr_t>(a));
@@ -53,12 +37,12 @@ __device__ void StoreSparse(const BatchDevice& b, const DevChunk& c,
     if (!MapElement(pl, b.pieces, c.start + pos[r], &a)) continue;
     uint8_t* p = Addr(a);
     if (xor_kind) {
-      StoreW(p, LoadW(p, w) ^ LoadW(vals + uint64_t{r} * w, w), w);
+      StoreWord(p, LoadWord(p, w) ^ LoadWord(vals + uint64_t{r} * w, w), w);
     } else if (undo) {
-      StoreW(p, LoadW(old + uint64_t{r} * w, w), w);
+      StoreWord(p, LoadWord(old + uint64_t{r} * w, w), w);
     } else {
-      StoreW(old + uint64_t{r} * w, LoadW(p, w), w);
-      StoreW(p, LoadW(vals + uint64_t{r} * w, w), w);
+      StoreWord(old + uint64_t{r} * w, LoadWord(p, w), w);
+      StoreWord(p, LoadWord(vals + uint64_t{r} * w, w), w);
     }
   }
 }
@@ -75,13 +59,13 @@ __device__ void StoreDense(const BatchDevice& b, const DevChunk& c, bool undo) {
     uint8_t* p = Addr(a);
     const uint64_t off = uint64_t{i} * w;
     if (xor_kind) {
-      const uint64_t v = LoadW(vals + off, w);
-      if (v != 0) StoreW(p, LoadW(p, w) ^ v, w);
+      const uint64_t v = LoadWord(vals + off, w);
+      if (v != 0) StoreWord(p, LoadWord(p, w) ^ v, w);
     } else if (undo) {
-      StoreW(p, LoadW(old + off, w), w);
+      StoreWord(p, LoadWord(old + off, w), w);
     } else {
-      StoreW(old + off, LoadW(p, w), w);
-      StoreW(p, LoadW(vals + off, w), w);
+      StoreWord(old + off, LoadWord(p, w), w);
+      StoreWord(p, LoadWord(vals + off, w), w);
     }
   }
 }
@@ -262,7 +246,7 @@ __global__ void __launch_bounds__(kDecodeThreads)
       }
       total += gap + 1;
       gaps[i] = static_cast<uint32_t>(gap);
-      StoreW(vals + uint64_t{i} * w, val, w);
+      StoreWord(vals + uint64_t{i} * w, val, w);
     }
     if (err == kStatusOk && (q != end || x != kRansLow)) err = kStatusLaneEnd;
   }
@@ -834,17 +818,17 @@ __device__ inline void ScatterItems(const BatchDevice& b,
 #pragma unroll
   for (int j = 0; j < kApplyItems; ++j) {
     if (dst[j] == nullptr) continue;
-    cur[j] = LoadW(dst[j], w);
-    val[j] = LoadW(vals + uint64_t{first + j} * w, w);
+    cur[j] = LoadWord(dst[j], w);
+    val[j] = LoadWord(vals + uint64_t{first + j} * w, w);
   }
 #pragma unroll
   for (int j = 0; j < kApplyItems; ++j) {
     if (dst[j] == nullptr) continue;
     if (xor_kind) {
-      StoreW(dst[j], cur[j] ^ val[j], w);
+      StoreWord(dst[j], cur[j] ^ val[j], w);
     } else {
-      StoreW(old + uint64_t{first + j} * w, cur[j], w);
-      StoreW(dst[j], val[j], w);
+      StoreWord(old + uint64_t{first + j} * w, cur[j], w);
+      StoreWord(dst[j], val[j], w);
     }
   }
 }

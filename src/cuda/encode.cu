@@ -21,6 +21,7 @@
 #include "codec/payload.h"
 #include "codec/rans.h"
 #include "codec/table.h"
+#include "cuda/cuda_common.h"
 #include "cuda/xxh3.cuh"
 #include "delta/encoder.h"
 
@@ -60,23 +61,6 @@ struct EncTable {
   uint32_t t;
   uint16_t f[256];
 };
-
-__device__ inline uint64_t LoadWE(const uint8_t* p, uint32_t w) {
-  switch (w) {
-    case 1: return *p;
-    case 2: return *reinterpret_cast<const uint16_t*>(p);
-    case 4: return *reinterpret_cast<const uint32_t*>(p);
-    default: return *reinterpret_cast<const uint64_t*>(p);
-  }
-}
-__device__ inline void StoreWE(uint8_t* p, uint64_t v, uint32_t w) {
-  switch (w) {
-    case 1: *p = static_cast<uint8_t>(v); break;
-    case 2: *reinterpret_cast<uint16_t*>(p) = static_cast<uint16_t>(v); break;
-    case 4: *reinterpret_cast<uint32_t*>(p) = static_cast<uint32_t>(v); break;
-    default: *reinterpret_cast<uint64_t*>(p) = v; break;
-  }
-}
 
 __device__ inline uint32_t FindRange(const EncRange* r, uint32_t n, uint64_t s) {
   uint32_t lo = 0, hi = n;  // last range with seg_first <= s
@@ -131,7 +115,7 @@ __device__ inline uint32_t Bits16(uint64_t lo, uint64_t hi, uint32_t w) {
 // XOR of the w-byte elements at p and q; kAligned: both are w-aligned.
 template <bool kAligned>
 __device__ inline uint64_t XorAt(const uint8_t* p, const uint8_t* q, uint32_t w) {
-  if constexpr (kAligned) return LoadWE(p, w) ^ LoadWE(q, w);
+  if constexpr (kAligned) return LoadWord(p, w) ^ LoadWord(q, w);
   uint64_t v = 0;
   for (uint32_t j = 0; j < w; ++j) {
     v |= uint64_t{static_cast<uint8_t>(p[j] ^ q[j])} << (8 * j);
@@ -326,7 +310,7 @@ __global__ void __launch_bounds__(32 * kCompactWarps)
       const uint64_t v = aligned_w ? XorAt<true>(a + uint64_t{e} * w, b + uint64_t{e} * w, w)
                                    : XorAt<false>(a + uint64_t{e} * w, b + uint64_t{e} * w, w);
       pout[run + i] = elem0 + e;
-      StoreWE(vout + uint64_t{run + i} * w, v, w);
+      StoreWord(vout + uint64_t{run + i} * w, v, w);
     }
     __syncwarp();
     run += total;
@@ -373,7 +357,7 @@ __global__ void __launch_bounds__(256)
       const uint32_t sym = (g >> (8 * j)) & 0xff;
       if (sym != 0) atomicAdd(&h[j * 256 + sym], 1u);
     }
-    const uint64_t x = LoadWE(v + uint64_t{i} * c.width, c.width);
+    const uint64_t x = LoadWord(v + uint64_t{i} * c.width, c.width);
     for (uint32_t j = 0; j < c.width; ++j) {
       const uint32_t sym = static_cast<uint32_t>(x >> (8 * j)) & 0xff;
       if (sym != 0) atomicAdd(&h[(4 + j) * 256 + sym], 1u);
@@ -624,54 +608,8 @@ using internal::EncChunk;
 using internal::EncRange;
 using internal::EncTable;
 
-Status CudaErr(cudaError_t e, const char* what) {
-  return InternalError(std::string("CUDA ") + what + ": " + cudaGetErrorString(e));
-}
-#define REFIT_ENC_CUDA(expr, what)                  \
-  do {                                              \
-    const cudaError_t e_ = (expr);                  \
-    if (e_ != cudaSuccess) return CudaErr(e_, what); \
-  } while (0)
-
-// Device memory of one call: the bytes held and their peak.
-struct DeviceMemory {
-  uint64_t held = 0, peak = 0;
-};
-
-// One device buffer of a call, kept across its groups: it is reallocated
-// only when a group needs more than it holds (groups after the first
-// mostly cost no cudaMalloc or cudaFree, and each cudaFree waits for the
-// whole device).
-class DeviceBuffer {
- public:
-  explicit DeviceBuffer(DeviceMemory* mem) : mem_(mem) {}
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  ~DeviceBuffer() {
-    if (p_) cudaFree(p_);
-  }
-  template <typename T>
-  Status Get(uint64_t count, T** out) {
-    const uint64_t bytes = std::max<uint64_t>(count * sizeof(T), 16);
-    if (bytes > size_) {
-      if (p_) cudaFree(p_);
-      mem_->held -= size_;
-      p_ = nullptr;
-      size_ = 0;
-      REFIT_ENC_CUDA(cudaMalloc(&p_, bytes), "cudaMalloc");
-      size_ = bytes;
-      mem_->held += bytes;
-      mem_->peak = std::max(mem_->peak, mem_->held);
-    }
-    *out = static_cast<T*>(p_);
-    return Status::Ok();
-  }
-
- private:
-  DeviceMemory* mem_;
-  void* p_ = nullptr;
-  uint64_t size_ = 0;
-};
+using internal::DeviceBuffer;
+using internal::DeviceMemory;
 
 // Page-locked host memory for what comes back each group (histograms,
 // streams), kept per thread across calls: a copy into pageable memory runs
@@ -689,7 +627,7 @@ class PinnedHost {
     p_ = nullptr;
     size_ = 0;
     const uint64_t want = std::max<uint64_t>(bytes + bytes / 4, 1 << 20);
-    REFIT_ENC_CUDA(cudaHostAlloc(&p_, want, cudaHostAllocDefault),
+    REFIT_CUDA_RETURN(cudaHostAlloc(&p_, want, cudaHostAllocDefault),
                    "cudaHostAlloc");
     size_ = want;
     return Status::Ok();
@@ -747,9 +685,9 @@ Result<GpuEncodeReport> EncodeOnDevice(std::span<const DeviceTensorPair> pairs,
   if (opt.records_per_lane == 0) {
     return InvalidArgumentError("records_per_lane must be >= 1");
   }
-  REFIT_ENC_CUDA(cudaSetDevice(opt.device), "cudaSetDevice");
+  REFIT_CUDA_RETURN(cudaSetDevice(opt.device), "cudaSetDevice");
   int sm_count = 0;
-  REFIT_ENC_CUDA(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount,
+  REFIT_CUDA_RETURN(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount,
                                         opt.device), "device attribute");
   const int threads = opt.host_threads > 0 ? opt.host_threads : DefaultThreads();
   GpuEncodeReport report;
@@ -802,9 +740,9 @@ Result<GpuEncodeReport> EncodeOnDevice(std::span<const DeviceTensorPair> pairs,
   // waited for at once; the compactions (st_front) and the lanes' encoding
   // (st) are, so their blocks go first (stream priorities).
   int prio_low = 0, prio_high = 0;
-  REFIT_ENC_CUDA(cudaDeviceGetStreamPriorityRange(&prio_low, &prio_high), "priorities");
+  REFIT_CUDA_RETURN(cudaDeviceGetStreamPriorityRange(&prio_low, &prio_high), "priorities");
   cudaStream_t st = nullptr, st_front = nullptr, st_detect = nullptr;
-  REFIT_ENC_CUDA(cudaStreamCreateWithPriority(&st, cudaStreamNonBlocking, prio_high),
+  REFIT_CUDA_RETURN(cudaStreamCreateWithPriority(&st, cudaStreamNonBlocking, prio_high),
                  "stream");
   struct StreamGuard {
     cudaStream_t s;
@@ -812,10 +750,10 @@ Result<GpuEncodeReport> EncodeOnDevice(std::span<const DeviceTensorPair> pairs,
       if (s) cudaStreamDestroy(s);
     }
   } guard{st};
-  REFIT_ENC_CUDA(cudaStreamCreateWithPriority(&st_front, cudaStreamNonBlocking, prio_high),
+  REFIT_CUDA_RETURN(cudaStreamCreateWithPriority(&st_front, cudaStreamNonBlocking, prio_high),
                  "stream");
   StreamGuard guard_front{st_front};
-  REFIT_ENC_CUDA(cudaStreamCreateWithPriority(&st_detect, cudaStreamNonBlocking, prio_low),
+  REFIT_CUDA_RETURN(cudaStreamCreateWithPriority(&st_detect, cudaStreamNonBlocking, prio_low),
                  "stream");
   StreamGuard guard_detect{st_detect};
 
@@ -836,7 +774,7 @@ Result<GpuEncodeReport> EncodeOnDevice(std::span<const DeviceTensorPair> pairs,
   // On st_detect, ahead of the first detection that reads them; the
   // compactions (st_front) read them after the host has waited for a
   // detection.
-  REFIT_ENC_CUDA(cudaMemcpyAsync(d_ranges, dev_ranges.data(),
+  REFIT_CUDA_RETURN(cudaMemcpyAsync(d_ranges, dev_ranges.data(),
                                  dev_ranges.size() * sizeof(EncRange),
                                  cudaMemcpyHostToDevice, st_detect), "copy ranges");
   // Range hashes and segment counts come back into page-locked memory (a
@@ -887,10 +825,10 @@ Result<GpuEncodeReport> EncodeOnDevice(std::span<const DeviceTensorPair> pairs,
     }
   } window_events{windows};
   for (Window& w : windows) {
-    REFIT_ENC_CUDA(cudaEventCreate(&w.e0), "event");
-    REFIT_ENC_CUDA(cudaEventCreate(&w.e1), "event");
-    REFIT_ENC_CUDA(cudaEventCreateWithFlags(&w.ready, cudaEventDisableTiming), "event");
-    REFIT_ENC_CUDA(cudaEventCreateWithFlags(&w.mask_read, cudaEventDisableTiming), "event");
+    REFIT_CUDA_RETURN(cudaEventCreate(&w.e0), "event");
+    REFIT_CUDA_RETURN(cudaEventCreate(&w.e1), "event");
+    REFIT_CUDA_RETURN(cudaEventCreateWithFlags(&w.ready, cudaEventDisableTiming), "event");
+    REFIT_CUDA_RETURN(cudaEventCreateWithFlags(&w.mask_read, cudaEventDisableTiming), "event");
   }
   size_t detected_end = 0;  // ranges [0, detected_end) have counts
   int window_count = 0;
@@ -919,27 +857,27 @@ Result<GpuEncodeReport> EncodeOnDevice(std::span<const DeviceTensorPair> pairs,
     // event never recorded is no wait. (The compactions' range updates,
     // copied on st_front meanwhile, rewrite only fields this detection
     // does not read, and the others with their own values.)
-    REFIT_ENC_CUDA(cudaStreamWaitEvent(st_detect, w.mask_read, 0), "wait");
-    REFIT_ENC_CUDA(cudaEventRecord(w.e0, st_detect), "record");
+    REFIT_CUDA_RETURN(cudaStreamWaitEvent(st_detect, w.mask_read, 0), "wait");
+    REFIT_CUDA_RETURN(cudaEventRecord(w.e0, st_detect), "record");
     constexpr unsigned kSegsPerBlock = internal::kDetectThreads / 32;
     internal::DetectKernel<<<static_cast<unsigned>((s1 - s0 + kSegsPerBlock - 1) /
                                                    kSegsPerBlock),
                              internal::kDetectThreads, 0, st_detect>>>(
         d_ranges, nranges, s0, s1, w.d_mask, w.mask_base, d_before, d_after, d_counts);
-    REFIT_ENC_CUDA(cudaGetLastError(), "detect launch");
+    REFIT_CUDA_RETURN(cudaGetLastError(), "detect launch");
     internal::RangeDigestKernel<<<static_cast<unsigned>((w1 - w0 + 7) / 8), 256, 0,
                                   st_detect>>>(d_ranges, static_cast<uint32_t>(w0),
                                               static_cast<uint32_t>(w1), d_before, d_after,
                                               d_rbefore, d_rafter);
-    REFIT_ENC_CUDA(cudaGetLastError(), "range hash launch");
-    REFIT_ENC_CUDA(cudaEventRecord(w.e1, st_detect), "record");
-    REFIT_ENC_CUDA(cudaMemcpyAsync(before.data() + w0, d_rbefore + 2 * w0, 16 * (w1 - w0),
+    REFIT_CUDA_RETURN(cudaGetLastError(), "range hash launch");
+    REFIT_CUDA_RETURN(cudaEventRecord(w.e1, st_detect), "record");
+    REFIT_CUDA_RETURN(cudaMemcpyAsync(before.data() + w0, d_rbefore + 2 * w0, 16 * (w1 - w0),
                                    cudaMemcpyDeviceToHost, st_detect), "copy hashes");
-    REFIT_ENC_CUDA(cudaMemcpyAsync(after.data() + w0, d_rafter + 2 * w0, 16 * (w1 - w0),
+    REFIT_CUDA_RETURN(cudaMemcpyAsync(after.data() + w0, d_rafter + 2 * w0, 16 * (w1 - w0),
                                    cudaMemcpyDeviceToHost, st_detect), "copy hashes");
-    REFIT_ENC_CUDA(cudaMemcpyAsync(counts.data() + s0, d_counts + s0, 4 * (s1 - s0),
+    REFIT_CUDA_RETURN(cudaMemcpyAsync(counts.data() + s0, d_counts + s0, 4 * (s1 - s0),
                                    cudaMemcpyDeviceToHost, st_detect), "copy counts");
-    REFIT_ENC_CUDA(cudaEventRecord(w.ready, st_detect), "record");
+    REFIT_CUDA_RETURN(cudaEventRecord(w.ready, st_detect), "record");
     pending = &w;
     return Status::Ok();
   };
@@ -948,9 +886,9 @@ Result<GpuEncodeReport> EncodeOnDevice(std::span<const DeviceTensorPair> pairs,
   auto finish_detect = [&]() -> Status {
     Window& w = *pending;
     pending = nullptr;
-    REFIT_ENC_CUDA(cudaEventSynchronize(w.ready), "detect");
+    REFIT_CUDA_RETURN(cudaEventSynchronize(w.ready), "detect");
     float ms = 0;
-    REFIT_ENC_CUDA(cudaEventElapsedTime(&ms, w.e0, w.e1), "event time");
+    REFIT_CUDA_RETURN(cudaEventElapsedTime(&ms, w.e0, w.e1), "event time");
     report.detect_ms += ms;
     for (size_t i = w.w0; i < w.w1; ++i) {
       HostRange& r = ranges[i];
@@ -963,7 +901,7 @@ Result<GpuEncodeReport> EncodeOnDevice(std::span<const DeviceTensorPair> pairs,
       // EncodeChunkRange tries dense encodings from k * 16 >= count on.
       r.gpu = k > 0 && k * 16 < r.count;
     }
-    REFIT_ENC_CUDA(cudaMemcpyAsync(d_seg_rec + w.s0, seg_rec.data() + w.s0, 4 * (w.s1 - w.s0),
+    REFIT_CUDA_RETURN(cudaMemcpyAsync(d_seg_rec + w.s0, seg_rec.data() + w.s0, 4 * (w.s1 - w.s0),
                                    cudaMemcpyHostToDevice, st_front), "copy offsets");
     detected_end = w.w1;
     cur_window = &w;
@@ -1019,9 +957,9 @@ Result<GpuEncodeReport> EncodeOnDevice(std::span<const DeviceTensorPair> pairs,
     }
   } event_guard{sets};
   for (FrontSet& f : sets) {
-    REFIT_ENC_CUDA(cudaEventCreateWithFlags(&f.done, cudaEventDisableTiming), "event");
-    REFIT_ENC_CUDA(cudaEventCreateWithFlags(&f.lanes_done, cudaEventDisableTiming), "event");
-    for (cudaEvent_t& e : f.t) REFIT_ENC_CUDA(cudaEventCreate(&e), "event");
+    REFIT_CUDA_RETURN(cudaEventCreateWithFlags(&f.done, cudaEventDisableTiming), "event");
+    REFIT_CUDA_RETURN(cudaEventCreateWithFlags(&f.lanes_done, cudaEventDisableTiming), "event");
+    for (cudaEvent_t& e : f.t) REFIT_CUDA_RETURN(cudaEventCreate(&e), "event");
   }
   // Elapsed GPU time between two completed events, added to *into.
   auto add_elapsed = [](cudaEvent_t a, cudaEvent_t b, double* into) {
@@ -1031,7 +969,7 @@ Result<GpuEncodeReport> EncodeOnDevice(std::span<const DeviceTensorPair> pairs,
   // Waits for event e, adding the wait (host clock) to *wall_ms.
   auto wait_for = [](cudaEvent_t e, const char* what, double* wall_ms) -> Status {
     const auto w0 = std::chrono::steady_clock::now();
-    REFIT_ENC_CUDA(cudaEventSynchronize(e), what);
+    REFIT_CUDA_RETURN(cudaEventSynchronize(e), what);
     *wall_ms += std::chrono::duration<double, std::milli>(
                     std::chrono::steady_clock::now() - w0).count();
     return Status::Ok();
@@ -1114,27 +1052,27 @@ Result<GpuEncodeReport> EncodeOnDevice(std::span<const DeviceTensorPair> pairs,
     REFIT_RETURN_IF_ERROR(f.hist.Get(hist_n, &d_hist));
     REFIT_RETURN_IF_ERROR(f.maxgap.Get(nchunks, &d_maxgap));
     std::copy(g->ec.begin(), g->ec.end(), ec_src);
-    REFIT_ENC_CUDA(cudaMemcpyAsync(d_ranges + g0, upd, (g1 - g0) * sizeof(EncRange),
+    REFIT_CUDA_RETURN(cudaMemcpyAsync(d_ranges + g0, upd, (g1 - g0) * sizeof(EncRange),
                                    cudaMemcpyHostToDevice, st_front), "copy ranges");
-    REFIT_ENC_CUDA(cudaMemcpyAsync(d_chunks, ec_src, nchunks * sizeof(EncChunk),
+    REFIT_CUDA_RETURN(cudaMemcpyAsync(d_chunks, ec_src, nchunks * sizeof(EncChunk),
                                    cudaMemcpyHostToDevice, st_front), "copy chunks");
     const uint64_t seg_begin = ranges[g0].seg_first;
     const uint64_t seg_end = ranges[g1 - 1].seg_first + ranges[g1 - 1].segs;
     if (f.lanes_recorded) {
-      REFIT_ENC_CUDA(cudaStreamWaitEvent(st_front, f.lanes_done, 0), "wait");
+      REFIT_CUDA_RETURN(cudaStreamWaitEvent(st_front, f.lanes_done, 0), "wait");
     }
-    REFIT_ENC_CUDA(cudaEventRecord(f.t[0], st_front), "record");
+    REFIT_CUDA_RETURN(cudaEventRecord(f.t[0], st_front), "record");
     internal::CompactKernel<<<static_cast<unsigned>((seg_end - seg_begin +
                                                      internal::kCompactWarps - 1) /
                                                     internal::kCompactWarps),
                               32 * internal::kCompactWarps, 0, st_front>>>(
         d_ranges, nranges, seg_begin, seg_end, cur_window->d_mask,
         cur_window->mask_base, d_seg_rec, d_pos, d_vals);
-    REFIT_ENC_CUDA(cudaGetLastError(), "compact launch");
-    REFIT_ENC_CUDA(cudaEventRecord(cur_window->mask_read, st_front), "record");
-    REFIT_ENC_CUDA(cudaEventRecord(f.t[1], st_front), "record");
-    REFIT_ENC_CUDA(cudaMemsetAsync(d_hist, 0, 4 * hist_n, st_front), "clear histograms");
-    REFIT_ENC_CUDA(cudaMemsetAsync(d_maxgap, 0, 4 * nchunks, st_front), "clear gaps");
+    REFIT_CUDA_RETURN(cudaGetLastError(), "compact launch");
+    REFIT_CUDA_RETURN(cudaEventRecord(cur_window->mask_read, st_front), "record");
+    REFIT_CUDA_RETURN(cudaEventRecord(f.t[1], st_front), "record");
+    REFIT_CUDA_RETURN(cudaMemsetAsync(d_hist, 0, 4 * hist_n, st_front), "clear histograms");
+    REFIT_CUDA_RETURN(cudaMemsetAsync(d_maxgap, 0, 4 * nchunks, st_front), "clear gaps");
     // Enough blocks to fill the device a few times over, in slices of at
     // least a few thousand records.
     const uint32_t slices = static_cast<uint32_t>(std::clamp<uint64_t>(
@@ -1142,19 +1080,19 @@ Result<GpuEncodeReport> EncodeOnDevice(std::span<const DeviceTensorPair> pairs,
         1, 64));
     internal::HistKernel<<<nchunks * slices, 256, 0, st_front>>>(d_chunks, slices, d_pos,
                                                                  d_vals, d_hist, d_maxgap);
-    REFIT_ENC_CUDA(cudaGetLastError(), "histogram launch");
-    REFIT_ENC_CUDA(cudaEventRecord(f.t[2], st_front), "record");
+    REFIT_CUDA_RETURN(cudaGetLastError(), "histogram launch");
+    REFIT_CUDA_RETURN(cudaEventRecord(f.t[2], st_front), "record");
     // Into page-locked memory: a copy into pageable memory would block the
     // host here until the compaction and histograms are done.
     REFIT_RETURN_IF_ERROR(pinned_hist[set].Reserve(4 * (hist_n + nchunks)));
     uint32_t* hist_host = reinterpret_cast<uint32_t*>(pinned_hist[set].data());
     g->hist = std::span<const uint32_t>(hist_host, hist_n);
     g->maxgap = std::span<const uint32_t>(hist_host + hist_n, nchunks);
-    REFIT_ENC_CUDA(cudaMemcpyAsync(hist_host, d_hist, 4 * hist_n,
+    REFIT_CUDA_RETURN(cudaMemcpyAsync(hist_host, d_hist, 4 * hist_n,
                                    cudaMemcpyDeviceToHost, st_front), "copy histograms");
-    REFIT_ENC_CUDA(cudaMemcpyAsync(hist_host + hist_n, d_maxgap, 4 * nchunks,
+    REFIT_CUDA_RETURN(cudaMemcpyAsync(hist_host + hist_n, d_maxgap, 4 * nchunks,
                                    cudaMemcpyDeviceToHost, st_front), "copy gaps");
-    REFIT_ENC_CUDA(cudaEventRecord(f.done, st_front), "record");
+    REFIT_CUDA_RETURN(cudaEventRecord(f.done, st_front), "record");
     return Status::Ok();
   };
 
@@ -1238,9 +1176,9 @@ Result<GpuEncodeReport> EncodeOnDevice(std::span<const DeviceTensorPair> pairs,
       if (r.k == 0 || r.gpu) continue;
       const uint64_t w = pairs[r.pair].width;
       std::vector<uint8_t> a(r.count * w), b(r.count * w);
-      REFIT_ENC_CUDA(cudaMemcpy(a.data(), HostPtr(dev_ranges[i].a), a.size(),
+      REFIT_CUDA_RETURN(cudaMemcpy(a.data(), HostPtr(dev_ranges[i].a), a.size(),
                                 cudaMemcpyDeviceToHost), "copy range");
-      REFIT_ENC_CUDA(cudaMemcpy(b.data(), HostPtr(dev_ranges[i].b), b.size(),
+      REFIT_CUDA_RETURN(cudaMemcpy(b.data(), HostPtr(dev_ranges[i].b), b.size(),
                                 cudaMemcpyDeviceToHost), "copy range");
       ChunkHeader ids = header_of(i);
       ChunkEncodeOptions copt;
@@ -1333,9 +1271,9 @@ Result<GpuEncodeReport> EncodeOnDevice(std::span<const DeviceTensorPair> pairs,
     }
   } back_events{bt, sizes_ready, gathered};
   for (int p = 0; p < 2; ++p) {
-    for (cudaEvent_t& e : bt[p]) REFIT_ENC_CUDA(cudaEventCreate(&e), "event");
-    REFIT_ENC_CUDA(cudaEventCreateWithFlags(&sizes_ready[p], cudaEventDisableTiming), "event");
-    REFIT_ENC_CUDA(cudaEventCreateWithFlags(&gathered[p], cudaEventDisableTiming), "event");
+    for (cudaEvent_t& e : bt[p]) REFIT_CUDA_RETURN(cudaEventCreate(&e), "event");
+    REFIT_CUDA_RETURN(cudaEventCreateWithFlags(&sizes_ready[p], cudaEventDisableTiming), "event");
+    REFIT_CUDA_RETURN(cudaEventCreateWithFlags(&gathered[p], cudaEventDisableTiming), "event");
   }
   // The back half's buffers as the last lane encoding left them (read by
   // the gathering that follows it on st).
@@ -1384,45 +1322,45 @@ Result<GpuEncodeReport> EncodeOnDevice(std::span<const DeviceTensorPair> pairs,
     for (uint32_t c = 0; c < nchunks; ++c) {
       std::copy(hc[c].tables.begin(), hc[c].tables.end(), src_tables + g.ec[c].table_first);
     }
-    REFIT_ENC_CUDA(cudaMemcpyAsync(d_back_chunks, src, ec_bytes, cudaMemcpyHostToDevice, st),
+    REFIT_CUDA_RETURN(cudaMemcpyAsync(d_back_chunks, src, ec_bytes, cudaMemcpyHostToDevice, st),
                    "copy chunks");
     if (ntables > 0) {
-      REFIT_ENC_CUDA(cudaMemcpyAsync(d_tables, src_tables, ntables * sizeof(EncTable),
+      REFIT_CUDA_RETURN(cudaMemcpyAsync(d_tables, src_tables, ntables * sizeof(EncTable),
                                      cudaMemcpyHostToDevice, st), "copy tables");
     }
-    REFIT_ENC_CUDA(cudaEventRecord(bt[parity][0], st), "record");
+    REFIT_CUDA_RETURN(cudaEventRecord(bt[parity][0], st), "record");
     if (max_coded > 0) {
       internal::SymbolKernel<<<dim3(nchunks, max_coded), 256, 0, st>>>(d_back_chunks,
                                                                       d_tables, d_syms);
-      REFIT_ENC_CUDA(cudaGetLastError(), "symbol launch");
+      REFIT_CUDA_RETURN(cudaGetLastError(), "symbol launch");
     }
     // A block per chunk, a thread per lane (<= 255).
-    REFIT_ENC_CUDA(internal::LaunchEncodeLanes(max_coded, nchunks, (max_lanes + 31) / 32 * 32,
+    REFIT_CUDA_RETURN(internal::LaunchEncodeLanes(max_coded, nchunks, (max_lanes + 31) / 32 * 32,
                                                st, d_back_chunks, d_syms, g.d_pos,
                                                g.d_vals, d_words, d_state, d_used),
                    "encode launch");
-    REFIT_ENC_CUDA(cudaEventRecord(bt[parity][1], st), "record");
+    REFIT_CUDA_RETURN(cudaEventRecord(bt[parity][1], st), "record");
     // The front set's records are read: the compaction that reuses the set
     // (two groups on) waits for this point.
-    REFIT_ENC_CUDA(cudaEventRecord(sets[g.set].lanes_done, st), "record");
+    REFIT_CUDA_RETURN(cudaEventRecord(sets[g.set].lanes_done, st), "record");
     sets[g.set].lanes_recorded = true;
     internal::StreamSizeKernel<<<(nchunks + 127) / 128, 128, 0, st>>>(
         d_back_chunks, nchunks, d_used, d_sizes);
-    REFIT_ENC_CUDA(cudaGetLastError(), "size launch");
+    REFIT_CUDA_RETURN(cudaGetLastError(), "size launch");
     size_t temp_bytes = 0;
-    REFIT_ENC_CUDA(cub::DeviceScan::ExclusiveSum(nullptr, temp_bytes, d_sizes,
+    REFIT_CUDA_RETURN(cub::DeviceScan::ExclusiveSum(nullptr, temp_bytes, d_sizes,
                                                  d_offs, nchunks, st), "scan");
     uint8_t* d_temp;
     REFIT_RETURN_IF_ERROR(b_temp.Get(temp_bytes, &d_temp));
-    REFIT_ENC_CUDA(cub::DeviceScan::ExclusiveSum(d_temp, temp_bytes, d_sizes,
+    REFIT_CUDA_RETURN(cub::DeviceScan::ExclusiveSum(d_temp, temp_bytes, d_sizes,
                                                  d_offs, nchunks, st), "scan");
     REFIT_RETURN_IF_ERROR(pinned_sizes[parity].Reserve(16 * uint64_t{nchunks}));
     uint8_t* host = pinned_sizes[parity].data();
-    REFIT_ENC_CUDA(cudaMemcpyAsync(host, d_sizes, 8 * nchunks, cudaMemcpyDeviceToHost, st),
+    REFIT_CUDA_RETURN(cudaMemcpyAsync(host, d_sizes, 8 * nchunks, cudaMemcpyDeviceToHost, st),
                    "copy sizes");
-    REFIT_ENC_CUDA(cudaMemcpyAsync(host + 8 * nchunks, d_offs, 8 * nchunks,
+    REFIT_CUDA_RETURN(cudaMemcpyAsync(host + 8 * nchunks, d_offs, 8 * nchunks,
                                    cudaMemcpyDeviceToHost, st), "copy offsets");
-    REFIT_ENC_CUDA(cudaEventRecord(sizes_ready[parity], st), "record");
+    REFIT_CUDA_RETURN(cudaEventRecord(sizes_ready[parity], st), "record");
     return Status::Ok();
   };
 
@@ -1445,17 +1383,17 @@ Result<GpuEncodeReport> EncodeOnDevice(std::span<const DeviceTensorPair> pairs,
     const uint64_t total = back_offs.back() + back_sizes.back();
     uint8_t* d_out;
     REFIT_RETURN_IF_ERROR(b_out.Get(total, &d_out));
-    REFIT_ENC_CUDA(cudaEventRecord(bt[parity][2], st), "record");
+    REFIT_CUDA_RETURN(cudaEventRecord(bt[parity][2], st), "record");
     internal::GatherKernel<<<nchunks, 256, 0, st>>>(d_back_chunks, d_words, d_state,
                                                     d_used, d_offs, d_out);
-    REFIT_ENC_CUDA(cudaGetLastError(), "gather launch");
-    REFIT_ENC_CUDA(cudaEventRecord(bt[parity][3], st), "record");
+    REFIT_CUDA_RETURN(cudaGetLastError(), "gather launch");
+    REFIT_CUDA_RETURN(cudaEventRecord(bt[parity][3], st), "record");
     PinnedHost& pinned = pinned_streams[parity];
     REFIT_RETURN_IF_ERROR(pinned.Reserve(total));
     back_streams = std::span<const uint8_t>(pinned.data(), total);
-    REFIT_ENC_CUDA(cudaMemcpyAsync(pinned.data(), d_out, total,
+    REFIT_CUDA_RETURN(cudaMemcpyAsync(pinned.data(), d_out, total,
                                    cudaMemcpyDeviceToHost, st), "copy streams");
-    REFIT_ENC_CUDA(cudaEventRecord(gathered[parity], st), "record");
+    REFIT_CUDA_RETURN(cudaEventRecord(gathered[parity], st), "record");
     return Status::Ok();
   };
   // Waits for the group in `in_gather` to be gathered and starts its
