@@ -38,7 +38,9 @@ struct SparsePlane {
   int byte = 0;         // which byte of the gap or value, 0 = lowest
 
   REFIT_HD static constexpr SparsePlane Gap(int byte) { return {true, byte}; }
-  REFIT_HD static constexpr SparsePlane Value(int byte) { return {false, byte}; }
+  REFIT_HD static constexpr SparsePlane Value(int byte) {
+    return {false, byte};
+  }
   // Its histogram among the encoders' 4 + w.
   REFIT_HD constexpr int histogram() const {
     return is_gap ? byte : kSparseGapBytes + byte;

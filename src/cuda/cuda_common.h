@@ -19,17 +19,18 @@ namespace refit::cuda::internal {
 
 // kInternal, "CUDA <what>: <CUDA's description of e>".
 inline Status CudaError(cudaError_t e, const char* what) {
-  return InternalError(std::string("CUDA ") + what + ": " + cudaGetErrorString(e));
+  return InternalError(std::string("CUDA ") + what + ": " +
+                       cudaGetErrorString(e));
 }
 
 // Returns CudaError(e, what) from the calling function when the CUDA call
 // `expr` gives an error e.
-#define REFIT_CUDA_RETURN(expr, what)                            \
-  do {                                                           \
-    const cudaError_t e_ = (expr);                               \
-    if (e_ != cudaSuccess) {                                     \
-      return ::refit::cuda::internal::CudaError(e_, what);       \
-    }                                                            \
+#define REFIT_CUDA_RETURN(expr, what)                      \
+  do {                                                     \
+    const cudaError_t e_ = (expr);                         \
+    if (e_ != cudaSuccess) {                               \
+      return ::refit::cuda::internal::CudaError(e_, what); \
+    }                                                      \
   } while (0)
 
 // Device memory that DeviceBuffers hold together, and the most they held.
@@ -60,7 +61,8 @@ class DeviceBuffer {
     if (mem_) mem_->held -= size_;
     p_ = nullptr;
     size_ = 0;
-    REFIT_CUDA_RETURN(cudaMalloc(&p_, std::max<uint64_t>(bytes, 16)), "cudaMalloc");
+    REFIT_CUDA_RETURN(cudaMalloc(&p_, std::max<uint64_t>(bytes, 16)),
+                      "cudaMalloc");
     size_ = bytes;
     if (mem_) {
       mem_->held += bytes;
@@ -90,19 +92,31 @@ class DeviceBuffer {
 // The w-byte element at p (w-aligned), zero-extended; w is 1, 2, 4 or 8.
 __device__ inline uint64_t LoadWord(const uint8_t* p, uint32_t w) {
   switch (w) {
-    case 1: return *p;
-    case 2: return *reinterpret_cast<const uint16_t*>(p);
-    case 4: return *reinterpret_cast<const uint32_t*>(p);
-    default: return *reinterpret_cast<const uint64_t*>(p);
+    case 1:
+      return *p;
+    case 2:
+      return *reinterpret_cast<const uint16_t*>(p);
+    case 4:
+      return *reinterpret_cast<const uint32_t*>(p);
+    default:
+      return *reinterpret_cast<const uint64_t*>(p);
   }
 }
 // Stores the low w bytes of v at p (w-aligned).
 __device__ inline void StoreWord(uint8_t* p, uint64_t v, uint32_t w) {
   switch (w) {
-    case 1: *p = static_cast<uint8_t>(v); break;
-    case 2: *reinterpret_cast<uint16_t*>(p) = static_cast<uint16_t>(v); break;
-    case 4: *reinterpret_cast<uint32_t*>(p) = static_cast<uint32_t>(v); break;
-    default: *reinterpret_cast<uint64_t*>(p) = v; break;
+    case 1:
+      *p = static_cast<uint8_t>(v);
+      break;
+    case 2:
+      *reinterpret_cast<uint16_t*>(p) = static_cast<uint16_t>(v);
+      break;
+    case 4:
+      *reinterpret_cast<uint32_t*>(p) = static_cast<uint32_t>(v);
+      break;
+    default:
+      *reinterpret_cast<uint64_t*>(p) = v;
+      break;
   }
 }
 #endif  // __CUDACC__
