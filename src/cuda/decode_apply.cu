@@ -567,6 +567,13 @@ struct FusedLane {
 // kRowGroup or every row). kP > 0: at most kP coded planes, their
 // parameters in registers; kP == 0: any number, read from shared memory.
 // V holds a value: uint32_t for widths 1, 2 and 4, uint64_t for 8.
+// Longer than our other functions (~160 lines) on purpose: its four steps
+// per group of rows (decode into registers, the warps' scan of the gaps,
+// the checks, the scatter) share the lanes' rANS states, the group's
+// values and the running position in registers across the steps; cut into
+// functions, those would pass through memory unless every piece is forced
+// inline, and this hot loop's register use and speed could only be
+// re-measured on a GPU (docs/benchmarks.md).
 template <int kP, typename V>
 __device__ uint32_t FusedPass(const BatchDevice& b, const DevChunk& cg,
                               FusedShared& sh, const uint8_t* smem, bool check,
