@@ -3,6 +3,7 @@
 // payloads are compared with log2 C(N, K) / 8 + K * H(XOR values) / 8 over
 // the whole pair. The safetensors parsing here is deliberately minimal (the
 // fixtures are BF16-only); the real parser lives in src/format.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -10,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "base/hash.h"
 #include "codec/payload.h"
 #include "testing.h"
 
@@ -131,6 +133,65 @@ TEST(FixtureRatioTest, SparseXorNearOrder0Bound) {
         static_cast<unsigned long long>(r.tables), r.bound, ratio);
     EXPECT_LE(ratio, 1.05);
   }
+}
+
+// The sparse payloads of the real steps, digested: every changed tensor
+// as one XOR chunk (default lanes), and cut into 2^16-element ranges as XOR
+// (64 records a lane) and overwrite chunks. Model, precision and lane
+// choices must never change these bytes.
+TEST(GoldenTest, FixtureSparsePayloadsAreFrozen) {
+  REFIT_REQUIRE_FIXTURES();
+  const std::string dir = ::refit::testing::FixturesDir() + "/";
+  std::vector<uint8_t> all;
+  auto add = [&](ChunkKind kind, uint32_t n, std::span<const uint32_t> positions,
+                 const uint8_t* values, uint32_t per_lane) {
+    EncodeOptions opt;
+    opt.records_per_lane = per_lane;
+    std::vector<uint8_t> payload;
+    EXPECT_OK(EncodeSparse(kind, n, 2, positions, values, opt, &payload));
+    const uint64_t size = payload.size();
+    for (int b = 0; b < 8; ++b) all.push_back(static_cast<uint8_t>(size >> (8 * b)));
+    all.insert(all.end(), payload.begin(), payload.end());
+  };
+  for (int from = 0; from < 3; ++from) {
+    std::vector<uint8_t> a, b;
+    std::vector<Tensor> ta, tb;
+    ASSERT_TRUE(LoadBf16(dir + "step" + std::to_string(from) + ".safetensors", &a, &ta));
+    ASSERT_TRUE(LoadBf16(dir + "step" + std::to_string(from + 1) + ".safetensors", &b, &tb));
+    ASSERT_EQ(a.size(), b.size());
+    for (const Tensor& t : ta) {
+      const uint32_t n = static_cast<uint32_t>((t.end - t.begin) / 2);
+      constexpr uint32_t kRange = 1u << 16;
+      for (uint32_t r0 = 0; r0 < n; r0 += kRange) {
+        const uint32_t rn = std::min(kRange, n - r0);
+        std::vector<uint32_t> positions;
+        std::vector<uint8_t> xors, news;
+        for (uint32_t i = 0; i < rn; ++i) {
+          const size_t o = t.begin + 2 * (size_t{r0} + i);
+          if (a[o] == b[o] && a[o + 1] == b[o + 1]) continue;
+          positions.push_back(i);
+          xors.push_back(static_cast<uint8_t>(a[o] ^ b[o]));
+          xors.push_back(static_cast<uint8_t>(a[o + 1] ^ b[o + 1]));
+          news.push_back(b[o]);
+          news.push_back(b[o + 1]);
+        }
+        if (positions.empty()) continue;
+        add(ChunkKind::kSparseXor, rn, positions, xors.data(), 64);
+        add(ChunkKind::kSparseOverwrite, rn, positions, news.data(), 1024);
+      }
+      std::vector<uint32_t> positions;
+      std::vector<uint8_t> xors;
+      for (uint32_t i = 0; i < n; ++i) {
+        const size_t o = t.begin + 2 * size_t{i};
+        if (a[o] == b[o] && a[o + 1] == b[o + 1]) continue;
+        positions.push_back(i);
+        xors.push_back(static_cast<uint8_t>(a[o] ^ b[o]));
+        xors.push_back(static_cast<uint8_t>(a[o + 1] ^ b[o + 1]));
+      }
+      if (!positions.empty()) add(ChunkKind::kSparseXor, n, positions, xors.data(), 1024);
+    }
+  }
+  EXPECT_EQ(HashBytes(all.data(), all.size()).Hex(), "c7babc3d84f8903a37f2bed314378dd5");
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 
 #include "base/bytes.h"
 #include "codec/rans.h"
+#include "codec/sparse_plane.h"
 #include "codec/table.h"
 
 namespace refit::codec {
@@ -63,9 +64,10 @@ Status EncodeSparseW(ChunkKind kind, uint32_t n,
                      std::span<const uint32_t> positions, const uint8_t* values,
                      const EncodeOptions& opt, std::vector<uint8_t>* out) {
   const uint32_t k = static_cast<uint32_t>(positions.size());
-  // Pass 1: validate, find the widest gap, count symbols per plane. Gap
-  // bytes 2 and 3 are rarely non-zero; their zero counts are derived.
-  std::vector<Histogram> hist(4 + W, Histogram{});
+  // Pass 1: validate, find the widest gap, count symbols per plane
+  // (histograms in SparsePlane::histogram order). Gap bytes 2 and 3 are
+  // rarely non-zero; their zero counts are derived.
+  std::vector<Histogram> hist(kSparseGapBytes + W, Histogram{});
   uint32_t max_gap = 0;
   uint64_t zero_values = 0;
   uint64_t prev_end = 0;  // p_{r-1} + 1
@@ -80,37 +82,31 @@ Status EncodeSparseW(ChunkKind kind, uint32_t n,
     const uint32_t gap = static_cast<uint32_t>(p - prev_end);
     prev_end = p + 1;
     max_gap = std::max(max_gap, gap);
-    ++hist[0][gap & 0xff];
-    ++hist[1][(gap >> 8) & 0xff];
+    ++hist[SparsePlane::Gap(0).histogram()][gap & 0xff];
+    ++hist[SparsePlane::Gap(1).histogram()][(gap >> 8) & 0xff];
     if (gap >> 16) {
-      ++hist[2][(gap >> 16) & 0xff];
-      ++hist[3][gap >> 24];
+      ++hist[SparsePlane::Gap(2).histogram()][(gap >> 16) & 0xff];
+      ++hist[SparsePlane::Gap(3).histogram()][gap >> 24];
       ++high_gaps;
     }
     uint64_t v = 0;
     std::memcpy(&v, values + static_cast<size_t>(r) * W, W);
     zero_values += v == 0;
-    for (int b = 0; b < W; ++b) ++hist[4 + b][(v >> (8 * b)) & 0xff];
+    for (int b = 0; b < W; ++b) {
+      ++hist[SparsePlane::Value(b).histogram()][(v >> (8 * b)) & 0xff];
+    }
   }
-  hist[2][0] += k - high_gaps;
-  hist[3][0] += k - high_gaps;
+  hist[SparsePlane::Gap(2).histogram()][0] += k - high_gaps;
+  hist[SparsePlane::Gap(3).histogram()][0] += k - high_gaps;
   if (kind == ChunkKind::kSparseXor && zero_values != 0) {
     return InvalidArgumentError(std::to_string(zero_values) +
                                 " sparse XOR values are zero");
   }
 
-  const int gw = GapWidthFor(max_gap);
-  const int planes = gw + W;
-  std::vector<Model> models(static_cast<size_t>(planes));
+  std::vector<Model> models;
   std::vector<uint8_t> header;
-  header.push_back(static_cast<uint8_t>(gw));
-  for (int j = 0; j < planes; ++j) {
-    const bool is_gap = j < gw;
-    const GapContext ctx{is_gap, n, k, is_gap ? j : 0};
-    uint64_t cost;
-    models[j] = ChooseModel(hist[is_gap ? j : 4 + (j - gw)], ctx, &cost);
-    WriteModel(models[j], &header);
-  }
+  const int gw = ChooseSparseModels(hist, n, k, max_gap, &models, &header);
+  const int planes = gw + W;
   std::vector<EncPlane> enc(static_cast<size_t>(planes));
   CodedPlanes coded;
   for (int j = 0; j < planes; ++j) {
@@ -122,7 +118,8 @@ Status EncodeSparseW(ChunkKind kind, uint32_t n,
   out->insert(out->end(), header.begin(), header.end());
   const int lanes = ChooseLanes(k, opt.records_per_lane, !coded.index.empty());
   const uint32_t* pos = positions.data();
-  // Pass 2: symbols are recomputed per record rather than stored.
+  // Pass 2: symbols are recomputed per record rather than stored; the gap's
+  // bytes, then the value's, are the planes in order (SparsePlaneAt).
   EncodeStream(
       k, lanes, coded.index, coded.enc,
       [pos, values, gw](uint32_t i, uint8_t* syms) {
@@ -155,6 +152,7 @@ Status DecodeSparseW(std::span<const uint8_t> stream, ChunkKind kind,
   const uint32_t gap_mask = gw == 4 ? ~0u : (1u << (8 * gw)) - 1;
   const bool xor_kind = kind == ChunkKind::kSparseXor;
   uint64_t next = 0;  // p_{r-1} + 1
+  // A record's symbols are its gap's bytes, then its value's (SparsePlaneAt).
   return DecodeStream(stream, k, planes, fixed.data(), coded.index, coded.dec,
                       [&](uint32_t i, const uint8_t* syms) -> const char* {
                         uint32_t gap;
@@ -185,10 +183,9 @@ Status ReadSparseHeader(std::span<const uint8_t> payload, uint32_t n,
   const int planes = *gw + w;
   models->resize(static_cast<size_t>(planes));
   for (int j = 0; j < planes; ++j) {
-    const bool is_gap = j < *gw;
-    const GapContext ctx{is_gap, n, k, is_gap ? j : 0};
     size_t used = 0;
-    Status s = ReadModel(payload.subspan(off), ctx, &(*models)[j], &used);
+    Status s = ReadModel(payload.subspan(off), SparsePlaneContext(j, *gw, n, k),
+                         &(*models)[j], &used);
     if (!s.ok()) return s.WithContext("plane " + std::to_string(j));
     if (model_bytes) model_bytes->push_back(used);
     off += used;
@@ -569,10 +566,9 @@ Result<PayloadInfo> DescribePayload(std::span<const uint8_t> payload,
   REFIT_RETURN_IF_ERROR(ParseLanes(stream, &info.lanes));
   info.gap_width = gw;
   for (size_t j = 0; j < models.size(); ++j) {
-    const bool is_gap = static_cast<int>(j) < gw;
+    const SparsePlane sp = SparsePlaneAt(static_cast<int>(j), gw);
     PlaneInfo plane;
-    plane.role = (is_gap ? "gap" : "value") +
-                 std::to_string(is_gap ? j : j - static_cast<size_t>(gw));
+    plane.role = (sp.is_gap ? "gap" : "value") + std::to_string(sp.byte);
     plane.model = ModelName(models[j].mode);
     plane.precision_bits = models[j].coded() ? models[j].t : 0;
     plane.symbols = k;

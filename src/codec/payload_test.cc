@@ -6,6 +6,7 @@
 #include <random>
 #include <string>
 
+#include "base/hash.h"
 #include "testing.h"
 
 namespace refit::codec {
@@ -447,6 +448,49 @@ TEST(GoldenTest, FrozenPayloads) {
   Sparse got;
   ASSERT_TRUE(DecodeInto(s, sparse, &got).ok());
   EXPECT_EQ(got.values, s.values);
+}
+
+// Sparse payloads over every width, gap width 1-4, XOR and overwrite values
+// and several lane settings, digested: the encoder's model, precision and
+// lane choices must never change these bytes.
+TEST(GoldenTest, SyntheticSparsePayloadsAreFrozen) {
+  std::vector<uint8_t> all;
+  auto add = [&](const Sparse& s, ChunkKind kind, uint32_t per_lane) {
+    EncodeOptions opt;
+    opt.records_per_lane = per_lane;
+    const std::vector<uint8_t> payload = EncodeOk(s, kind, opt);
+    const uint64_t size = payload.size();
+    for (int b = 0; b < 8; ++b) all.push_back(static_cast<uint8_t>(size >> (8 * b)));
+    all.insert(all.end(), payload.begin(), payload.end());
+  };
+  for (int w : {1, 2, 4, 8}) {
+    for (uint32_t per_mille : {1u, 20u, 300u, 1000u}) {
+      const Sparse s = MakeSparse(20000, w, per_mille, 77 * w + per_mille);
+      for (uint32_t per_lane : {1u, 7u, 64u, 1024u}) {
+        add(s, ChunkKind::kSparseXor, per_lane);
+      }
+      // Overwrite values: whole random elements, zeros included.
+      Sparse o = s;
+      std::mt19937_64 rng(per_mille * 31 + static_cast<uint64_t>(w));
+      for (uint8_t& v : o.values) v = static_cast<uint8_t>(rng() >> 56);
+      add(o, ChunkKind::kSparseOverwrite, 64);
+    }
+    // Gaps of every byte width up to the chunk limit.
+    Sparse wide;
+    wide.n = kMaxChunkElements;
+    wide.w = w;
+    std::mt19937_64 rng(900 + static_cast<uint64_t>(w));
+    for (uint64_t p = rng() % 5; p < wide.n;) {
+      wide.positions.push_back(static_cast<uint32_t>(p));
+      const uint64_t v = DrawXor(rng, w);
+      for (int b = 0; b < w; ++b) wide.values.push_back(static_cast<uint8_t>(v >> (8 * b)));
+      const uint64_t r = rng() % 100;
+      p += 1 + (r < 70 ? rng() % 200 : r < 95 ? rng() % 70000 : rng() % (uint64_t{1} << 25));
+    }
+    add(wide, ChunkKind::kSparseXor, 16);
+    add(wide, ChunkKind::kSparseXor, 1024);
+  }
+  EXPECT_EQ(HashBytes(all.data(), all.size()).Hex(), "467baa1abb8d9dc4053fa32a98721de9");
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 #include "base/parallel.h"
 #include "codec/payload.h"
 #include "codec/rans.h"
+#include "codec/sparse_plane.h"
 #include "codec/table.h"
 #include "delta/chunk.h"
 
@@ -167,27 +168,23 @@ Status ParseSparse(const ParsedChunk& c, uint64_t payload_offset, Parsed* out) {
   d.gw = static_cast<uint8_t>(gw);
   uint32_t smem = 0;
   for (int j = 0; j < gw + w; ++j) {
-    const bool is_gap = j < gw;
-    const codec::GapContext ctx{is_gap, n, k, is_gap ? j : 0};
+    const codec::SparsePlane plane = codec::SparsePlaneAt(j, gw);
     codec::Model m;
     size_t used = 0;
-    Status s = codec::ReadModel(p.subspan(off), ctx, &m, &used);
+    Status s = codec::ReadModel(p.subspan(off), codec::SparsePlaneContext(j, gw, n, k),
+                                &m, &used);
     if (!s.ok()) return s.WithContext("plane " + std::to_string(j));
     off += used;
-    const int shift = is_gap ? 8 * j : 64 + 8 * (j - gw);
     if (!m.coded()) {
-      if (is_gap) {
-        d.fixed_gap |= uint64_t{m.symbol} << (8 * j);
-      } else {
-        d.fixed_value |= uint64_t{m.symbol} << (8 * (j - gw));
-      }
+      uint64_t& fixed = plane.is_gap ? d.fixed_gap : d.fixed_value;
+      fixed |= uint64_t{m.symbol} << (8 * plane.byte);
       continue;
     }
     DevTable t{};
     t.t = static_cast<uint32_t>(m.t);
     std::memcpy(t.f, m.f.data(), sizeof(t.f));
     out->tables.push_back(t);
-    d.coded_shift[d.coded++] = static_cast<uint8_t>(shift);
+    d.coded_shift[d.coded++] = static_cast<uint8_t>(plane.shift());
     smem += 1024 + (1u << std::min(m.t, kSlotTableBits));
   }
   d.smem = smem;
@@ -198,6 +195,287 @@ Status ParseSparse(const ParsedChunk& c, uint64_t payload_offset, Parsed* out) {
   d.lanes = static_cast<uint8_t>(L);
   return Status::Ok();
 }
+
+// Parses chunk `index` (at `span` in buffer) and lays out each of its
+// placements on this GPU into *out: none when the plan does not place its
+// tensor here or no placement holds an element of its range.
+Status ParsePlacements(std::span<const uint8_t> buffer, const ChunkSpan& span,
+                       uint32_t index, std::span<const std::string> tensor_names,
+                       const PlacementPlan& plan, bool verify, std::vector<Parsed>* out) {
+  auto pc = ParseChunk(buffer.subspan(span.offset, span.size));
+  if (!pc.ok()) return pc.status();
+  if (pc->size != span.size) {
+    return DataLossError("chunk size disagrees with its framing");
+  }
+  const ChunkHeader& h = pc->header;
+  if (h.IsStrided()) {
+    // The GPU path places contiguous ranges; strided regions (trainer
+    // ranks' chunks, docs/trainer.md) are applied by the CPU path.
+    return UnimplementedError("chunk of tensor " + std::to_string(h.tensor_id) +
+                              " is a strided region, which the GPU receiver does "
+                              "not apply yet; apply it on the CPU path");
+  }
+  if (h.tensor_id >= tensor_names.size()) {
+    return DataLossError("chunk names tensor " + std::to_string(h.tensor_id) +
+                         " outside the tensor table");
+  }
+  for (uint32_t pi : plan.Find(tensor_names[h.tensor_id])) {
+    const TensorPlacement& tp = plan.placements()[pi];
+    if (tp.width != h.width || h.start + h.count > tp.rows * tp.cols) {
+      return FailedPreconditionError(
+          "chunk of '" + tp.name + "' does not fit its placement (width or "
+          "range); the plan does not match the delta");
+    }
+    if (!Intersects(tp, h.start, h.count)) continue;
+    Parsed p;
+    p.chunk_index = index;
+    DevChunk& d = p.dev;
+    d.start = h.start;
+    d.n = static_cast<uint32_t>(h.count);
+    d.k = static_cast<uint32_t>(h.changed);
+    d.kind = static_cast<uint8_t>(h.kind);
+    d.width = h.width;
+    d.placement = pi;
+    d.after_lo = h.after.lo;
+    d.after_hi = h.after.hi;
+    d.before_lo = h.before.lo;
+    d.before_hi = h.before.hi;
+    const uint64_t bytes = h.count * h.width;
+    d.segments = static_cast<uint32_t>((bytes + kRangeHashSegment - 1) /
+                                       kRangeHashSegment);
+    const auto addr = ContiguousAddress(tp, h.start, h.count);
+    d.linear_address = addr ? *addr : 0;
+    if (verify) {
+      if (!addr) {
+        return FailedPreconditionError(
+            "chunk of '" + tp.name + "' is not stored contiguously on this "
+            "GPU, so its range hash cannot be checked here; apply with "
+            "verification off (and verify elsewhere)");
+      }
+      d.range_address = *addr;
+    }
+    const uint64_t w = h.width;
+    Status st;
+    if (h.IsSparse()) {
+      d.layout = kDevSparse;
+      const uint64_t payload_offset =
+          static_cast<uint64_t>(pc->payload.data() - buffer.data()) -
+          span.offset;
+      st = ParseSparse(*pc, payload_offset, &p);
+      if (h.kind == ChunkKind::kSparseXor) {
+        d.fused = 1;  // no staged records (decode_apply.cu, fused kernel)
+      } else {
+        p.scratch = Align16(4 * uint64_t{d.k}) + 2 * Align16(w * d.k);
+      }
+    } else {
+      d.layout = kDevDense;
+      const uint64_t payload_offset =
+          static_cast<uint64_t>(pc->payload.data() - buffer.data()) -
+          span.offset;
+      st = ParseDense(*pc, payload_offset, &p);
+      if (h.kind == ChunkKind::kRaw) p.scratch = Align8(bytes);
+    }
+    if (!st.ok()) return st.WithContext("chunk " + std::to_string(index));
+    // Digests sit at the end of the chunk's scratch, 16-byte aligned.
+    p.scratch = Align16(p.scratch);
+    if (verify) p.scratch += 16 * uint64_t{d.segments};
+    out->push_back(std::move(p));
+  }
+  return Status::Ok();
+}
+
+// The staging limits when opts.staging_total is set (PrepareOptions): the
+// slots (*slots_out) and the split of each slot between payload, scratch
+// and metadata, from what the parsed chunks need.
+BatchLimits SplitStaging(const PrepareOptions& opts, std::span<const ChunkSpan> chunks,
+                         const std::vector<std::vector<Parsed>>& parsed,
+                         uint32_t* slots_out) {
+  BatchLimits limits = opts.limits;
+  uint32_t slots = 2;
+  // Payload P (chunk bytes and decoded dense bytes) and scratch S of the
+  // whole delta; each of the `slots` slots gets total / slots, 1/16 of it
+  // for metadata and the rest split so that payload slot / scratch slot
+  // ~= P / S, each side keeping at least 1/16 so that a lone large chunk
+  // still fits. Fewer slots (larger ones) when the largest chunk does not
+  // fit.
+  const uint64_t total = opts.staging_total;
+  uint64_t need_p = 0, need_s = 0, max_p = 0, max_s = 0, max_m = 0;
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    for (const Parsed& q : parsed[i]) {
+      const uint64_t pb = chunks[i].size + Align8(q.dense_bytes) + 8;
+      need_p += pb;
+      need_s += q.scratch;
+      max_p = std::max(max_p, pb);
+      max_s = std::max(max_s, q.scratch);
+      max_m = std::max<uint64_t>(
+          max_m, sizeof(DevChunk) + q.tables.size() * sizeof(DevTable) +
+                     4 * q.lanes.size() +
+                     q.planes.size() * sizeof(DevDensePlane) + 96);
+    }
+  }
+  const long double share =
+      need_p + need_s == 0
+          ? 0.5L
+          : static_cast<long double>(need_p) /
+                static_cast<long double>(need_p + need_s);
+  for (slots = static_cast<uint32_t>(std::max(2, opts.slots));; --slots) {
+    const uint64_t per = total / slots - kSlotPadding;
+    limits.meta_bytes = per / 16;
+    const uint64_t avail = per - limits.meta_bytes;
+    const uint64_t min_side = avail / 16;
+    uint64_t slot =
+        static_cast<uint64_t>(share * static_cast<long double>(avail));
+    slot = std::clamp<uint64_t>(slot, min_side, avail - min_side);
+    slot = std::min<uint64_t>(slot, (uint64_t{1} << 32) - 1);
+    limits.payload_bytes = slot;
+    limits.scratch_bytes = avail - slot;
+    if (slots == 2 || (max_p <= limits.payload_bytes &&
+                       max_s <= limits.scratch_bytes &&
+                       max_m <= limits.meta_bytes)) {
+      break;
+    }
+  }
+  // Batches of about 1/slots of the payload, so that copies overlap.
+  const uint64_t target =
+      std::max({need_p / slots + 1, uint64_t{64} << 10, max_p});
+  limits.payload_bytes = std::min(limits.payload_bytes, target);
+  *slots_out = slots;
+  return limits;
+}
+
+// Cuts the placed chunks, in order, into batches within the staging
+// limits, into *out (batches, status indices, the largest needs).
+class BatchCutter {
+ public:
+  BatchCutter(const BatchLimits& limits, bool verify, PreparedDelta* out)
+      : limits_(limits), verify_(verify), out_(out) {}
+
+  // Adds placement p of chunk `index`, which lies at `span`; closes the
+  // open batch first when p does not fit it. kResourceExhausted when p
+  // does not fit an empty batch.
+  Status Add(size_t index, const ChunkSpan& span, const Parsed& p) {
+    const uint64_t chunk_end = span.offset + span.size;
+    const uint64_t extra_dense = Align8(p.dense_bytes);
+    if (open_) {
+      const uint64_t payload = chunk_end - cur_.payload_begin + 8 +
+                               dense_bytes_ + extra_dense;
+      const uint64_t meta = cur_.meta_bytes() + sizeof(DevChunk) +
+                            p.tables.size() * sizeof(DevTable) +
+                            4 * p.lanes.size() +
+                            p.planes.size() * sizeof(DevDensePlane) + 48;
+      if (payload > limits_.payload_bytes ||
+          cur_.scratch_bytes + p.scratch > limits_.scratch_bytes ||
+          meta > limits_.meta_bytes) {
+        Close();
+      }
+    }
+    if (!open_) {
+      cur_.payload_begin = span.offset;
+      open_ = true;
+    }
+    const uint64_t payload = chunk_end - cur_.payload_begin + 8 + extra_dense;
+    if (payload > limits_.payload_bytes ||
+        p.scratch > limits_.scratch_bytes) {
+      return ResourceExhaustedError(
+          "chunk " + std::to_string(index) + " needs " + std::to_string(payload) +
+          " payload and " + std::to_string(p.scratch) +
+          " scratch bytes, more than a staging slot holds");
+    }
+    cur_.payload_end = chunk_end;
+    DevChunk d = p.dev;
+    const uint64_t rel = span.offset - cur_.payload_begin;
+    if (d.layout == kDevSparse) {
+      d.lane_first = static_cast<uint32_t>(cur_.lanes.size());
+      for (uint32_t lane : p.lanes) {
+        cur_.lanes.push_back(static_cast<uint32_t>(rel + lane));
+      }
+      d.table_first = static_cast<uint32_t>(cur_.tables.size());
+      cur_.tables.insert(cur_.tables.end(), p.tables.begin(), p.tables.end());
+      d.records = cur_.scratch_bytes;
+      d.values = d.records + Align16(4 * uint64_t{d.k});
+      d.undo = d.values + Align16(uint64_t{d.width} * d.k);
+      cur_.records += d.k;
+    } else if (d.dense_gpu) {
+      // Room in device staging only; shifted when the batch closes.
+      d.data = cur_.gpu_dense_bytes;
+      cur_.gpu_dense_bytes += extra_dense;
+      dense_bytes_ += extra_dense;
+      const uint32_t lane_base = static_cast<uint32_t>(cur_.lanes.size());
+      for (uint32_t lane : p.lanes) {
+        cur_.lanes.push_back(static_cast<uint32_t>(rel + lane));
+      }
+      const uint32_t table_base = static_cast<uint32_t>(cur_.tables.size());
+      cur_.tables.insert(cur_.tables.end(), p.tables.begin(), p.tables.end());
+      for (DevDensePlane q : p.planes) {
+        q.chunk = static_cast<uint32_t>(cur_.chunks.size());
+        if (q.mode == kPlaneEntropy) {
+          q.table += table_base;
+          q.lane_first += lane_base;
+        } else if (q.mode == kPlaneVerbatim) {
+          q.src += static_cast<uint32_t>(rel);
+        }
+        cur_.planes.push_back(q);
+      }
+      d.undo = cur_.scratch_bytes;
+    } else {
+      // CPU-decoded; shifted by dense_offset when the batch closes.
+      const uint64_t cpu_bytes = cur_.dense.size();
+      d.data = cpu_bytes;
+      cur_.dense.insert(cur_.dense.end(), p.dense.begin(), p.dense.end());
+      cur_.dense.resize(cpu_bytes + extra_dense);
+      dense_bytes_ += extra_dense;
+      d.undo = cur_.scratch_bytes;
+    }
+    const uint64_t digest_bytes = verify_ ? 16 * uint64_t{d.segments} : 0;
+    d.seg_first = (cur_.scratch_bytes + p.scratch - digest_bytes) / 16;
+    cur_.scratch_bytes += p.scratch;
+    cur_.segments += d.segments;
+    cur_.smem = std::max(cur_.smem, d.smem);
+    if (d.fused) {
+      cur_.max_fused_lanes = std::max<uint32_t>(cur_.max_fused_lanes, d.lanes);
+    } else {
+      ++cur_.unfused;
+    }
+    d.status_index = out_->status_count++;
+    out_->chunk_of_status.push_back(p.chunk_index);
+    cur_.chunks.push_back(d);
+    return Status::Ok();
+  }
+
+  // Closes the open batch, if any: its dense offsets, descriptors and
+  // totals.
+  void Close() {
+    if (!open_) return;
+    // Decoded dense bytes follow the chunk bytes on the device: first the
+    // CPU-decoded ones (copied), then room for the GPU-decoded ones; fix
+    // their offsets.
+    cur_.dense_offset = Align8(cur_.payload_end - cur_.payload_begin);
+    for (DevChunk& d : cur_.chunks) {
+      if (d.layout != kDevDense) continue;
+      d.data += cur_.dense_offset + (d.dense_gpu ? cur_.dense.size() : 0);
+    }
+    out_->payload_bytes += cur_.device_bytes();
+    out_->largest_batch =
+        std::max(out_->largest_batch,
+                 cur_.dense_offset + cur_.dense.size() + cur_.gpu_dense_bytes);
+    out_->largest_scratch = std::max(out_->largest_scratch, cur_.scratch_bytes);
+    out_->largest_smem = std::max(out_->largest_smem, cur_.smem);
+    out_->largest_meta = std::max(out_->largest_meta, cur_.meta_bytes());
+    cur_.SerializeMeta(&cur_.meta);
+    out_->batches.push_back(std::move(cur_));
+    cur_ = HostBatch{};
+    open_ = false;
+    dense_bytes_ = 0;
+  }
+
+ private:
+  const BatchLimits limits_;
+  const bool verify_;
+  PreparedDelta* const out_;
+  HostBatch cur_;
+  bool open_ = false;
+  uint64_t dense_bytes_ = 0;  // CPU- and GPU-decoded dense bytes of cur_
+};
 
 }  // namespace
 
@@ -251,9 +529,6 @@ Result<PreparedDelta> PrepareBatches(std::span<const uint8_t> buffer,
                                      std::span<const std::string> tensor_names,
                                      const PlacementPlan& plan,
                                      const PrepareOptions& opts) {
-  std::vector<DevicePlacement> placements;
-  std::vector<DevicePiece> pieces;
-  plan.Flatten(&placements, &pieces);
   if (opts.limits.payload_bytes >= (uint64_t{1} << 32)) {
     return InvalidArgumentError("staging payload slots must be below 4 GiB");
   }
@@ -271,273 +546,27 @@ Result<PreparedDelta> PrepareBatches(std::span<const uint8_t> buffer,
   std::vector<std::vector<Parsed>> parsed(chunks.size());
   std::vector<Status> errors(chunks.size());
   ParallelForEach(chunks.size(), opts.threads, [&](size_t i, int) {
-    auto pc = ParseChunk(buffer.subspan(chunks[i].offset, chunks[i].size));
-    if (!pc.ok()) {
-      errors[i] = pc.status();
-      return;
-    }
-    if (pc->size != chunks[i].size) {
-      errors[i] = DataLossError("chunk size disagrees with its framing");
-      return;
-    }
-    const ChunkHeader& h = pc->header;
-    if (h.IsStrided()) {
-      // The GPU path places contiguous ranges; strided regions (trainer
-      // ranks' chunks, docs/trainer.md) are applied by the CPU path.
-      errors[i] = UnimplementedError("chunk of tensor " + std::to_string(h.tensor_id) +
-                                     " is a strided region, which the GPU receiver does "
-                                     "not apply yet; apply it on the CPU path");
-      return;
-    }
-    if (h.tensor_id >= tensor_names.size()) {
-      errors[i] = DataLossError("chunk names tensor " +
-                                std::to_string(h.tensor_id) +
-                                " outside the tensor table");
-      return;
-    }
-    for (uint32_t pi : plan.Find(tensor_names[h.tensor_id])) {
-      const TensorPlacement& tp = plan.placements()[pi];
-      if (tp.width != h.width || h.start + h.count > tp.rows * tp.cols) {
-        errors[i] = FailedPreconditionError(
-            "chunk of '" + tp.name + "' does not fit its placement (width or "
-            "range); the plan does not match the delta");
-        return;
-      }
-      if (!Intersects(tp, h.start, h.count)) continue;
-      Parsed p;
-      p.chunk_index = static_cast<uint32_t>(i);
-      DevChunk& d = p.dev;
-      d.start = h.start;
-      d.n = static_cast<uint32_t>(h.count);
-      d.k = static_cast<uint32_t>(h.changed);
-      d.kind = static_cast<uint8_t>(h.kind);
-      d.width = h.width;
-      d.placement = pi;
-      d.after_lo = h.after.lo;
-      d.after_hi = h.after.hi;
-      d.before_lo = h.before.lo;
-      d.before_hi = h.before.hi;
-      const uint64_t bytes = h.count * h.width;
-      d.segments = static_cast<uint32_t>((bytes + kRangeHashSegment - 1) /
-                                         kRangeHashSegment);
-      const auto addr = ContiguousAddress(tp, h.start, h.count);
-      d.linear_address = addr ? *addr : 0;
-      if (opts.verify) {
-        if (!addr) {
-          errors[i] = FailedPreconditionError(
-              "chunk of '" + tp.name + "' is not stored contiguously on this "
-              "GPU, so its range hash cannot be checked here; apply with "
-              "verification off (and verify elsewhere)");
-          return;
-        }
-        d.range_address = *addr;
-      }
-      const uint64_t w = h.width;
-      Status st;
-      if (h.IsSparse()) {
-        d.layout = kDevSparse;
-        const uint64_t payload_offset =
-            static_cast<uint64_t>(pc->payload.data() - buffer.data()) -
-            chunks[i].offset;
-        st = ParseSparse(*pc, payload_offset, &p);
-        if (h.kind == ChunkKind::kSparseXor) {
-          d.fused = 1;  // no staged records (decode_apply.cu, fused kernel)
-        } else {
-          p.scratch = Align16(4 * uint64_t{d.k}) + 2 * Align16(w * d.k);
-        }
-      } else {
-        d.layout = kDevDense;
-        const uint64_t payload_offset =
-            static_cast<uint64_t>(pc->payload.data() - buffer.data()) -
-            chunks[i].offset;
-        st = ParseDense(*pc, payload_offset, &p);
-        if (h.kind == ChunkKind::kRaw) p.scratch = Align8(bytes);
-      }
-      if (!st.ok()) {
-        errors[i] = st.WithContext("chunk " + std::to_string(i));
-        return;
-      }
-      // Digests sit at the end of the chunk's scratch, 16-byte aligned.
-      p.scratch = Align16(p.scratch);
-      if (opts.verify) p.scratch += 16 * uint64_t{d.segments};
-      parsed[i].push_back(std::move(p));
-    }
+    errors[i] = ParsePlacements(buffer, chunks[i], static_cast<uint32_t>(i),
+                                tensor_names, plan, opts.verify, &parsed[i]);
   });
   for (const Status& s : errors) REFIT_RETURN_IF_ERROR(s);
 
   BatchLimits limits = opts.limits;
   uint32_t slots = 2;
-  if (opts.staging_total != 0) {
-    // Payload P (chunk bytes and decoded dense bytes) and scratch S of the
-    // whole delta; each of the `slots` slots gets total / slots, 1/16 of it
-    // for metadata and the rest split so that payload slot / scratch slot
-    // ~= P / S, each side keeping at least 1/16 so that a lone large chunk
-    // still fits. Fewer slots (larger ones) when the largest chunk does not
-    // fit.
-    const uint64_t total = opts.staging_total;
-    uint64_t need_p = 0, need_s = 0, max_p = 0, max_s = 0, max_m = 0;
-    for (size_t i = 0; i < chunks.size(); ++i) {
-      for (const Parsed& q : parsed[i]) {
-        const uint64_t pb = chunks[i].size + Align8(q.dense_bytes) + 8;
-        need_p += pb;
-        need_s += q.scratch;
-        max_p = std::max(max_p, pb);
-        max_s = std::max(max_s, q.scratch);
-        max_m = std::max<uint64_t>(
-            max_m, sizeof(DevChunk) + q.tables.size() * sizeof(DevTable) +
-                       4 * q.lanes.size() +
-                       q.planes.size() * sizeof(DevDensePlane) + 96);
-      }
-    }
-    const long double share =
-        need_p + need_s == 0
-            ? 0.5L
-            : static_cast<long double>(need_p) /
-                  static_cast<long double>(need_p + need_s);
-    for (slots = static_cast<uint32_t>(std::max(2, opts.slots));; --slots) {
-      const uint64_t per = total / slots - kSlotPadding;
-      limits.meta_bytes = per / 16;
-      const uint64_t avail = per - limits.meta_bytes;
-      const uint64_t min_side = avail / 16;
-      uint64_t slot =
-          static_cast<uint64_t>(share * static_cast<long double>(avail));
-      slot = std::clamp<uint64_t>(slot, min_side, avail - min_side);
-      slot = std::min<uint64_t>(slot, (uint64_t{1} << 32) - 1);
-      limits.payload_bytes = slot;
-      limits.scratch_bytes = avail - slot;
-      if (slots == 2 || (max_p <= limits.payload_bytes &&
-                         max_s <= limits.scratch_bytes &&
-                         max_m <= limits.meta_bytes)) {
-        break;
-      }
-    }
-    // Batches of about 1/slots of the payload, so that copies overlap.
-    const uint64_t target =
-        std::max({need_p / slots + 1, uint64_t{64} << 10, max_p});
-    limits.payload_bytes = std::min(limits.payload_bytes, target);
-  }
+  if (opts.staging_total != 0) limits = SplitStaging(opts, chunks, parsed, &slots);
 
   PreparedDelta out;
-  HostBatch cur;
-  bool open = false;
-  uint64_t dense_bytes = 0;  // CPU- and GPU-decoded dense bytes of `cur`
-  auto close = [&]() {
-    if (!open) return;
-    // Decoded dense bytes follow the chunk bytes on the device: first the
-    // CPU-decoded ones (copied), then room for the GPU-decoded ones; fix
-    // their offsets.
-    cur.dense_offset = Align8(cur.payload_end - cur.payload_begin);
-    for (DevChunk& d : cur.chunks) {
-      if (d.layout != kDevDense) continue;
-      d.data += cur.dense_offset + (d.dense_gpu ? cur.dense.size() : 0);
-    }
-    out.payload_bytes += cur.device_bytes();
-    out.largest_batch =
-        std::max(out.largest_batch,
-                 cur.dense_offset + cur.dense.size() + cur.gpu_dense_bytes);
-    out.largest_scratch = std::max(out.largest_scratch, cur.scratch_bytes);
-    out.largest_smem = std::max(out.largest_smem, cur.smem);
-    out.largest_meta = std::max(out.largest_meta, cur.meta_bytes());
-    cur.SerializeMeta(&cur.meta);
-    out.batches.push_back(std::move(cur));
-    cur = HostBatch{};
-    open = false;
-    dense_bytes = 0;
-  };
+  BatchCutter cutter(limits, opts.verify, &out);
   for (size_t i = 0; i < chunks.size(); ++i) {
     if (parsed[i].empty()) {
       ++out.chunks_not_here;
       continue;
     }
-    const uint64_t chunk_end = chunks[i].offset + chunks[i].size;
-    for (Parsed& p : parsed[i]) {
-      const uint64_t extra_dense = Align8(p.dense_bytes);
-      if (open) {
-        const uint64_t payload = chunk_end - cur.payload_begin + 8 +
-                                 dense_bytes + extra_dense;
-        const uint64_t meta = cur.meta_bytes() + sizeof(DevChunk) +
-                              p.tables.size() * sizeof(DevTable) +
-                              4 * p.lanes.size() +
-                              p.planes.size() * sizeof(DevDensePlane) + 48;
-        if (payload > limits.payload_bytes ||
-            cur.scratch_bytes + p.scratch > limits.scratch_bytes ||
-            meta > limits.meta_bytes) {
-          close();
-        }
-      }
-      if (!open) {
-        cur.payload_begin = chunks[i].offset;
-        open = true;
-      }
-      const uint64_t payload = chunk_end - cur.payload_begin + 8 + extra_dense;
-      if (payload > limits.payload_bytes ||
-          p.scratch > limits.scratch_bytes) {
-        return ResourceExhaustedError(
-            "chunk " + std::to_string(i) + " needs " + std::to_string(payload) +
-            " payload and " + std::to_string(p.scratch) +
-            " scratch bytes, more than a staging slot holds");
-      }
-      cur.payload_end = chunk_end;
-      DevChunk d = p.dev;
-      const uint64_t rel = chunks[i].offset - cur.payload_begin;
-      if (d.layout == kDevSparse) {
-        d.lane_first = static_cast<uint32_t>(cur.lanes.size());
-        for (uint32_t lane : p.lanes) {
-          cur.lanes.push_back(static_cast<uint32_t>(rel + lane));
-        }
-        d.table_first = static_cast<uint32_t>(cur.tables.size());
-        cur.tables.insert(cur.tables.end(), p.tables.begin(), p.tables.end());
-        d.records = cur.scratch_bytes;
-        d.values = d.records + Align16(4 * uint64_t{d.k});
-        d.undo = d.values + Align16(uint64_t{d.width} * d.k);
-        cur.records += d.k;
-      } else if (d.dense_gpu) {
-        // Room in device staging only; shifted when the batch closes.
-        d.data = cur.gpu_dense_bytes;
-        cur.gpu_dense_bytes += extra_dense;
-        dense_bytes += extra_dense;
-        const uint32_t lane_base = static_cast<uint32_t>(cur.lanes.size());
-        for (uint32_t lane : p.lanes) {
-          cur.lanes.push_back(static_cast<uint32_t>(rel + lane));
-        }
-        const uint32_t table_base = static_cast<uint32_t>(cur.tables.size());
-        cur.tables.insert(cur.tables.end(), p.tables.begin(), p.tables.end());
-        for (DevDensePlane q : p.planes) {
-          q.chunk = static_cast<uint32_t>(cur.chunks.size());
-          if (q.mode == kPlaneEntropy) {
-            q.table += table_base;
-            q.lane_first += lane_base;
-          } else if (q.mode == kPlaneVerbatim) {
-            q.src += static_cast<uint32_t>(rel);
-          }
-          cur.planes.push_back(q);
-        }
-        d.undo = cur.scratch_bytes;
-      } else {
-        // CPU-decoded; shifted by dense_offset when the batch closes.
-        const uint64_t cpu_bytes = cur.dense.size();
-        d.data = cpu_bytes;
-        cur.dense.insert(cur.dense.end(), p.dense.begin(), p.dense.end());
-        cur.dense.resize(cpu_bytes + extra_dense);
-        dense_bytes += extra_dense;
-        d.undo = cur.scratch_bytes;
-      }
-      const uint64_t digest_bytes = opts.verify ? 16 * uint64_t{d.segments} : 0;
-      d.seg_first = (cur.scratch_bytes + p.scratch - digest_bytes) / 16;
-      cur.scratch_bytes += p.scratch;
-      cur.segments += d.segments;
-      cur.smem = std::max(cur.smem, d.smem);
-      if (d.fused) {
-        cur.max_fused_lanes = std::max<uint32_t>(cur.max_fused_lanes, d.lanes);
-      } else {
-        ++cur.unfused;
-      }
-      d.status_index = out.status_count++;
-      out.chunk_of_status.push_back(p.chunk_index);
-      cur.chunks.push_back(d);
+    for (const Parsed& p : parsed[i]) {
+      REFIT_RETURN_IF_ERROR(cutter.Add(i, chunks[i], p));
     }
   }
-  close();
+  cutter.Close();
   out.slots = slots;
   return out;
 }

@@ -22,12 +22,13 @@
 #include <string>
 #include <vector>
 
+#include "codec/sparse_plane.h"
 #include "cuda/placement.h"
 #include "refit/status.h"
 
 namespace refit::cuda {
 
-inline constexpr int kMaxCodedPlanes = 12;
+inline constexpr int kMaxCodedPlanes = codec::kMaxSparsePlanes;
 // Every coded plane gets a slot -> symbol lookup of min(2^t, 2^kSlotTableBits)
 // entries in shared memory; wider tables look up the symbol of the slot's
 // 2^(t - kSlotTableBits)-slot bucket and step forward from there.
@@ -84,8 +85,8 @@ struct DevChunk {
   uint8_t gw;
   uint8_t lanes;
   uint8_t coded;                          // coded planes
-  uint8_t coded_shift[kMaxCodedPlanes];   // bit shift of the plane's byte;
-                                          // +64 for value planes
+  uint8_t coded_shift[kMaxCodedPlanes];   // codec::SparsePlane::shift of
+                                          // each coded plane
   uint8_t fused;           // sparse XOR: decoded and applied in one kernel,
                            // no record staging (records/values unused)
   uint8_t dense_gpu;       // dense, its planes decoded on the GPU into

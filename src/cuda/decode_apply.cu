@@ -6,6 +6,7 @@
 // framing, see batch.cc) and produce the same bytes.
 #include <cub/block/block_scan.cuh>
 
+#include "cuda/cuda_common.h"
 #include "cuda/kernels.h"
 #include "cuda/xxh3.cuh"
 
@@ -15,23 +16,6 @@ namespace {
 constexpr int kThreads = 256;
 constexpr uint32_t kRansLow = 1u << 16;
 constexpr uint64_t kSegment = 64 * 1024;
-
-__device__ inline uint64_t LoadW(const uint8_t* p, int w) {
-  switch (w) {
-    case 1: return *p;
-    case 2: return *reinterpret_cast<const uint16_t*>(p);
-    case 4: return *reinterpret_cast<const uint32_t*>(p);
-    default: return *reinterpret_cast<const uint64_t*>(p);
-  }
-}
-__device__ inline void StoreW(uint8_t* p, uint64_t v, int w) {
-  switch (w) {
-    case 1: *p = static_cast<uint8_t>(v); break;
-    case 2: *reinterpret_cast<uint16_t*>(p) = static_cast<uint16_t>(v); break;
-    case 4: *reinterpret_cast<uint32_t*>(p) = static_cast<uint32_t>(v); break;
-    default: *reinterpret_cast<uint64_t*>(p) = v; break;
-  }
-}
 
 __device__ inline uint8_t* Addr(uint64_t a) {
   return reinterpret_cast<uint8_t*>(static_cast<uintptr_t>(a));
@@ -53,12 +37,12 @@ __device__ void StoreSparse(const BatchDevice& b, const DevChunk& c,
     if (!MapElement(pl, b.pieces, c.start + pos[r], &a)) continue;
     uint8_t* p = Addr(a);
     if (xor_kind) {
-      StoreW(p, LoadW(p, w) ^ LoadW(vals + uint64_t{r} * w, w), w);
+      StoreWord(p, LoadWord(p, w) ^ LoadWord(vals + uint64_t{r} * w, w), w);
     } else if (undo) {
-      StoreW(p, LoadW(old + uint64_t{r} * w, w), w);
+      StoreWord(p, LoadWord(old + uint64_t{r} * w, w), w);
     } else {
-      StoreW(old + uint64_t{r} * w, LoadW(p, w), w);
-      StoreW(p, LoadW(vals + uint64_t{r} * w, w), w);
+      StoreWord(old + uint64_t{r} * w, LoadWord(p, w), w);
+      StoreWord(p, LoadWord(vals + uint64_t{r} * w, w), w);
     }
   }
 }
@@ -75,13 +59,13 @@ __device__ void StoreDense(const BatchDevice& b, const DevChunk& c, bool undo) {
     uint8_t* p = Addr(a);
     const uint64_t off = uint64_t{i} * w;
     if (xor_kind) {
-      const uint64_t v = LoadW(vals + off, w);
-      if (v != 0) StoreW(p, LoadW(p, w) ^ v, w);
+      const uint64_t v = LoadWord(vals + off, w);
+      if (v != 0) StoreWord(p, LoadWord(p, w) ^ v, w);
     } else if (undo) {
-      StoreW(p, LoadW(old + off, w), w);
+      StoreWord(p, LoadWord(old + off, w), w);
     } else {
-      StoreW(old + off, LoadW(p, w), w);
-      StoreW(p, LoadW(vals + off, w), w);
+      StoreWord(old + off, LoadWord(p, w), w);
+      StoreWord(p, LoadWord(vals + off, w), w);
     }
   }
 }
@@ -249,10 +233,10 @@ __global__ void __launch_bounds__(kDecodeThreads)
               ring.Take16(reinterpret_cast<const uint32_t*>(payload), q);
         }
         const uint32_t sh = s_shift[p];
-        if (sh < 64) {
+        if (codec::ShiftIsGap(sh)) {
           gap |= uint64_t{s} << sh;
         } else {
-          val |= uint64_t{s} << (sh - 64);
+          val |= uint64_t{s} << (sh - codec::kSparseValueShift);
         }
       }
       if (err != kStatusOk) break;
@@ -262,7 +246,7 @@ __global__ void __launch_bounds__(kDecodeThreads)
       }
       total += gap + 1;
       gaps[i] = static_cast<uint32_t>(gap);
-      StoreW(vals + uint64_t{i} * w, val, w);
+      StoreWord(vals + uint64_t{i} * w, val, w);
     }
     if (err == kStatusOk && (q != end || x != kRansLow)) err = kStatusLaneEnd;
   }
@@ -460,8 +444,8 @@ __device__ __forceinline__ uint32_t SharedAddr(const void* p) {
 
 struct FusedShared {
   // Per coded plane: t, shared-window address of its slot lookup, bit
-  // shift of its byte (+64 for value planes), shared-window address of its
-  // f | c << 16 table.
+  // shift of its byte (codec::SparsePlane::shift), shared-window address of
+  // its f | c << 16 table.
   uint4 plane[kMaxCodedPlanes];
   // Per group parity, per row of the group and warp: the warp's sum of
   // (gap + 1) over the row, bit 31 set when a lane of the warp failed a
@@ -583,6 +567,13 @@ struct FusedLane {
 // kRowGroup or every row). kP > 0: at most kP coded planes, their
 // parameters in registers; kP == 0: any number, read from shared memory.
 // V holds a value: uint32_t for widths 1, 2 and 4, uint64_t for 8.
+// Longer than our other functions (~160 lines) on purpose: its four steps
+// per group of rows (decode into registers, the warps' scan of the gaps,
+// the checks, the scatter) share the lanes' rANS states, the group's
+// values and the running position in registers across the steps; cut into
+// functions, those would pass through memory unless every piece is forced
+// inline, and this hot loop's register use and speed could only be
+// re-measured on a GPU (docs/benchmarks.md).
 template <int kP, typename V>
 __device__ uint32_t FusedPass(const BatchDevice& b, const DevChunk& cg,
                               FusedShared& sh, const uint8_t* smem, bool check,
@@ -631,10 +622,10 @@ __device__ uint32_t FusedPass(const BatchDevice& b, const DevChunk& cg,
         // Plane p's symbol into its byte of the gap or the value.
         auto plane = [&](const uint4& pp, uint32_t p) {
           const uint32_t s = ln.Symbol(words, pp.y, pp.w, pp.x, (1u << pp.x) - 1, err);
-          if (pp.z < 64) {
+          if (codec::ShiftIsGap(pp.z)) {
             gap |= s << pp.z;
           } else {
-            v |= static_cast<V>(s) << (pp.z - 64);
+            v |= static_cast<V>(s) << (pp.z - codec::kSparseValueShift);
           }
         };
         if constexpr (kP > 0) {
@@ -834,17 +825,17 @@ __device__ inline void ScatterItems(const BatchDevice& b,
 #pragma unroll
   for (int j = 0; j < kApplyItems; ++j) {
     if (dst[j] == nullptr) continue;
-    cur[j] = LoadW(dst[j], w);
-    val[j] = LoadW(vals + uint64_t{first + j} * w, w);
+    cur[j] = LoadWord(dst[j], w);
+    val[j] = LoadWord(vals + uint64_t{first + j} * w, w);
   }
 #pragma unroll
   for (int j = 0; j < kApplyItems; ++j) {
     if (dst[j] == nullptr) continue;
     if (xor_kind) {
-      StoreW(dst[j], cur[j] ^ val[j], w);
+      StoreWord(dst[j], cur[j] ^ val[j], w);
     } else {
-      StoreW(old + uint64_t{first + j} * w, cur[j], w);
-      StoreW(dst[j], val[j], w);
+      StoreWord(old + uint64_t{first + j} * w, cur[j], w);
+      StoreWord(dst[j], val[j], w);
     }
   }
 }

@@ -1,7 +1,9 @@
 // GPU delta encoder (encoder.h): change detection and segment hashes,
 // compaction, byte-plane histograms, rANS lane encoding and stream
-// assembly on the device; model choice and chunk framing on the host with
-// the CPU encoder's own functions, so the bytes match EncodeChunkRange.
+// assembly on the device (the kernels below); model choice and chunk
+// framing on the host with the CPU encoder's own functions, so the bytes
+// match EncodeChunkRange. The host's planning is encode_plan.h's; the
+// DeviceEncoder class below runs a call's stages.
 #include "cuda/encoder.h"
 
 #include <cuda_runtime_api.h>
@@ -10,18 +12,19 @@
 #include <chrono>
 #include <cstring>
 #include <future>
+#include <initializer_list>
 #include <optional>
 #include <span>
 #include <cub/block/block_scan.cuh>
 #include <cub/device/device_scan.cuh>
 
-#include "base/bytes.h"
 #include "base/hash.h"
 #include "base/parallel.h"
-#include "codec/payload.h"
-#include "codec/rans.h"
-#include "codec/table.h"
+#include "codec/sparse_plane.h"
+#include "cuda/cuda_common.h"
+#include "cuda/encode_plan.h"
 #include "cuda/xxh3.cuh"
+#include "delta/chunk.h"
 #include "delta/encoder.h"
 
 namespace refit::cuda {
@@ -29,54 +32,7 @@ namespace internal {
 namespace {
 
 constexpr uint64_t kSeg = 64 * 1024;
-constexpr int kPlanes = 12;  // 4 gap bytes + up to 8 value bytes
 constexpr uint32_t kRansLowE = 1u << 16;
-
-// One chunk range as the detection and compaction kernels see it.
-struct EncRange {
-  uint64_t a, b;       // device addresses of the range's old and new bytes
-  uint64_t bytes;
-  uint64_t seg_first;  // first global segment
-  uint64_t rec_off;    // group staging: first record, or ~0: not compacted
-  uint64_t val_off;    // group staging: byte offset of the values
-  uint64_t mask_off;   // first 32-bit word of the range's change mask
-  uint32_t width;
-  uint32_t reserved;
-};
-
-// One GPU-encoded chunk of a group.
-struct EncChunk {
-  uint64_t rec_off, val_off;  // staging offsets (records, value bytes)
-  uint64_t word_off;          // first 16-bit word of the lanes' regions
-  uint32_t k, width;
-  uint32_t lanes, coded;
-  uint32_t lane_first;        // index into the per-lane arrays
-  uint32_t table_first;       // index into the tables
-  uint8_t shift[kPlanes];     // coded plane c: gap byte shift, or 64 + value
-  uint8_t scale[kPlanes];     // coded plane c: its table's t
-};
-
-struct EncTable {
-  uint32_t t;
-  uint16_t f[256];
-};
-
-__device__ inline uint64_t LoadWE(const uint8_t* p, uint32_t w) {
-  switch (w) {
-    case 1: return *p;
-    case 2: return *reinterpret_cast<const uint16_t*>(p);
-    case 4: return *reinterpret_cast<const uint32_t*>(p);
-    default: return *reinterpret_cast<const uint64_t*>(p);
-  }
-}
-__device__ inline void StoreWE(uint8_t* p, uint64_t v, uint32_t w) {
-  switch (w) {
-    case 1: *p = static_cast<uint8_t>(v); break;
-    case 2: *reinterpret_cast<uint16_t*>(p) = static_cast<uint16_t>(v); break;
-    case 4: *reinterpret_cast<uint32_t*>(p) = static_cast<uint32_t>(v); break;
-    default: *reinterpret_cast<uint64_t*>(p) = v; break;
-  }
-}
 
 __device__ inline uint32_t FindRange(const EncRange* r, uint32_t n, uint64_t s) {
   uint32_t lo = 0, hi = n;  // last range with seg_first <= s
@@ -131,7 +87,7 @@ __device__ inline uint32_t Bits16(uint64_t lo, uint64_t hi, uint32_t w) {
 // XOR of the w-byte elements at p and q; kAligned: both are w-aligned.
 template <bool kAligned>
 __device__ inline uint64_t XorAt(const uint8_t* p, const uint8_t* q, uint32_t w) {
-  if constexpr (kAligned) return LoadWE(p, w) ^ LoadWE(q, w);
+  if constexpr (kAligned) return LoadWord(p, w) ^ LoadWord(q, w);
   uint64_t v = 0;
   for (uint32_t j = 0; j < w; ++j) {
     v |= uint64_t{static_cast<uint8_t>(p[j] ^ q[j])} << (8 * j);
@@ -326,18 +282,11 @@ __global__ void __launch_bounds__(32 * kCompactWarps)
       const uint64_t v = aligned_w ? XorAt<true>(a + uint64_t{e} * w, b + uint64_t{e} * w, w)
                                    : XorAt<false>(a + uint64_t{e} * w, b + uint64_t{e} * w, w);
       pout[run + i] = elem0 + e;
-      StoreWE(vout + uint64_t{run + i} * w, v, w);
+      StoreWord(vout + uint64_t{run + i} * w, v, w);
     }
     __syncwarp();
     run += total;
   }
-}
-
-// One past the last 16-bit word of lane j's region (lane j holds records
-// j + mL; each coded symbol emits at most one word).
-__device__ inline uint64_t LaneRegionEnd(const EncChunk& c, uint32_t j) {
-  const uint32_t full = c.k / c.lanes, rem = c.k % c.lanes;
-  return c.word_off + uint64_t{c.coded} * (uint64_t{full} * (j + 1) + min(j + 1, rem));
 }
 
 __device__ inline uint32_t GapAt(const uint32_t* pos, uint32_t i) {
@@ -346,19 +295,19 @@ __device__ inline uint32_t GapAt(const uint32_t* pos, uint32_t i) {
 
 // Step 2b: `slices` blocks per GPU chunk, each over its share of the
 // chunk's records: the 4 gap-byte and w value-byte histograms (as
-// EncodeSparse counts them) and the largest gap, added into hist and
-// max_gap (zeroed before). Zero bytes are not counted (the high gap and
-// value bytes are nearly all zero, and threads adding to one bin
-// serialize): the host sets each plane's zero count to k minus its other
-// bins.
+// EncodeSparse counts them, codec::SparsePlane::histogram) and the largest
+// gap, added into hist and max_gap (zeroed before). Zero bytes are not
+// counted (the high gap and value bytes are nearly all zero, and threads
+// adding to one bin serialize): the host sets each plane's zero count to k
+// minus its other bins (internal::FullHistograms).
 __global__ void __launch_bounds__(256)
     HistKernel(const EncChunk* chunks, uint32_t slices, const uint32_t* pos,
                const uint8_t* vals, uint32_t* hist, uint32_t* max_gap) {
   const uint32_t chunk = blockIdx.x / slices, slice = blockIdx.x % slices;
   const EncChunk c = chunks[chunk];
-  __shared__ uint32_t h[kPlanes * 256];
+  __shared__ uint32_t h[kEncPlanes * 256];
   __shared__ uint32_t s_max;
-  for (uint32_t i = threadIdx.x; i < kPlanes * 256; i += blockDim.x) h[i] = 0;
+  for (uint32_t i = threadIdx.x; i < kEncPlanes * 256; i += blockDim.x) h[i] = 0;
   if (threadIdx.x == 0) s_max = 0;
   __syncthreads();
   const uint32_t* p = pos + c.rec_off;
@@ -369,20 +318,22 @@ __global__ void __launch_bounds__(256)
   for (uint32_t i = first + threadIdx.x; i < last; i += blockDim.x) {
     const uint32_t g = GapAt(p, i);
     mx = max(mx, g);
-    for (int j = 0; j < 4; ++j) {
+    for (int j = 0; j < codec::kSparseGapBytes; ++j) {
       const uint32_t sym = (g >> (8 * j)) & 0xff;
-      if (sym != 0) atomicAdd(&h[j * 256 + sym], 1u);
+      if (sym != 0) atomicAdd(&h[codec::SparsePlane::Gap(j).histogram() * 256 + sym], 1u);
     }
-    const uint64_t x = LoadWE(v + uint64_t{i} * c.width, c.width);
+    const uint64_t x = LoadWord(v + uint64_t{i} * c.width, c.width);
     for (uint32_t j = 0; j < c.width; ++j) {
       const uint32_t sym = static_cast<uint32_t>(x >> (8 * j)) & 0xff;
-      if (sym != 0) atomicAdd(&h[(4 + j) * 256 + sym], 1u);
+      const int plane = codec::SparsePlane::Value(static_cast<int>(j)).histogram();
+      if (sym != 0) atomicAdd(&h[plane * 256 + sym], 1u);
     }
   }
   atomicMax(&s_max, mx);
   __syncthreads();
-  uint32_t* out = hist + uint64_t{chunk} * kPlanes * 256;
-  for (uint32_t i = threadIdx.x; i < (4 + c.width) * 256; i += blockDim.x) {
+  uint32_t* out = hist + uint64_t{chunk} * kEncPlanes * 256;
+  for (uint32_t i = threadIdx.x; i < (codec::kSparseGapBytes + c.width) * 256;
+       i += blockDim.x) {
     if (h[i] != 0) atomicAdd(&out[i], h[i]);
   }
   if (threadIdx.x == 0) atomicMax(&max_gap[chunk], s_max);
@@ -478,7 +429,8 @@ __global__ void __launch_bounds__(256)
       for (int q = 0; q < NC; ++q) {
         const uint32_t sh = shift[q];
         const uint32_t s = static_cast<uint32_t>(
-            (sh < 64 ? uint64_t{gap} >> sh : val >> (sh - 64)) & 0xff);
+            (codec::ShiftIsGap(sh) ? uint64_t{gap} >> sh
+                                   : val >> (sh - codec::kSparseValueShift)) & 0xff);
         e[q] = s_sym[q * 256 + s];
       }
     };
@@ -548,7 +500,7 @@ inline cudaError_t LaunchEncodeLanes(uint32_t coded, uint32_t nchunks, uint32_t 
   if (coded <= 4) return launch(EncodeLanesKernel<4>, 4);
   if (coded <= 6) return launch(EncodeLanesKernel<6>, 6);
   if (coded <= 8) return launch(EncodeLanesKernel<8>, 8);
-  return launch(EncodeLanesKernel<kPlanes>, kPlanes);
+  return launch(EncodeLanesKernel<kEncPlanes>, kEncPlanes);
 }
 
 __device__ inline uint32_t VarintLen(uint64_t v) {
@@ -620,58 +572,14 @@ __global__ void __launch_bounds__(256)
 
 namespace {
 
+using internal::DeviceBuffer;
+using internal::DeviceMemory;
 using internal::EncChunk;
 using internal::EncRange;
 using internal::EncTable;
-
-Status CudaErr(cudaError_t e, const char* what) {
-  return InternalError(std::string("CUDA ") + what + ": " + cudaGetErrorString(e));
-}
-#define REFIT_ENC_CUDA(expr, what)                  \
-  do {                                              \
-    const cudaError_t e_ = (expr);                  \
-    if (e_ != cudaSuccess) return CudaErr(e_, what); \
-  } while (0)
-
-// Device memory of one call: the bytes held and their peak.
-struct DeviceMemory {
-  uint64_t held = 0, peak = 0;
-};
-
-// One device buffer of a call, kept across its groups: it is reallocated
-// only when a group needs more than it holds (groups after the first
-// mostly cost no cudaMalloc or cudaFree, and each cudaFree waits for the
-// whole device).
-class DeviceBuffer {
- public:
-  explicit DeviceBuffer(DeviceMemory* mem) : mem_(mem) {}
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  ~DeviceBuffer() {
-    if (p_) cudaFree(p_);
-  }
-  template <typename T>
-  Status Get(uint64_t count, T** out) {
-    const uint64_t bytes = std::max<uint64_t>(count * sizeof(T), 16);
-    if (bytes > size_) {
-      if (p_) cudaFree(p_);
-      mem_->held -= size_;
-      p_ = nullptr;
-      size_ = 0;
-      REFIT_ENC_CUDA(cudaMalloc(&p_, bytes), "cudaMalloc");
-      size_ = bytes;
-      mem_->held += bytes;
-      mem_->peak = std::max(mem_->peak, mem_->held);
-    }
-    *out = static_cast<T*>(p_);
-    return Status::Ok();
-  }
-
- private:
-  DeviceMemory* mem_;
-  void* p_ = nullptr;
-  uint64_t size_ = 0;
-};
+using internal::HostChunk;
+using internal::HostRange;
+using internal::kEncPlanes;
 
 // Page-locked host memory for what comes back each group (histograms,
 // streams), kept per thread across calls: a copy into pageable memory runs
@@ -689,8 +597,8 @@ class PinnedHost {
     p_ = nullptr;
     size_ = 0;
     const uint64_t want = std::max<uint64_t>(bytes + bytes / 4, 1 << 20);
-    REFIT_ENC_CUDA(cudaHostAlloc(&p_, want, cudaHostAllocDefault),
-                   "cudaHostAlloc");
+    REFIT_CUDA_RETURN(cudaHostAlloc(&p_, want, cudaHostAllocDefault),
+                      "cudaHostAlloc");
     size_ = want;
     return Status::Ok();
   }
@@ -701,24 +609,828 @@ class PinnedHost {
   uint64_t size_ = 0;
 };
 
+// The host buffers of the calling thread, kept across its calls
+// (page-locking is too slow to repeat per call, and fresh pages cost a
+// fault each). "Per set" buffers belong to a front set, "per parity" ones
+// to the groups of even or odd index.
+struct ThreadHostBuffers {
+  PinnedHost detect;    // range hashes, segment counts and record offsets
+  PinnedHost hist[2];   // per set: histograms and largest gaps, back
+  PinnedHost front[2];  // per set: range and chunk uploads
+  PinnedHost sizes[2];  // per parity: stream sizes, then offsets, back
+  PinnedHost back[2];   // per parity: chunk and table uploads
+  PinnedHost streams[2];  // per parity: gathered streams, back
+  // Per parity: framed chunks, handed to the sink from here.
+  std::vector<uint8_t> framed[2];
+};
+
+ThreadHostBuffers& ThisThreadsHostBuffers() {
+  thread_local ThreadHostBuffers buffers;
+  return buffers;
+}
+
 const void* HostPtr(uint64_t a) {
   return reinterpret_cast<const void*>(static_cast<uintptr_t>(a));
 }
 
-struct HostRange {
-  uint32_t pair;
-  uint64_t start, count;
-  uint64_t seg_first;
-  uint32_t segs;
-  uint64_t k = 0;
-  bool gpu = false;  // encoded on the GPU (else CPU, if changed)
+void DestroyEvents(std::initializer_list<cudaEvent_t> events) {
+  for (cudaEvent_t e : events) {
+    if (e) cudaEventDestroy(e);
+  }
+}
+
+// A stream of one call, destroyed with it.
+class OwnedStream {
+ public:
+  OwnedStream() = default;
+  OwnedStream(const OwnedStream&) = delete;
+  OwnedStream& operator=(const OwnedStream&) = delete;
+  ~OwnedStream() {
+    if (s_) cudaStreamDestroy(s_);
+  }
+  Status Create(int priority) {
+    REFIT_CUDA_RETURN(cudaStreamCreateWithPriority(&s_, cudaStreamNonBlocking, priority),
+                      "stream");
+    return Status::Ok();
+  }
+  cudaStream_t get() const { return s_; }
+
+ private:
+  cudaStream_t s_ = nullptr;
 };
 
-// Host side of one GPU chunk: models and lane layout.
-struct HostChunk {
-  std::vector<uint8_t> header;  // gw byte and model descriptions
-  std::vector<EncTable> tables;
+// One EncodeOnDevice call (encoder.h describes the steps). Run runs it once.
+// Host planning (ranges, windows, groups, models, lane layout) is
+// encode_plan.h's; this class owns the call's device resources and moves
+// each group through the stages:
+//   detect         LaunchDetect, FinishDetect (step 1, per window)
+//   compact        StartGroup (step 2)
+//   choose models  ChooseModels (step 3), beside EncodeOnCpu for the ranges
+//                  the CPU encodes
+//   encode lanes   LaunchEncode (steps 4a-b)
+//   gather         GatherBack, FrameGathered (step 4c), then LaunchFraming
+// EncodeGroups is the pipeline that interleaves them.
+class DeviceEncoder {
+ public:
+  DeviceEncoder(std::span<const DeviceTensorPair> pairs, const GpuEncodeOptions& opt,
+                const GpuChunkSink& sink);
+  // Waits for the framing in flight, which writes into this object.
+  ~DeviceEncoder();
+  DeviceEncoder(const DeviceEncoder&) = delete;
+  DeviceEncoder& operator=(const DeviceEncoder&) = delete;
+
+  Result<GpuEncodeReport> Run();
+
+ private:
+  // Step 1 for a window: the ranges from w0 whose change masks fit one
+  // mask buffer (at least one range). Windows alternate between the two
+  // buffers. A window's detection runs on st_detect_, at low priority: it
+  // is enqueued as soon as the window before has been detected, and waits
+  // on the GPU only for the last compaction that read its mask buffer (the
+  // window two before), so it runs while the window before is compacted
+  // and encoded, and the host rarely waits for it when it forms the
+  // window's first group. (At equal priority its blocks held the
+  // multiprocessors that the lanes' encoding and the compactions wait for:
+  // slower than detecting on st_front_ between windows.)
+  struct Window {
+    ~Window() { DestroyEvents({e0, e1, ready, mask_read}); }
+    size_t w0 = 0, w1 = 0;     // its ranges
+    uint64_t s0 = 0, s1 = 0;   // their segments
+    uint64_t mask_base = 0;  // the window's first mask word
+    uint32_t* d_mask = nullptr;
+    cudaEvent_t e0 = nullptr, e1 = nullptr, ready = nullptr;
+    // Recorded on st_front_ after each compaction that reads the mask.
+    cudaEvent_t mask_read = nullptr;
+  };
+
+  // A group (below): consecutive ranges of one window whose records fit
+  // the staging budget. Its compaction (steps 2a-b, "front") runs on
+  // st_front_ in one of two buffer sets while the host chooses the previous
+  // group's models; steps 4a-c ("back") run on st_.
+  struct FrontSet {
+    explicit FrontSet(DeviceMemory* m)
+        : pos(m), vals(m), chunks(m), hist(m), maxgap(m) {}
+    ~FrontSet() {
+      DestroyEvents({done, lanes_done});
+      DestroyEvents({t[0], t[1], t[2]});
+    }
+    DeviceBuffer pos, vals, chunks, hist, maxgap;
+    cudaEvent_t done = nullptr;  // histograms and gaps are back
+    cudaEvent_t t[3] = {};       // around the compaction and histograms
+    // The lanes' encoding of the last group that used the set has read its
+    // records (recorded on st_; the next compaction into the set waits).
+    cudaEvent_t lanes_done = nullptr;
+    bool lanes_recorded = false;
+  };
+  struct Group {
+    size_t g0 = 0, g1 = 0;
+    int set = 0;
+    std::vector<uint32_t> list;  // its GPU-encoded ranges
+    std::vector<EncChunk> ec;
+    std::span<const uint32_t> maxgap;
+    std::span<const uint32_t> hist;
+    uint32_t* d_pos = nullptr;  // the front set's records
+    uint8_t* d_vals = nullptr;
+    EncChunk* d_chunks = nullptr;
+  };
+
+  // A group whose lanes are being encoded (steps 4a-b on st_) while the
+  // host chooses the next group's models; its gathering is enqueued during
+  // the next group's turn and it is framed during the turn after (by then
+  // the gathering and the copy back are done, so the host does not wait for
+  // them). The back buffers are one set: on st_, a group's gathering is
+  // enqueued before the next group's encoding.
+  struct Back {
+    Group g;
+    std::vector<HostChunk> hc;
+    uint64_t index = 0;  // the group's place (parity of its host buffers)
+  };
+  // Per parity: around the lanes' encoding and the gathering; the stream
+  // sizes are back; the streams are back.
+  struct BackEvents {
+    ~BackEvents() {
+      for (int p = 0; p < 2; ++p) {
+        DestroyEvents({bt[p][0], bt[p][1], bt[p][2], bt[p][3]});
+        DestroyEvents({sizes_ready[p], gathered[p]});
+      }
+    }
+    cudaEvent_t bt[2][4] = {};
+    cudaEvent_t sizes_ready[2] = {}, gathered[2] = {};
+  };
+
+  // Streams, per-call buffers, events and host workers.
+  Status Prepare();
+  // The pipeline over all groups.
+  Status EncodeGroups();
+
+  Status LaunchDetect(size_t w0);
+  Status FinishDetect();
+  Status StartGroup(size_t g0, int set, Group* g);
+  Status LaunchCompaction(Group* g, uint64_t records, uint32_t* d_hist,
+                          uint32_t* d_maxgap);
+  Status EncodeOnCpu(const Group& g);
+  void ChooseModels(Group& g, std::vector<HostChunk>* hc);
+  Status LaunchEncode(Group& g, const std::vector<HostChunk>& hc, uint64_t index);
+  Status LaunchGather();
+  Status GatherBack();
+  Status FrameGathered();
+  Status LaunchFraming(const Group& g, uint64_t index, std::span<const uint8_t> streams,
+                       std::vector<HostChunk> hc, std::vector<uint64_t> offs,
+                       std::vector<uint64_t> sizes);
+  Status FrameGroup(std::vector<uint8_t>* out_buf, std::span<const uint8_t> streams,
+                    size_t g0, size_t g1, const std::vector<uint32_t>& list,
+                    const std::vector<HostChunk>& hc, const std::vector<uint64_t>& offs,
+                    const std::vector<uint64_t>& sizes);
+
+  ChunkHeader HeaderOf(size_t i) const {
+    const HostRange& r = plan_.ranges[i];
+    return internal::RangeHeader(r, pairs_[r.pair].tensor_id, opt_, before_[i], after_[i]);
+  }
+  // Waits for event e, adding the wait (host clock) to *wall_ms.
+  static Status WaitFor(cudaEvent_t e, const char* what, double* wall_ms);
+  // Elapsed GPU time between two completed events, added to *into.
+  static void AddElapsed(cudaEvent_t a, cudaEvent_t b, double* into);
+
+  const std::span<const DeviceTensorPair> pairs_;
+  const GpuEncodeOptions& opt_;
+  const GpuChunkSink& sink_;
+  ThreadHostBuffers& host_;  // the calling thread's
+  int sm_count_ = 0;
+  int threads_ = 0;
+  GpuEncodeReport report_;
+  internal::RangePlan plan_;  // ranges as DiffTensorsToSink cuts them
+  uint32_t nranges_ = 0;
+
+  // Detection (st_detect_) streams through both tensors and is never
+  // waited for at once; the compactions (st_front_) and the lanes' encoding
+  // (st_) are, so their blocks go first (stream priorities).
+  OwnedStream st_, st_front_, st_detect_;
+  DeviceMemory mem_;
+
+  // Per call: ranges, digests, counts, offsets, two windows' change masks.
+  DeviceBuffer b_ranges_, b_before_, b_after_, b_rbefore_, b_rafter_, b_counts_,
+      b_seg_rec_;
+  DeviceBuffer b_mask_[2];
+  EncRange* d_ranges_ = nullptr;
+  uint64_t *d_before_ = nullptr, *d_after_ = nullptr;
+  uint64_t *d_rbefore_ = nullptr, *d_rafter_ = nullptr;
+  uint32_t *d_counts_ = nullptr, *d_seg_rec_ = nullptr;
+  // Range hashes and segment counts come back into host_.detect, and the
+  // per-segment record offsets go to the device from there.
+  std::span<Hash128> before_, after_;
+  std::span<uint32_t> counts_, seg_rec_;
+  uint64_t mask_cap_words_ = 0;  // each of the two masks: half of mask_bytes
+
+  Window windows_[2];
+  size_t detected_end_ = 0;  // ranges [0, detected_end_) have counts
+  int window_count_ = 0;
+  Window* cur_window_ = nullptr;  // the window groups are formed in
+  Window* pending_ = nullptr;     // enqueued, not yet finished
+
+  // CPU-encoded chunks, and every chunk's header, per range.
+  std::vector<std::vector<uint8_t>> chunk_bytes_;
+  std::vector<ChunkHeader> headers_;
+
+  FrontSet sets_[2];
+
+  // Buffers of the back half, one set; chunk framing of group g runs on
+  // the host while group g + 1 goes through the GPU; its streams sit in
+  // host_.streams[g % 2]. At most one framing is in flight, and it is
+  // waited for before any return (the destructor waits, before anything
+  // it writes is destroyed).
+  DeviceBuffer b_chunks_, b_tables_, b_syms_, b_words_, b_state_, b_used_, b_sizes_,
+      b_offs_, b_temp_, b_out_;
+  std::optional<WorkerPool> model_pool_, frame_pool_;
+  std::future<Status> framing_;
+
+  std::optional<Back> back_, in_gather_;
+  BackEvents back_events_;
+  // The back half's buffers as the last lane encoding left them (read by
+  // the gathering that follows it on st_).
+  EncChunk* d_back_chunks_ = nullptr;
+  uint16_t* d_words_ = nullptr;
+  uint32_t *d_state_ = nullptr, *d_used_ = nullptr;
+  uint64_t *d_sizes_ = nullptr, *d_offs_ = nullptr;
+  // The gathered group's stream sizes, offsets and streams.
+  std::vector<uint64_t> back_sizes_, back_offs_;
+  std::span<const uint8_t> back_streams_;
 };
+
+DeviceEncoder::DeviceEncoder(std::span<const DeviceTensorPair> pairs,
+                             const GpuEncodeOptions& opt, const GpuChunkSink& sink)
+    : pairs_(pairs),
+      opt_(opt),
+      sink_(sink),
+      host_(ThisThreadsHostBuffers()),
+      b_ranges_(&mem_),
+      b_before_(&mem_),
+      b_after_(&mem_),
+      b_rbefore_(&mem_),
+      b_rafter_(&mem_),
+      b_counts_(&mem_),
+      b_seg_rec_(&mem_),
+      b_mask_{DeviceBuffer(&mem_), DeviceBuffer(&mem_)},
+      sets_{FrontSet(&mem_), FrontSet(&mem_)},
+      b_chunks_(&mem_),
+      b_tables_(&mem_),
+      b_syms_(&mem_),
+      b_words_(&mem_),
+      b_state_(&mem_),
+      b_used_(&mem_),
+      b_sizes_(&mem_),
+      b_offs_(&mem_),
+      b_temp_(&mem_),
+      b_out_(&mem_) {}
+
+DeviceEncoder::~DeviceEncoder() {
+  if (framing_.valid()) framing_.wait();
+}
+
+Result<GpuEncodeReport> DeviceEncoder::Run() {
+  const auto t0 = std::chrono::steady_clock::now();
+  if (opt_.chunk_bytes == 0 || opt_.chunk_bytes % kRangeHashSegment != 0) {
+    return InvalidArgumentError("chunk size must be a positive multiple of 64 KiB");
+  }
+  if (opt_.records_per_lane == 0) {
+    return InvalidArgumentError("records_per_lane must be >= 1");
+  }
+  REFIT_CUDA_RETURN(cudaSetDevice(opt_.device), "cudaSetDevice");
+  REFIT_CUDA_RETURN(cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount,
+                                           opt_.device), "device attribute");
+  threads_ = opt_.host_threads > 0 ? opt_.host_threads : DefaultThreads();
+  REFIT_ASSIGN_OR_RETURN(plan_, internal::PlanRanges(pairs_, opt_.chunk_bytes));
+  report_.chunk_ranges = plan_.ranges.size();
+  if (plan_.ranges.empty()) return report_;
+  if (plan_.ranges.size() >= (uint64_t{1} << 32)) {
+    return InvalidArgumentError("too many chunk ranges");
+  }
+  nranges_ = static_cast<uint32_t>(plan_.ranges.size());
+  REFIT_RETURN_IF_ERROR(Prepare());
+  REFIT_RETURN_IF_ERROR(EncodeGroups());
+  if (framing_.valid()) REFIT_RETURN_IF_ERROR(framing_.get());
+  report_.peak_device_bytes = mem_.peak;
+  report_.seconds = std::chrono::duration<double>(
+                        std::chrono::steady_clock::now() - t0).count();
+  return report_;
+}
+
+Status DeviceEncoder::Prepare() {
+  int prio_low = 0, prio_high = 0;
+  REFIT_CUDA_RETURN(cudaDeviceGetStreamPriorityRange(&prio_low, &prio_high), "priorities");
+  REFIT_RETURN_IF_ERROR(st_.Create(prio_high));
+  REFIT_RETURN_IF_ERROR(st_front_.Create(prio_high));
+  REFIT_RETURN_IF_ERROR(st_detect_.Create(prio_low));
+
+  const uint64_t segs = plan_.segs, nranges = plan_.ranges.size();
+  REFIT_RETURN_IF_ERROR(b_ranges_.Get(plan_.dev.size(), &d_ranges_));
+  REFIT_RETURN_IF_ERROR(b_before_.Get(2 * segs, &d_before_));
+  REFIT_RETURN_IF_ERROR(b_after_.Get(2 * segs, &d_after_));
+  REFIT_RETURN_IF_ERROR(b_rbefore_.Get(2 * nranges, &d_rbefore_));
+  REFIT_RETURN_IF_ERROR(b_rafter_.Get(2 * nranges, &d_rafter_));
+  REFIT_RETURN_IF_ERROR(b_counts_.Get(segs, &d_counts_));
+  REFIT_RETURN_IF_ERROR(b_seg_rec_.Get(segs, &d_seg_rec_));
+  // On st_detect_, ahead of the first detection that reads them; the
+  // compactions (st_front_) read them after the host has waited for a
+  // detection.
+  REFIT_CUDA_RETURN(cudaMemcpyAsync(d_ranges_, plan_.dev.data(),
+                                    plan_.dev.size() * sizeof(EncRange),
+                                    cudaMemcpyHostToDevice, st_detect_.get()),
+                    "copy ranges");
+  // Range hashes and segment counts come back into page-locked memory (a
+  // copy into pageable memory would block the host until the detection is
+  // done). Per-segment record offsets go to the device from page-locked
+  // memory too: a pageable source may make the copy wait for the stream.
+  REFIT_RETURN_IF_ERROR(host_.detect.Reserve(nranges * 32 + segs * 8));
+  static_assert(sizeof(Hash128) == 16);
+  before_ = std::span<Hash128>(reinterpret_cast<Hash128*>(host_.detect.data()), nranges);
+  after_ = std::span<Hash128>(before_.data() + nranges, nranges);
+  counts_ = std::span<uint32_t>(reinterpret_cast<uint32_t*>(after_.data() + nranges), segs);
+  seg_rec_ = std::span<uint32_t>(counts_.data() + segs, segs);
+  mask_cap_words_ = std::max<uint64_t>(opt_.mask_bytes / 8, 1);
+  for (Window& w : windows_) {
+    REFIT_CUDA_RETURN(cudaEventCreate(&w.e0), "event");
+    REFIT_CUDA_RETURN(cudaEventCreate(&w.e1), "event");
+    REFIT_CUDA_RETURN(cudaEventCreateWithFlags(&w.ready, cudaEventDisableTiming), "event");
+    REFIT_CUDA_RETURN(cudaEventCreateWithFlags(&w.mask_read, cudaEventDisableTiming),
+                      "event");
+  }
+  chunk_bytes_.resize(nranges);
+  headers_.resize(nranges);
+  for (FrontSet& f : sets_) {
+    REFIT_CUDA_RETURN(cudaEventCreateWithFlags(&f.done, cudaEventDisableTiming), "event");
+    REFIT_CUDA_RETURN(cudaEventCreateWithFlags(&f.lanes_done, cudaEventDisableTiming),
+                      "event");
+    for (cudaEvent_t& e : f.t) REFIT_CUDA_RETURN(cudaEventCreate(&e), "event");
+  }
+  model_pool_.emplace(threads_);
+  frame_pool_.emplace(std::max(1, threads_ / 4));
+  BackEvents& be = back_events_;
+  for (int p = 0; p < 2; ++p) {
+    for (cudaEvent_t& e : be.bt[p]) REFIT_CUDA_RETURN(cudaEventCreate(&e), "event");
+    REFIT_CUDA_RETURN(cudaEventCreateWithFlags(&be.sizes_ready[p], cudaEventDisableTiming),
+                      "event");
+    REFIT_CUDA_RETURN(cudaEventCreateWithFlags(&be.gathered[p], cudaEventDisableTiming),
+                      "event");
+  }
+  return Status::Ok();
+}
+
+// The pipeline, per group i: its histograms are waited for; group i + 1's
+// compaction is launched; the host chooses group i's models while the GPU
+// compacts group i + 1, encodes group i - 1's lanes and gathers group
+// i - 2; group i - 2 is framed (its gathering is done by then, so the
+// host does not wait for it), group i - 1's gathering and group i's lanes
+// are enqueued.
+Status DeviceEncoder::EncodeGroups() {
+  Group cur, next;
+  uint64_t group_index = 0;
+  REFIT_RETURN_IF_ERROR(StartGroup(0, 0, &cur));
+  while (true) {
+    ++report_.groups;
+    if (!cur.list.empty()) {
+      const FrontSet& f = sets_[cur.set];
+      REFIT_RETURN_IF_ERROR(WaitFor(f.done, "histograms", &report_.compact_ms));
+      AddElapsed(f.t[0], f.t[1], &report_.gpu_compact_ms);
+      AddElapsed(f.t[1], f.t[2], &report_.gpu_hist_ms);
+    }
+    const bool more = cur.g1 < plan_.ranges.size();
+    if (more) REFIT_RETURN_IF_ERROR(StartGroup(cur.g1, cur.set ^ 1, &next));
+    auto lap = std::chrono::steady_clock::now();
+    REFIT_RETURN_IF_ERROR(EncodeOnCpu(cur));
+    const auto lap2 = std::chrono::steady_clock::now();
+    report_.cpu_fallback_ms += std::chrono::duration<double, std::milli>(lap2 - lap).count();
+    std::vector<HostChunk> hc;
+    if (!cur.list.empty()) ChooseModels(cur, &hc);
+    report_.models_ms += std::chrono::duration<double, std::milli>(
+                             std::chrono::steady_clock::now() - lap2).count();
+    if (in_gather_) REFIT_RETURN_IF_ERROR(FrameGathered());
+    if (back_) REFIT_RETURN_IF_ERROR(GatherBack());
+    const uint64_t index = group_index++;
+    if (!cur.list.empty()) REFIT_RETURN_IF_ERROR(LaunchEncode(cur, hc, index));
+    if (cur.list.empty()) {
+      // Chunks reach the sink in order: the groups before go first.
+      if (in_gather_) REFIT_RETURN_IF_ERROR(FrameGathered());
+      REFIT_RETURN_IF_ERROR(LaunchFraming(cur, index, {}, {}, {}, {}));
+    } else {
+      back_.emplace(Back{std::move(cur), std::move(hc), index});
+    }
+    if (!more) break;
+    cur = std::move(next);
+    next = Group{};
+  }
+  if (in_gather_) REFIT_RETURN_IF_ERROR(FrameGathered());
+  if (back_) {
+    REFIT_RETURN_IF_ERROR(GatherBack());
+    REFIT_RETURN_IF_ERROR(FrameGathered());
+  }
+  return Status::Ok();
+}
+
+Status DeviceEncoder::WaitFor(cudaEvent_t e, const char* what, double* wall_ms) {
+  const auto w0 = std::chrono::steady_clock::now();
+  REFIT_CUDA_RETURN(cudaEventSynchronize(e), what);
+  *wall_ms += std::chrono::duration<double, std::milli>(
+                  std::chrono::steady_clock::now() - w0).count();
+  return Status::Ok();
+}
+
+void DeviceEncoder::AddElapsed(cudaEvent_t a, cudaEvent_t b, double* into) {
+  float ms = 0;
+  if (cudaEventElapsedTime(&ms, a, b) == cudaSuccess) *into += ms;
+}
+
+// Step 1: enqueues the detection of the window that starts at range w0 in
+// the next mask buffer.
+Status DeviceEncoder::LaunchDetect(size_t w0) {
+  const std::vector<HostRange>& ranges = plan_.ranges;
+  const size_t w1 = internal::WindowEnd(plan_, w0, mask_cap_words_);
+  const int slot = window_count_++ % 2;
+  Window& w = windows_[slot];
+  w.w0 = w0;
+  w.w1 = w1;
+  w.s0 = ranges[w0].seg_first;
+  w.s1 = ranges[w1 - 1].seg_first + ranges[w1 - 1].segs;
+  w.mask_base = plan_.MaskEnd(w0);
+  // A reallocation waits for the device, so for the window that last
+  // used this buffer too.
+  REFIT_RETURN_IF_ERROR(b_mask_[slot].Get(plan_.MaskEnd(w1) - w.mask_base, &w.d_mask));
+  const uint64_t s0 = w.s0, s1 = w.s1;
+  const cudaStream_t st_detect = st_detect_.get();
+  // The slot's last window has had all its compactions enqueued (groups
+  // are formed in order); the last of them is the one waited for. An
+  // event never recorded is no wait. (The compactions' range updates,
+  // copied on st_front_ meanwhile, rewrite only fields this detection
+  // does not read, and the others with their own values.)
+  REFIT_CUDA_RETURN(cudaStreamWaitEvent(st_detect, w.mask_read, 0), "wait");
+  REFIT_CUDA_RETURN(cudaEventRecord(w.e0, st_detect), "record");
+  constexpr unsigned kSegsPerBlock = internal::kDetectThreads / 32;
+  internal::DetectKernel<<<static_cast<unsigned>((s1 - s0 + kSegsPerBlock - 1) /
+                                                 kSegsPerBlock),
+                           internal::kDetectThreads, 0, st_detect>>>(
+      d_ranges_, nranges_, s0, s1, w.d_mask, w.mask_base, d_before_, d_after_, d_counts_);
+  REFIT_CUDA_RETURN(cudaGetLastError(), "detect launch");
+  internal::RangeDigestKernel<<<static_cast<unsigned>((w1 - w0 + 7) / 8), 256, 0,
+                                st_detect>>>(d_ranges_, static_cast<uint32_t>(w0),
+                                             static_cast<uint32_t>(w1), d_before_, d_after_,
+                                             d_rbefore_, d_rafter_);
+  REFIT_CUDA_RETURN(cudaGetLastError(), "range hash launch");
+  REFIT_CUDA_RETURN(cudaEventRecord(w.e1, st_detect), "record");
+  REFIT_CUDA_RETURN(cudaMemcpyAsync(before_.data() + w0, d_rbefore_ + 2 * w0, 16 * (w1 - w0),
+                                    cudaMemcpyDeviceToHost, st_detect), "copy hashes");
+  REFIT_CUDA_RETURN(cudaMemcpyAsync(after_.data() + w0, d_rafter_ + 2 * w0, 16 * (w1 - w0),
+                                    cudaMemcpyDeviceToHost, st_detect), "copy hashes");
+  REFIT_CUDA_RETURN(cudaMemcpyAsync(counts_.data() + s0, d_counts_ + s0, 4 * (s1 - s0),
+                                    cudaMemcpyDeviceToHost, st_detect), "copy counts");
+  REFIT_CUDA_RETURN(cudaEventRecord(w.ready, st_detect), "record");
+  pending_ = &w;
+  return Status::Ok();
+}
+
+// Step 1, end: waits for the pending window's detection; per-range record
+// counts and per-segment record offsets; the next window's detection.
+Status DeviceEncoder::FinishDetect() {
+  Window& w = *pending_;
+  pending_ = nullptr;
+  REFIT_CUDA_RETURN(cudaEventSynchronize(w.ready), "detect");
+  float ms = 0;
+  REFIT_CUDA_RETURN(cudaEventElapsedTime(&ms, w.e0, w.e1), "event time");
+  report_.detect_ms += ms;
+  internal::CountRecords(counts_, w.w0, w.w1, plan_.ranges, seg_rec_);
+  REFIT_CUDA_RETURN(cudaMemcpyAsync(d_seg_rec_ + w.s0, seg_rec_.data() + w.s0,
+                                    4 * (w.s1 - w.s0), cudaMemcpyHostToDevice,
+                                    st_front_.get()), "copy offsets");
+  detected_end_ = w.w1;
+  cur_window_ = &w;
+  // The next window's detection starts now, in the other mask buffer.
+  if (w.w1 < plan_.ranges.size()) return LaunchDetect(w.w1);
+  return Status::Ok();
+}
+
+// Step 2: forms the group starting at range g0 (detecting its window first
+// if needed), lays out its staging in front set `set` and launches its
+// compaction and histograms.
+Status DeviceEncoder::StartGroup(size_t g0, int set, Group* g) {
+  if (g0 >= detected_end_) {
+    if (pending_ == nullptr) REFIT_RETURN_IF_ERROR(LaunchDetect(g0));
+    REFIT_RETURN_IF_ERROR(FinishDetect());
+  }
+  g->g0 = g0;
+  g->set = set;
+  const size_t g1 =
+      internal::GroupEnd(plan_.ranges, g0, detected_end_, opt_.staging_bytes);
+  g->g1 = g1;
+  internal::GroupLayout layout = internal::LayOutGroup(plan_.ranges, g0, g1);
+  if (layout.list.empty()) {
+    g->list.clear();
+    return Status::Ok();
+  }
+  const uint32_t nchunks = static_cast<uint32_t>(layout.list.size());
+  FrontSet& f = sets_[set];
+  // The set's page-locked copy sources: its last copies (two groups ago)
+  // were done when that group's histograms were waited for.
+  REFIT_RETURN_IF_ERROR(host_.front[set].Reserve((g1 - g0) * sizeof(EncRange) +
+                                                 nchunks * sizeof(EncChunk)));
+  EncRange* upd = reinterpret_cast<EncRange*>(host_.front[set].data());
+  internal::StagedRanges(plan_, g0, g1, layout, upd);
+  EncChunk* ec_src = reinterpret_cast<EncChunk*>(upd + (g1 - g0));
+  g->list = std::move(layout.list);
+  g->ec = std::move(layout.chunks);
+  uint32_t *d_hist, *d_maxgap;
+  REFIT_RETURN_IF_ERROR(f.pos.Get(layout.records, &g->d_pos));
+  REFIT_RETURN_IF_ERROR(f.vals.Get(layout.value_bytes, &g->d_vals));
+  REFIT_RETURN_IF_ERROR(f.chunks.Get(nchunks, &g->d_chunks));
+  REFIT_RETURN_IF_ERROR(f.hist.Get(uint64_t{nchunks} * kEncPlanes * 256, &d_hist));
+  REFIT_RETURN_IF_ERROR(f.maxgap.Get(nchunks, &d_maxgap));
+  std::copy(g->ec.begin(), g->ec.end(), ec_src);
+  REFIT_CUDA_RETURN(cudaMemcpyAsync(d_ranges_ + g0, upd, (g1 - g0) * sizeof(EncRange),
+                                    cudaMemcpyHostToDevice, st_front_.get()),
+                    "copy ranges");
+  REFIT_CUDA_RETURN(cudaMemcpyAsync(g->d_chunks, ec_src, nchunks * sizeof(EncChunk),
+                                    cudaMemcpyHostToDevice, st_front_.get()),
+                    "copy chunks");
+  return LaunchCompaction(g, layout.records, d_hist, d_maxgap);
+}
+
+// Steps 2a-b of group *g, staged in its front set (d_hist and d_maxgap are
+// the set's): compaction, histograms and largest gaps, which come back into
+// host_.hist[g->set] (g->hist, g->maxgap).
+Status DeviceEncoder::LaunchCompaction(Group* g, uint64_t records, uint32_t* d_hist,
+                                       uint32_t* d_maxgap) {
+  FrontSet& f = sets_[g->set];
+  const cudaStream_t st_front = st_front_.get();
+  const uint32_t nchunks = static_cast<uint32_t>(g->list.size());
+  const uint64_t hist_n = uint64_t{nchunks} * kEncPlanes * 256;
+  const uint64_t seg_begin = plan_.ranges[g->g0].seg_first;
+  const uint64_t seg_end =
+      plan_.ranges[g->g1 - 1].seg_first + plan_.ranges[g->g1 - 1].segs;
+  if (f.lanes_recorded) {
+    REFIT_CUDA_RETURN(cudaStreamWaitEvent(st_front, f.lanes_done, 0), "wait");
+  }
+  REFIT_CUDA_RETURN(cudaEventRecord(f.t[0], st_front), "record");
+  internal::CompactKernel<<<static_cast<unsigned>((seg_end - seg_begin +
+                                                   internal::kCompactWarps - 1) /
+                                                  internal::kCompactWarps),
+                            32 * internal::kCompactWarps, 0, st_front>>>(
+      d_ranges_, nranges_, seg_begin, seg_end, cur_window_->d_mask,
+      cur_window_->mask_base, d_seg_rec_, g->d_pos, g->d_vals);
+  REFIT_CUDA_RETURN(cudaGetLastError(), "compact launch");
+  REFIT_CUDA_RETURN(cudaEventRecord(cur_window_->mask_read, st_front), "record");
+  REFIT_CUDA_RETURN(cudaEventRecord(f.t[1], st_front), "record");
+  REFIT_CUDA_RETURN(cudaMemsetAsync(d_hist, 0, 4 * hist_n, st_front), "clear histograms");
+  REFIT_CUDA_RETURN(cudaMemsetAsync(d_maxgap, 0, 4 * nchunks, st_front), "clear gaps");
+  const uint32_t slices = internal::HistogramSlices(sm_count_, nchunks, records);
+  internal::HistKernel<<<nchunks * slices, 256, 0, st_front>>>(
+      g->d_chunks, slices, g->d_pos, g->d_vals, d_hist, d_maxgap);
+  REFIT_CUDA_RETURN(cudaGetLastError(), "histogram launch");
+  REFIT_CUDA_RETURN(cudaEventRecord(f.t[2], st_front), "record");
+  // Into page-locked memory: a copy into pageable memory would block the
+  // host here until the compaction and histograms are done.
+  REFIT_RETURN_IF_ERROR(host_.hist[g->set].Reserve(4 * (hist_n + nchunks)));
+  uint32_t* hist_host = reinterpret_cast<uint32_t*>(host_.hist[g->set].data());
+  g->hist = std::span<const uint32_t>(hist_host, hist_n);
+  g->maxgap = std::span<const uint32_t>(hist_host + hist_n, nchunks);
+  REFIT_CUDA_RETURN(cudaMemcpyAsync(hist_host, d_hist, 4 * hist_n,
+                                    cudaMemcpyDeviceToHost, st_front), "copy histograms");
+  REFIT_CUDA_RETURN(cudaMemcpyAsync(hist_host + hist_n, d_maxgap, 4 * nchunks,
+                                    cudaMemcpyDeviceToHost, st_front), "copy gaps");
+  REFIT_CUDA_RETURN(cudaEventRecord(f.done, st_front), "record");
+  return Status::Ok();
+}
+
+// The CPU's share of a group: its dense-prone ranges (GpuEncodes is false
+// for them), copied back and encoded with EncodeChunkRange.
+Status DeviceEncoder::EncodeOnCpu(const Group& g) {
+  for (size_t i = g.g0; i < g.g1; ++i) {
+    const HostRange& r = plan_.ranges[i];
+    if (r.k == 0 || r.gpu) continue;
+    const uint64_t w = static_cast<uint64_t>(r.width);
+    std::vector<uint8_t> a(r.count * w), b(r.count * w);
+    REFIT_CUDA_RETURN(cudaMemcpy(a.data(), HostPtr(plan_.dev[i].a), a.size(),
+                                 cudaMemcpyDeviceToHost), "copy range");
+    REFIT_CUDA_RETURN(cudaMemcpy(b.data(), HostPtr(plan_.dev[i].b), b.size(),
+                                 cudaMemcpyDeviceToHost), "copy range");
+    ChunkHeader ids = HeaderOf(i);
+    ChunkEncodeOptions copt;
+    copt.codec.records_per_lane = opt_.records_per_lane;
+    EncodeScratch scratch;
+    ChunkResult res;
+    REFIT_RETURN_IF_ERROR(EncodeChunkRange(ids, a.data(), b.data(), 0, r.count,
+                                           copt, &scratch, &res));
+    res.header.start = r.start;
+    auto pc = ParseChunk(res.chunk);
+    REFIT_RETURN_IF_ERROR(pc.status());
+    std::vector<uint8_t> payload(pc->payload.begin(), pc->payload.end());
+    headers_[i] = res.header;
+    SerializeChunk(res.header, payload, &chunk_bytes_[i]);
+    ++report_.cpu_chunks;
+  }
+  return Status::Ok();
+}
+
+// Step 3: every GPU chunk's models from its histograms, as EncodeSparseW
+// chooses them (internal::ChooseChunkModels), into g.ec and *hc.
+void DeviceEncoder::ChooseModels(Group& g, std::vector<HostChunk>* hc) {
+  const uint32_t nchunks = static_cast<uint32_t>(g.list.size());
+  hc->assign(nchunks, HostChunk{});
+  model_pool_->ForEach(nchunks, [&](size_t c, int) {
+    const HostRange& r = plan_.ranges[g.list[c]];
+    internal::ChooseChunkModels(g.hist.subspan(c * kEncPlanes * 256, kEncPlanes * 256),
+                                g.maxgap[c], static_cast<uint32_t>(r.count),
+                                opt_.records_per_lane, &g.ec[c], &(*hc)[c]);
+  });
+}
+
+// Steps 4a-b: enqueues group g's lane encoding, stream sizes and offsets
+// (back into host_.sizes[index % 2]).
+Status DeviceEncoder::LaunchEncode(Group& g, const std::vector<HostChunk>& hc,
+                                   uint64_t index) {
+  const uint32_t nchunks = static_cast<uint32_t>(g.list.size());
+  const int parity = static_cast<int>(index % 2);
+  const cudaStream_t st = st_.get();
+  const internal::LaneLayout l = internal::LayOutLanes(g.ec, hc);
+  EncTable* d_tables;
+  uint4* d_syms;
+  REFIT_RETURN_IF_ERROR(b_chunks_.Get(nchunks, &d_back_chunks_));
+  REFIT_RETURN_IF_ERROR(b_tables_.Get(std::max<uint64_t>(l.tables, 1), &d_tables));
+  REFIT_RETURN_IF_ERROR(b_syms_.Get(std::max<uint64_t>(l.tables, 1) * 256, &d_syms));
+  REFIT_RETURN_IF_ERROR(b_words_.Get(l.words + 1, &d_words_));
+  REFIT_RETURN_IF_ERROR(b_state_.Get(l.lanes, &d_state_));
+  REFIT_RETURN_IF_ERROR(b_used_.Get(l.lanes, &d_used_));
+  REFIT_RETURN_IF_ERROR(b_sizes_.Get(nchunks, &d_sizes_));
+  REFIT_RETURN_IF_ERROR(b_offs_.Get(nchunks, &d_offs_));
+  // From page-locked memory (pageable sources may make a copy wait for
+  // the stream, here the previous group's gathering). This parity's last
+  // copies (two groups ago) were done when that group's sizes came back.
+  const uint64_t ec_bytes = nchunks * sizeof(EncChunk);
+  REFIT_RETURN_IF_ERROR(host_.back[parity].Reserve(ec_bytes + l.tables * sizeof(EncTable)));
+  uint8_t* src = host_.back[parity].data();
+  std::memcpy(src, g.ec.data(), ec_bytes);
+  EncTable* src_tables = reinterpret_cast<EncTable*>(src + ec_bytes);
+  for (uint32_t c = 0; c < nchunks; ++c) {
+    std::copy(hc[c].tables.begin(), hc[c].tables.end(), src_tables + g.ec[c].table_first);
+  }
+  REFIT_CUDA_RETURN(cudaMemcpyAsync(d_back_chunks_, src, ec_bytes, cudaMemcpyHostToDevice,
+                                    st), "copy chunks");
+  if (l.tables > 0) {
+    REFIT_CUDA_RETURN(cudaMemcpyAsync(d_tables, src_tables, l.tables * sizeof(EncTable),
+                                      cudaMemcpyHostToDevice, st), "copy tables");
+  }
+  cudaEvent_t* bt = back_events_.bt[parity];
+  REFIT_CUDA_RETURN(cudaEventRecord(bt[0], st), "record");
+  if (l.max_coded > 0) {
+    internal::SymbolKernel<<<dim3(nchunks, l.max_coded), 256, 0, st>>>(d_back_chunks_,
+                                                                       d_tables, d_syms);
+    REFIT_CUDA_RETURN(cudaGetLastError(), "symbol launch");
+  }
+  // A block per chunk, a thread per lane (<= 255).
+  REFIT_CUDA_RETURN(internal::LaunchEncodeLanes(l.max_coded, nchunks,
+                                                (l.max_lanes + 31) / 32 * 32, st,
+                                                d_back_chunks_, d_syms, g.d_pos, g.d_vals,
+                                                d_words_, d_state_, d_used_),
+                    "encode launch");
+  REFIT_CUDA_RETURN(cudaEventRecord(bt[1], st), "record");
+  // The front set's records are read: the compaction that reuses the set
+  // (two groups on) waits for this point.
+  REFIT_CUDA_RETURN(cudaEventRecord(sets_[g.set].lanes_done, st), "record");
+  sets_[g.set].lanes_recorded = true;
+  internal::StreamSizeKernel<<<(nchunks + 127) / 128, 128, 0, st>>>(
+      d_back_chunks_, nchunks, d_used_, d_sizes_);
+  REFIT_CUDA_RETURN(cudaGetLastError(), "size launch");
+  size_t temp_bytes = 0;
+  REFIT_CUDA_RETURN(cub::DeviceScan::ExclusiveSum(nullptr, temp_bytes, d_sizes_,
+                                                  d_offs_, nchunks, st), "scan");
+  uint8_t* d_temp;
+  REFIT_RETURN_IF_ERROR(b_temp_.Get(temp_bytes, &d_temp));
+  REFIT_CUDA_RETURN(cub::DeviceScan::ExclusiveSum(d_temp, temp_bytes, d_sizes_,
+                                                  d_offs_, nchunks, st), "scan");
+  REFIT_RETURN_IF_ERROR(host_.sizes[parity].Reserve(16 * uint64_t{nchunks}));
+  uint8_t* host = host_.sizes[parity].data();
+  REFIT_CUDA_RETURN(cudaMemcpyAsync(host, d_sizes_, 8 * nchunks, cudaMemcpyDeviceToHost, st),
+                    "copy sizes");
+  REFIT_CUDA_RETURN(cudaMemcpyAsync(host + 8 * nchunks, d_offs_, 8 * nchunks,
+                                    cudaMemcpyDeviceToHost, st), "copy offsets");
+  REFIT_CUDA_RETURN(cudaEventRecord(back_events_.sizes_ready[parity], st), "record");
+  return Status::Ok();
+}
+
+// Step 4c for the group in back_: waits for its stream sizes, then
+// enqueues the gathering and the copy of its streams into
+// host_.streams[index % 2] (the framing that last read that buffer, two
+// groups ago, was waited for when the previous group's framing started,
+// just before).
+Status DeviceEncoder::LaunchGather() {
+  Back& bk = *back_;
+  const uint32_t nchunks = static_cast<uint32_t>(bk.g.list.size());
+  const int parity = static_cast<int>(bk.index % 2);
+  const cudaStream_t st = st_.get();
+  cudaEvent_t* bt = back_events_.bt[parity];
+  REFIT_RETURN_IF_ERROR(
+      WaitFor(back_events_.sizes_ready[parity], "encode", &report_.encode_ms));
+  AddElapsed(bt[0], bt[1], &report_.gpu_encode_ms);
+  const uint64_t* host = reinterpret_cast<const uint64_t*>(host_.sizes[parity].data());
+  back_sizes_.assign(host, host + nchunks);
+  back_offs_.assign(host + nchunks, host + 2 * nchunks);
+  const uint64_t total = back_offs_.back() + back_sizes_.back();
+  uint8_t* d_out;
+  REFIT_RETURN_IF_ERROR(b_out_.Get(total, &d_out));
+  REFIT_CUDA_RETURN(cudaEventRecord(bt[2], st), "record");
+  internal::GatherKernel<<<nchunks, 256, 0, st>>>(d_back_chunks_, d_words_, d_state_,
+                                                  d_used_, d_offs_, d_out);
+  REFIT_CUDA_RETURN(cudaGetLastError(), "gather launch");
+  REFIT_CUDA_RETURN(cudaEventRecord(bt[3], st), "record");
+  PinnedHost& pinned = host_.streams[parity];
+  REFIT_RETURN_IF_ERROR(pinned.Reserve(total));
+  back_streams_ = std::span<const uint8_t>(pinned.data(), total);
+  REFIT_CUDA_RETURN(cudaMemcpyAsync(pinned.data(), d_out, total,
+                                    cudaMemcpyDeviceToHost, st), "copy streams");
+  REFIT_CUDA_RETURN(cudaEventRecord(back_events_.gathered[parity], st), "record");
+  return Status::Ok();
+}
+
+// Enqueues the gathering of the group in back_, which moves to in_gather_.
+Status DeviceEncoder::GatherBack() {
+  REFIT_RETURN_IF_ERROR(LaunchGather());
+  in_gather_ = std::move(back_);
+  back_.reset();
+  return Status::Ok();
+}
+
+// Waits for the group in in_gather_ to be gathered and starts its framing.
+Status DeviceEncoder::FrameGathered() {
+  Back& bk = *in_gather_;
+  const int parity = static_cast<int>(bk.index % 2);
+  REFIT_RETURN_IF_ERROR(
+      WaitFor(back_events_.gathered[parity], "gather", &report_.gather_ms));
+  AddElapsed(back_events_.bt[parity][2], back_events_.bt[parity][3],
+             &report_.gpu_gather_ms);
+  Status st_frame = LaunchFraming(bk.g, bk.index, back_streams_, std::move(bk.hc),
+                                  std::move(back_offs_), std::move(back_sizes_));
+  in_gather_.reset();
+  return st_frame;
+}
+
+// Frames group g's GPU chunks (model descriptions hc[c].header, streams at
+// offs[c], sizes[c]) into host_.framed[index % 2], then gives the sink every
+// chunk of the group in range order (CPU-encoded ones from chunk_bytes_).
+// Runs on its own thread (FrameGroup) while the next group goes through the
+// GPU, once the framing before it is done.
+Status DeviceEncoder::LaunchFraming(const Group& g, uint64_t index,
+                                    std::span<const uint8_t> streams,
+                                    std::vector<HostChunk> hc, std::vector<uint64_t> offs,
+                                    std::vector<uint64_t> sizes) {
+  if (framing_.valid()) REFIT_RETURN_IF_ERROR(framing_.get());
+  std::vector<uint8_t>* const out_buf = &host_.framed[index % 2];
+  framing_ = std::async(
+      std::launch::async,
+      [this, out_buf, streams, g0 = g.g0, g1 = g.g1, list = g.list, hc = std::move(hc),
+       offs = std::move(offs), sizes = std::move(sizes)]() -> Status {
+        return FrameGroup(out_buf, streams, g0, g1, list, hc, offs, sizes);
+      });
+  return Status::Ok();
+}
+
+Status DeviceEncoder::FrameGroup(std::vector<uint8_t>* out_buf,
+                                 std::span<const uint8_t> streams, size_t g0, size_t g1,
+                                 const std::vector<uint32_t>& list,
+                                 const std::vector<HostChunk>& hc,
+                                 const std::vector<uint64_t>& offs,
+                                 const std::vector<uint64_t>& sizes) {
+  const auto f0 = std::chrono::steady_clock::now();
+  const size_t nchunks = list.size();
+  std::vector<uint8_t>& buf = *out_buf;
+  std::vector<uint64_t> at(nchunks + 1, 0), len(nchunks, 0);
+  for (size_t c = 0; c < nchunks; ++c) {
+    at[c + 1] = at[c] + ChunkSizeBound(hc[c].header.size() + sizes[c]);
+  }
+  if (buf.size() < at[nchunks]) buf.resize(at[nchunks]);
+  frame_pool_->ForEach(nchunks, [&](size_t c, int) {
+    const uint32_t i = list[c];
+    headers_[i] = HeaderOf(i);
+    len[c] = SerializeChunkTo(headers_[i], hc[c].header,
+                              streams.subspan(offs[c], sizes[c]), buf.data() + at[c]);
+  });
+  size_t c = 0;
+  for (size_t i = g0; i < g1; ++i) {
+    const HostRange& r = plan_.ranges[i];
+    if (r.k == 0) continue;
+    std::span<const uint8_t> bytes;
+    if (c < nchunks && list[c] == i) {
+      bytes = std::span<const uint8_t>(buf.data() + at[c], len[c]);
+      ++c;
+    } else {
+      bytes = chunk_bytes_[i];
+    }
+    ++report_.chunks;
+    report_.changed_elements += r.k;
+    report_.chunk_bytes += bytes.size();
+    Status delivered = sink_(GpuChunkInfo{r.pair, headers_[i]}, bytes);
+    chunk_bytes_[i] = {};
+    if (!delivered.ok()) return delivered;
+  }
+  report_.frame_ms += std::chrono::duration<double, std::milli>(
+                          std::chrono::steady_clock::now() - f0).count();
+  return Status::Ok();
+}
 
 }  // namespace
 
@@ -740,796 +1452,8 @@ Result<GpuEncodeReport> EncodeOnDevice(std::span<const DeviceTensorPair> pairs,
 Result<GpuEncodeReport> EncodeOnDevice(std::span<const DeviceTensorPair> pairs,
                                        const GpuEncodeOptions& opt,
                                        const GpuChunkSink& sink) {
-  const auto t0 = std::chrono::steady_clock::now();
-  if (opt.chunk_bytes == 0 || opt.chunk_bytes % kRangeHashSegment != 0) {
-    return InvalidArgumentError("chunk size must be a positive multiple of 64 KiB");
-  }
-  if (opt.records_per_lane == 0) {
-    return InvalidArgumentError("records_per_lane must be >= 1");
-  }
-  REFIT_ENC_CUDA(cudaSetDevice(opt.device), "cudaSetDevice");
-  int sm_count = 0;
-  REFIT_ENC_CUDA(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount,
-                                        opt.device), "device attribute");
-  const int threads = opt.host_threads > 0 ? opt.host_threads : DefaultThreads();
-  GpuEncodeReport report;
-  // Ranges as DiffTensorsToSink cuts them.
-  std::vector<HostRange> ranges;
-  std::vector<EncRange> dev_ranges;
-  uint64_t segs = 0, mask_words = 0;
-  for (size_t p = 0; p < pairs.size(); ++p) {
-    const DeviceTensorPair& t = pairs[p];
-    if (t.width != 1 && t.width != 2 && t.width != 4 && t.width != 8) {
-      return InvalidArgumentError("element width must be 1, 2, 4 or 8");
-    }
-    if (t.elements == 0) continue;
-    if (t.old_data == nullptr || t.new_data == nullptr) {
-      return InvalidArgumentError("pair " + std::to_string(p) + " has no data");
-    }
-    const uint64_t per = std::min<uint64_t>(opt.chunk_bytes / t.width,
-                                            kMaxChunkElements);
-    for (uint64_t s = 0; s < t.elements; s += per) {
-      HostRange r;
-      r.pair = static_cast<uint32_t>(p);
-      r.start = s;
-      r.count = std::min(per, t.elements - s);
-      r.seg_first = segs;
-      const uint64_t bytes = r.count * t.width;
-      r.segs = static_cast<uint32_t>((bytes + kRangeHashSegment - 1) / kRangeHashSegment);
-      segs += r.segs;
-      ranges.push_back(r);
-      EncRange d{};
-      d.a = reinterpret_cast<uintptr_t>(t.old_data) + s * t.width;
-      d.b = reinterpret_cast<uintptr_t>(t.new_data) + s * t.width;
-      d.bytes = bytes;
-      d.seg_first = r.seg_first;
-      d.rec_off = ~uint64_t{0};
-      d.mask_off = mask_words;
-      mask_words += (r.count + 31) / 32;
-      d.width = static_cast<uint32_t>(t.width);
-      dev_ranges.push_back(d);
-    }
-  }
-  report.chunk_ranges = ranges.size();
-  if (ranges.empty()) return report;
-  if (ranges.size() >= (uint64_t{1} << 32)) {
-    return InvalidArgumentError("too many chunk ranges");
-  }
-  const uint32_t nranges = static_cast<uint32_t>(ranges.size());
-
-  DeviceMemory mem;
-  // Detection (st_detect) streams through both tensors and is never
-  // waited for at once; the compactions (st_front) and the lanes' encoding
-  // (st) are, so their blocks go first (stream priorities).
-  int prio_low = 0, prio_high = 0;
-  REFIT_ENC_CUDA(cudaDeviceGetStreamPriorityRange(&prio_low, &prio_high), "priorities");
-  cudaStream_t st = nullptr, st_front = nullptr, st_detect = nullptr;
-  REFIT_ENC_CUDA(cudaStreamCreateWithPriority(&st, cudaStreamNonBlocking, prio_high),
-                 "stream");
-  struct StreamGuard {
-    cudaStream_t s;
-    ~StreamGuard() {
-      if (s) cudaStreamDestroy(s);
-    }
-  } guard{st};
-  REFIT_ENC_CUDA(cudaStreamCreateWithPriority(&st_front, cudaStreamNonBlocking, prio_high),
-                 "stream");
-  StreamGuard guard_front{st_front};
-  REFIT_ENC_CUDA(cudaStreamCreateWithPriority(&st_detect, cudaStreamNonBlocking, prio_low),
-                 "stream");
-  StreamGuard guard_detect{st_detect};
-
-  // Per call: ranges, digests, counts, offsets, two windows' change masks.
-  DeviceBuffer b_ranges(&mem), b_before(&mem), b_after(&mem), b_rbefore(&mem),
-      b_rafter(&mem), b_counts(&mem), b_seg_rec(&mem);
-  DeviceBuffer b_mask[2] = {DeviceBuffer(&mem), DeviceBuffer(&mem)};
-  EncRange* d_ranges;
-  uint64_t *d_before, *d_after, *d_rbefore, *d_rafter;
-  uint32_t *d_counts, *d_seg_rec;
-  REFIT_RETURN_IF_ERROR(b_ranges.Get(dev_ranges.size(), &d_ranges));
-  REFIT_RETURN_IF_ERROR(b_before.Get(2 * segs, &d_before));
-  REFIT_RETURN_IF_ERROR(b_after.Get(2 * segs, &d_after));
-  REFIT_RETURN_IF_ERROR(b_rbefore.Get(2 * ranges.size(), &d_rbefore));
-  REFIT_RETURN_IF_ERROR(b_rafter.Get(2 * ranges.size(), &d_rafter));
-  REFIT_RETURN_IF_ERROR(b_counts.Get(segs, &d_counts));
-  REFIT_RETURN_IF_ERROR(b_seg_rec.Get(segs, &d_seg_rec));
-  // On st_detect, ahead of the first detection that reads them; the
-  // compactions (st_front) read them after the host has waited for a
-  // detection.
-  REFIT_ENC_CUDA(cudaMemcpyAsync(d_ranges, dev_ranges.data(),
-                                 dev_ranges.size() * sizeof(EncRange),
-                                 cudaMemcpyHostToDevice, st_detect), "copy ranges");
-  // Range hashes and segment counts come back into page-locked memory (a
-  // copy into pageable memory would block the host until the detection is
-  // done).
-  thread_local PinnedHost pinned_detect;
-  REFIT_RETURN_IF_ERROR(pinned_detect.Reserve(ranges.size() * 32 + segs * 8));
-  static_assert(sizeof(Hash128) == 16);
-  const std::span<Hash128> before(reinterpret_cast<Hash128*>(pinned_detect.data()),
-                                  ranges.size());
-  const std::span<Hash128> after(before.data() + ranges.size(), ranges.size());
-  const std::span<uint32_t> counts(reinterpret_cast<uint32_t*>(after.data() + ranges.size()),
-                                   segs);
-  // Per-segment record offsets go to the device from page-locked memory
-  // too: a pageable source may make the copy wait for the stream.
-  const std::span<uint32_t> seg_rec(counts.data() + segs, segs);
-  // Each of the two masks holds half of mask_bytes.
-  const uint64_t mask_cap_words = std::max<uint64_t>(opt.mask_bytes / 8, 1);
-
-  // Step 1 for a window: the ranges from w0 whose change masks fit one
-  // mask buffer (at least one range). Windows alternate between the two
-  // buffers. A window's detection runs on st_detect, at low priority: it
-  // is enqueued as soon as the window before has been detected, and waits
-  // on the GPU only for the last compaction that read its mask buffer (the
-  // window two before), so it runs while the window before is compacted
-  // and encoded, and the host rarely waits for it when it forms the
-  // window's first group. (At equal priority its blocks held the
-  // multiprocessors that the lanes' encoding and the compactions wait for:
-  // slower than detecting on st_front between windows.)
-  struct Window {
-    size_t w0 = 0, w1 = 0;     // its ranges
-    uint64_t s0 = 0, s1 = 0;   // their segments
-    uint64_t mask_base = 0;  // the window's first mask word
-    uint32_t* d_mask = nullptr;
-    cudaEvent_t e0 = nullptr, e1 = nullptr, ready = nullptr;
-    // Recorded on st_front after each compaction that reads the mask.
-    cudaEvent_t mask_read = nullptr;
-  };
-  Window windows[2];
-  struct WindowEvents {
-    Window* w;
-    ~WindowEvents() {
-      for (int i = 0; i < 2; ++i) {
-        for (cudaEvent_t e : {w[i].e0, w[i].e1, w[i].ready, w[i].mask_read}) {
-          if (e) cudaEventDestroy(e);
-        }
-      }
-    }
-  } window_events{windows};
-  for (Window& w : windows) {
-    REFIT_ENC_CUDA(cudaEventCreate(&w.e0), "event");
-    REFIT_ENC_CUDA(cudaEventCreate(&w.e1), "event");
-    REFIT_ENC_CUDA(cudaEventCreateWithFlags(&w.ready, cudaEventDisableTiming), "event");
-    REFIT_ENC_CUDA(cudaEventCreateWithFlags(&w.mask_read, cudaEventDisableTiming), "event");
-  }
-  size_t detected_end = 0;  // ranges [0, detected_end) have counts
-  int window_count = 0;
-  Window* cur_window = nullptr;  // the window groups are formed in
-  Window* pending = nullptr;     // enqueued, not yet finished
-  // Mask words of ranges [0, i).
-  auto mask_end = [&](size_t i) {
-    return i == ranges.size() ? mask_words : dev_ranges[i].mask_off;
-  };
-  auto launch_detect = [&](size_t w0) -> Status {
-    size_t w1 = w0 + 1;
-    while (w1 < ranges.size() && mask_end(w1 + 1) - mask_end(w0) <= mask_cap_words) ++w1;
-    const int slot = window_count++ % 2;
-    Window& w = windows[slot];
-    w.w0 = w0;
-    w.w1 = w1;
-    w.s0 = ranges[w0].seg_first;
-    w.s1 = ranges[w1 - 1].seg_first + ranges[w1 - 1].segs;
-    w.mask_base = mask_end(w0);
-    // A reallocation waits for the device, so for the window that last
-    // used this buffer too.
-    REFIT_RETURN_IF_ERROR(b_mask[slot].Get(mask_end(w1) - w.mask_base, &w.d_mask));
-    const uint64_t s0 = w.s0, s1 = w.s1;
-    // The slot's last window has had all its compactions enqueued (groups
-    // are formed in order); the last of them is the one waited for. An
-    // event never recorded is no wait. (The compactions' range updates,
-    // copied on st_front meanwhile, rewrite only fields this detection
-    // does not read, and the others with their own values.)
-    REFIT_ENC_CUDA(cudaStreamWaitEvent(st_detect, w.mask_read, 0), "wait");
-    REFIT_ENC_CUDA(cudaEventRecord(w.e0, st_detect), "record");
-    constexpr unsigned kSegsPerBlock = internal::kDetectThreads / 32;
-    internal::DetectKernel<<<static_cast<unsigned>((s1 - s0 + kSegsPerBlock - 1) /
-                                                   kSegsPerBlock),
-                             internal::kDetectThreads, 0, st_detect>>>(
-        d_ranges, nranges, s0, s1, w.d_mask, w.mask_base, d_before, d_after, d_counts);
-    REFIT_ENC_CUDA(cudaGetLastError(), "detect launch");
-    internal::RangeDigestKernel<<<static_cast<unsigned>((w1 - w0 + 7) / 8), 256, 0,
-                                  st_detect>>>(d_ranges, static_cast<uint32_t>(w0),
-                                              static_cast<uint32_t>(w1), d_before, d_after,
-                                              d_rbefore, d_rafter);
-    REFIT_ENC_CUDA(cudaGetLastError(), "range hash launch");
-    REFIT_ENC_CUDA(cudaEventRecord(w.e1, st_detect), "record");
-    REFIT_ENC_CUDA(cudaMemcpyAsync(before.data() + w0, d_rbefore + 2 * w0, 16 * (w1 - w0),
-                                   cudaMemcpyDeviceToHost, st_detect), "copy hashes");
-    REFIT_ENC_CUDA(cudaMemcpyAsync(after.data() + w0, d_rafter + 2 * w0, 16 * (w1 - w0),
-                                   cudaMemcpyDeviceToHost, st_detect), "copy hashes");
-    REFIT_ENC_CUDA(cudaMemcpyAsync(counts.data() + s0, d_counts + s0, 4 * (s1 - s0),
-                                   cudaMemcpyDeviceToHost, st_detect), "copy counts");
-    REFIT_ENC_CUDA(cudaEventRecord(w.ready, st_detect), "record");
-    pending = &w;
-    return Status::Ok();
-  };
-  // Waits for the pending window's detection; per-range record counts and
-  // per-segment record offsets.
-  auto finish_detect = [&]() -> Status {
-    Window& w = *pending;
-    pending = nullptr;
-    REFIT_ENC_CUDA(cudaEventSynchronize(w.ready), "detect");
-    float ms = 0;
-    REFIT_ENC_CUDA(cudaEventElapsedTime(&ms, w.e0, w.e1), "event time");
-    report.detect_ms += ms;
-    for (size_t i = w.w0; i < w.w1; ++i) {
-      HostRange& r = ranges[i];
-      uint64_t k = 0;
-      for (uint32_t j = 0; j < r.segs; ++j) {
-        seg_rec[r.seg_first + j] = static_cast<uint32_t>(k);
-        k += counts[r.seg_first + j];
-      }
-      r.k = k;
-      // EncodeChunkRange tries dense encodings from k * 16 >= count on.
-      r.gpu = k > 0 && k * 16 < r.count;
-    }
-    REFIT_ENC_CUDA(cudaMemcpyAsync(d_seg_rec + w.s0, seg_rec.data() + w.s0, 4 * (w.s1 - w.s0),
-                                   cudaMemcpyHostToDevice, st_front), "copy offsets");
-    detected_end = w.w1;
-    cur_window = &w;
-    // The next window's detection starts now, in the other mask buffer.
-    if (w.w1 < ranges.size()) return launch_detect(w.w1);
-    return Status::Ok();
-  };
-
-  std::vector<std::vector<uint8_t>> chunk_bytes(ranges.size());
-  std::vector<ChunkHeader> headers(ranges.size());
-  auto header_of = [&](size_t i) {
-    const HostRange& r = ranges[i];
-    ChunkHeader h;
-    h.kind = codec::ChunkKind::kSparseXor;
-    h.width = static_cast<uint8_t>(pairs[r.pair].width);
-    h.version = opt.version;
-    h.base_version = opt.base_version;
-    h.tensor_id = pairs[r.pair].tensor_id;
-    h.start = r.start;
-    h.count = r.count;
-    h.changed = r.k;
-    h.before = before[i];
-    h.after = after[i];
-    return h;
-  };
-
-  // A group: consecutive ranges of one window whose records fit the
-  // staging budget. Its compaction (steps 2a-b, "front") runs on st_front
-  // in one of two buffer sets while the host chooses the previous group's
-  // models; steps 4a-c ("back") run on st.
-  struct FrontSet {
-    explicit FrontSet(DeviceMemory* m)
-        : pos(m), vals(m), chunks(m), hist(m), maxgap(m) {}
-    DeviceBuffer pos, vals, chunks, hist, maxgap;
-    cudaEvent_t done = nullptr;  // histograms and gaps are back
-    cudaEvent_t t[3] = {};       // around the compaction and histograms
-    // The lanes' encoding of the last group that used the set has read its
-    // records (recorded on st; the next compaction into the set waits).
-    cudaEvent_t lanes_done = nullptr;
-    bool lanes_recorded = false;
-  };
-  FrontSet sets[2] = {FrontSet(&mem), FrontSet(&mem)};
-  struct EventGuard {
-    FrontSet* sets;
-    ~EventGuard() {
-      for (int i = 0; i < 2; ++i) {
-        if (sets[i].done) cudaEventDestroy(sets[i].done);
-        if (sets[i].lanes_done) cudaEventDestroy(sets[i].lanes_done);
-        for (cudaEvent_t e : sets[i].t) {
-          if (e) cudaEventDestroy(e);
-        }
-      }
-    }
-  } event_guard{sets};
-  for (FrontSet& f : sets) {
-    REFIT_ENC_CUDA(cudaEventCreateWithFlags(&f.done, cudaEventDisableTiming), "event");
-    REFIT_ENC_CUDA(cudaEventCreateWithFlags(&f.lanes_done, cudaEventDisableTiming), "event");
-    for (cudaEvent_t& e : f.t) REFIT_ENC_CUDA(cudaEventCreate(&e), "event");
-  }
-  // Elapsed GPU time between two completed events, added to *into.
-  auto add_elapsed = [](cudaEvent_t a, cudaEvent_t b, double* into) {
-    float ms = 0;
-    if (cudaEventElapsedTime(&ms, a, b) == cudaSuccess) *into += ms;
-  };
-  // Waits for event e, adding the wait (host clock) to *wall_ms.
-  auto wait_for = [](cudaEvent_t e, const char* what, double* wall_ms) -> Status {
-    const auto w0 = std::chrono::steady_clock::now();
-    REFIT_ENC_CUDA(cudaEventSynchronize(e), what);
-    *wall_ms += std::chrono::duration<double, std::milli>(
-                    std::chrono::steady_clock::now() - w0).count();
-    return Status::Ok();
-  };
-  thread_local PinnedHost pinned_hist[2], pinned_front[2];
-  struct Group {
-    size_t g0 = 0, g1 = 0;
-    int set = 0;
-    std::vector<uint32_t> list;  // its GPU-encoded ranges
-    std::vector<EncChunk> ec;
-    std::span<const uint32_t> maxgap;
-    std::span<const uint32_t> hist;
-    uint32_t* d_pos = nullptr;  // the front set's records
-    uint8_t* d_vals = nullptr;
-    EncChunk* d_chunks = nullptr;
-  };
-  // Forms the group starting at range g0 (detecting its window first if
-  // needed) and launches its front.
-  auto start_group = [&](size_t g0, int set, Group* g) -> Status {
-    if (g0 >= detected_end) {
-      if (pending == nullptr) REFIT_RETURN_IF_ERROR(launch_detect(g0));
-      REFIT_RETURN_IF_ERROR(finish_detect());
-    }
-    g->g0 = g0;
-    g->set = set;
-    uint64_t need = 0;
-    size_t g1 = g0;
-    for (; g1 < detected_end; ++g1) {
-      const HostRange& r = ranges[g1];
-      const uint64_t w = pairs[r.pair].width;
-      // Records and values in both front sets, the lanes' words.
-      const uint64_t more = r.gpu ? r.k * (2 * (4 + w) + 2 * (4 + w)) + 64 : 0;
-      if (g1 > g0 && need + more > opt.staging_bytes) break;
-      need += more;
-    }
-    g->g1 = g1;
-    g->list.clear();
-    uint64_t recs = 0, val_bytes = 0;
-    for (size_t i = g0; i < g1; ++i) {
-      const HostRange& r = ranges[i];
-      if (!r.gpu) continue;
-      g->list.push_back(static_cast<uint32_t>(i));
-      recs += r.k;
-      val_bytes += (r.k * pairs[r.pair].width + 15) / 16 * 16;
-    }
-    if (g->list.empty()) return Status::Ok();
-    const uint32_t nchunks = static_cast<uint32_t>(g->list.size());
-    FrontSet& f = sets[set];
-    g->ec.assign(nchunks, EncChunk{});
-    // The set's page-locked copy sources: its last copies (two groups ago)
-    // were done when that group's histograms were waited for.
-    REFIT_RETURN_IF_ERROR(pinned_front[set].Reserve((g1 - g0) * sizeof(EncRange) +
-                                                   nchunks * sizeof(EncChunk)));
-    EncRange* upd = reinterpret_cast<EncRange*>(pinned_front[set].data());
-    std::copy(dev_ranges.begin() + static_cast<ptrdiff_t>(g0),
-              dev_ranges.begin() + static_cast<ptrdiff_t>(g1), upd);
-    EncChunk* ec_src = reinterpret_cast<EncChunk*>(upd + (g1 - g0));
-    uint64_t ro = 0, vo = 0;
-    for (uint32_t c = 0; c < nchunks; ++c) {
-      const HostRange& r = ranges[g->list[c]];
-      const uint32_t w = static_cast<uint32_t>(pairs[r.pair].width);
-      EncChunk& e = g->ec[c];
-      e.rec_off = ro;
-      e.val_off = vo;
-      e.k = static_cast<uint32_t>(r.k);
-      e.width = w;
-      upd[g->list[c] - g0].rec_off = ro;
-      upd[g->list[c] - g0].val_off = vo;
-      ro += r.k;
-      vo += (r.k * w + 15) / 16 * 16;
-    }
-    uint32_t *d_hist, *d_maxgap;
-    REFIT_RETURN_IF_ERROR(f.pos.Get(recs, &g->d_pos));
-    REFIT_RETURN_IF_ERROR(f.vals.Get(val_bytes, &g->d_vals));
-    REFIT_RETURN_IF_ERROR(f.chunks.Get(nchunks, &g->d_chunks));
-    uint32_t* d_pos = g->d_pos;
-    uint8_t* d_vals = g->d_vals;
-    EncChunk* d_chunks = g->d_chunks;
-    const uint64_t hist_n = uint64_t{nchunks} * internal::kPlanes * 256;
-    REFIT_RETURN_IF_ERROR(f.hist.Get(hist_n, &d_hist));
-    REFIT_RETURN_IF_ERROR(f.maxgap.Get(nchunks, &d_maxgap));
-    std::copy(g->ec.begin(), g->ec.end(), ec_src);
-    REFIT_ENC_CUDA(cudaMemcpyAsync(d_ranges + g0, upd, (g1 - g0) * sizeof(EncRange),
-                                   cudaMemcpyHostToDevice, st_front), "copy ranges");
-    REFIT_ENC_CUDA(cudaMemcpyAsync(d_chunks, ec_src, nchunks * sizeof(EncChunk),
-                                   cudaMemcpyHostToDevice, st_front), "copy chunks");
-    const uint64_t seg_begin = ranges[g0].seg_first;
-    const uint64_t seg_end = ranges[g1 - 1].seg_first + ranges[g1 - 1].segs;
-    if (f.lanes_recorded) {
-      REFIT_ENC_CUDA(cudaStreamWaitEvent(st_front, f.lanes_done, 0), "wait");
-    }
-    REFIT_ENC_CUDA(cudaEventRecord(f.t[0], st_front), "record");
-    internal::CompactKernel<<<static_cast<unsigned>((seg_end - seg_begin +
-                                                     internal::kCompactWarps - 1) /
-                                                    internal::kCompactWarps),
-                              32 * internal::kCompactWarps, 0, st_front>>>(
-        d_ranges, nranges, seg_begin, seg_end, cur_window->d_mask,
-        cur_window->mask_base, d_seg_rec, d_pos, d_vals);
-    REFIT_ENC_CUDA(cudaGetLastError(), "compact launch");
-    REFIT_ENC_CUDA(cudaEventRecord(cur_window->mask_read, st_front), "record");
-    REFIT_ENC_CUDA(cudaEventRecord(f.t[1], st_front), "record");
-    REFIT_ENC_CUDA(cudaMemsetAsync(d_hist, 0, 4 * hist_n, st_front), "clear histograms");
-    REFIT_ENC_CUDA(cudaMemsetAsync(d_maxgap, 0, 4 * nchunks, st_front), "clear gaps");
-    // Enough blocks to fill the device a few times over, in slices of at
-    // least a few thousand records.
-    const uint32_t slices = static_cast<uint32_t>(std::clamp<uint64_t>(
-        std::min<uint64_t>((4 * sm_count + nchunks - 1) / nchunks, recs / nchunks / 4096),
-        1, 64));
-    internal::HistKernel<<<nchunks * slices, 256, 0, st_front>>>(d_chunks, slices, d_pos,
-                                                                 d_vals, d_hist, d_maxgap);
-    REFIT_ENC_CUDA(cudaGetLastError(), "histogram launch");
-    REFIT_ENC_CUDA(cudaEventRecord(f.t[2], st_front), "record");
-    // Into page-locked memory: a copy into pageable memory would block the
-    // host here until the compaction and histograms are done.
-    REFIT_RETURN_IF_ERROR(pinned_hist[set].Reserve(4 * (hist_n + nchunks)));
-    uint32_t* hist_host = reinterpret_cast<uint32_t*>(pinned_hist[set].data());
-    g->hist = std::span<const uint32_t>(hist_host, hist_n);
-    g->maxgap = std::span<const uint32_t>(hist_host + hist_n, nchunks);
-    REFIT_ENC_CUDA(cudaMemcpyAsync(hist_host, d_hist, 4 * hist_n,
-                                   cudaMemcpyDeviceToHost, st_front), "copy histograms");
-    REFIT_ENC_CUDA(cudaMemcpyAsync(hist_host + hist_n, d_maxgap, 4 * nchunks,
-                                   cudaMemcpyDeviceToHost, st_front), "copy gaps");
-    REFIT_ENC_CUDA(cudaEventRecord(f.done, st_front), "record");
-    return Status::Ok();
-  };
-
-  // Buffers of the back half, one set; chunk framing of group g runs on
-  // the host while group g + 1 goes through the GPU; its streams sit in
-  // page-locked buffer g % 2. At most one framing is in flight, and it is
-  // waited for before any return (the future is destroyed before what it
-  // writes).
-  DeviceBuffer b_chunks(&mem), b_tables(&mem), b_syms(&mem), b_words(&mem), b_state(&mem),
-      b_used(&mem), b_sizes(&mem), b_offs(&mem), b_temp(&mem), b_out(&mem);
-  thread_local PinnedHost pinned_streams[2];
-  // Framed chunks of a group, handed to the sink from here: kept per
-  // calling thread across calls, so their pages are not faulted in again
-  // for every call.
-  thread_local std::vector<uint8_t> framed[2];
-  WorkerPool model_pool(threads);
-  WorkerPool frame_pool(std::max(1, threads / 4));
-  std::future<Status> framing;
-  struct FramingWait {
-    std::future<Status>* f;
-    ~FramingWait() {
-      if (f->valid()) f->wait();
-    }
-  } framing_wait{&framing};
-  // Frames group g's GPU chunks (model descriptions hc[c].header, streams
-  // at offs[c], sizes[c]) into framed[g % 2], then gives the sink every
-  // chunk of the group in range order (CPU-encoded ones from chunk_bytes).
-  // Runs on its own thread while the next group goes through the GPU.
-  auto launch_framing = [&](const Group& g, uint64_t index, std::span<const uint8_t> streams,
-                            std::vector<HostChunk> hc, std::vector<uint64_t> offs,
-                            std::vector<uint64_t> sizes) -> Status {
-    if (framing.valid()) REFIT_RETURN_IF_ERROR(framing.get());
-    // Taken here: inside the task, the name would be that thread's own.
-    std::vector<uint8_t>* const out_buf = &framed[index % 2];
-    framing = std::async(
-        std::launch::async,
-        [&, out_buf, streams, g0 = g.g0, g1 = g.g1, list = g.list, hc = std::move(hc),
-         offs = std::move(offs), sizes = std::move(sizes)]() -> Status {
-          const auto f0 = std::chrono::steady_clock::now();
-          const size_t nchunks = list.size();
-          std::vector<uint8_t>& buf = *out_buf;
-          std::vector<uint64_t> at(nchunks + 1, 0), len(nchunks, 0);
-          for (size_t c = 0; c < nchunks; ++c) {
-            at[c + 1] = at[c] + ChunkSizeBound(hc[c].header.size() + sizes[c]);
-          }
-          if (buf.size() < at[nchunks]) buf.resize(at[nchunks]);
-          frame_pool.ForEach(nchunks, [&](size_t c, int) {
-            const uint32_t i = list[c];
-            headers[i] = header_of(i);
-            len[c] = SerializeChunkTo(headers[i], hc[c].header,
-                                      streams.subspan(offs[c], sizes[c]), buf.data() + at[c]);
-          });
-          size_t c = 0;
-          for (size_t i = g0; i < g1; ++i) {
-            const HostRange& r = ranges[i];
-            if (r.k == 0) continue;
-            std::span<const uint8_t> bytes;
-            if (c < nchunks && list[c] == i) {
-              bytes = std::span<const uint8_t>(buf.data() + at[c], len[c]);
-              ++c;
-            } else {
-              bytes = chunk_bytes[i];
-            }
-            ++report.chunks;
-            report.changed_elements += r.k;
-            report.chunk_bytes += bytes.size();
-            Status delivered = sink(GpuChunkInfo{r.pair, headers[i]}, bytes);
-            chunk_bytes[i] = {};
-            if (!delivered.ok()) return delivered;
-          }
-          report.frame_ms += std::chrono::duration<double, std::milli>(
-                                 std::chrono::steady_clock::now() - f0).count();
-          return Status::Ok();
-        });
-    return Status::Ok();
-  };
-  // CPU fallback for a group's dense-prone ranges.
-  auto encode_on_cpu = [&](const Group& g) -> Status {
-    for (size_t i = g.g0; i < g.g1; ++i) {
-      const HostRange& r = ranges[i];
-      if (r.k == 0 || r.gpu) continue;
-      const uint64_t w = pairs[r.pair].width;
-      std::vector<uint8_t> a(r.count * w), b(r.count * w);
-      REFIT_ENC_CUDA(cudaMemcpy(a.data(), HostPtr(dev_ranges[i].a), a.size(),
-                                cudaMemcpyDeviceToHost), "copy range");
-      REFIT_ENC_CUDA(cudaMemcpy(b.data(), HostPtr(dev_ranges[i].b), b.size(),
-                                cudaMemcpyDeviceToHost), "copy range");
-      ChunkHeader ids = header_of(i);
-      ChunkEncodeOptions copt;
-      copt.codec.records_per_lane = opt.records_per_lane;
-      EncodeScratch scratch;
-      ChunkResult res;
-      REFIT_RETURN_IF_ERROR(EncodeChunkRange(ids, a.data(), b.data(), 0, r.count,
-                                             copt, &scratch, &res));
-      res.header.start = r.start;
-      auto pc = ParseChunk(res.chunk);
-      REFIT_RETURN_IF_ERROR(pc.status());
-      std::vector<uint8_t> payload(pc->payload.begin(), pc->payload.end());
-      headers[i] = res.header;
-      SerializeChunk(res.header, payload, &chunk_bytes[i]);
-      ++report.cpu_chunks;
-    }
-    return Status::Ok();
-  };
-
-  // Step 3: models, exactly as EncodeSparseW chooses them, into g.ec and
-  // *hc (the model descriptions and tables).
-  auto choose_models = [&](Group& g, std::vector<HostChunk>* hc) {
-    const uint32_t nchunks = static_cast<uint32_t>(g.list.size());
-    hc->assign(nchunks, HostChunk{});
-    model_pool.ForEach(nchunks, [&](size_t c, int) {
-      const HostRange& r = ranges[g.list[c]];
-      const int w = pairs[r.pair].width;
-      const uint32_t n = static_cast<uint32_t>(r.count);
-      const uint32_t k = static_cast<uint32_t>(r.k);
-      const int gw = codec::GapWidthFor(g.maxgap[c]);
-      HostChunk& h = (*hc)[c];
-      h.header.push_back(static_cast<uint8_t>(gw));
-      EncChunk& e = g.ec[c];
-      for (int j = 0; j < gw + w; ++j) {
-        const bool is_gap = j < gw;
-        const int plane = is_gap ? j : 4 + (j - gw);
-        codec::Histogram hh;
-        const uint32_t* src = g.hist.data() + (uint64_t{c} * internal::kPlanes + plane) * 256;
-        uint64_t others = 0;
-        for (int s = 1; s < 256; ++s) {
-          hh[s] = src[s];
-          others += src[s];
-        }
-        hh[0] = k - others;  // zero bytes are not counted on the GPU
-        const codec::GapContext ctx{is_gap, n, k, is_gap ? j : 0};
-        uint64_t cost;
-        const codec::Model m = codec::ChooseModel(hh, ctx, &cost);
-        codec::WriteModel(m, &h.header);
-        if (!m.coded()) continue;
-        EncTable t{};
-        t.t = static_cast<uint32_t>(m.t);
-        std::memcpy(t.f, m.f.data(), sizeof(t.f));
-        h.tables.push_back(t);
-        e.scale[e.coded] = static_cast<uint8_t>(m.t);
-        e.shift[e.coded++] = static_cast<uint8_t>(is_gap ? 8 * j : 64 + 8 * (j - gw));
-      }
-      e.lanes = static_cast<uint32_t>(
-          codec::ChooseLanes(k, opt.records_per_lane, e.coded > 0));
-    });
-  };
-
-  // A group whose lanes are being encoded (steps 4a-b on st) while the host
-  // chooses the next group's models; its gathering is enqueued during the
-  // next group's turn and it is framed during the turn after (by then the
-  // gathering and the copy back are done, so the host does not wait for
-  // them). The back buffers are one set: on st, a group's gathering is
-  // enqueued before the next group's encoding.
-  struct Back {
-    Group g;
-    std::vector<HostChunk> hc;
-    uint64_t index = 0;  // the group's place (parity of its host buffers)
-  };
-  std::optional<Back> back, in_gather;
-  thread_local PinnedHost pinned_sizes[2];  // stream sizes, then offsets
-  thread_local PinnedHost pinned_back[2];   // a group's chunks and tables
-  cudaEvent_t bt[2][4] = {};  // per parity: around the lanes' encoding, the gathering
-  cudaEvent_t sizes_ready[2] = {}, gathered[2] = {};
-  struct BackEvents {
-    cudaEvent_t (*bt)[4];
-    cudaEvent_t* ready;
-    cudaEvent_t* gathered;
-    ~BackEvents() {
-      for (int p = 0; p < 2; ++p) {
-        for (int i = 0; i < 4; ++i) {
-          if (bt[p][i]) cudaEventDestroy(bt[p][i]);
-        }
-        if (ready[p]) cudaEventDestroy(ready[p]);
-        if (gathered[p]) cudaEventDestroy(gathered[p]);
-      }
-    }
-  } back_events{bt, sizes_ready, gathered};
-  for (int p = 0; p < 2; ++p) {
-    for (cudaEvent_t& e : bt[p]) REFIT_ENC_CUDA(cudaEventCreate(&e), "event");
-    REFIT_ENC_CUDA(cudaEventCreateWithFlags(&sizes_ready[p], cudaEventDisableTiming), "event");
-    REFIT_ENC_CUDA(cudaEventCreateWithFlags(&gathered[p], cudaEventDisableTiming), "event");
-  }
-  // The back half's buffers as the last lane encoding left them (read by
-  // the gathering that follows it on st).
-  EncChunk* d_back_chunks = nullptr;
-  uint16_t* d_words = nullptr;
-  uint32_t *d_state = nullptr, *d_used = nullptr;
-  uint64_t *d_sizes = nullptr, *d_offs = nullptr;
-
-  // Steps 4a-b: enqueues group g's lane encoding, stream sizes and offsets
-  // (back into pinned_sizes[index % 2]).
-  auto launch_encode = [&](Group& g, const std::vector<HostChunk>& hc,
-                           uint64_t index) -> Status {
-    const uint32_t nchunks = static_cast<uint32_t>(g.list.size());
-    const int parity = static_cast<int>(index % 2);
-    uint64_t words = 0, ntables = 0;
-    uint32_t lanes = 0, max_coded = 0, max_lanes = 1;
-    for (uint32_t c = 0; c < nchunks; ++c) {
-      EncChunk& e = g.ec[c];
-      e.table_first = static_cast<uint32_t>(ntables);
-      ntables += hc[c].tables.size();
-      e.word_off = words;
-      words += uint64_t{e.k} * e.coded;
-      e.lane_first = lanes;
-      lanes += e.lanes;
-      max_coded = std::max(max_coded, e.coded);
-      max_lanes = std::max(max_lanes, e.lanes);
-    }
-    EncTable* d_tables;
-    uint4* d_syms;
-    REFIT_RETURN_IF_ERROR(b_chunks.Get(nchunks, &d_back_chunks));
-    REFIT_RETURN_IF_ERROR(b_tables.Get(std::max<uint64_t>(ntables, 1), &d_tables));
-    REFIT_RETURN_IF_ERROR(b_syms.Get(std::max<uint64_t>(ntables, 1) * 256, &d_syms));
-    REFIT_RETURN_IF_ERROR(b_words.Get(words + 1, &d_words));
-    REFIT_RETURN_IF_ERROR(b_state.Get(lanes, &d_state));
-    REFIT_RETURN_IF_ERROR(b_used.Get(lanes, &d_used));
-    REFIT_RETURN_IF_ERROR(b_sizes.Get(nchunks, &d_sizes));
-    REFIT_RETURN_IF_ERROR(b_offs.Get(nchunks, &d_offs));
-    // From page-locked memory (pageable sources may make a copy wait for
-    // the stream, here the previous group's gathering). This parity's last
-    // copies (two groups ago) were done when that group's sizes came back.
-    const uint64_t ec_bytes = nchunks * sizeof(EncChunk);
-    REFIT_RETURN_IF_ERROR(pinned_back[parity].Reserve(ec_bytes + ntables * sizeof(EncTable)));
-    uint8_t* src = pinned_back[parity].data();
-    std::memcpy(src, g.ec.data(), ec_bytes);
-    EncTable* src_tables = reinterpret_cast<EncTable*>(src + ec_bytes);
-    for (uint32_t c = 0; c < nchunks; ++c) {
-      std::copy(hc[c].tables.begin(), hc[c].tables.end(), src_tables + g.ec[c].table_first);
-    }
-    REFIT_ENC_CUDA(cudaMemcpyAsync(d_back_chunks, src, ec_bytes, cudaMemcpyHostToDevice, st),
-                   "copy chunks");
-    if (ntables > 0) {
-      REFIT_ENC_CUDA(cudaMemcpyAsync(d_tables, src_tables, ntables * sizeof(EncTable),
-                                     cudaMemcpyHostToDevice, st), "copy tables");
-    }
-    REFIT_ENC_CUDA(cudaEventRecord(bt[parity][0], st), "record");
-    if (max_coded > 0) {
-      internal::SymbolKernel<<<dim3(nchunks, max_coded), 256, 0, st>>>(d_back_chunks,
-                                                                      d_tables, d_syms);
-      REFIT_ENC_CUDA(cudaGetLastError(), "symbol launch");
-    }
-    // A block per chunk, a thread per lane (<= 255).
-    REFIT_ENC_CUDA(internal::LaunchEncodeLanes(max_coded, nchunks, (max_lanes + 31) / 32 * 32,
-                                               st, d_back_chunks, d_syms, g.d_pos,
-                                               g.d_vals, d_words, d_state, d_used),
-                   "encode launch");
-    REFIT_ENC_CUDA(cudaEventRecord(bt[parity][1], st), "record");
-    // The front set's records are read: the compaction that reuses the set
-    // (two groups on) waits for this point.
-    REFIT_ENC_CUDA(cudaEventRecord(sets[g.set].lanes_done, st), "record");
-    sets[g.set].lanes_recorded = true;
-    internal::StreamSizeKernel<<<(nchunks + 127) / 128, 128, 0, st>>>(
-        d_back_chunks, nchunks, d_used, d_sizes);
-    REFIT_ENC_CUDA(cudaGetLastError(), "size launch");
-    size_t temp_bytes = 0;
-    REFIT_ENC_CUDA(cub::DeviceScan::ExclusiveSum(nullptr, temp_bytes, d_sizes,
-                                                 d_offs, nchunks, st), "scan");
-    uint8_t* d_temp;
-    REFIT_RETURN_IF_ERROR(b_temp.Get(temp_bytes, &d_temp));
-    REFIT_ENC_CUDA(cub::DeviceScan::ExclusiveSum(d_temp, temp_bytes, d_sizes,
-                                                 d_offs, nchunks, st), "scan");
-    REFIT_RETURN_IF_ERROR(pinned_sizes[parity].Reserve(16 * uint64_t{nchunks}));
-    uint8_t* host = pinned_sizes[parity].data();
-    REFIT_ENC_CUDA(cudaMemcpyAsync(host, d_sizes, 8 * nchunks, cudaMemcpyDeviceToHost, st),
-                   "copy sizes");
-    REFIT_ENC_CUDA(cudaMemcpyAsync(host + 8 * nchunks, d_offs, 8 * nchunks,
-                                   cudaMemcpyDeviceToHost, st), "copy offsets");
-    REFIT_ENC_CUDA(cudaEventRecord(sizes_ready[parity], st), "record");
-    return Status::Ok();
-  };
-
-  // Step 4c for the group in `back`: waits for its stream sizes, then
-  // enqueues the gathering and the copy of its streams into
-  // pinned_streams[index % 2] (the framing that last read that buffer, two
-  // groups ago, was waited for when the previous group's framing started,
-  // just before).
-  std::vector<uint64_t> back_sizes, back_offs;
-  std::span<const uint8_t> back_streams;
-  auto launch_gather = [&]() -> Status {
-    Back& bk = *back;
-    const uint32_t nchunks = static_cast<uint32_t>(bk.g.list.size());
-    const int parity = static_cast<int>(bk.index % 2);
-    REFIT_RETURN_IF_ERROR(wait_for(sizes_ready[parity], "encode", &report.encode_ms));
-    add_elapsed(bt[parity][0], bt[parity][1], &report.gpu_encode_ms);
-    const uint64_t* host = reinterpret_cast<const uint64_t*>(pinned_sizes[parity].data());
-    back_sizes.assign(host, host + nchunks);
-    back_offs.assign(host + nchunks, host + 2 * nchunks);
-    const uint64_t total = back_offs.back() + back_sizes.back();
-    uint8_t* d_out;
-    REFIT_RETURN_IF_ERROR(b_out.Get(total, &d_out));
-    REFIT_ENC_CUDA(cudaEventRecord(bt[parity][2], st), "record");
-    internal::GatherKernel<<<nchunks, 256, 0, st>>>(d_back_chunks, d_words, d_state,
-                                                    d_used, d_offs, d_out);
-    REFIT_ENC_CUDA(cudaGetLastError(), "gather launch");
-    REFIT_ENC_CUDA(cudaEventRecord(bt[parity][3], st), "record");
-    PinnedHost& pinned = pinned_streams[parity];
-    REFIT_RETURN_IF_ERROR(pinned.Reserve(total));
-    back_streams = std::span<const uint8_t>(pinned.data(), total);
-    REFIT_ENC_CUDA(cudaMemcpyAsync(pinned.data(), d_out, total,
-                                   cudaMemcpyDeviceToHost, st), "copy streams");
-    REFIT_ENC_CUDA(cudaEventRecord(gathered[parity], st), "record");
-    return Status::Ok();
-  };
-  // Waits for the group in `in_gather` to be gathered and starts its
-  // framing.
-  auto frame_gathered = [&]() -> Status {
-    Back& bk = *in_gather;
-    const int parity = static_cast<int>(bk.index % 2);
-    REFIT_RETURN_IF_ERROR(wait_for(gathered[parity], "gather", &report.gather_ms));
-    add_elapsed(bt[parity][2], bt[parity][3], &report.gpu_gather_ms);
-    Status st_frame = launch_framing(bk.g, bk.index, back_streams, std::move(bk.hc),
-                                     std::move(back_offs), std::move(back_sizes));
-    in_gather.reset();
-    return st_frame;
-  };
-  // Enqueues the gathering of the group in `back`, which moves to
-  // `in_gather`.
-  auto gather_back = [&]() -> Status {
-    REFIT_RETURN_IF_ERROR(launch_gather());
-    in_gather = std::move(back);
-    back.reset();
-    return Status::Ok();
-  };
-
-  // The pipeline, per group i: its histograms are waited for; group i + 1's
-  // compaction is launched; the host chooses group i's models while the GPU
-  // compacts group i + 1, encodes group i - 1's lanes and gathers group
-  // i - 2; group i - 2 is framed (its gathering is done by then, so the
-  // host does not wait for it), group i - 1's gathering and group i's lanes
-  // are enqueued.
-  Group cur, next;
-  uint64_t group_index = 0;
-  REFIT_RETURN_IF_ERROR(start_group(0, 0, &cur));
-  while (true) {
-    ++report.groups;
-    if (!cur.list.empty()) {
-      REFIT_RETURN_IF_ERROR(wait_for(sets[cur.set].done, "histograms", &report.compact_ms));
-      add_elapsed(sets[cur.set].t[0], sets[cur.set].t[1], &report.gpu_compact_ms);
-      add_elapsed(sets[cur.set].t[1], sets[cur.set].t[2], &report.gpu_hist_ms);
-    }
-    const bool more = cur.g1 < ranges.size();
-    if (more) REFIT_RETURN_IF_ERROR(start_group(cur.g1, cur.set ^ 1, &next));
-    auto lap = std::chrono::steady_clock::now();
-    REFIT_RETURN_IF_ERROR(encode_on_cpu(cur));
-    const auto lap2 = std::chrono::steady_clock::now();
-    report.cpu_fallback_ms += std::chrono::duration<double, std::milli>(lap2 - lap).count();
-    std::vector<HostChunk> hc;
-    if (!cur.list.empty()) choose_models(cur, &hc);
-    report.models_ms += std::chrono::duration<double, std::milli>(
-                            std::chrono::steady_clock::now() - lap2).count();
-    if (in_gather) REFIT_RETURN_IF_ERROR(frame_gathered());
-    if (back) REFIT_RETURN_IF_ERROR(gather_back());
-    const uint64_t index = group_index++;
-    if (!cur.list.empty()) REFIT_RETURN_IF_ERROR(launch_encode(cur, hc, index));
-    if (cur.list.empty()) {
-      // Chunks reach the sink in order: the groups before go first.
-      if (in_gather) REFIT_RETURN_IF_ERROR(frame_gathered());
-      REFIT_RETURN_IF_ERROR(launch_framing(cur, index, {}, {}, {}, {}));
-    } else {
-      back.emplace(Back{std::move(cur), std::move(hc), index});
-    }
-    if (!more) break;
-    cur = std::move(next);
-    next = Group{};
-  }
-  if (in_gather) REFIT_RETURN_IF_ERROR(frame_gathered());
-  if (back) {
-    REFIT_RETURN_IF_ERROR(gather_back());
-    REFIT_RETURN_IF_ERROR(frame_gathered());
-  }
-  if (framing.valid()) REFIT_RETURN_IF_ERROR(framing.get());
-  report.peak_device_bytes = mem.peak;
-  report.seconds = std::chrono::duration<double>(
-                       std::chrono::steady_clock::now() - t0).count();
-  return report;
+  DeviceEncoder encoder(pairs, opt, sink);
+  return encoder.Run();
 }
 
 }  // namespace refit::cuda

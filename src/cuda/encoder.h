@@ -15,9 +15,9 @@
 //      records from the mask (only changed elements are read again); per
 //      chunk, byte-plane histograms and the largest gap.
 //   3. CPU: the small histograms come back and the CPU encoder's own
-//      functions choose gap width and models (codec::ChooseModel) and write
-//      the model descriptions, while the GPU compacts the next group and
-//      encodes the previous group's lanes.
+//      function chooses gap width and models (codec::ChooseSparseModels)
+//      and writes the model descriptions, while the GPU compacts the next
+//      group and encodes the previous group's lanes.
 //   4. GPU: one thread per rANS lane encodes the lane's records in reverse
 //      (as codec::EncodeStream does), then one block per chunk gathers the
 //      lanes into the stream bytes (during the next group's turn), which
@@ -39,6 +39,9 @@
 // groups' framed chunks,
 // kept per calling thread across calls (page-locking is too slow to repeat
 // per call, and fresh pages cost a fault each).
+// The host's planning (ranges, windows, groups, models, lane layout) is
+// plain C++ in encode_plan.h, tested on CPU-only machines; encode.cu runs
+// the device stages.
 // Not thread-safe; one call at a time per device.
 #ifndef REFIT_CUDA_ENCODER_H_
 #define REFIT_CUDA_ENCODER_H_

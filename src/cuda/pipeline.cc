@@ -8,42 +8,12 @@
 #include <cstring>
 
 #include "base/hash.h"
+#include "cuda/cuda_common.h"
 #include "cuda/kernels.h"
 
 namespace refit::cuda {
-namespace {
 
-Status CudaError(cudaError_t e, const char* what) {
-  return InternalError(std::string("CUDA ") + what + ": " +
-                       cudaGetErrorString(e));
-}
-
-#define REFIT_CUDA_RETURN(expr, what)                 \
-  do {                                                \
-    const cudaError_t e_ = (expr);                    \
-    if (e_ != cudaSuccess) return CudaError(e_, what); \
-  } while (0)
-
-// A device allocation that frees itself.
-struct DeviceBuffer {
-  void* p = nullptr;
-  uint64_t size = 0;
-  ~DeviceBuffer() {
-    if (p) cudaFree(p);
-  }
-  Status Reserve(uint64_t n) {
-    if (n <= size) return Status::Ok();
-    if (p) cudaFree(p);
-    p = nullptr;
-    size = 0;
-    REFIT_CUDA_RETURN(cudaMalloc(&p, std::max<uint64_t>(n, 16)), "cudaMalloc");
-    size = n;
-    return Status::Ok();
-  }
-  uint8_t* bytes() const { return static_cast<uint8_t*>(p); }
-};
-
-}  // namespace
+using internal::DeviceBuffer;
 
 constexpr int kMaxSlots = 8;  // batches in flight (PrepareOptions::slots)
 
@@ -89,8 +59,8 @@ struct Receiver::Impl {
   static uint64_t Align256(uint64_t x) { return (x + 255) & ~uint64_t{255}; }
 
   uint64_t HeldBytes() const {
-    return placements.size + pieces.size + arena.size + status.size +
-           state.size;
+    return placements.size() + pieces.size() + arena.size() + status.size() +
+           state.size();
   }
 
   Status Reserve(const PreparedDelta& p) {
@@ -174,9 +144,9 @@ struct Receiver::Impl {
     d.lanes = reinterpret_cast<const uint32_t*>(SlotMeta(s) + l);
     d.payload = SlotPayload(s);
     d.scratch = SlotScratch(s);
-    d.placements = static_cast<const DevicePlacement*>(placements.p);
-    d.pieces = static_cast<const DevicePiece*>(pieces.p);
-    d.status = static_cast<uint32_t*>(status.p);
+    d.placements = static_cast<const DevicePlacement*>(placements.data());
+    d.pieces = static_cast<const DevicePiece*>(pieces.data());
+    d.status = static_cast<uint32_t*>(status.data());
     d.smem = hb.smem;
     d.fused_lanes = hb.max_fused_lanes;
     d.unfused = hb.unfused;
@@ -228,10 +198,10 @@ Result<std::unique_ptr<Receiver>> Receiver::Create(
   impl->plan.Flatten(&dp, &pieces);
   REFIT_RETURN_IF_ERROR(impl->placements.Reserve(dp.size() * sizeof(dp[0])));
   REFIT_RETURN_IF_ERROR(impl->pieces.Reserve(pieces.size() * sizeof(pieces[0])));
-  REFIT_CUDA_RETURN(cudaMemcpy(impl->placements.p, dp.data(),
+  REFIT_CUDA_RETURN(cudaMemcpy(impl->placements.data(), dp.data(),
                                dp.size() * sizeof(dp[0]), cudaMemcpyHostToDevice),
                     "copy plan");
-  REFIT_CUDA_RETURN(cudaMemcpy(impl->pieces.p, pieces.data(),
+  REFIT_CUDA_RETURN(cudaMemcpy(impl->pieces.data(), pieces.data(),
                                pieces.size() * sizeof(pieces[0]),
                                cudaMemcpyHostToDevice),
                     "copy plan");
@@ -264,7 +234,7 @@ Result<std::vector<uint8_t>> Receiver::Classify(
   Impl& m = *impl_;
   REFIT_RETURN_IF_ERROR(m.Reserve(p));
   REFIT_RETURN_IF_ERROR(m.state.Reserve(std::max<uint64_t>(p.status_count, 1)));
-  REFIT_CUDA_RETURN(cudaMemsetAsync(m.status.p, 0, 4 * uint64_t{p.status_count},
+  REFIT_CUDA_RETURN(cudaMemsetAsync(m.status.data(), 0, 4 * uint64_t{p.status_count},
                                     m.copy),
                     "memset");
   for (size_t b = 0; b < p.batches.size(); ++b) {
@@ -278,7 +248,7 @@ Result<std::vector<uint8_t>> Receiver::Classify(
   }
   REFIT_RETURN_IF_ERROR(m.Join(m.copy));
   std::vector<uint8_t> out(p.status_count);
-  REFIT_CUDA_RETURN(cudaMemcpyAsync(out.data(), m.state.p, out.size(),
+  REFIT_CUDA_RETURN(cudaMemcpyAsync(out.data(), m.state.data(), out.size(),
                                     cudaMemcpyDeviceToHost, m.copy),
                     "copy states");
   REFIT_CUDA_RETURN(cudaStreamSynchronize(m.copy), "sync");
@@ -322,7 +292,7 @@ Result<GpuApplyReport> Receiver::Apply(std::span<const uint8_t> payload,
   }
   // The status words go first on the copy stream; every batch's kernels
   // wait for its copy, hence for them.
-  REFIT_CUDA_RETURN(cudaMemcpyAsync(m.status.p, initial.data(),
+  REFIT_CUDA_RETURN(cudaMemcpyAsync(m.status.data(), initial.data(),
                                     4 * initial.size(), cudaMemcpyHostToDevice,
                                     m.copy),
                     "copy status");
@@ -354,7 +324,7 @@ Result<GpuApplyReport> Receiver::Apply(std::span<const uint8_t> payload,
   if (st.ok()) st = joined;
   const cudaError_t re = cudaEventRecord(m.end, m.copy);
   last_status_.assign(p.status_count, 0);
-  const cudaError_t ce = cudaMemcpyAsync(last_status_.data(), m.status.p,
+  const cudaError_t ce = cudaMemcpyAsync(last_status_.data(), m.status.data(),
                                          4 * last_status_.size(),
                                          cudaMemcpyDeviceToHost, m.copy);
   const cudaError_t se = cudaStreamSynchronize(m.copy);
@@ -400,10 +370,10 @@ Result<Hash128> RangeHashDevice(const void* data, uint64_t len) {
   REFIT_RETURN_IF_ERROR(out.Reserve(16));
   REFIT_CUDA_RETURN(internal::LaunchRangeHash(static_cast<const uint8_t*>(data),
                                               len, dig.bytes(),
-                                              static_cast<uint64_t*>(out.p), 0),
+                                              static_cast<uint64_t*>(out.data()), 0),
                     "range hash");
   uint64_t h[2];
-  REFIT_CUDA_RETURN(cudaMemcpy(h, out.p, 16, cudaMemcpyDeviceToHost), "copy");
+  REFIT_CUDA_RETURN(cudaMemcpy(h, out.data(), 16, cudaMemcpyDeviceToHost), "copy");
   return Hash128{h[0], h[1]};
 }
 
@@ -443,18 +413,18 @@ Result<std::vector<Hash128>> HashSpansDevice(const void* data,
   REFIT_RETURN_IF_ERROR(off.Reserve(8 * n));
   REFIT_RETURN_IF_ERROR(len.Reserve(8 * n));
   REFIT_RETURN_IF_ERROR(out.Reserve(16 * n));
-  REFIT_CUDA_RETURN(cudaMemcpy(off.p, offsets.data(), 8 * n,
+  REFIT_CUDA_RETURN(cudaMemcpy(off.data(), offsets.data(), 8 * n,
                                cudaMemcpyHostToDevice), "copy");
-  REFIT_CUDA_RETURN(cudaMemcpy(len.p, lens.data(), 8 * n,
+  REFIT_CUDA_RETURN(cudaMemcpy(len.data(), lens.data(), 8 * n,
                                cudaMemcpyHostToDevice), "copy");
   REFIT_CUDA_RETURN(internal::LaunchHashSpans(
                         static_cast<const uint8_t*>(data),
-                        static_cast<const uint64_t*>(off.p),
-                        static_cast<const uint64_t*>(len.p),
-                        static_cast<uint32_t>(n), static_cast<uint64_t*>(out.p), 0),
+                        static_cast<const uint64_t*>(off.data()),
+                        static_cast<const uint64_t*>(len.data()),
+                        static_cast<uint32_t>(n), static_cast<uint64_t*>(out.data()), 0),
                     "hash spans");
   std::vector<uint64_t> h(2 * n);
-  REFIT_CUDA_RETURN(cudaMemcpy(h.data(), out.p, 16 * n, cudaMemcpyDeviceToHost),
+  REFIT_CUDA_RETURN(cudaMemcpy(h.data(), out.data(), 16 * n, cudaMemcpyDeviceToHost),
                     "copy");
   std::vector<Hash128> r(n);
   for (uint64_t i = 0; i < n; ++i) r[i] = Hash128{h[2 * i], h[2 * i + 1]};
