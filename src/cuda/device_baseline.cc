@@ -10,6 +10,7 @@
 #include <map>
 
 #include "base/file.h"
+#include "cuda/cuda_common.h"
 #include "cuda/pipeline.h"
 #include "delta/chunk.h"
 #include "delta/encoder.h"
@@ -26,7 +27,7 @@ double MsSince(Clock::time_point t) {
 
 Status Cuda(cudaError_t e, const std::string& what) {
   if (e == cudaSuccess) return Status();
-  return InternalError("CUDA " + what + ": " + cudaGetErrorString(e));
+  return internal::CudaError(e, what.c_str());
 }
 
 constexpr uint64_t kAlign = 256;  // each tensor starts on a 256-byte boundary

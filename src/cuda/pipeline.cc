@@ -389,12 +389,12 @@ Result<std::vector<Hash128>> RangeHashesDevice(std::span<const DeviceRange> rang
   for (size_t i = 0; i < ranges.size(); ++i) {
     REFIT_CUDA_RETURN(internal::LaunchRangeHash(static_cast<const uint8_t*>(ranges[i].data),
                                                 ranges[i].len, dig.bytes(),
-                                                static_cast<uint64_t*>(out.p) + 2 * i, 0),
+                                                static_cast<uint64_t*>(out.data()) + 2 * i, 0),
                       "range hash");
   }
   std::vector<uint64_t> h(2 * ranges.size());
   if (!h.empty()) {
-    REFIT_CUDA_RETURN(cudaMemcpy(h.data(), out.p, 8 * h.size(), cudaMemcpyDeviceToHost),
+    REFIT_CUDA_RETURN(cudaMemcpy(h.data(), out.data(), 8 * h.size(), cudaMemcpyDeviceToHost),
                       "copy");
   }
   std::vector<Hash128> hashes(ranges.size());
