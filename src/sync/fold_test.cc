@@ -1,8 +1,9 @@
 // Catch-up by folding (docs/protocol.md, "Catch-up by folding"): a
 // receiver several committed versions behind applies them in one step,
 // bit-exact, resumes an interrupted fold, repairs a torn range from
-// re-sends, refuses tampered chunks, and falls back to one version at a
-// time when the versions do not fold.
+// re-sends, rolls a fold stopped by a tampered chunk back to the active
+// version, and falls back to one version at a time when the versions do
+// not fold.
 #include <gtest/gtest.h>
 
 #include <unistd.h>
@@ -58,6 +59,43 @@ TEST(FoldJournalTest, FoldRecordRoundTripsAndATornOneIsNoJournal) {
   // A fold is two versions or more, each with its announcement.
   EXPECT_FALSE(Journal::BeginFold(path, 4, {5}, {shas[0]}).ok());
   EXPECT_FALSE(Journal::BeginFold(path, 4, {5, 6}, {shas[0]}).ok());
+}
+
+TEST(FoldJournalTest, FoldAppliedRecordsRoundTripInOrder) {
+  TempDir dir;
+  const std::string path = dir.File("journal");
+  std::vector<Sha256> shas(2);
+  auto journal = Journal::BeginFold(path, 4, {5, 7}, shas);
+  ASSERT_OK(journal);
+  UndoRecord overwrite{{1, 9}, {0xaa, 0xbb, 0xcc, 0xdd}};
+  ASSERT_OK(journal->FoldApplied(0, 3, UndoRecord{}));
+  ASSERT_OK(journal->FoldApplied(1, 3, overwrite));
+  ASSERT_OK(journal->FoldApplied(0, 0, UndoRecord{}));
+  ASSERT_OK(journal->Sync());
+  auto loaded = Journal::Load(path);
+  ASSERT_OK(loaded);
+  ASSERT_TRUE(loaded->has_value());
+  const auto& applied = (*loaded)->fold_applied;
+  ASSERT_EQ(applied.size(), 3u);
+  EXPECT_EQ(applied[0].position, 0u);
+  EXPECT_EQ(applied[0].chunk, 3u);
+  EXPECT_TRUE(applied[0].undo.at.empty());
+  EXPECT_EQ(applied[1].position, 1u);
+  EXPECT_EQ(applied[1].chunk, 3u);
+  EXPECT_EQ(applied[1].undo.at, overwrite.at);
+  EXPECT_EQ(applied[1].undo.old, overwrite.old);
+  EXPECT_EQ(applied[2].chunk, 0u);
+  EXPECT_TRUE((*loaded)->applied.empty());
+  // A position past the chain is a corrupt journal.
+  ASSERT_OK(journal->FoldApplied(2, 0, UndoRecord{}));
+  ASSERT_OK(journal->Sync());
+  EXPECT_EQ(Journal::Load(path).status().code(), StatusCode::kDataLoss);
+  // A version's journal holds no fold records.
+  auto single = Journal::Begin(path, 5, 4, shas[0]);
+  ASSERT_OK(single);
+  ASSERT_OK(single->FoldApplied(0, 0, UndoRecord{}));
+  ASSERT_OK(single->Sync());
+  EXPECT_EQ(Journal::Load(path).status().code(), StatusCode::kDataLoss);
 }
 
 // Every fold test runs against the directory store and against an
@@ -348,17 +386,22 @@ TEST_P(FoldTest, InMemoryReceiverFolds) {
   EXPECT_EQ(memory.data, At(4).data);
 }
 
-// A fold stopped part way (here by a tampered chunk of an intermediate
-// version, found after earlier ranges were applied) is refused with
-// DATA_LOSS, leaves `active` alone, and resumes from the range hashes once
-// the store holds the right object again: applied ranges are skipped.
-TEST_P(FoldTest, TamperedIntermediateChunkIsRefusedAndTheFoldResumes) {
+// A chunk of an intermediate version that fails its checks (here changed
+// in the store, found after earlier ranges were applied) stops the fold:
+// what the fold wrote is undone from its journal, so the checkpoint is
+// exactly the active version again, the journal is gone, and a re-send of
+// the chunk is requested. The next step checks that chunk before writing
+// anything; once the store holds the right object, the fold completes
+// bit-exact.
+TEST_P(FoldTest, TamperedIntermediateChunkRollsTheFoldBackAndTheFoldCompletesOnceRestored) {
   OpenPublisher(MakePublisher());
   for (int i = 0; i < 3; ++i) Publish(0.02);
   auto listed = store_->List(VersionPrefix(2) + "chunk/");
   ASSERT_OK(listed);
   ASSERT_GE(listed->size(), 2u);
   const std::string key = listed->back().key;  // the last range's chunk
+  const uint64_t index = listed->size() - 1;
+  ASSERT_EQ(key, ChunkKey(2, index));
   auto original = store_->Get(key);
   ASSERT_OK(original);
   auto bad = *original;
@@ -366,34 +409,143 @@ TEST_P(FoldTest, TamperedIntermediateChunkIsRefusedAndTheFoldResumes) {
   ASSERT_OK(store_->Put(key, bad));
 
   auto opts = Lagging("lag", 16);
-  {
-    auto r = Receiver::Open(store_.get(), opts);
-    ASSERT_OK(r);
-    auto s = (*r)->Step();
-    EXPECT_EQ(s.status().code(), StatusCode::kDataLoss) << s.status().ToString();
-    EXPECT_EQ((*r)->active_version(), 0u);
-    EXPECT_GT((*r)->chunks_applied_total(), 0u);  // earlier ranges are in place
-    // Another version's valid chunk in its place is refused too.
-    ASSERT_OK(store_->Put(key, *store_->Get(listed->front().key)));
-    s = (*r)->Step();
-    EXPECT_EQ(s.status().code(), StatusCode::kDataLoss) << s.status().ToString();
-    EXPECT_FALSE(At(3).Matches(opts.checkpoint));
-  }
-  auto journal = Journal::Load(opts.state_dir + "/journal");
-  ASSERT_OK(journal);
-  ASSERT_TRUE(journal->has_value());
-  EXPECT_EQ((*journal)->fold_versions, (std::vector<uint64_t>{1, 2, 3}));
+  auto r = Receiver::Open(store_.get(), opts);
+  ASSERT_OK(r);
+  auto s = (*r)->Step();
+  EXPECT_EQ(s.status().code(), StatusCode::kDataLoss) << s.status().ToString();
+  EXPECT_NE(s.status().message().find("rolled back to version 0"), std::string::npos)
+      << s.status().ToString();
+  EXPECT_EQ((*r)->active_version(), 0u);
+  const uint64_t applied = (*r)->chunks_applied_total();
+  EXPECT_GT(applied, 0u);  // earlier ranges were applied, then undone
+  EXPECT_TRUE(At(0).Matches(opts.checkpoint));
+  EXPECT_FALSE(PathExists(opts.state_dir + "/journal"));
+  auto request = store_->Get(RequestKey(2, "lag"));
+  ASSERT_OK(request);
+  auto body = Key().OpenMember(*request);
+  ASSERT_OK(body);
+  auto q = DecodeRequest(*body);
+  ASSERT_OK(q);
+  EXPECT_EQ(q->chunks, (std::vector<uint64_t>{index}));
+  EXPECT_EQ(q->after, (std::vector<bool>{true}));
+
+  // Another version's valid chunk in its place is refused too, before
+  // anything is written.
+  ASSERT_OK(store_->Put(key, *store_->Get(listed->front().key)));
+  s = (*r)->Step();
+  EXPECT_EQ(s.status().code(), StatusCode::kDataLoss) << s.status().ToString();
+  EXPECT_NE(s.status().message().find("was written"), std::string::npos)
+      << s.status().ToString();
+  EXPECT_EQ((*r)->chunks_applied_total(), applied);
+  EXPECT_TRUE(At(0).Matches(opts.checkpoint));
+
+  // An in-memory receiver is rolled back the same way.
+  Model memory = model_;
+  ReceiverOptions m = Base("mem");
+  m.tensors = memory.MutableViews();
+  auto rm = Receiver::Open(store_.get(), m);
+  ASSERT_OK(rm);
+  auto sm = (*rm)->Step();
+  EXPECT_EQ(sm.status().code(), StatusCode::kDataLoss) << sm.status().ToString();
+  EXPECT_GT((*rm)->chunks_applied_total(), 0u);
+  EXPECT_EQ(memory.data, model_.data);
+  EXPECT_EQ((*rm)->active_version(), 0u);
 
   ASSERT_OK(store_->Put(key, *original));
-  auto r = Receiver::Open(store_.get(), opts);  // as after a restart
+  s = (*r)->Step();
+  ASSERT_OK(s);
+  EXPECT_EQ(s->outcome, StepResult::Outcome::kCaughtUp);
+  EXPECT_EQ(s->versions_folded, 3u);
+  EXPECT_EQ(s->chunks_skipped, 0u);  // the fold starts over from version 0
+  EXPECT_EQ(s->chunks_applied, chunks_[1] + chunks_[2] + chunks_[3]);
+  EXPECT_TRUE(At(3).Matches(opts.checkpoint));
+  EXPECT_EQ((*r)->active_version(), 3u);
+  EXPECT_FALSE(PathExists(opts.state_dir + "/journal"));
+}
+
+// Hands back one object damaged (a byte flipped) on every read, as a
+// faulty link would, while the stored object stays intact.
+class DamagedReads final : public ObjectStore {
+ public:
+  DamagedReads(ObjectStore* inner, std::string key) : inner_(inner), key_(std::move(key)) {}
+  std::string Describe() const override { return "damaged(" + inner_->Describe() + ")"; }
+  Status Put(std::string_view k, std::span<const uint8_t> d) override { return inner_->Put(k, d); }
+  Status PutIfAbsent(std::string_view k, std::span<const uint8_t> d) override {
+    return inner_->PutIfAbsent(k, d);
+  }
+  Result<std::vector<ObjectInfo>> List(std::string_view p) override { return inner_->List(p); }
+  Status Delete(std::string_view k) override { return inner_->Delete(k); }
+  Result<std::vector<uint8_t>> Get(std::string_view key) override {
+    REFIT_ASSIGN_OR_RETURN(auto bytes, inner_->Get(key));
+    if (key == key_) bytes[bytes.size() / 2] ^= 0x10;
+    return bytes;
+  }
+
+ private:
+  ObjectStore* inner_;
+  std::string key_;
+};
+
+// A chunk of the last version that arrives damaged every time stops the
+// fold as a damaged object does. The publisher, whose baseline holds that
+// version (the head), serves the requested re-send from the intact stored
+// chunk, and the next step applies the re-send in the chunk's place: the
+// fold completes bit-exact.
+TEST_P(FoldTest, ChunkDamagedOnTheWayIsReplacedByItsResend) {
+  OpenPublisher(MakePublisher());
+  for (int i = 0; i < 3; ++i) Publish(0.02);
+  auto listed = store_->List(VersionPrefix(3) + "chunk/");
+  ASSERT_OK(listed);
+  ASSERT_GE(listed->size(), 2u);
+  DamagedReads damaged(store_.get(), listed->at(listed->size() / 2).key);
+  auto opts = Lagging("lag", 16);
+  auto r = Receiver::Open(&damaged, opts);
+  ASSERT_OK(r);
+  auto s = (*r)->Step();
+  EXPECT_EQ(s.status().code(), StatusCode::kDataLoss) << s.status().ToString();
+  EXPECT_EQ((*r)->active_version(), 0u);
+  EXPECT_GT((*r)->chunks_applied_total(), 0u);
+  EXPECT_TRUE(At(0).Matches(opts.checkpoint));
+
+  ASSERT_OK(pub_->Serve(3, 1));
+  s = (*r)->Step();
+  ASSERT_OK(s);
+  EXPECT_EQ(s->outcome, StepResult::Outcome::kCaughtUp);
+  EXPECT_EQ(s->version, 3u);
+  EXPECT_EQ(s->versions_folded, 3u);
+  EXPECT_EQ(s->chunks_resent, 1u);
+  EXPECT_EQ(s->chunks_applied + s->chunks_resent, chunks_[1] + chunks_[2] + chunks_[3]);
+  EXPECT_TRUE(At(3).Matches(opts.checkpoint));
+  EXPECT_EQ((*r)->active_version(), 3u);
+}
+
+// With snapshots in the store, a fold stopped by a chunk that fails its
+// checks is rolled back and then ends in the newest snapshot, instead of
+// failing on every step.
+TEST_P(FoldTest, TamperedChunkOfAFoldIsResyncedFromASnapshot) {
+  auto popts = MakePublisher();
+  popts.snapshot_every = 2;
+  OpenPublisher(popts);
+  for (int i = 0; i < 4; ++i) Publish(0.02);
+  auto listed = store_->List(VersionPrefix(3) + "chunk/");
+  ASSERT_OK(listed);
+  ASSERT_GE(listed->size(), 2u);
+  const std::string key = listed->back().key;
+  auto bad = store_->Get(key);
+  ASSERT_OK(bad);
+  (*bad)[bad->size() / 2] ^= 0x10;
+  ASSERT_OK(store_->Put(key, *bad));
+  auto opts = Lagging("lag", 16);
+  auto r = Receiver::Open(store_.get(), opts);
   ASSERT_OK(r);
   auto s = (*r)->Step();
   ASSERT_OK(s);
-  EXPECT_EQ(s->versions_folded, 3u);
-  EXPECT_GT(s->chunks_skipped, 0u);
-  EXPECT_EQ(s->chunks_applied + s->chunks_skipped, chunks_[1] + chunks_[2] + chunks_[3]);
-  EXPECT_TRUE(At(3).Matches(opts.checkpoint));
-  EXPECT_EQ((*r)->active_version(), 3u);
+  EXPECT_EQ(s->outcome, StepResult::Outcome::kSnapshot);
+  EXPECT_EQ(s->version, 4u);
+  EXPECT_NE(s->recovered.find("rolled back to version 0"), std::string::npos) << s->recovered;
+  EXPECT_EQ((*r)->active_version(), 4u);
+  EXPECT_TRUE(At(4).Matches(opts.checkpoint));
+  EXPECT_FALSE(PathExists(opts.state_dir + "/journal"));
 }
 
 // A receiver killed inside a fold: the journal names the fold; one range

@@ -18,12 +18,34 @@ enum RecordType : uint8_t {
   kVoted = 3,
   kBeginFold = 4,
   kFailed = 5,
+  kFoldApplied = 6,
 };
 // A chain longer than this is not a fold any receiver writes.
 constexpr uint64_t kMaxFoldVersions = 1u << 16;
 
 Status Errno(const std::string& what, const std::string& path) {
   return UnavailableError(what + " '" + path + "': " + std::strerror(errno));
+}
+
+// The undo part of an applied record: varint n, u8 width, n varint
+// positions, n * width pre-image bytes.
+void WriteUndo(ByteWriter* w, const UndoRecord& undo) {
+  w->Varint(undo.at.size());
+  uint8_t width = undo.at.empty() ? 0 : static_cast<uint8_t>(undo.old.size() / undo.at.size());
+  w->U8(width);
+  for (uint32_t a : undo.at) w->Varint(a);
+  w->Bytes(undo.old.data(), undo.old.size());
+}
+
+Result<UndoRecord> ReadUndo(ByteReader* b, size_t body_size) {
+  UndoRecord undo;
+  uint64_t n = b->Varint();
+  uint8_t width = b->U8();
+  if (n > body_size) return DataLossError("journal record malformed");
+  for (uint64_t i = 0; i < n && b->ok(); ++i) undo.at.push_back(static_cast<uint32_t>(b->Varint()));
+  auto old = b->Bytes(n * width);
+  undo.old.assign(old.begin(), old.end());
+  return undo;
 }
 
 }  // namespace
@@ -68,14 +90,17 @@ Result<std::optional<JournalState>> Journal::Load(const std::string& path) {
       return DataLossError("journal '" + path + "' does not start with a begin record");
     } else if (type == kApplied) {
       uint64_t chunk = b.Varint();
-      UndoRecord undo;
-      uint64_t n = b.Varint();
-      uint8_t width = b.U8();
-      if (n > body.size()) return DataLossError("journal record malformed");
-      for (uint64_t i = 0; i < n && b.ok(); ++i) undo.at.push_back(static_cast<uint32_t>(b.Varint()));
-      auto old = b.Bytes(n * width);
-      undo.old.assign(old.begin(), old.end());
+      REFIT_ASSIGN_OR_RETURN(UndoRecord undo, ReadUndo(&b, body.size()));
       state->applied[chunk] = std::move(undo);
+    } else if (type == kFoldApplied) {
+      JournalState::FoldChunk c;
+      c.position = b.Varint();
+      c.chunk = b.Varint();
+      REFIT_ASSIGN_OR_RETURN(c.undo, ReadUndo(&b, body.size()));
+      if (b.ok() && c.position >= state->fold_versions.size()) {
+        return DataLossError("journal '" + path + "': a fold chunk outside the fold");
+      }
+      state->fold_applied.push_back(std::move(c));
     } else if (type == kVoted) {
       state->voted = true;
     } else if (type == kFailed) {
@@ -139,12 +164,17 @@ Status Journal::Applied(uint64_t chunk, const UndoRecord& undo) {
   std::vector<uint8_t> body;
   ByteWriter w(&body);
   w.Varint(chunk);
-  w.Varint(undo.at.size());
-  uint8_t width = undo.at.empty() ? 0 : static_cast<uint8_t>(undo.old.size() / undo.at.size());
-  w.U8(width);
-  for (uint32_t a : undo.at) w.Varint(a);
-  w.Bytes(undo.old.data(), undo.old.size());
+  WriteUndo(&w, undo);
   return Append(kApplied, body);
+}
+
+Status Journal::FoldApplied(uint64_t position, uint64_t chunk, const UndoRecord& undo) {
+  std::vector<uint8_t> body;
+  ByteWriter w(&body);
+  w.Varint(position);
+  w.Varint(chunk);
+  WriteUndo(&w, undo);
+  return Append(kFoldApplied, body);
 }
 
 Status Journal::Voted() { return Append(kVoted, {}); }

@@ -11,7 +11,9 @@
 // (docs/protocol.md, "Catch-up by folding"). Its first record names Vk,
 // the active version as the base, and the chain, so that a restarted
 // receiver resumes the same fold rather than treating Vk as a version
-// built on the active one.
+// built on the active one; FoldApplied() records follow, one per chunk
+// applied, so that a fold stopped by a chunk that fails its checks can be
+// rolled back to the active version.
 #ifndef REFIT_SYNC_JOURNAL_H_
 #define REFIT_SYNC_JOURNAL_H_
 
@@ -44,6 +46,15 @@ struct JournalState {
   // SHA-256 of each stored announcement. Empty for a single version.
   std::vector<uint64_t> fold_versions;
   std::vector<Sha256> fold_announcements;
+  // A fold's chunks known applied, in the order they were journaled:
+  // chunk `chunk` of fold_versions[position], with its undo record
+  // (overwrite kinds).
+  struct FoldChunk {
+    uint64_t position = 0;
+    uint64_t chunk = 0;
+    UndoRecord undo;
+  };
+  std::vector<FoldChunk> fold_applied;
 };
 
 class Journal {
@@ -68,6 +79,9 @@ class Journal {
   Journal() = default;  // closed; assign from Begin() or Reopen()
 
   Status Applied(uint64_t chunk, const UndoRecord& undo);
+  // In a fold: chunk `chunk` of the chain's version at `position` (0 for
+  // V1) was applied.
+  Status FoldApplied(uint64_t position, uint64_t chunk, const UndoRecord& undo);
   Status Voted();
   // The receiver voted failed; chunks at or above `bound` were never
   // written (UINT64_MAX: any may have been).

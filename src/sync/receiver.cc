@@ -39,6 +39,12 @@ constexpr int kPersistentBadReads = 4;
 // Chunks of a version that may have been written: all of them.
 constexpr uint64_t kAllChunks = UINT64_MAX;
 
+// A chunk object that fails its checks (envelope, checksum, manifest hash,
+// header) rather than one that could not be read.
+bool FailsItsChecks(const Status& s) {
+  return s.code() == StatusCode::kDataLoss || s.code() == StatusCode::kUnauthenticated;
+}
+
 int ElapsedMs(Clock::time_point since) {
   return static_cast<int>(
       std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - since).count());
@@ -312,15 +318,16 @@ class ApplyPool {
     size_t tensor = 0;
     uint64_t offset = 0, length = 0;
     bool early = false;             // submitted before the manifest was seen
-    bool keep_undo = true;          // hand back the pre-images (one chunk only)
     std::vector<std::vector<uint8_t>> objects;  // own the bytes `chunks` point into
     std::vector<ParsedChunk> chunks;
+    // Per chunk: an overwrite re-send in place of a stored chunk (a fold).
+    std::vector<bool> resent;
     uint8_t* data = nullptr;        // the tensor's first byte
   };
   struct Done {
     Job job;
     Status status;
-    UndoRecord undo;
+    std::vector<UndoRecord> undo;  // one per applied chunk
     size_t applied = 0;  // chunks of the job applied, a prefix of them
   };
 
@@ -397,9 +404,10 @@ class ApplyPool {
   // range then holds the last applied chunk's "after").
   static void Run(Done* d, ApplyScratch* scratch) {
     for (const ParsedChunk& c : d->job.chunks) {
-      d->status = ApplyChunkInPlace(c, d->job.data, scratch, nullptr,
-                                    d->job.keep_undo ? &d->undo : nullptr);
+      UndoRecord undo;
+      d->status = ApplyChunkInPlace(c, d->job.data, scratch, nullptr, &undo);
       if (!d->status.ok()) return;
+      d->undo.push_back(std::move(undo));
       ++d->applied;
     }
   }
@@ -1198,7 +1206,7 @@ Result<StepResult> Receiver::ApplyVersion(const Announcement& a,
       }
       const ApplyPool::Job& job = d.job;
       ++chunks_applied_total_;
-      REFIT_RETURN_IF_ERROR(journal.Applied(job.index, d.undo));
+      REFIT_RETURN_IF_ERROR(journal.Applied(job.index, d.undo.front()));
       ++result.chunks_applied;
       result.changed_elements += job.chunks.front().header.changed;
       // ApplyChunkInPlace re-hashed the range to the chunk's "after": the
@@ -1391,12 +1399,14 @@ Result<StepResult> Receiver::ApplyVersion(const Announcement& a,
 
 // Catch-up by folding (docs/protocol.md, "Catch-up by folding").
 //
-// Committed versions never roll back, so a fold journals no pre-images:
-// whatever state a crash leaves a range in, the way out is forward to Vk.
-// Each range (a cell) only ever holds one of its chunks' "before"/"after"
-// states, or a torn mix inside the chunk being applied; its range hash
-// tells which, so a resumed fold re-applies exactly the chunks not in
-// place, and a torn cell is repaired with overwrite re-sends.
+// Committed versions never abort: whatever state a crash leaves a range
+// in, the way out is forward to Vk. Each range (a cell) only ever holds
+// one of its chunks' "before"/"after" states, or a torn mix inside the
+// chunk being applied; its range hash tells which, so a resumed fold
+// re-applies exactly the chunks not in place, and a torn cell is repaired
+// with overwrite re-sends. The one way back is a chunk that fails its
+// checks: the fold is then rolled back to the active version from the
+// pre-images it journals.
 Result<std::optional<StepResult>> Receiver::Fold(const std::vector<Announcement>& chain,
                                                  const std::vector<Sha256>& shas,
                                                  bool resume) {
@@ -1499,23 +1509,6 @@ Result<std::optional<StepResult>> Receiver::Fold(const std::vector<Announcement>
     return std::optional<StepResult>();
   }
 
-  const std::string journal_path = StatePath(opt_, "journal");
-  if (!resume) {
-    std::vector<uint64_t> versions;
-    for (const Announcement& a : chain) versions.push_back(a.version);
-    REFIT_RETURN_IF_ERROR(
-        Journal::BeginFold(journal_path, first.base_version, versions, shas).status());
-    CrashPoint("receiver.after-begin");
-  }
-  result.versions_folded = k;
-  REFIT_ASSIGN_OR_RETURN(Bound b, BindTensors(opt_, first.tensors, last.version));
-  Digests digests(tensors);
-  Flusher flusher(b);
-
-  // The one check of the base A, as for a single version (cells come in
-  // tensor order).
-  BaseCheck base_check(b, &digests, first.tensors, resume, first.base_version, what);
-
   // Fetches chunk i of chain[j] and checks it against its manifest entry,
   // its announcement and its version.
   auto fetch = [&](size_t j, uint64_t i, std::vector<uint8_t>* object) -> Result<ParsedChunk> {
@@ -1543,16 +1536,106 @@ Result<std::optional<StepResult>> Receiver::Fold(const std::vector<Announcement>
     }
     return c;
   };
+  // A stored chunk that fails its checks is replaced by this member's
+  // overwrite re-send of it at its version, when the store holds one that
+  // names the chunk's range (*resent is then set): the re-send carries the
+  // chunk's range hashes, and applying it checks its "after" as for any
+  // chunk. Otherwise the chunk's own failure stands.
+  auto fetch_or_resend = [&](size_t j, uint64_t i, std::vector<uint8_t>* object,
+                             bool* resent) -> Result<ParsedChunk> {
+    *resent = false;
+    auto c = fetch(j, i, object);
+    if (c.ok() || !FailsItsChecks(c.status())) return c;
+    auto got = store_->Get(ResendKey(chain[j].version, opt_.member, i, /*after=*/true));
+    if (!got.ok()) return c.status();
+    result.bytes_fetched += got->size();
+    std::vector<uint8_t> bytes = std::move(*got);
+    auto body = opt_.auth.Open(bytes);
+    if (!body.ok()) return c.status();
+    auto parsed = ParseChunk(*body);
+    if (!parsed.ok()) return c.status();
+    const ChunkHeader& h = parsed->header;
+    const ManifestChunk& mc = manifests[j].chunks[i];
+    if (h.IsStrided() || h.tensor_id != mc.tensor_id || h.start != mc.start ||
+        h.count != mc.count || h.width != chain[j].tensors[mc.tensor_id].width ||
+        h.version != chain[j].version || h.base_version != chain[j].base_version ||
+        (h.kind != codec::ChunkKind::kSparseOverwrite && h.kind != codec::ChunkKind::kRaw)) {
+      return c.status();
+    }
+    *object = std::move(bytes);  // the buffer `parsed` points into moves along
+    *resent = true;
+    return parsed;
+  };
+  auto request_resend = [&](size_t j, uint64_t i) -> Status {
+    ResendRequest q;
+    q.chunks.push_back(i);
+    q.after.push_back(true);
+    return store_->Put(RequestKey(chain[j].version, opt_.member),
+                       opt_.auth.SealMember(EncodeRequest(q)));
+  };
+
+  // A chunk that failed its checks in an earlier step is checked again
+  // before anything is written: while it fails, the step fails at once.
+  if (!resume && bad_fold_chunk_) {
+    const auto [bad_version, bad_index] = *bad_fold_chunk_;
+    for (size_t j = 0; j < k; ++j) {
+      if (chain[j].version != bad_version || bad_index >= manifests[j].chunks.size()) continue;
+      std::vector<uint8_t> object;
+      bool resent = false;
+      auto c = fetch_or_resend(j, bad_index, &object, &resent);
+      if (!c.ok() && FailsItsChecks(c.status())) {
+        const Status asked = request_resend(j, bad_index);
+        return DataLossError(std::string(c.status().message()) + "; nothing of " + what +
+                             " was written" +
+                             (asked.ok() ? "; a re-send of the chunk was requested"
+                                         : "; requesting a re-send of the chunk failed (" +
+                                               asked.ToString() + ")"));
+      }
+      REFIT_RETURN_IF_ERROR(c.status());
+    }
+    bad_fold_chunk_.reset();
+  }
+
+  const std::string journal_path = StatePath(opt_, "journal");
+  Journal journal;
+  if (!resume) {
+    std::vector<uint64_t> versions;
+    for (const Announcement& a : chain) versions.push_back(a.version);
+    REFIT_ASSIGN_OR_RETURN(journal,
+                           Journal::BeginFold(journal_path, first.base_version, versions, shas));
+    CrashPoint("receiver.after-begin");
+  } else {
+    REFIT_ASSIGN_OR_RETURN(journal, Journal::Reopen(journal_path));
+  }
+  result.versions_folded = k;
+  REFIT_ASSIGN_OR_RETURN(Bound b, BindTensors(opt_, first.tensors, last.version));
+  Digests digests(tensors);
+  Flusher flusher(b);
+
+  // The one check of the base A, as for a single version (cells come in
+  // tensor order).
+  BaseCheck base_check(b, &digests, first.tensors, resume, first.base_version, what);
 
   const int threads = opt_.threads > 0 ? opt_.threads
                                        : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   ApplyPool pool(threads);
   Status apply_error;
+  std::optional<Ref> failed_apply;  // the chunk whose apply failed first
+  // Journals each applied chunk with its pre-images (a job is a cell's
+  // chunks from the first one not in place on), and counts it.
   auto drain = [&](bool all) -> Status {
     for (ApplyPool::Done& d : pool.Drain(all)) {
-      chunks_applied_total_ += d.applied;
-      result.chunks_applied += d.applied;
+      const Cell& cell = cells[d.job.index];
+      const size_t from = cell.chunks.size() - d.job.chunks.size();
       for (size_t q = 0; q < d.applied; ++q) {
+        const Ref& r = cell.chunks[from + q];
+        REFIT_RETURN_IF_ERROR(journal.FoldApplied(r.j, r.i, d.undo[q]));
+        if (d.job.resent[q]) {
+          ++result.chunks_resent;
+        } else {
+          ++chunks_applied_total_;
+          ++result.chunks_applied;
+        }
         result.changed_elements += d.job.chunks[q].header.changed;
       }
       if (d.applied > 0) {
@@ -1561,8 +1644,11 @@ Result<std::optional<StepResult>> Receiver::Fold(const std::vector<Announcement>
       }
       if (!d.status.ok()) {
         // The range holds the last applied chunk's "after" (or is as it
-        // was); the step fails and a later one resumes from there.
-        if (apply_error.ok()) apply_error = d.status;
+        // was).
+        if (apply_error.ok()) {
+          apply_error = d.status;
+          failed_apply = cell.chunks[from + d.applied];
+        }
         continue;
       }
       CrashPoint("receiver.after-fold-cell");
@@ -1570,6 +1656,79 @@ Result<std::optional<StepResult>> Receiver::Fold(const std::vector<Announcement>
     return apply_error;
   };
   const OnExit drain_on_exit([&] { (void)drain(true); });
+
+  // Brings every range this fold wrote back to A: the chunks the journal
+  // records applied are undone newest first (XOR chunks by applying them
+  // again, overwrite chunks from their pre-images), each only when its
+  // range holds the chunk's "after" (at its "before" it is not in place);
+  // then every tensor must hash to A, and the journal is removed. A range
+  // in neither state (torn by a crash, or whose chunk was applied but not
+  // journaled when the process died) cannot be brought back: DATA_LOSS,
+  // the journal kept (the next step resumes the fold).
+  auto roll_back = [&]() -> Status {
+    REFIT_ASSIGN_OR_RETURN(auto state, Journal::Load(journal_path));
+    if (!state) return DataLossError("the journal of " + what + " is gone");
+    ApplyScratch scratch;
+    for (auto it = state->fold_applied.rbegin(); it != state->fold_applied.rend(); ++it) {
+      if (it->position >= k || it->chunk >= manifests[it->position].chunks.size()) {
+        return DataLossError("the journal of " + what + " names a chunk outside it");
+      }
+      std::vector<uint8_t> object;
+      bool resent = false;
+      REFIT_ASSIGN_OR_RETURN(ParsedChunk c,
+                             fetch_or_resend(it->position, it->chunk, &object, &resent));
+      const ChunkHeader& h = c.header;
+      const size_t t = h.tensor_id;
+      const uint64_t off = h.start * h.width, len = h.count * h.width;
+      const Hash128 now = RangeOf(b, t, off, len);
+      if (now == h.before) continue;
+      const std::string name = "chunk " + std::to_string(it->chunk) + " of " +
+                               vname(it->position) + " (tensor '" + first.tensors[t].name + "')";
+      if (now != h.after) {
+        return DataLossError("the range of " + name + " holds neither side of it");
+      }
+      REFIT_RETURN_IF_ERROR(UndoChunkInPlace(c, b.data[t], &scratch, it->undo));
+      flusher.Add(t, off, len);
+      if (RangeOf(b, t, off, len) != h.before) {
+        return DataLossError("undoing " + name + " did not restore its range");
+      }
+    }
+    for (size_t t = 0; t < tensors; ++t) {
+      if (TensorHash(b, t) != first.tensors[t].before) {
+        return DataLossError("tensor '" + first.tensors[t].name + "' is not at version " +
+                             std::to_string(first.base_version));
+      }
+    }
+    REFIT_RETURN_IF_ERROR(b.Sync());
+    return Journal::Remove(journal_path);
+  };
+  // A chunk that fails its checks (`why`) stops the fold (docs/protocol.md,
+  // "Catch-up by folding", 6): what it wrote is rolled back to A, a re-send
+  // of the chunk is requested, and the step fails with DATA_LOSS, after
+  // which a checkpoint receiver resyncs from a snapshot when the store
+  // holds one (OrSnapshot).
+  auto refuse = [&](const Ref& r, const Status& why) -> Status {
+    bad_fold_chunk_.emplace(chain[r.j].version, r.i);
+    (void)drain(true);
+    const Status back = roll_back();
+    const Status asked = request_resend(r.j, r.i);
+    std::string message(why.message());
+    if (back.ok()) {
+      message += "; " + what + " was rolled back to version " + std::to_string(first.base_version);
+    } else {
+      message += "; rolling back " + what + " failed (" + back.ToString() +
+                 "); the journal keeps the fold and the next step resumes it";
+    }
+    message += asked.ok() ? "; a re-send of the chunk was requested"
+                          : "; requesting a re-send of the chunk failed (" + asked.ToString() + ")";
+    return DataLossError(message);
+  };
+  // drain(), where an apply that failed its checks refuses its chunk.
+  auto drain_or_refuse = [&](bool all) -> Status {
+    Status s = drain(all);
+    if (!s.ok() && failed_apply && FailsItsChecks(s)) return refuse(*failed_apply, s);
+    return s;
+  };
   CrashPoint("receiver.before-apply");
 
   struct Torn {
@@ -1585,23 +1744,26 @@ Result<std::optional<StepResult>> Receiver::Fold(const std::vector<Announcement>
     // The cell's chunks, fetched now (one cell's worth of payload in
     // memory per job in flight), each starting where the previous ended.
     ApplyPool::Job job;
+    job.index = n;
     job.tensor = t;
     job.offset = off;
     job.length = len;
-    job.keep_undo = false;
     job.data = b.data[t];
     for (const Ref& r : cell.chunks) {
       std::vector<uint8_t> object;
-      REFIT_ASSIGN_OR_RETURN(ParsedChunk c, fetch(r.j, r.i, &object));
-      if (!job.chunks.empty() && job.chunks.back().header.after != c.header.before) {
-        return DataLossError("chunk " + std::to_string(r.i) + " of " + vname(r.j) +
-                             " does not start where the previous version's chunk of its range "
-                             "ends (tensor '" + first.tensors[t].name + "', elements " +
-                             std::to_string(cell.start) + ".." +
-                             std::to_string(cell.start + cell.count) + ")");
+      bool resent = false;
+      auto c = fetch_or_resend(r.j, r.i, &object, &resent);
+      if (!c.ok()) return FailsItsChecks(c.status()) ? refuse(r, c.status()) : c.status();
+      if (!job.chunks.empty() && job.chunks.back().header.after != c->header.before) {
+        return refuse(r, DataLossError(
+            "chunk " + std::to_string(r.i) + " of " + vname(r.j) +
+            " does not start where the previous version's chunk of its range "
+            "ends (tensor '" + first.tensors[t].name + "', elements " +
+            std::to_string(cell.start) + ".." + std::to_string(cell.start + cell.count) + ")"));
       }
-      job.chunks.push_back(c);  // points into `object`'s buffer, which moves along
+      job.chunks.push_back(*c);  // points into `object`'s buffer, which moves along
       job.objects.push_back(std::move(object));
+      job.resent.push_back(resent);
     }
     REFIT_RETURN_IF_ERROR(base_check.Through(t));
     const Hash128 h = digests.Range(b, t, off, len);
@@ -1625,12 +1787,14 @@ Result<std::optional<StepResult>> Receiver::Fold(const std::vector<Announcement>
       continue;
     }
     result.chunks_skipped += from;
-    job.chunks.erase(job.chunks.begin(), job.chunks.begin() + static_cast<std::ptrdiff_t>(from));
-    job.objects.erase(job.objects.begin(), job.objects.begin() + static_cast<std::ptrdiff_t>(from));
+    const auto skip = static_cast<std::ptrdiff_t>(from);
+    job.chunks.erase(job.chunks.begin(), job.chunks.begin() + skip);
+    job.objects.erase(job.objects.begin(), job.objects.begin() + skip);
+    job.resent.erase(job.resent.begin(), job.resent.begin() + skip);
     pool.Submit(std::move(job));
-    REFIT_RETURN_IF_ERROR(drain(false));
+    REFIT_RETURN_IF_ERROR(drain_or_refuse(false));
   }
-  REFIT_RETURN_IF_ERROR(drain(true));
+  REFIT_RETURN_IF_ERROR(drain_or_refuse(true));
 
   // Torn cells: a crash inside one of the cell's chunks. Every chunk of
   // the cell is asked for again as an overwrite re-send at its version

@@ -11,7 +11,8 @@
 // range hashes on the next Step(), asking the publisher for overwrite
 // re-sends of only the ranges it finds torn. A receiver several committed
 // versions behind folds them: one pass applies each range's chunks of all
-// of them in sequence and activates the last. Not thread-safe.
+// of them in sequence and activates the last; a chunk that fails its
+// checks rolls the fold back to the active version. Not thread-safe.
 #ifndef REFIT_SYNC_RECEIVER_H_
 #define REFIT_SYNC_RECEIVER_H_
 
@@ -20,6 +21,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "refit/delta.h"
@@ -175,7 +177,9 @@ class Receiver {
   // Vk. nullopt, having changed nothing, when the chain cannot be folded
   // (tensor tables or hashes that do not line up, chunk ranges that
   // overlap without being equal): the caller applies them one by one.
-  // With `resume`, a fold journaled by an earlier step is finished.
+  // With `resume`, a fold journaled by an earlier step is finished. A
+  // chunk that fails its checks rolls the fold back to the active version
+  // and requests a re-send of it (DATA_LOSS).
   Result<std::optional<StepResult>> Fold(const std::vector<Announcement>& chain,
                                          const std::vector<Sha256>& shas, bool resume);
   Result<Announcement> ReadAnnouncement(uint64_t version, Sha256* sha);
@@ -214,6 +218,10 @@ class Receiver {
     int reads = 0;
   };
   BadRead bad_read_;
+  // The chunk (version, index) that stopped the last fold that met one
+  // failing its checks: the next fold through that version checks it
+  // again before writing anything.
+  std::optional<std::pair<uint64_t, uint64_t>> bad_fold_chunk_;
 };
 
 // The key of a version's announcement, which the publisher writes before
