@@ -1345,9 +1345,9 @@ void RegisterSyncCommands(CLI::App* app, SyncCommandArgs* args) {
       "already made.");
   args->publish_cmd = pub;
   pub->add_option("--store", p.store,
-                  "store URL: a directory, file:///dir or s3://bucket/prefix; "
-                  "with --relay-listen, the durable copy every object is "
-                  "also written to (and the new root is seeded from)");
+                  std::string(kStoreOptionHelp) +
+                      "; with --relay-listen, the durable copy every object "
+                      "is also written to (and the new root is seeded from)");
   pub->add_option("--relay-listen", p.relay_listen,
                   "HOST:PORT: publish as the root of a relay tree listening "
                   "there (receivers use --relay-parent). The root lives in "
@@ -1441,7 +1441,7 @@ void RegisterSyncCommands(CLI::App* app, SyncCommandArgs* args) {
       "(announced on another base, a chunk changed in the store) is voted "
       "failed, rolled back once aborted, and the next version followed.");
   args->receive_cmd = rcv;
-  rcv->add_option("--store", r.store, "store URL (as for publish)");
+  rcv->add_option("--store", r.store, kStoreOptionHelp);
   rcv->add_option("--relay-parent", r.relay_parent,
                   "HOST:PORT of the parent in a relay tree (publish's "
                   "--relay-listen, or another receiver's); instead of "
@@ -1517,7 +1517,7 @@ void RegisterSyncCommands(CLI::App* app, SyncCommandArgs* args) {
       "member's vote, and for each --state directory the receiver's active "
       "version, lag and any interrupted version.");
   args->status_cmd = sts;
-  sts->add_option("--store", st.store, "store URL")->required();
+  sts->add_option("--store", st.store, kStoreOptionHelp)->required();
   add_key(sts, &st.key_file);
   sts->add_option("--verify-key", st.verify_key,
                   "the publisher's Ed25519 public key, when it signs");
@@ -1540,7 +1540,9 @@ void RegisterSyncDemoOptions(CLI::App* demo_cmd, DemoArgs* demo,
       ->capture_default_str()
       ->check(CLI::Range(1, 64));
   demo_cmd->add_option("--store", sync->store,
-                       "store URL for the distribution section (must be "
+                       "the distribution section's " +
+                           std::string(kStoreOptionHelp) +
+                           " (must be "
                        "empty); default: a directory in the scratch dir. "
                        "With --transport relay every object is written "
                        "through to it");
