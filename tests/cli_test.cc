@@ -21,6 +21,7 @@
 
 #include "refit/checkpoint.h"
 #include "testing.h"
+#include "transport/moto_testing.h"
 
 #ifndef REFIT_CLI_PATH
 #error "REFIT_CLI_PATH must name the refit binary"
@@ -587,6 +588,24 @@ TEST_F(CliTest, S3SettingsAreDocumentedWhereErrorsPointTo) {
   EXPECT_NE(no_credentials.err.find("see `refit status --help`"),
             std::string::npos)
       << no_credentials.err;
+}
+
+// A missing bucket's message says what to do; no path advice follows it.
+TEST_F(CliTest, MissingBucketHintFits) {
+  auto moto = testing::MotoServer::Start();
+  if (!moto.ok() && moto.status().code() == StatusCode::kNotFound) {
+    GTEST_SKIP() << "\n*** SKIPPED: moto_server is not on PATH, so the S3 "
+                    "CLI tests did not run ***\n";
+  }
+  ASSERT_TRUE(moto.ok()) << moto.status().ToString();
+  RunResult r = Run(
+      {"status", "--store", "s3://no-such-bucket/run1?endpoint=" + (*moto)->endpoint()},
+      {"AWS_ACCESS_KEY_ID=testing", "AWS_SECRET_ACCESS_KEY=testing"});
+  EXPECT_EQ(r.exit_code, 3) << r.err;
+  EXPECT_NE(r.err.find("bucket 'no-such-bucket' does not exist"), std::string::npos)
+      << r.err;
+  EXPECT_TRUE(r.err.ends_with("create it or fix the URL\n")) << r.err;
+  EXPECT_EQ(r.err.find("check the path"), std::string::npos) << r.err;
 }
 
 TEST_F(CliTest, UnknownSubcommandSuggestsTheNearOne) {

@@ -108,6 +108,11 @@ std::string Hint(std::string_view command, const Status& status) {
     case StatusCode::kCancelled:
       return "";
     case StatusCode::kNotFound:
+      // A missing bucket's message says what to do already.
+      if (Contains(message, "NoSuchBucket")) return "";
+      if (Contains(message, "s3://")) {
+        return "check the bucket and prefix of the s3:// URL";
+      }
       return "check the path";
     case StatusCode::kDataLoss:
       if (command == "diff") return "a checkpoint file is damaged; re-save it";
