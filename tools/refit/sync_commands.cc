@@ -897,7 +897,8 @@ int RunReceive(const ReceiveArgs& args) {
     return kExitOk;
   };
 
-  // Says once what an idle receiver waits for, when it is not obvious.
+  // Says once what an idle receiver waits for, when it is not obvious;
+  // warnings go to stderr (text) or as events (JSON).
   bool told_empty = false;
   uint64_t told_not_member = 0;
   auto tell = [&](std::string_view event, const std::string& message) {
@@ -976,9 +977,16 @@ int RunReceive(const ReceiveArgs& args) {
         told_empty = true;
         Result<std::vector<ObjectInfo>> versions = (*store)->List("index/");
         if (versions.ok() && versions->empty() && receiver.active_version() == 0) {
-          tell("waiting", fmt::format("{} holds no version yet; waiting for the "
-                                      "first version",
-                                      (*store)->Describe()));
+          // Progress, not a warning: a status line on stdout.
+          const std::string message = fmt::format(
+              "{} holds no version yet; waiting for the first version",
+              (*store)->Describe());
+          if (args.json) {
+            tell("waiting", message);
+          } else {
+            fmt::print("refit receive: {}\n", message);
+            std::fflush(stdout);
+          }
         }
       }
       SleepUnlessStopped(args.poll_ms);
