@@ -5,8 +5,10 @@
 // encoder is deterministic and stable (encode(decode(encode(o))) is
 // byte-equal to encode(o)), and the encoding is never longer than the
 // accepted input (a decoder may accept non-minimal varints and trailing
-// bytes, but never drop or invent content). An envelope that opens must be
-// exactly what Seal makes of its body (each scheme is canonical).
+// bytes, but never drop or invent content), and every member name it
+// carries (members, dropped members) is a valid one. An envelope that
+// opens must be exactly what Seal makes of its body (each scheme is
+// canonical).
 //
 // Input: one selector byte, then the object.
 //   bits 0-2  the decoder: 0 announcement, 1 manifest, 2 vote, 3 decision,
@@ -105,6 +107,22 @@ bool Same(const refit::SnapshotIndex& a, const refit::SnapshotIndex& b) {
 
 bool Same(uint64_t a, uint64_t b) { return a == b; }
 
+// Member names an accepted object carries are valid member names: they
+// key votes and requests (sync/keys.h).
+bool NamesValid(const std::vector<std::string>& names) {
+  for (const std::string& m : names) {
+    if (!refit::ValidateMember(m).ok()) return false;
+  }
+  return true;
+}
+bool Valid(const refit::Announcement& a) { return NamesValid(a.members); }
+bool Valid(const refit::Manifest& m) { return NamesValid(m.members); }
+bool Valid(const refit::Decision& d) { return NamesValid(d.dropped); }
+template <typename T>
+bool Valid(const T&) {
+  return true;
+}
+
 // Decodes `bytes`; on success checks the round trip described above.
 template <typename T>
 void RoundTrip(std::span<const uint8_t> bytes,
@@ -115,6 +133,7 @@ void RoundTrip(std::span<const uint8_t> bytes,
     Check(!obj.status().message().empty());
     return;
   }
+  Check(Valid(*obj));
   const std::vector<uint8_t> e1 = encode(*obj);
   Check(e1.size() <= bytes.size());
   Check(encode(*obj) == e1);

@@ -276,7 +276,13 @@ Result<Decision> DecodeDecision(std::span<const uint8_t> body) {
   uint8_t s = r.U8();
   uint64_t n = r.Varint();
   if (n > kMaxMembers || n > r.remaining()) return DataLossError("decision malformed");
-  for (uint64_t i = 0; i < n && r.ok(); ++i) d.dropped.push_back(r.String(64));
+  for (uint64_t i = 0; i < n && r.ok(); ++i) {
+    d.dropped.push_back(r.String(64));
+    // Dropped names are members' names, which key their votes.
+    if (r.ok() && !ValidateMember(d.dropped.back()).ok()) {
+      return DataLossError("decision lists a malformed member name");
+    }
+  }
   d.reason = r.String(kMaxMessage);
   REFIT_RETURN_IF_ERROR(r.status("decision"));
   if (s != 1 && s != 2) return DataLossError("decision has unknown outcome");

@@ -99,6 +99,9 @@ struct Decision {
   std::string reason;
 };
 std::vector<uint8_t> EncodeDecision(const Decision& d);
+// kDataLoss for a damaged or truncated decision, an unknown outcome, more
+// than 65536 dropped members or a dropped name that is not a member name
+// (ValidateMember).
 Result<Decision> DecodeDecision(std::span<const uint8_t> body);
 
 struct ResendRequest {
