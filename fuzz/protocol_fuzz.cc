@@ -13,6 +13,7 @@
 // Input: one selector byte, then the object.
 //   bits 0-2  the decoder: 0 announcement, 1 manifest, 2 vote, 3 decision,
 //             4 re-send request, 5 snapshot index, 6 head, 7 key parsing
+//             (sync/keys.h)
 //   bits 3-4  the envelope: 0 none (the bytes are the decoder's input),
 //             1 opened with Authenticator::None(), 2 with a fixed HMAC key,
 //             3 with the HMAC key and a fixed Ed25519 signing key
@@ -30,6 +31,7 @@
 #include <vector>
 
 #include "sync/auth.h"
+#include "sync/keys.h"
 #include "sync/protocol.h"
 
 namespace {
@@ -145,13 +147,22 @@ void RoundTrip(std::span<const uint8_t> bytes,
 
 std::vector<uint8_t> EncodeHeadOf(const uint64_t& v) { return refit::EncodeHead(v); }
 
-// Key helpers that parse strings: a key a snapshot index key parses to
-// must be the one SnapshotIndexKey makes of that version, and member names
-// that validate must stay within their documented alphabet and length.
+// Key helpers that parse strings (sync/keys.h): a key that parses must be
+// the one its maker makes of the parsed fields, and member names that
+// validate must stay within their documented alphabet and length.
 void CheckKeys(std::span<const uint8_t> bytes) {
   const std::string text(bytes.begin(), bytes.end());
   if (auto v = refit::ParseSnapshotIndexKey(text)) {
     Check(refit::SnapshotIndexKey(*v) == text);
+  }
+  if (auto v = refit::ParseIndexKey(text)) Check(refit::IndexKey(*v) == text);
+  if (auto k = refit::ParseKey(text)) {
+    Check(refit::KeyOf(*k) == text);
+    Check(refit::IsMemberKey(text) == (k->kind == refit::KeyInfo::Kind::kVote ||
+                                       k->kind == refit::KeyInfo::Kind::kDone ||
+                                       k->kind == refit::KeyInfo::Kind::kRequest));
+  } else {
+    Check(!refit::IsMemberKey(text) && !refit::VersionOfKey(text));
   }
   if (refit::ValidateMember(text).ok()) {
     Check(!text.empty() && text.size() <= 64 && text != "." && text != "..");

@@ -216,10 +216,6 @@ class Receiver {
   BadRead bad_read_;
 };
 
-// The key of a version's announcement, which the publisher writes before
-// its first chunk (so receivers list versions, not chunks).
-std::string IndexKey(uint64_t version);
-
 }  // namespace refit
 
 #endif  // REFIT_SYNC_RECEIVER_H_

@@ -36,10 +36,6 @@ namespace refit::cli {
 
 // ---------------------------------------------------------------- relay
 
-std::string RelayDoneKey(uint64_t version, const std::string& member) {
-  return VoteKey(version, member) + "/done";
-}
-
 Result<std::unique_ptr<RelayRootStore>> RelayRootStore::Open(
     const std::string& listen, const std::string& durable_url,
     RelayOptions options) {
@@ -325,7 +321,7 @@ struct TreeWait {
 };
 
 // Serves re-sends and the tree until every member not in `dropped` put its
-// RelayDoneKey for `version` (sealed with the store's key), at most
+// DoneKey for `version` (sealed with the store's key), at most
 // `wait_ms`.
 Result<TreeWait> WaitForTree(RelayRootStore* relay, Publisher* publisher,
                              const Authenticator& auth, uint64_t version,
@@ -343,7 +339,7 @@ Result<TreeWait> WaitForTree(RelayRootStore* relay, Publisher* publisher,
   for (;;) {
     for (auto it = waiting.begin(); it != waiting.end();) {
       Result<std::vector<uint8_t>> b =
-          relay->root()->Get(RelayDoneKey(version, *it));
+          relay->root()->Get(DoneKey(version, *it));
       if (b.ok() && auth.OpenMember(*b).ok()) {
         w.done.push_back(*it);
         it = waiting.erase(it);
@@ -520,7 +516,7 @@ int RunPublish(const PublishArgs& args) {
     }
   }
   uint64_t resend_objects = 0;
-  if (auto listed = (*store)->List(VersionPrefix(args.version) + "resend/");
+  if (auto listed = (*store)->List(ResendPrefix(args.version));
       listed.ok()) {
     resend_objects = listed->size();
   }
@@ -861,7 +857,7 @@ int RunReceive(const ReceiveArgs& args) {
     std::string body = fmt::format("done {}", version);
     done_frames = node->status().frames_out;  // before: the send is async
     Status s = node->Put(
-        RelayDoneKey(version, args.member),
+        DoneKey(version, args.member),
         auth->SealMember(std::span<const uint8_t>(
             reinterpret_cast<const uint8_t*>(body.data()), body.size())));
     if (!s.ok()) {
@@ -975,7 +971,7 @@ int RunReceive(const ReceiveArgs& args) {
       }
       if (!told_empty) {
         told_empty = true;
-        Result<std::vector<ObjectInfo>> versions = (*store)->List("index/");
+        Result<std::vector<ObjectInfo>> versions = (*store)->List(kIndexPrefix);
         if (versions.ok() && versions->empty() && receiver.active_version() == 0) {
           // Progress, not a warning: a status line on stdout.
           const std::string message = fmt::format(
@@ -1164,12 +1160,9 @@ int RunSyncStatus(const StatusArgs& args) {
   } else if (bytes.status().code() != StatusCode::kNotFound) {
     return fail(bytes.status());
   }
-  Result<std::vector<ObjectInfo>> index = s->List("index/");
+  Result<std::vector<ObjectInfo>> index = s->List(kIndexPrefix);
   if (!index.ok()) return fail(index.status());
-  std::vector<uint64_t> versions;
-  for (const ObjectInfo& o : *index) {
-    versions.push_back(std::strtoull(o.key.c_str() + 6, nullptr, 10));
-  }
+  std::vector<uint64_t> versions = VersionsOf(*index);
   std::sort(versions.rbegin(), versions.rend());
   if (args.recent >= 0 && versions.size() > static_cast<size_t>(args.recent)) {
     versions.resize(static_cast<size_t>(args.recent));

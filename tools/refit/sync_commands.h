@@ -140,7 +140,7 @@ class RelayRootStore final : public ObjectStore {
   Status Seed(int versions);
   // Copies the votes and re-send requests of `version` that reached the
   // root to the durable store (for `refit status` there). Activation
-  // reports (RelayDoneKey) stay at the root.
+  // reports (DoneKey) stay at the root.
   Status MirrorUpward(uint64_t version);
 
   std::string Describe() const override;
@@ -158,13 +158,6 @@ class RelayRootStore final : public ObjectStore {
   std::unique_ptr<RelayStore> root_;
   std::unique_ptr<ObjectStore> durable_;
 };
-
-// The key under which `receive` on a relay node reports that it finished
-// `version` (activated it, or rolled it back): "v/<V>/vote/<member>/done",
-// an upward key, so it reaches the root, where `publish` waits for every
-// member's before it stops serving the tree. Only relay stores hold it
-// (a directory store cannot: the vote is a file there).
-std::string RelayDoneKey(uint64_t version, const std::string& member);
 
 // Command-line plumbing for main.cc: registers publish, receive and status
 // on `app` (binding to `args`) and the distribution options on `demo`.
