@@ -72,37 +72,15 @@ struct Object {
 };
 using ObjectPtr = std::shared_ptr<Object>;
 
-// The version a key belongs to: v/<V>/... or index/<V>.
-std::optional<uint64_t> KeyVersion(std::string_view key) {
-  std::string_view digits;
-  if (key.starts_with("v/")) {
-    digits = key.substr(2);
-    digits = digits.substr(0, digits.find('/'));
-  } else if (key.starts_with("index/")) {
-    digits = key.substr(6);
-  } else {
-    return std::nullopt;
-  }
-  if (digits.empty() || digits.size() > 20)
-    return std::nullopt;  // protocol: 20
-  uint64_t v = 0;
-  for (char c : digits) {
-    if (c < '0' || c > '9') return std::nullopt;
-    const uint64_t d = static_cast<uint64_t>(c - '0');
-    if (v > (UINT64_MAX - d) / 10) return std::nullopt;
-    v = v * 10 + d;
-  }
-  return v;
-}
-
 ObjectPtr MakeObject(std::string_view key, std::vector<uint8_t> data,
-                     RelayFrameType type, bool up) {
+                     RelayFrameType type, bool up,
+                     std::optional<uint64_t> version) {
   auto o = std::make_shared<Object>();
   o->key = std::string(key);
   o->data = std::move(data);
   o->type = type;
   o->up = up;
-  o->version = KeyVersion(key);
+  o->version = version;
   uint8_t header[internal::kRelayHeaderBytes];
   internal::EncodeRelayHeader(type, static_cast<uint32_t>(key.size()),
                               o->data.size(), header);
@@ -322,6 +300,10 @@ class RelayStore::Impl {
   ~Impl() { Shutdown(); }
 
   Status Start(const std::string& listen, const std::string& parent) {
+    if (opt_.keys == nullptr) {
+      return InvalidArgumentError(
+          "relay options: no key classifier (RelayOptions::keys)");
+    }
     if (opt_.heartbeat_ms < 1 || opt_.dead_after_ms <= opt_.heartbeat_ms) {
       return InvalidArgumentError(
           "relay options: need 1 <= heartbeat_ms < dead_after_ms");
@@ -421,7 +403,7 @@ class RelayStore::Impl {
     REFIT_RETURN_IF_ERROR(ValidateKey(key));
     const RelayFrameType type =
         once ? RelayFrameType::kPutOnce : RelayFrameType::kPut;
-    if (!is_root_ && !RelayIsUpwardKey(key)) {
+    if (!is_root_ && !opt_.keys->IsUpward(key)) {
       return FailedPreconditionError(
           "relay " + name_ + ": '" + std::string(key) +
           "' flows down the tree, so only the root (the publisher's endpoint) "
@@ -436,7 +418,7 @@ class RelayStore::Impl {
     }
     ObjectPtr o =
         MakeObject(key, std::vector<uint8_t>(data.begin(), data.end()), type,
-                   /*up=*/!is_root_);
+                   /*up=*/!is_root_, opt_.keys->VersionOf(key));
     {
       std::unique_lock<std::mutex> lock(mu_);
       if (is_root_) {
@@ -1086,14 +1068,14 @@ class RelayStore::Impl {
         break;
     }
     if (Status k = ValidateKey(l->rkey); !k.ok()) return BadFrame(l, k);
-    if (!l->to_parent && !RelayIsUpwardKey(l->rkey)) {
+    if (!l->to_parent && !opt_.keys->IsUpward(l->rkey)) {
       return BadFrame(
           l, PermissionDeniedError("'" + l->rkey +
                                    "' is not an upward key (votes, requests)"));
     }
     if (l->to_parent) reconnect_attempt_ = 0;
-    ObjectPtr o =
-        MakeObject(l->rkey, std::move(l->rbody), l->rh.type, !l->to_parent);
+    ObjectPtr o = MakeObject(l->rkey, std::move(l->rbody), l->rh.type,
+                             !l->to_parent, opt_.keys->VersionOf(l->rkey));
     l->rbody = {};
     std::string why;
     InsertResult r;
@@ -1322,14 +1304,6 @@ Result<std::vector<ObjectInfo>> RelayStore::List(std::string_view prefix) {
   return impl_->List(prefix);
 }
 Status RelayStore::Delete(std::string_view key) { return impl_->Delete(key); }
-
-bool RelayIsUpwardKey(std::string_view key) {
-  if (!key.starts_with("v/")) return false;
-  const size_t slash = key.find('/', 2);
-  if (slash == std::string_view::npos) return false;
-  std::string_view rest = key.substr(slash + 1);
-  return rest.starts_with("vote/") || rest.starts_with("request/");
-}
 
 Result<std::vector<int>> RelayTreeParents(int members, int fanout) {
   if (members < 0 || fanout < 1) {

@@ -43,6 +43,7 @@ Result<std::unique_ptr<RelayRootStore>> RelayRootStore::Open(
   if (!durable_url.empty()) {
     REFIT_ASSIGN_OR_RETURN(durable, OpenObjectStore(durable_url));
   }
+  if (options.keys == nullptr) options.keys = ProtocolRelayKeys();
   REFIT_ASSIGN_OR_RETURN(std::unique_ptr<RelayStore> root,
                          RelayStore::Root(listen, std::move(options)));
   return std::unique_ptr<RelayRootStore>(
@@ -778,6 +779,7 @@ int RunReceive(const ReceiveArgs& args) {
     store = OpenObjectStore(args.store);
   } else {
     RelayOptions relay_options;
+    relay_options.keys = ProtocolRelayKeys();
     relay_options.tls = tls;
     // Publisher processes come and go (one root per `publish`): find the
     // next one soon after it binds.

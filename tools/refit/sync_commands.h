@@ -26,6 +26,7 @@
 
 #include "commands.h"
 #include "sync/auth.h"
+#include "sync/relay_tree.h"
 #include "transport/object_store.h"
 #include "transport/relay_store.h"
 
@@ -124,7 +125,8 @@ int RunSyncDemo(const DemoArgs& demo, const SyncDemoArgs& sync);
 // Thread-safe, as its parts are.
 class RelayRootStore final : public ObjectStore {
  public:
-  // `durable_url` empty: the root alone.
+  // `durable_url` empty: the root alone. `options.keys` empty: the
+  // protocol's (ProtocolRelayKeys).
   static Result<std::unique_ptr<RelayRootStore>> Open(
       const std::string& listen, const std::string& durable_url,
       RelayOptions options);
