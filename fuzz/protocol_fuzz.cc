@@ -5,12 +5,15 @@
 // encoder is deterministic and stable (encode(decode(encode(o))) is
 // byte-equal to encode(o)), and the encoding is never longer than the
 // accepted input (a decoder may accept non-minimal varints and trailing
-// bytes, but never drop or invent content). An envelope that opens must be
-// exactly what Seal makes of its body (each scheme is canonical).
+// bytes, but never drop or invent content), and every member name it
+// carries (members, dropped members) is a valid one. An envelope that
+// opens must be exactly what Seal makes of its body (each scheme is
+// canonical).
 //
 // Input: one selector byte, then the object.
 //   bits 0-2  the decoder: 0 announcement, 1 manifest, 2 vote, 3 decision,
 //             4 re-send request, 5 snapshot index, 6 head, 7 key parsing
+//             (sync/keys.h)
 //   bits 3-4  the envelope: 0 none (the bytes are the decoder's input),
 //             1 opened with Authenticator::None(), 2 with a fixed HMAC key,
 //             3 with the HMAC key and a fixed Ed25519 signing key
@@ -28,6 +31,7 @@
 #include <vector>
 
 #include "sync/auth.h"
+#include "sync/keys.h"
 #include "sync/protocol.h"
 
 namespace {
@@ -105,6 +109,22 @@ bool Same(const refit::SnapshotIndex& a, const refit::SnapshotIndex& b) {
 
 bool Same(uint64_t a, uint64_t b) { return a == b; }
 
+// Member names an accepted object carries are valid member names: they
+// key votes and requests (sync/keys.h).
+bool NamesValid(const std::vector<std::string>& names) {
+  for (const std::string& m : names) {
+    if (!refit::ValidateMember(m).ok()) return false;
+  }
+  return true;
+}
+bool Valid(const refit::Announcement& a) { return NamesValid(a.members); }
+bool Valid(const refit::Manifest& m) { return NamesValid(m.members); }
+bool Valid(const refit::Decision& d) { return NamesValid(d.dropped); }
+template <typename T>
+bool Valid(const T&) {
+  return true;
+}
+
 // Decodes `bytes`; on success checks the round trip described above.
 template <typename T>
 void RoundTrip(std::span<const uint8_t> bytes,
@@ -115,6 +135,7 @@ void RoundTrip(std::span<const uint8_t> bytes,
     Check(!obj.status().message().empty());
     return;
   }
+  Check(Valid(*obj));
   const std::vector<uint8_t> e1 = encode(*obj);
   Check(e1.size() <= bytes.size());
   Check(encode(*obj) == e1);
@@ -126,13 +147,22 @@ void RoundTrip(std::span<const uint8_t> bytes,
 
 std::vector<uint8_t> EncodeHeadOf(const uint64_t& v) { return refit::EncodeHead(v); }
 
-// Key helpers that parse strings: a key a snapshot index key parses to
-// must be the one SnapshotIndexKey makes of that version, and member names
-// that validate must stay within their documented alphabet and length.
+// Key helpers that parse strings (sync/keys.h): a key that parses must be
+// the one its maker makes of the parsed fields, and member names that
+// validate must stay within their documented alphabet and length.
 void CheckKeys(std::span<const uint8_t> bytes) {
   const std::string text(bytes.begin(), bytes.end());
   if (auto v = refit::ParseSnapshotIndexKey(text)) {
     Check(refit::SnapshotIndexKey(*v) == text);
+  }
+  if (auto v = refit::ParseIndexKey(text)) Check(refit::IndexKey(*v) == text);
+  if (auto k = refit::ParseKey(text)) {
+    Check(refit::KeyOf(*k) == text);
+    Check(refit::IsMemberKey(text) == (k->kind == refit::KeyInfo::Kind::kVote ||
+                                       k->kind == refit::KeyInfo::Kind::kDone ||
+                                       k->kind == refit::KeyInfo::Kind::kRequest));
+  } else {
+    Check(!refit::IsMemberKey(text) && !refit::VersionOfKey(text));
   }
   if (refit::ValidateMember(text).ok()) {
     Check(!text.empty() && text.size() <= 64 && text != "." && text != "..");

@@ -21,6 +21,7 @@
 
 #include "refit/checkpoint.h"
 #include "testing.h"
+#include "transport/moto_testing.h"
 
 #ifndef REFIT_CLI_PATH
 #error "REFIT_CLI_PATH must name the refit binary"
@@ -58,7 +59,8 @@ std::string ReadText(const std::string& path) {
 }
 
 // Runs `refit <args>` with stdout and stderr captured to files in `dir`;
-// `env` ("NAME=value" each) is added to the environment.
+// `env` (env(1) arguments: "NAME=value" adds, "-u", "NAME" removes) changes
+// the environment.
 RunResult Refit(const TempDir& dir, const std::vector<std::string>& args,
                 const std::vector<std::string>& env = {}) {
   std::string cmd;
@@ -557,6 +559,53 @@ TEST_F(CliTest, HintsFitTheError) {
       Run({"status", "--store", dir_.File(std::string(300, 'a'))});
   EXPECT_EQ(overlong.exit_code, 2) << overlong.err;
   EXPECT_EQ(overlong.err.find("bug"), std::string::npos) << overlong.err;
+}
+
+// How to reach an S3 store is in `refit --help` and the --store options'
+// help, and an S3 store without credentials names the variables to set,
+// not options that do not exist.
+TEST_F(CliTest, S3SettingsAreDocumentedWhereErrorsPointTo) {
+  RunResult help = Run({"--help"});
+  ASSERT_EQ(help.exit_code, 0);
+  RunResult status_help = Run({"status", "--help"});
+  ASSERT_EQ(status_help.exit_code, 0);
+  for (const char* word :
+       {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN",
+        "AWS_ENDPOINT_URL", "AWS_REGION", "?endpoint="}) {
+    EXPECT_NE(help.out.find(word), std::string::npos) << word;
+    EXPECT_NE(status_help.out.find(word), std::string::npos) << word;
+  }
+  RunResult no_credentials =
+      Run({"status", "--store", "s3://bkt/x?endpoint=http://127.0.0.1:1"},
+          {"-u", "AWS_ACCESS_KEY_ID", "-u", "AWS_SECRET_ACCESS_KEY", "-u",
+           "AWS_SESSION_TOKEN"});
+  EXPECT_EQ(no_credentials.exit_code, 2) << no_credentials.err;
+  EXPECT_NE(no_credentials.err.find("AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY"),
+            std::string::npos)
+      << no_credentials.err;
+  EXPECT_EQ(no_credentials.err.find("options"), std::string::npos)
+      << no_credentials.err;
+  EXPECT_NE(no_credentials.err.find("see `refit status --help`"),
+            std::string::npos)
+      << no_credentials.err;
+}
+
+// A missing bucket's message says what to do; no path advice follows it.
+TEST_F(CliTest, MissingBucketHintFits) {
+  auto moto = testing::MotoServer::Start();
+  if (!moto.ok() && moto.status().code() == StatusCode::kNotFound) {
+    GTEST_SKIP() << "\n*** SKIPPED: moto_server is not on PATH, so the S3 "
+                    "CLI tests did not run ***\n";
+  }
+  ASSERT_TRUE(moto.ok()) << moto.status().ToString();
+  RunResult r = Run(
+      {"status", "--store", "s3://no-such-bucket/run1?endpoint=" + (*moto)->endpoint()},
+      {"AWS_ACCESS_KEY_ID=testing", "AWS_SECRET_ACCESS_KEY=testing"});
+  EXPECT_EQ(r.exit_code, 3) << r.err;
+  EXPECT_NE(r.err.find("bucket 'no-such-bucket' does not exist"), std::string::npos)
+      << r.err;
+  EXPECT_TRUE(r.err.ends_with("create it or fix the URL\n")) << r.err;
+  EXPECT_EQ(r.err.find("check the path"), std::string::npos) << r.err;
 }
 
 TEST_F(CliTest, UnknownSubcommandSuggestsTheNearOne) {

@@ -816,6 +816,33 @@ TEST(ReceiveTest, WaitingMessagesAndPromptSignals) {
   }
 }
 
+// Waiting for the first version is progress, not a failure: without
+// --json it is a status line on stdout, as "refit receive: ..." lines are,
+// never an error line ("refit: receive: ...") on stderr.
+TEST(ReceiveTest, WaitingForTheFirstVersionIsAStatusLine) {
+  Cluster cl;
+  TempDir dir;
+  const std::string out = dir.File("r0.out");
+  const std::string err = dir.File("r0.err");
+  Proc r;
+  r.Start({"receive", "--store", cl.store(), "--member", "r0", "--checkpoint",
+           cl.CheckpointPath(0), "--state", cl.State(0), "--key-file", Inputs::Get().key,
+           "--poll-ms", "2"},
+          out, err);
+  const std::string kWaiting = "holds no version yet; waiting for the first version";
+  auto t0 = Clock::now();
+  while (ReadText(out).find(kWaiting) == std::string::npos && SecondsSince(t0) < 10) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  r.Signal(SIGTERM);
+  ASSERT_TRUE(r.Wait(5));
+  EXPECT_NE(ReadText(out).find("refit receive: dir:" + cl.store() + " " + kWaiting),
+            std::string::npos)
+      << ReadText(out) << ReadText(err);
+  EXPECT_EQ(ReadText(err).find(kWaiting), std::string::npos) << ReadText(err);
+  EXPECT_EQ(ReadText(err).find("refit: receive:"), std::string::npos) << ReadText(err);
+}
+
 // ------------------------------------------------------------ (c) fold
 
 // A receiver three committed versions behind folds them in one step

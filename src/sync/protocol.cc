@@ -1,6 +1,5 @@
 #include "sync/protocol.h"
 
-#include <cstdio>
 #include <cstring>
 #include <set>
 
@@ -85,73 +84,6 @@ Status CheckVersionTail(const ByteReader& r, const std::string& what, uint64_t v
 }
 
 }  // namespace
-
-std::string VersionPrefix(uint64_t version) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "v/%020llu/", static_cast<unsigned long long>(version));
-  return buf;
-}
-std::string ManifestKey(uint64_t v) { return VersionPrefix(v) + "manifest"; }
-std::string ChunkKey(uint64_t v, uint64_t i) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%08llu", static_cast<unsigned long long>(i));
-  return VersionPrefix(v) + "chunk/" + buf;
-}
-std::string VoteKey(uint64_t v, const std::string& m) { return VersionPrefix(v) + "vote/" + m; }
-std::string DecisionKey(uint64_t v) { return VersionPrefix(v) + "decision"; }
-std::string RequestKey(uint64_t v, const std::string& m) {
-  return VersionPrefix(v) + "request/" + m;
-}
-std::string ResendKey(uint64_t v, const std::string& m, uint64_t i, bool after) {
-  return VersionPrefix(v) + "resend/" + m + "/" + std::to_string(i) + (after ? "-a" : "-b");
-}
-
-std::string SnapshotPrefix(uint64_t version) {
-  char buf[40];
-  std::snprintf(buf, sizeof buf, "snap/%020llu/", static_cast<unsigned long long>(version));
-  return buf;
-}
-std::string SnapshotIndexKey(uint64_t v) { return SnapshotPrefix(v) + "index"; }
-std::string SnapshotFileKey(uint64_t v, uint64_t i) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%08llu", static_cast<unsigned long long>(i));
-  return SnapshotPrefix(v) + "file/" + buf;
-}
-
-std::optional<uint64_t> ParseSnapshotIndexKey(const std::string& key) {
-  // "snap/" + 20 digits + "/index"
-  if (key.size() != 5 + 20 + 6 || key.compare(0, 5, "snap/") != 0 ||
-      key.compare(25, 6, "/index") != 0) {
-    return std::nullopt;
-  }
-  // 20 digits reach past 2^64 - 1; such a key is junk, not a version
-  // (wrapped, it would pass for an older snapshot).
-  uint64_t v = 0;
-  for (size_t i = 5; i < 25; ++i) {
-    if (key[i] < '0' || key[i] > '9') return std::nullopt;
-    if (!MulChecked(v, 10, &v) ||
-        __builtin_add_overflow(v, static_cast<uint64_t>(key[i] - '0'), &v)) {
-      return std::nullopt;
-    }
-  }
-  return v;
-}
-
-Status ValidateMember(const std::string& m) {
-  if (m.empty() || m.size() > 64) {
-    return InvalidArgumentError("member name must be 1..64 characters");
-  }
-  for (char c : m) {
-    bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
-              (c >= '0' && c <= '9') || c == '.' || c == '_' || c == '-';
-    if (!ok) {
-      return InvalidArgumentError("member name '" + m +
-                                  "' may only use letters, digits, '.', '_', '-'");
-    }
-  }
-  if (m == "." || m == "..") return InvalidArgumentError("bad member name");
-  return Status();
-}
 
 std::vector<uint8_t> EncodeManifest(const Manifest& m) {
   std::vector<uint8_t> out;
@@ -276,7 +208,13 @@ Result<Decision> DecodeDecision(std::span<const uint8_t> body) {
   uint8_t s = r.U8();
   uint64_t n = r.Varint();
   if (n > kMaxMembers || n > r.remaining()) return DataLossError("decision malformed");
-  for (uint64_t i = 0; i < n && r.ok(); ++i) d.dropped.push_back(r.String(64));
+  for (uint64_t i = 0; i < n && r.ok(); ++i) {
+    d.dropped.push_back(r.String(64));
+    // Dropped names are members' names, which key their votes.
+    if (r.ok() && !ValidateMember(d.dropped.back()).ok()) {
+      return DataLossError("decision lists a malformed member name");
+    }
+  }
   d.reason = r.String(kMaxMessage);
   REFIT_RETURN_IF_ERROR(r.status("decision"));
   if (s != 1 && s != 2) return DataLossError("decision has unknown outcome");

@@ -1,21 +1,11 @@
-// The version protocol's objects and where they live in a store
-// (docs/protocol.md). All objects are sealed by an Authenticator before
-// they are stored, and opened (tag checked) before they are parsed.
-//
-//   head                          u64: the latest committed version
-//   index/<V>                     Announcement of version V (written first)
-//   v/<V>/manifest                Manifest of version V (written last: it
-//                                 closes the chunk list)
-//   v/<V>/chunk/<i>               chunk i of V (docs/format.md §3)
-//   v/<V>/vote/<member>           Vote of one member for V
-//   v/<V>/decision                Decision for V, written once (PutIfAbsent)
-//   v/<V>/request/<member>        ResendRequest: chunks a member needs again
-//   v/<V>/resend/<member>/<i>-<a|b>  overwrite re-send of chunk i's range
-//                                 at V ("a"fter) or at its base ("b"efore)
-//   snap/<V>/index                SnapshotIndex: the files of committed V
-//   snap/<V>/file/<i>             file i's bytes, raw (bound by the index's
-//                                 SHA-256; docs/protocol.md, "Snapshots")
-// <V> is the version in 20 decimal digits, so keys sort by version.
+// The version protocol's objects (docs/protocol.md): their encodings and
+// decoders. Where each lives in a store is sync/keys.h (included here for
+// callers of both): the head at `head`, an Announcement at index/<V>, a
+// Manifest, Votes, the Decision and ResendRequests under v/<V>/, a
+// SnapshotIndex at snap/<V>/index. All objects are sealed by an
+// Authenticator before they are stored, and opened (tag checked) before
+// they are parsed. Every decoder treats its input as hostile: kDataLoss
+// for anything malformed. Pure functions: thread-safe.
 #ifndef REFIT_SYNC_PROTOCOL_H_
 #define REFIT_SYNC_PROTOCOL_H_
 
@@ -27,28 +17,9 @@
 #include "delta/delta_file.h"
 #include "refit/status.h"
 #include "sync/auth.h"
+#include "sync/keys.h"
 
 namespace refit {
-
-std::string VersionPrefix(uint64_t version);  // "v/<V>/"
-std::string ManifestKey(uint64_t version);
-std::string ChunkKey(uint64_t version, uint64_t index);
-std::string VoteKey(uint64_t version, const std::string& member);
-std::string DecisionKey(uint64_t version);
-std::string RequestKey(uint64_t version, const std::string& member);
-std::string ResendKey(uint64_t version, const std::string& member,
-                      uint64_t index, bool after);
-inline constexpr char kHeadKey[] = "head";
-std::string SnapshotPrefix(uint64_t version);  // "snap/<V>/"
-std::string SnapshotIndexKey(uint64_t version);
-std::string SnapshotFileKey(uint64_t version, uint64_t index);
-inline constexpr char kSnapshotsPrefix[] = "snap/";
-// The version of a snapshot index key ("snap/<V>/index"), or nullopt for
-// any other key (snapshot file objects, junk, 20 digits above 2^64 - 1).
-std::optional<uint64_t> ParseSnapshotIndexKey(const std::string& key);
-
-// Member names: 1..64 characters of [A-Za-z0-9._-].
-Status ValidateMember(const std::string& member);
 
 struct ManifestChunk {
   uint64_t size = 0;  // bytes of the stored (sealed) object
@@ -99,6 +70,9 @@ struct Decision {
   std::string reason;
 };
 std::vector<uint8_t> EncodeDecision(const Decision& d);
+// kDataLoss for a damaged or truncated decision, an unknown outcome, more
+// than 65536 dropped members or a dropped name that is not a member name
+// (ValidateMember).
 Result<Decision> DecodeDecision(std::span<const uint8_t> body);
 
 struct ResendRequest {

@@ -13,7 +13,7 @@
 #include "codec/payload.h"
 #include "delta/chunk.h"
 #include "delta/encoder.h"
-#include "sync/receiver.h"
+#include "sync/keys.h"
 #include "transport/once_uploader.h"
 
 namespace refit {
@@ -168,13 +168,15 @@ Result<PublishReport> Publisher::PublishCheckpoint(uint64_t version,
 
 Status Publisher::ServeRequests(uint64_t version, const std::vector<TensorEntry>& tensors,
                                 const std::vector<TensorView>* target, uint64_t* served) {
-  REFIT_ASSIGN_OR_RETURN(auto requests, store_->List(VersionPrefix(version) + "request/"));
+  REFIT_ASSIGN_OR_RETURN(auto requests, store_->List(RequestPrefix(version)));
   for (const ObjectInfo& info : requests) {
+    std::optional<KeyInfo> key = ParseKey(info.key);
+    if (!key || key->kind != KeyInfo::Kind::kRequest) continue;
     REFIT_ASSIGN_OR_RETURN(auto bytes, store_->Get(info.key));
     Sha256 sha = ComputeSha256(bytes);
     auto it = served_requests_.find(info.key);
     if (it != served_requests_.end() && it->second == sha) continue;
-    const std::string member = info.key.substr(info.key.find_last_of('/') + 1);
+    const std::string& member = key->member;
     auto body = opt_.auth.OpenMember(bytes);
     if (!body.ok()) continue;  // not from a member holding the key: ignore
     auto q = DecodeRequest(*body);
@@ -371,9 +373,8 @@ Status Publisher::Retain(PublishReport* report) {
   // Without a snapshot a deleted version could never be caught up with.
   if (snaps.empty()) return Status();
   const uint64_t newest = snaps.back();
-  REFIT_ASSIGN_OR_RETURN(auto indexes, store_->List("index/"));
-  std::vector<uint64_t> versions;
-  for (const ObjectInfo& o : indexes) versions.push_back(std::strtoull(o.key.c_str() + 6, nullptr, 10));
+  REFIT_ASSIGN_OR_RETURN(auto indexes, store_->List(kIndexPrefix));
+  const std::vector<uint64_t> versions = VersionsOf(indexes);
   if (versions.size() > opt_.keep_versions) {
     const uint64_t keep_from = versions[versions.size() - opt_.keep_versions];
     for (uint64_t w : versions) {
@@ -401,9 +402,8 @@ Status Publisher::Retain(PublishReport* report) {
 }
 
 Status Publisher::AbortSuperseded(uint64_t version) {
-  REFIT_ASSIGN_OR_RETURN(auto indexes, store_->List("index/"));
-  for (const ObjectInfo& o : indexes) {
-    const uint64_t w = std::strtoull(o.key.c_str() + 6, nullptr, 10);
+  REFIT_ASSIGN_OR_RETURN(auto indexes, store_->List(kIndexPrefix));
+  for (const uint64_t w : VersionsOf(indexes)) {
     if (w <= committed_ || w >= version) continue;
     Decision d;
     d.version = w;

@@ -481,12 +481,6 @@ bool CheckpointPresent(const std::string& path) {
 
 }  // namespace
 
-std::string IndexKey(uint64_t version) {
-  char buf[40];
-  std::snprintf(buf, sizeof buf, "index/%020llu", static_cast<unsigned long long>(version));
-  return buf;
-}
-
 Result<std::unique_ptr<Receiver>> Receiver::Open(ObjectStore* store,
                                                  ReceiverOptions options) {
   REFIT_RETURN_IF_ERROR(ValidateMember(options.member));

@@ -224,10 +224,6 @@ class Receiver {
   std::optional<std::pair<uint64_t, uint64_t>> bad_fold_chunk_;
 };
 
-// The key of a version's announcement, which the publisher writes before
-// its first chunk (so receivers list versions, not chunks).
-std::string IndexKey(uint64_t version);
-
 }  // namespace refit
 
 #endif  // REFIT_SYNC_RECEIVER_H_

@@ -186,6 +186,18 @@ TEST(ProtocolTest, ObjectsRoundTripAndRejectGarbage) {
   EXPECT_EQ(ChunkKey(7, 3), "v/00000000000000000007/chunk/00000003");
 }
 
+// A decision's dropped members are member names, as its version's members
+// are: a name that would not key a vote is refused like a damaged object.
+TEST(ProtocolTest, DecisionRefusesMalformedDroppedNames) {
+  for (const char* bad : {"../x", "", "a b", "r0/done", "."}) {
+    auto refused = DecodeDecision(EncodeDecision(Decision{5, true, {"r0", bad}, "dropped"}));
+    EXPECT_EQ(refused.status().code(), StatusCode::kDataLoss) << bad;
+    EXPECT_NE(refused.status().message().find("malformed member name"), std::string::npos)
+        << bad << ": " << refused.status().ToString();
+  }
+  ASSERT_OK(DecodeDecision(EncodeDecision(Decision{5, true, {"r0", "r-1.x_2"}, "dropped"})));
+}
+
 TEST(ProtocolTest, AnnouncementRefusesAnAfterHash) {
   Announcement a;
   a.version = 5;

@@ -1,5 +1,8 @@
 // RelayStore: an ObjectStore that is one endpoint of a relay tree over TCP
-// (docs/protocol.md, "Relay tree"). The protocol sees only ObjectStore.
+// (docs/protocol.md, "Relay tree"). The protocol sees only ObjectStore, and
+// the relay knows no key layout: the protocol's RelayKeyClassifier
+// (RelayOptions::keys) says which keys flow up and which version a key
+// belongs to.
 //
 // The publisher process runs the ROOT endpoint; each receiver process runs
 // a NODE that connects to its parent (the root or another node) and accepts
@@ -8,9 +11,9 @@
 //     sends each object once to each child, in the order they were written;
 //     every node stores what it receives and forwards it at once to its own
 //     children (a node forwards while its local receiver reads).
-//   - Put / PutIfAbsent at a node take only upward keys (RelayIsUpwardKey:
-//     v/<V>/vote/... and v/<V>/request/...); they are stored locally and
-//     flow UP hop by hop to the root, where the publisher reads them.
+//   - Put / PutIfAbsent at a node take only upward keys (the protocol's
+//     votes and requests); they are stored locally and flow UP hop by hop
+//     to the root, where the publisher reads them.
 //   - Get / List / Delete act on the local map only; Get answers kNotFound
 //     for an object that has not arrived yet (the protocol polls).
 //   - A node that (re)connects gets a replay of every down object its parent
@@ -31,6 +34,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -70,7 +74,23 @@ struct RelayTlsOptions {
   }
 };
 
+// How a relay tree treats keys; the protocol above the relay supplies one
+// (sync/relay_tree.h). Called from any thread: implementations must be
+// thread-safe, and are expected to be pure functions of the key.
+class RelayKeyClassifier {
+ public:
+  virtual ~RelayKeyClassifier() = default;
+  // True for keys that members (nodes) write and that flow up to the root;
+  // every other key flows down from the root, and only the root writes it.
+  virtual bool IsUpward(std::string_view key) const = 0;
+  // The version `key` belongs to, for the keep_versions window; nullopt
+  // for keys that are never evicted.
+  virtual std::optional<uint64_t> VersionOf(std::string_view key) const = 0;
+};
+
 struct RelayOptions {
+  // Required: which keys flow up, and their versions (see above).
+  std::shared_ptr<const RelayKeyClassifier> keys;
   // Liveness: every link carries a heartbeat when it has sent nothing for
   // heartbeat_ms; a peer silent for dead_after_ms (> heartbeat_ms) is
   // declared dead and its link closed. Connecting to a parent times out
@@ -90,9 +110,9 @@ struct RelayOptions {
   uint64_t child_queue_bytes = uint64_t{64} << 20;
   int put_timeout_ms = 60000;
   // Memory bound of the local map: objects of the keep_versions newest
-  // versions (keys v/<V>/... and index/<V>) are kept; when an object of a
+  // versions (as keys->VersionOf gives them) are kept; when an object of a
   // newer version arrives, the oldest version's objects are evicted.
-  // Unversioned keys (head) are never evicted. Beyond max_store_bytes a
+  // Unversioned keys are never evicted. Beyond max_store_bytes a
   // root Put fails with kResourceExhausted and a node closes its parent
   // link with that error (and retries with backoff).
   int keep_versions = 4;
@@ -132,9 +152,9 @@ class RelayStore final : public ObjectStore {
  public:
   // The root endpoint, listening on `listen` ("host:port"; port 0 picks an
   // ephemeral port, see listen_address()). Hosts are IP literals or
-  // "localhost". kInvalidArgument for bad options or addresses (TLS files
-  // that cannot be loaded included), kUnavailable when the address cannot
-  // be bound.
+  // "localhost". kInvalidArgument for bad options (no keys included) or
+  // addresses (TLS files that cannot be loaded included), kUnavailable when
+  // the address cannot be bound.
   static Result<std::unique_ptr<RelayStore>> Root(const std::string& listen,
                                                   RelayOptions options = {});
 
@@ -175,10 +195,6 @@ class RelayStore final : public ObjectStore {
   explicit RelayStore(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
-
-// True for keys that members write and that flow up the tree:
-// "v/<V>/vote/..." and "v/<V>/request/...".
-bool RelayIsUpwardKey(std::string_view key);
 
 // The tree the CLI lays out: for `members` members under one root with
 // fan-out `fanout`, parents[i] is the index of member i's parent, or -1 for

@@ -16,6 +16,7 @@
 #include "sync/auth.h"
 #include "sync/publisher.h"
 #include "sync/receiver.h"
+#include "sync/relay_tree.h"
 #include "sync/test_model.h"
 #include "testing.h"
 #include "transport/relay_store.h"
@@ -35,6 +36,7 @@ using Model = testing::TestModel;
 
 RelayOptions Fast() {
   RelayOptions o;
+  o.keys = ProtocolRelayKeys();
   o.heartbeat_ms = 50;
   o.dead_after_ms = 1000;
   o.reconnect_min_ms = 10;

@@ -182,16 +182,16 @@ TEST(RelayTreeTest, ParentsAreBreadthFirst) {
   EXPECT_EQ(*RelayTreeParents(3, 1), (std::vector<int>{-1, 0, 1}));
   EXPECT_TRUE(RelayTreeParents(0, 2)->empty());
   EXPECT_FALSE(RelayTreeParents(3, 0).ok());
-  EXPECT_TRUE(RelayIsUpwardKey("v/00000000000000000001/vote/r1"));
-  EXPECT_TRUE(RelayIsUpwardKey("v/00000000000000000001/request/r1"));
-  EXPECT_FALSE(RelayIsUpwardKey("v/00000000000000000001/decision"));
-  EXPECT_FALSE(RelayIsUpwardKey("head"));
 }
 
 TEST(RelayTreeTest, BadOptionsAndAddressesAreRefused) {
   RelayOptions o = Fast();
   o.dead_after_ms = o.heartbeat_ms;
   EXPECT_EQ(RelayStore::Root("127.0.0.1:0", o).status().code(),
+            StatusCode::kInvalidArgument);
+  RelayOptions no_keys = Fast();
+  no_keys.keys = nullptr;
+  EXPECT_EQ(RelayStore::Root("127.0.0.1:0", no_keys).status().code(),
             StatusCode::kInvalidArgument);
   EXPECT_EQ(RelayStore::Root("nohost", Fast()).status().code(),
             StatusCode::kInvalidArgument);

@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
+#include <optional>
 #include <random>
 #include <string>
 #include <string_view>
@@ -70,10 +71,46 @@ inline std::string IndexKeyOf(uint64_t version) {
   return buf;
 }
 
+// The protocol's key layout as these tests write it (the transport does
+// not link the protocol, whose classifier is sync/relay_tree.h):
+// "v/<V>/vote/..." and "v/<V>/request/..." flow up; v/<V>/... and
+// index/<V> belong to version V.
+class TestKeys final : public RelayKeyClassifier {
+ public:
+  bool IsUpward(std::string_view key) const override {
+    if (!key.starts_with("v/")) return false;
+    const size_t slash = key.find('/', 2);
+    if (slash == std::string_view::npos) return false;
+    std::string_view rest = key.substr(slash + 1);
+    return rest.starts_with("vote/") || rest.starts_with("request/");
+  }
+  std::optional<uint64_t> VersionOf(std::string_view key) const override {
+    std::string_view digits;
+    if (key.starts_with("v/")) {
+      digits = key.substr(2);
+      digits = digits.substr(0, digits.find('/'));
+    } else if (key.starts_with("index/")) {
+      digits = key.substr(6);
+    } else {
+      return std::nullopt;
+    }
+    if (digits.empty() || digits.size() > 20) return std::nullopt;
+    uint64_t v = 0;
+    for (char c : digits) {
+      if (c < '0' || c > '9') return std::nullopt;
+      const uint64_t d = static_cast<uint64_t>(c - '0');
+      if (v > (UINT64_MAX - d) / 10) return std::nullopt;
+      v = v * 10 + d;
+    }
+    return v;
+  }
+};
+
 // Liveness in tens of milliseconds, so dead peers are found quickly. With
 // REFIT_RELAY_TEST_LOG set, endpoints log their link errors to stderr.
 inline RelayOptions Fast() {
   RelayOptions o;
+  o.keys = std::make_shared<TestKeys>();
   o.heartbeat_ms = 50;
   o.dead_after_ms = 400;
   o.reconnect_min_ms = 10;

@@ -662,7 +662,9 @@ Result<std::unique_ptr<S3Store>> MakeS3Store(const std::string& bucket,
   if (o.access_key.empty() || o.secret_key.empty()) {
     return InvalidArgumentError(
         "no S3 credentials for s3://" + bucket +
-        ": set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or the options)");
+        ": set the environment variables AWS_ACCESS_KEY_ID and "
+        "AWS_SECRET_ACCESS_KEY (and AWS_SESSION_TOKEN for temporary "
+        "credentials)");
   }
   if (o.timeout_ms <= 0)
     return InvalidArgumentError("S3 timeout_ms must be > 0");

@@ -63,6 +63,25 @@ std::string ExitCodesHelp() {
          "stdout;\nprogress bars go to stderr, only when it is a terminal.";
 }
 
+std::string StoresHelp() {
+  return "Stores (--store of publish, receive, status, demo):\n"
+         "  DIR, file:///DIR               a directory (local or a shared "
+         "file system)\n"
+         "  s3://BUCKET/PREFIX             S3-compatible storage, at AWS by "
+         "default\n"
+         "  s3://BUCKET/PREFIX?endpoint=URL&region=NAME\n"
+         "                                 another endpoint (MinIO, moto, "
+         "...) or region; values %-encoded\n"
+         "S3 settings come from the environment:\n"
+         "  AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY  credentials "
+         "(required)\n"
+         "  AWS_SESSION_TOKEN                         temporary credentials\n"
+         "  AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL     endpoint, unless the URL "
+         "has endpoint=\n"
+         "  AWS_REGION, AWS_DEFAULT_REGION            region, unless the URL "
+         "has region= (default us-east-1)";
+}
+
 void PrintJson(const Json& json) {
   std::string text =
       json.dump(2, ' ', false, nlohmann::json::error_handler_t::replace);
@@ -89,6 +108,11 @@ std::string Hint(std::string_view command, const Status& status) {
     case StatusCode::kCancelled:
       return "";
     case StatusCode::kNotFound:
+      // A missing bucket's message says what to do already.
+      if (Contains(message, "NoSuchBucket")) return "";
+      if (Contains(message, "s3://")) {
+        return "check the bucket and prefix of the s3:// URL";
+      }
       return "check the path";
     case StatusCode::kDataLoss:
       if (command == "diff") return "a checkpoint file is damaged; re-save it";

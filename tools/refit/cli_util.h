@@ -39,6 +39,17 @@ int ExitCodeFor(StatusCode code);
 // The footer of `refit --help`.
 std::string ExitCodesHelp();
 
+// The store URL forms and the S3 settings read from the environment
+// (transport/object_store.h, StoreOptions), for `refit --help`.
+std::string StoresHelp();
+// The help of a --store option: the same, in one paragraph.
+inline constexpr char kStoreOptionHelp[] =
+    "store URL: a directory, file:///dir, or "
+    "s3://bucket/prefix[?endpoint=URL&region=NAME]; S3 credentials come from "
+    "the environment (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, "
+    "AWS_SESSION_TOKEN), and the endpoint and region, unless the URL names "
+    "them, too (AWS_ENDPOINT_URL, AWS_REGION)";
+
 using Json = nlohmann::ordered_json;
 
 // Prints `json` to stdout (indented, invalid UTF-8 replaced).

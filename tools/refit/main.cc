@@ -245,6 +245,10 @@ int Main(int argc, char** argv) {
   auto run_bench_sync = RegisterBenchSync(bench_cmd);
   RegisterSyncCommands(&app, &sync);
   auto run_layout = RegisterLayoutCommand(&app);
+  // Set after the subcommands are added: they keep the footer above, and
+  // only `refit --help` lists the stores.
+  app.footer(ExitCodesHelp() + "\n" + StoresHelp() +
+             "\nrefit publish exits 8 when the version was aborted.");
 
   if (argc <= 1) {
     fmt::print(stderr, "{}", app.help());

@@ -53,6 +53,7 @@
 #include "sync/auth.h"
 #include "sync/publisher.h"
 #include "sync/receiver.h"
+#include "sync/relay_tree.h"
 #include "synth.h"
 #include "transport/object_store.h"
 #include "transport/relay_store.h"
@@ -384,6 +385,7 @@ class Fleet {
     arrival_ns_ =
         std::make_unique<std::atomic<int64_t>[]>(static_cast<size_t>(n));
     RelayOptions base;
+    base.keys = ProtocolRelayKeys();
     base.log_to_stderr = true;
     REFIT_ASSIGN_OR_RETURN(std::unique_ptr<RelayStore> root,
                            RelayStore::Root("127.0.0.1:0", base));

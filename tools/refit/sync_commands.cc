@@ -34,136 +34,6 @@
 
 namespace refit::cli {
 
-// ---------------------------------------------------------------- relay
-
-std::string RelayDoneKey(uint64_t version, const std::string& member) {
-  return VoteKey(version, member) + "/done";
-}
-
-Result<std::unique_ptr<RelayRootStore>> RelayRootStore::Open(
-    const std::string& listen, const std::string& durable_url,
-    RelayOptions options) {
-  std::unique_ptr<ObjectStore> durable;
-  if (!durable_url.empty()) {
-    REFIT_ASSIGN_OR_RETURN(durable, OpenObjectStore(durable_url));
-  }
-  REFIT_ASSIGN_OR_RETURN(std::unique_ptr<RelayStore> root,
-                         RelayStore::Root(listen, std::move(options)));
-  return std::unique_ptr<RelayRootStore>(
-      new RelayRootStore(std::move(root), std::move(durable)));
-}
-
-Status RelayRootStore::Seed(int versions) {
-  if (!durable_) return Status();
-  auto copy = [&](const std::string& key, bool once) -> Status {
-    REFIT_ASSIGN_OR_RETURN(std::vector<uint8_t> bytes, durable_->Get(key));
-    Status s = once ? root_->PutIfAbsent(key, bytes) : root_->Put(key, bytes);
-    return s.code() == StatusCode::kAlreadyExists ? Status() : s;
-  };
-  if (Status s = copy(kHeadKey, false);
-      !s.ok() && s.code() != StatusCode::kNotFound) {
-    return s;
-  }
-  REFIT_ASSIGN_OR_RETURN(std::vector<ObjectInfo> index,
-                         durable_->List("index/"));
-  std::vector<uint64_t> listed;
-  for (const ObjectInfo& o : index) {
-    listed.push_back(std::strtoull(o.key.c_str() + 6, nullptr, 10));
-  }
-  std::sort(listed.begin(), listed.end());
-  size_t first = listed.size() > static_cast<size_t>(std::max(versions, 0))
-                     ? listed.size() - static_cast<size_t>(versions)
-                     : 0;
-  for (size_t i = first; i < listed.size(); ++i) {
-    const uint64_t v = listed[i];
-    const std::string prefix = VersionPrefix(v);
-    REFIT_ASSIGN_OR_RETURN(std::vector<ObjectInfo> objects,
-                           durable_->List(prefix));
-    // Receivers rely on the order: the announcement (index/<V>) first,
-    // then chunks (and re-sends), the manifest after them, the decision
-    // last.
-    REFIT_RETURN_IF_ERROR(copy(IndexKey(v), false));
-    for (const ObjectInfo& o : objects) {
-      std::string_view rest = std::string_view(o.key).substr(prefix.size());
-      if (rest.starts_with("chunk/") || rest.starts_with("resend/")) {
-        REFIT_RETURN_IF_ERROR(copy(o.key, false));
-      }
-    }
-    if (Status s = copy(ManifestKey(v), false);
-        !s.ok() && s.code() != StatusCode::kNotFound) {
-      return s;  // no manifest: its publisher stopped before the end
-    }
-    if (Status s = copy(DecisionKey(v), true);
-        !s.ok() && s.code() != StatusCode::kNotFound) {
-      return s;
-    }
-  }
-  return Status();
-}
-
-Status RelayRootStore::MirrorUpward(uint64_t version) {
-  if (!durable_) return Status();
-  for (const char* kind : {"vote/", "request/"}) {
-    const std::string prefix = VersionPrefix(version) + kind;
-    REFIT_ASSIGN_OR_RETURN(std::vector<ObjectInfo> objects,
-                           root_->List(prefix));
-    for (const ObjectInfo& o : objects) {
-      // One segment after the prefix: a vote or request, not a done report.
-      if (o.key.find('/', prefix.size()) != std::string::npos) continue;
-      Result<std::vector<uint8_t>> bytes = root_->Get(o.key);
-      if (!bytes.ok()) continue;  // evicted meanwhile
-      REFIT_RETURN_IF_ERROR(durable_->Put(o.key, *bytes));
-    }
-  }
-  return Status();
-}
-
-std::string RelayRootStore::Describe() const {
-  std::string d = "relay root " + root_->listen_address();
-  if (root_->status().tls) d += " (TLS)";
-  if (durable_) d += " (written through to " + durable_->Describe() + ")";
-  return d;
-}
-
-Status RelayRootStore::Put(std::string_view key,
-                           std::span<const uint8_t> data) {
-  if (durable_) REFIT_RETURN_IF_ERROR(durable_->Put(key, data));
-  return root_->Put(key, data);
-}
-
-Status RelayRootStore::PutIfAbsent(std::string_view key,
-                                   std::span<const uint8_t> data) {
-  if (!durable_) return root_->PutIfAbsent(key, data);
-  Status decided = durable_->PutIfAbsent(key, data);
-  if (decided.ok()) {
-    Status s = root_->PutIfAbsent(key, data);
-    return s.code() == StatusCode::kAlreadyExists ? Status() : s;
-  }
-  if (decided.code() != StatusCode::kAlreadyExists) return decided;
-  // Lost to an earlier writer: the tree gets the winner's bytes.
-  REFIT_ASSIGN_OR_RETURN(std::vector<uint8_t> winner, durable_->Get(key));
-  Status s = root_->PutIfAbsent(key, winner);
-  if (!s.ok() && s.code() != StatusCode::kAlreadyExists) return s;
-  return decided;
-}
-
-Result<std::vector<uint8_t>> RelayRootStore::Get(std::string_view key) {
-  Result<std::vector<uint8_t>> r = root_->Get(key);
-  if (r.ok() || !durable_ || r.status().code() != StatusCode::kNotFound) {
-    return r;
-  }
-  return durable_->Get(key);
-}
-
-Result<std::vector<ObjectInfo>> RelayRootStore::List(std::string_view prefix) {
-  return root_->List(prefix);
-}
-
-Status RelayRootStore::Delete(std::string_view key) {
-  if (durable_) REFIT_RETURN_IF_ERROR(durable_->Delete(key));
-  return root_->Delete(key);
-}
-
 namespace {
 
 namespace fs = std::filesystem;
@@ -325,7 +195,7 @@ struct TreeWait {
 };
 
 // Serves re-sends and the tree until every member not in `dropped` put its
-// RelayDoneKey for `version` (sealed with the store's key), at most
+// DoneKey for `version` (sealed with the store's key), at most
 // `wait_ms`.
 Result<TreeWait> WaitForTree(RelayRootStore* relay, Publisher* publisher,
                              const Authenticator& auth, uint64_t version,
@@ -343,7 +213,7 @@ Result<TreeWait> WaitForTree(RelayRootStore* relay, Publisher* publisher,
   for (;;) {
     for (auto it = waiting.begin(); it != waiting.end();) {
       Result<std::vector<uint8_t>> b =
-          relay->root()->Get(RelayDoneKey(version, *it));
+          relay->root()->Get(DoneKey(version, *it));
       if (b.ok() && auth.OpenMember(*b).ok()) {
         w.done.push_back(*it);
         it = waiting.erase(it);
@@ -520,7 +390,7 @@ int RunPublish(const PublishArgs& args) {
     }
   }
   uint64_t resend_objects = 0;
-  if (auto listed = (*store)->List(VersionPrefix(args.version) + "resend/");
+  if (auto listed = (*store)->List(ResendPrefix(args.version));
       listed.ok()) {
     resend_objects = listed->size();
   }
@@ -782,6 +652,7 @@ int RunReceive(const ReceiveArgs& args) {
     store = OpenObjectStore(args.store);
   } else {
     RelayOptions relay_options;
+    relay_options.keys = ProtocolRelayKeys();
     relay_options.tls = tls;
     // Publisher processes come and go (one root per `publish`): find the
     // next one soon after it binds.
@@ -861,7 +732,7 @@ int RunReceive(const ReceiveArgs& args) {
     std::string body = fmt::format("done {}", version);
     done_frames = node->status().frames_out;  // before: the send is async
     Status s = node->Put(
-        RelayDoneKey(version, args.member),
+        DoneKey(version, args.member),
         auth->SealMember(std::span<const uint8_t>(
             reinterpret_cast<const uint8_t*>(body.data()), body.size())));
     if (!s.ok()) {
@@ -897,7 +768,8 @@ int RunReceive(const ReceiveArgs& args) {
     return kExitOk;
   };
 
-  // Says once what an idle receiver waits for, when it is not obvious.
+  // Says once what an idle receiver waits for, when it is not obvious;
+  // warnings go to stderr (text) or as events (JSON).
   bool told_empty = false;
   uint64_t told_not_member = 0;
   auto tell = [&](std::string_view event, const std::string& message) {
@@ -974,11 +846,18 @@ int RunReceive(const ReceiveArgs& args) {
       }
       if (!told_empty) {
         told_empty = true;
-        Result<std::vector<ObjectInfo>> versions = (*store)->List("index/");
+        Result<std::vector<ObjectInfo>> versions = (*store)->List(kIndexPrefix);
         if (versions.ok() && versions->empty() && receiver.active_version() == 0) {
-          tell("waiting", fmt::format("{} holds no version yet; waiting for the "
-                                      "first version",
-                                      (*store)->Describe()));
+          // Progress, not a warning: a status line on stdout.
+          const std::string message = fmt::format(
+              "{} holds no version yet; waiting for the first version",
+              (*store)->Describe());
+          if (args.json) {
+            tell("waiting", message);
+          } else {
+            fmt::print("refit receive: {}\n", message);
+            std::fflush(stdout);
+          }
         }
       }
       SleepUnlessStopped(args.poll_ms);
@@ -1156,12 +1035,9 @@ int RunSyncStatus(const StatusArgs& args) {
   } else if (bytes.status().code() != StatusCode::kNotFound) {
     return fail(bytes.status());
   }
-  Result<std::vector<ObjectInfo>> index = s->List("index/");
+  Result<std::vector<ObjectInfo>> index = s->List(kIndexPrefix);
   if (!index.ok()) return fail(index.status());
-  std::vector<uint64_t> versions;
-  for (const ObjectInfo& o : *index) {
-    versions.push_back(std::strtoull(o.key.c_str() + 6, nullptr, 10));
-  }
+  std::vector<uint64_t> versions = VersionsOf(*index);
   std::sort(versions.rbegin(), versions.rend());
   if (args.recent >= 0 && versions.size() > static_cast<size_t>(args.recent)) {
     versions.resize(static_cast<size_t>(args.recent));
@@ -1345,9 +1221,9 @@ void RegisterSyncCommands(CLI::App* app, SyncCommandArgs* args) {
       "already made.");
   args->publish_cmd = pub;
   pub->add_option("--store", p.store,
-                  "store URL: a directory, file:///dir or s3://bucket/prefix; "
-                  "with --relay-listen, the durable copy every object is "
-                  "also written to (and the new root is seeded from)");
+                  std::string(kStoreOptionHelp) +
+                      "; with --relay-listen, the durable copy every object "
+                      "is also written to (and the new root is seeded from)");
   pub->add_option("--relay-listen", p.relay_listen,
                   "HOST:PORT: publish as the root of a relay tree listening "
                   "there (receivers use --relay-parent). The root lives in "
@@ -1441,7 +1317,7 @@ void RegisterSyncCommands(CLI::App* app, SyncCommandArgs* args) {
       "(announced on another base, a chunk changed in the store) is voted "
       "failed, rolled back once aborted, and the next version followed.");
   args->receive_cmd = rcv;
-  rcv->add_option("--store", r.store, "store URL (as for publish)");
+  rcv->add_option("--store", r.store, kStoreOptionHelp);
   rcv->add_option("--relay-parent", r.relay_parent,
                   "HOST:PORT of the parent in a relay tree (publish's "
                   "--relay-listen, or another receiver's); instead of "
@@ -1517,7 +1393,7 @@ void RegisterSyncCommands(CLI::App* app, SyncCommandArgs* args) {
       "member's vote, and for each --state directory the receiver's active "
       "version, lag and any interrupted version.");
   args->status_cmd = sts;
-  sts->add_option("--store", st.store, "store URL")->required();
+  sts->add_option("--store", st.store, kStoreOptionHelp)->required();
   add_key(sts, &st.key_file);
   sts->add_option("--verify-key", st.verify_key,
                   "the publisher's Ed25519 public key, when it signs");
@@ -1540,7 +1416,9 @@ void RegisterSyncDemoOptions(CLI::App* demo_cmd, DemoArgs* demo,
       ->capture_default_str()
       ->check(CLI::Range(1, 64));
   demo_cmd->add_option("--store", sync->store,
-                       "store URL for the distribution section (must be "
+                       "the distribution section's " +
+                           std::string(kStoreOptionHelp) +
+                           " (must be "
                        "empty); default: a directory in the scratch dir. "
                        "With --transport relay every object is written "
                        "through to it");

@@ -10,8 +10,9 @@
 // through OpenObjectStore, or is one endpoint of a relay tree
 // (transport/relay_store.h, docs/protocol.md "Relay tree"): `publish
 // --relay-listen` makes the publisher's store the tree's root (written
-// through to a durable --store when one is given, see RelayRootStore),
-// `receive --relay-parent` makes the receiver's store a node.
+// through to a durable --store when one is given: RelayRootStore,
+// sync/relay_tree.h), `receive --relay-parent` makes the receiver's store
+// a node.
 //
 // Exit codes: cli_util.h's map, plus kExitAborted (8) for a version that
 // was decided abort. Nothing here is thread-safe.
@@ -26,6 +27,7 @@
 
 #include "commands.h"
 #include "sync/auth.h"
+#include "sync/relay_tree.h"
 #include "transport/object_store.h"
 #include "transport/relay_store.h"
 
@@ -105,66 +107,6 @@ struct SyncDemoArgs {
   double chunk_mib = 1;
 };
 int RunSyncDemo(const DemoArgs& demo, const SyncDemoArgs& sync);
-
-// ------------------------------------------------------------ relay tree
-
-// The publisher's store on a relay tree: a RelayStore root, optionally
-// written through to a durable store (a directory or S3 URL).
-//   - Put / PutIfAbsent go to the durable store first, then to the root
-//     (so a decision's one authority is the durable store when there is
-//     one: its PutIfAbsent decides, and the winner's bytes are put once-only
-//     at the root).
-//   - Get / List answer from the root (votes and re-send requests arrive
-//     there only); a Get the root answers kNotFound falls back to the
-//     durable store (versions older than the root's window).
-//   - Delete acts on both.
-// The root lives in memory only, in the publishing process: Seed() puts
-// the durable store's head and newest versions into a fresh root, so a
-// new publisher process serves the same tree again (replay included).
-// Thread-safe, as its parts are.
-class RelayRootStore final : public ObjectStore {
- public:
-  // `durable_url` empty: the root alone.
-  static Result<std::unique_ptr<RelayRootStore>> Open(
-      const std::string& listen, const std::string& durable_url,
-      RelayOptions options);
-
-  RelayStore* root() const { return root_.get(); }
-  ObjectStore* durable() const { return durable_.get(); }
-
-  // Copies into the root, oldest first and in the order a publisher writes
-  // them (chunks and re-sends, manifest, index, decision once-only), the
-  // head and the objects of the newest `versions` versions of the durable
-  // store. Upward objects (votes, requests) are not copied. A no-op
-  // without a durable store.
-  Status Seed(int versions);
-  // Copies the votes and re-send requests of `version` that reached the
-  // root to the durable store (for `refit status` there). Activation
-  // reports (RelayDoneKey) stay at the root.
-  Status MirrorUpward(uint64_t version);
-
-  std::string Describe() const override;
-  Status Put(std::string_view key, std::span<const uint8_t> data) override;
-  Status PutIfAbsent(std::string_view key,
-                     std::span<const uint8_t> data) override;
-  Result<std::vector<uint8_t>> Get(std::string_view key) override;
-  Result<std::vector<ObjectInfo>> List(std::string_view prefix) override;
-  Status Delete(std::string_view key) override;
-
- private:
-  RelayRootStore(std::unique_ptr<RelayStore> root,
-                 std::unique_ptr<ObjectStore> durable)
-      : root_(std::move(root)), durable_(std::move(durable)) {}
-  std::unique_ptr<RelayStore> root_;
-  std::unique_ptr<ObjectStore> durable_;
-};
-
-// The key under which `receive` on a relay node reports that it finished
-// `version` (activated it, or rolled it back): "v/<V>/vote/<member>/done",
-// an upward key, so it reaches the root, where `publish` waits for every
-// member's before it stops serving the tree. Only relay stores hold it
-// (a directory store cannot: the vote is a file there).
-std::string RelayDoneKey(uint64_t version, const std::string& member);
 
 // Command-line plumbing for main.cc: registers publish, receive and status
 // on `app` (binding to `args`) and the distribution options on `demo`.
