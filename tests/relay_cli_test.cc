@@ -368,6 +368,16 @@ TEST(RelayCliTest, DemoOnTheRelayTreeIsBitExact) {
   EXPECT_NE(out.find("every receiver bit-exact at every version"),
             std::string::npos)
       << out;
+  // The victim died with chunks of its version applied, and its restart
+  // applied each of the others once.
+  EXPECT_NE(out.find("its journal recording 3 applied chunk(s); restarted"),
+            std::string::npos)
+      << out;
+  EXPECT_NE(out.find("3 chunk(s) journaled applied before the kill"),
+            std::string::npos)
+      << out;
+  EXPECT_NE(out.find("none applied twice"), std::string::npos) << out;
+  EXPECT_NE(out.find("  store "), std::string::npos) << out;
   EXPECT_LT(SecondsSince(t0), 60);
 }
 

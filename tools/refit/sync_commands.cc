@@ -1567,9 +1567,10 @@ void RegisterSyncDemoOptions(CLI::App* demo_cmd, DemoArgs* demo,
       ->capture_default_str();
   demo_cmd
       ->add_option("--crash-at", sync->crash_at,
-                   "where it dies: a crash point (REFIT_CRASH_AT=name[:n], "
-                   "not in Release builds), or 'parent' for a SIGKILL "
-                   "from the demo once its journal exists")
+                   "where it dies: chunks:N for a SIGKILL from the demo once "
+                   "its journal records N applied chunks of the version (the "
+                   "upload of the rest waits until then), or a crash point "
+                   "(REFIT_CRASH_AT=name[:n], not in Release builds)")
       ->capture_default_str();
   demo_cmd
       ->add_option("--chunk-mib", sync->chunk_mib,
