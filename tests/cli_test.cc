@@ -468,13 +468,18 @@ TEST_F(CliTest, HelpDocumentsEverySubcommandAndExitCodes) {
 }
 
 TEST_F(CliTest, DemoSyntheticRunsSmall) {
-  RunResult r = Run({"demo", "--synthetic", "--size-mib", "2", "--steps", "2"});
+  RunResult r = Run({"demo", "--synthetic", "--size-mib", "2", "--steps", "2",
+                     "--scale-mib", "0"});
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   EXPECT_NE(r.out.find("bit-exact"), std::string::npos) << r.out;
-  RunResult j =
-      Run({"demo", "--synthetic", "--size-mib", "1", "--steps", "1", "--json"});
+  EXPECT_EQ(r.out.find("3. at scale"), std::string::npos) << r.out;
+  RunResult j = Run({"demo", "--synthetic", "--size-mib", "1", "--steps", "1",
+                     "--scale-mib", "4", "--json"});
   ASSERT_EQ(j.exit_code, 0) << j.err;
   EXPECT_TRUE(IsJson(dir_, j.out)) << j.out;
+  nlohmann::json demo = nlohmann::json::parse(j.out);
+  EXPECT_TRUE(demo["ok"].get<bool>()) << j.out;
+  EXPECT_TRUE(demo["scale"]["ok"].get<bool>()) << j.out;
 }
 
 TEST_F(CliTest, BenchRunsSmall) {
@@ -585,6 +590,7 @@ TEST_F(CliTest, NumericFlagsNameASensibleRange) {
       {"diff", base_, target_, "-o", delta_, "--base-version", "-1"},
       {"bench", "--seed", "-1"},
       {"demo", "--seed", "-1"},
+      {"demo", "--scale-mib", "-1"},
       {"layout", "generate", "--config", "c.json", "-o", "l.json", "--tp",
        "-2"},
       {"receive", "--store", "s", "--member", "r0", "--checkpoint", "c",
@@ -740,7 +746,7 @@ TEST_F(CliTest, LayoutGenerateCheckAndRefuse) {
   EXPECT_EQ(unknown.exit_code, 2) << unknown.err;
 }
 
-// The Quickstart's demo: every copy bit-exact, the
+// The Quickstart's demo (at a small scale): every copy bit-exact, the
 // victim killed with chunks of its version applied (in every build: the
 // demo holds the upload back until the victim's journal shows them) and
 // finishing it with each chunk applied once, and the store's bytes
@@ -750,7 +756,7 @@ TEST_F(CliTest, DemoOnFixtures) {
   std::string parent =
       std::filesystem::path(FixturesDir()).parent_path().string();
   RunResult r =
-      Run({"demo", "--fixtures", parent, "--json"});
+      Run({"demo", "--fixtures", parent, "--scale-mib", "16", "--json"});
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   nlohmann::json demo = nlohmann::json::parse(r.out);
   EXPECT_TRUE(demo["ok"].get<bool>());
@@ -787,14 +793,19 @@ TEST_F(CliTest, DemoOnFixtures) {
                 objects["manifest_bytes"].get<uint64_t>(),
             v1["payload_bytes"].get<uint64_t>());
   EXPECT_EQ(objects["chunk_objects"], v1["chunks"]);
+
+  const nlohmann::json& scale = demo["scale"];
+  EXPECT_TRUE(scale["ok"].get<bool>());
+  EXPECT_EQ(scale["version"]["receivers_bit_exact"], scale["receivers"]);
+  EXPECT_TRUE(scale["version"]["publisher_bit_exact"].get<bool>());
 }
 
 #ifdef REFIT_CRASH_POINTS
 // Builds with crash points can still kill the victim at one.
 TEST_F(CliTest, DemoKillsAtACrashPoint) {
   RunResult r = Run({"demo", "--synthetic", "--size-mib", "4", "--steps", "2",
-                     "--receivers", "2", "--crash-at", "receiver.after-chunk:2",
-                     "--json"});
+                     "--scale-mib", "0", "--receivers", "2", "--crash-at",
+                     "receiver.after-chunk:2", "--json"});
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   nlohmann::json demo = nlohmann::json::parse(r.out);
   const nlohmann::json& crash = demo["distribution"]["crash"];
@@ -806,7 +817,8 @@ TEST_F(CliTest, DemoKillsAtACrashPoint) {
 #else
 TEST_F(CliTest, DemoRefusesCrashPointsInRelease) {
   RunResult r = Run({"demo", "--synthetic", "--size-mib", "1", "--steps", "2",
-                     "--crash-at", "receiver.after-chunk:2"});
+                     "--scale-mib", "0", "--crash-at",
+                     "receiver.after-chunk:2"});
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.err.find("chunks:N"), std::string::npos) << r.err;
 }

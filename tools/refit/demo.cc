@@ -1,4 +1,4 @@
-// `refit demo`, the end-to-end main job, in two sections:
+// `refit demo`, the end-to-end main job, in three sections:
 //
 // 1. codec: over one trajectory of checkpoints (the qwen2-tiny fixtures,
 //    or a synthetic one), a scratch copy of step 0 is patched in place by
@@ -20,6 +20,11 @@
 //    commit, and every receiver must hash to the trainer's tensors. Then
 //    the bytes of the first delta file and of the first version in the
 //    store are broken down, from the files and objects themselves.
+// 3. at scale: one RL step of a synthetic model of --scale-mib (a few GiB)
+//    published through a directory store to receivers on threads of this
+//    process that hold the model in memory, as inference engines do; at
+//    this size the per-version fixed costs that dominate section 2 no
+//    longer do.
 // Times are measured; link transfer times are computed and labelled so.
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -113,20 +118,24 @@ std::string FindFixtures() {
   return "";
 }
 
+Result<Digest> Sha256Of(std::span<const uint8_t> data) {
+  Digest digest{};
+  unsigned int length = 0;
+  if (EVP_Digest(data.data(), data.size(), digest.data(), &length,
+                 EVP_sha256(), nullptr) != 1 ||
+      length != digest.size()) {
+    return InternalError("OpenSSL EVP_Digest(SHA-256) failed");
+  }
+  return digest;
+}
+
 Result<std::map<std::string, Digest>> Sha256Tensors(const std::string& path) {
   REFIT_ASSIGN_OR_RETURN(Checkpoint ckpt,
                          Checkpoint::Open(path, Checkpoint::Mode::kReadOnly));
   std::map<std::string, Digest> digests;
   for (size_t i = 0; i < ckpt.tensors().size(); ++i) {
-    std::span<const uint8_t> data = ckpt.Data(i);
-    Digest digest{};
-    unsigned int length = 0;
-    if (EVP_Digest(data.data(), data.size(), digest.data(), &length,
-                   EVP_sha256(), nullptr) != 1 ||
-        length != digest.size()) {
-      return InternalError("OpenSSL EVP_Digest(SHA-256) failed");
-    }
-    digests[ckpt.tensors()[i].name] = digest;
+    REFIT_ASSIGN_OR_RETURN(digests[ckpt.tensors()[i].name],
+                           Sha256Of(ckpt.Data(i)));
   }
   return digests;
 }
@@ -1054,6 +1063,188 @@ Result<Distribution> RunDistribution(const DemoArgs& args,
   return out;
 }
 
+// ------------------------------------------------------ section at scale
+//
+// One RL step of a synthetic model of a realistic size (synth.h: the same
+// generator as `refit bench` and `--synthetic`), published by this process
+// through a directory store to receivers on threads of this process, each
+// holding its own copy of the model in memory as an inference engine does
+// (ReceiverOptions::tensors: applied in place, nothing written back to a
+// file). Setup (generating, writing the publisher's baseline, copying the
+// model into the receivers, the RL step) is timed apart from the version.
+
+struct Scale {
+  std::string description;  // the model and the step
+  std::string store;
+  int receivers = 0;
+  double link_gbit = 0;
+  uint64_t chunk_bytes = 0;
+  double generate_seconds = 0;  // GenerateModel
+  // The publisher's baseline file and step 0 into every receiver's
+  // memory, side by side.
+  double copy_seconds = 0;
+  double step_seconds = 0;  // EvolveModel
+  VersionRow row;
+  bool all_ok = false;
+};
+
+Result<std::map<std::string, Digest>> Sha256Model(const SynthModel& model) {
+  std::map<std::string, Digest> digests;
+  for (const SynthTensor& t : model.tensors) {
+    REFIT_ASSIGN_OR_RETURN(
+        digests[t.name],
+        Sha256Of({reinterpret_cast<const uint8_t*>(t.data.data()),
+                  t.data.size() * sizeof(uint16_t)}));
+  }
+  return digests;
+}
+
+Result<Scale> RunScale(const DemoArgs& args, const SyncDemoArgs& sync,
+                       const ScratchDir& dir, ProgressBar* bar) {
+  using Clock = std::chrono::steady_clock;
+  if (!(args.rate > 0) || args.rate > 1) {
+    return InvalidArgumentError("--rate must be in (0, 1]");
+  }
+  Scale out;
+  out.receivers = sync.scale_receivers;
+  out.link_gbit = sync.link_gbit;
+  const std::string root = dir.File("scale");
+  std::error_code ec;
+  fs::create_directories(root, ec);
+  if (ec) return UnavailableError("cannot create " + root);
+
+  bar->Note("generating the synthetic model...");
+  Stopwatch generate;
+  SynthModel model = GenerateModel(
+      static_cast<uint64_t>(std::llround(sync.scale_mib * (1 << 20))),
+      args.seed);
+  out.generate_seconds = generate.Seconds();
+  // The publisher's baseline file and every receiver's copy of step 0,
+  // made side by side (one thread each).
+  bar->Note("writing the publisher's baseline, copying step0 into the "
+            "receivers...");
+  const std::string baseline = root + "/publisher.safetensors";
+  Stopwatch copy;
+  Status written;
+  std::vector<SynthModel> engines(static_cast<size_t>(sync.scale_receivers));
+  {
+    std::vector<std::thread> threads;
+    threads.emplace_back(
+        [&] { written = WriteModel(model, baseline, {{"step", "0"}}); });
+    for (SynthModel& engine : engines) {
+      threads.emplace_back([&] { engine = model; });
+    }
+    for (std::thread& t : threads) t.join();
+  }
+  REFIT_RETURN_IF_ERROR(written);
+  out.copy_seconds = copy.Seconds();
+  bar->Note("one RL step...");
+  Stopwatch step;
+  const uint64_t changed =
+      EvolveModel(&model, args.rate, args.seed * 1000003 + 1);
+  out.step_seconds = step.Seconds();
+  bar->Clear();
+  out.description = fmt::format(
+      "synthetic BF16 model ({} tensors, {}), one RL step changing {} of "
+      "its {} elements ({}), seed {}",
+      model.tensors.size(), HumanBytes(static_cast<double>(model.bytes())),
+      WithCommas(changed), WithCommas(model.elements()),
+      Percent(static_cast<double>(changed) /
+              static_cast<double>(model.elements())),
+      args.seed);
+
+  const std::string key_file = root + "/hmac.key";
+  REFIT_RETURN_IF_ERROR(WriteKeyFile(key_file));
+  REFIT_ASSIGN_OR_RETURN(Authenticator auth,
+                         Authenticator::FromKeyFile(key_file));
+  REFIT_ASSIGN_OR_RETURN(std::unique_ptr<ObjectStore> store,
+                         OpenObjectStore(root + "/store"));
+  out.store = store->Describe();
+  PublisherOptions popt;
+  for (int i = 0; i < sync.scale_receivers; ++i) {
+    popt.members.push_back(fmt::format("e{}", i));
+  }
+  popt.auth = auth;
+  popt.diff.threads = args.threads;
+  popt.vote_timeout_ms = 60000;
+  popt.poll_ms = 2;
+  out.chunk_bytes = popt.diff.chunk_bytes;
+  REFIT_ASSIGN_OR_RETURN(std::unique_ptr<Publisher> publisher,
+                         Publisher::Open(store.get(), baseline, popt));
+  std::vector<std::unique_ptr<Receiver>> receivers;
+  for (size_t i = 0; i < engines.size(); ++i) {
+    ReceiverOptions ropt;
+    ropt.member = popt.members[i];
+    for (SynthTensor& t : engines[i].tensors) {
+      ropt.tensors.push_back({t.name, "BF16", 2, t.shape,
+                              reinterpret_cast<uint8_t*>(t.data.data())});
+    }
+    ropt.state_dir = root + "/" + ropt.member + ".state";
+    fs::create_directories(ropt.state_dir, ec);
+    if (ec) return UnavailableError("cannot create " + ropt.state_dir);
+    ropt.auth = auth;
+    ropt.threads = args.threads;
+    ropt.poll_ms = 2;
+    REFIT_ASSIGN_OR_RETURN(std::unique_ptr<Receiver> r,
+                           Receiver::Open(store.get(), std::move(ropt)));
+    receivers.push_back(std::move(r));
+  }
+
+  bar->Note("publishing version 1...");
+  std::vector<Status> status(receivers.size());
+  std::vector<double> active(receivers.size(), 0);
+  const auto t0 = Clock::now();
+  std::vector<std::thread> followers;
+  for (size_t i = 0; i < receivers.size(); ++i) {
+    followers.emplace_back([&, i] {
+      Result<StepResult> r = receivers[i]->SyncTo(1, 120000);
+      active[i] = std::chrono::duration<double>(Clock::now() - t0).count();
+      if (!r.ok()) status[i] = r.status();
+    });
+  }
+  Result<PublishReport> report = publisher->Publish(1, model.Views());
+  for (std::thread& t : followers) t.join();
+  bar->Clear();
+  if (!report.ok()) return report.status().WithContext("publishing version 1");
+  for (size_t i = 0; i < receivers.size(); ++i) {
+    if (!status[i].ok()) {
+      return status[i].WithContext("receiver " + popt.members[i]);
+    }
+  }
+  if (!report->committed) {
+    return AbortedError("version 1 was aborted: " + report->reason);
+  }
+  out.row.version = 1;
+  out.row.publish = *report;
+  out.row.refit_seconds = *std::max_element(active.begin(), active.end());
+
+  // SHA-256 of the trainer's model, every receiver's and the publisher's
+  // baseline file, one thread each.
+  bar->Note("checking every receiver by SHA-256...");
+  using Digests = std::map<std::string, Digest>;
+  std::vector<Result<Digests>> digests(engines.size() + 2,
+                                       InternalError("not run"));
+  {
+    std::vector<std::thread> threads;
+    threads.emplace_back([&] { digests[0] = Sha256Model(model); });
+    threads.emplace_back([&] { digests[1] = Sha256Tensors(baseline); });
+    for (size_t i = 0; i < engines.size(); ++i) {
+      threads.emplace_back([&, i] { digests[i + 2] = Sha256Model(engines[i]); });
+    }
+    for (std::thread& t : threads) t.join();
+  }
+  for (const Result<Digests>& d : digests) REFIT_RETURN_IF_ERROR(d.status());
+  const Digests& want = *digests[0];
+  out.row.baseline_exact = *digests[1] == want;
+  for (size_t i = 2; i < digests.size(); ++i) {
+    out.row.receivers_exact += *digests[i] == want;
+  }
+  bar->Clear();
+  out.all_ok = out.row.baseline_exact &&
+               out.row.receivers_exact == engines.size();
+  return out;
+}
+
 // ---------------------------------------------------------------- output
 
 double Seconds(double bytes, double gbit) { return bytes * 8 / (gbit * 1e9); }
@@ -1158,7 +1349,8 @@ void PrintBytesBreakdown(const DiffReport& file, const Distribution& d) {
                         kb(listed)));
 }
 
-void PrintDistribution(const Distribution& d, const DiffReport& first_file) {
+void PrintDistribution(const Distribution& d, const DiffReport& first_file,
+                       bool scale_follows) {
   if (d.transport == "relay") {
     fmt::print(
         "trainer (this process, the {}) -> {} `refit receive` processes in "
@@ -1204,9 +1396,42 @@ void PrintDistribution(const Distribution& d, const DiffReport& first_file) {
         "note: where speedup < 1x the measured refit time is mostly a fixed "
         "cost per version (fsync of every stored object, msync + fsync of "
         "each checkpoint, vote and decision polling), not bytes; it does not "
-        "grow with the model, while full@link does (column ratio).\n");
+        "grow with the model, while full@link does (column ratio){}.\n",
+        scale_follows ? ": section 3 shows a model of a realistic size" : "");
   }
   if (!d.rows.empty()) PrintBytesBreakdown(first_file, d);
+}
+
+void PrintScale(const Scale& s) {
+  const bool one = s.receivers == 1;
+  fmt::print(
+      "trainer (this process) -> {} on {} of this process, {} its own copy "
+      "of the model in memory as an inference engine does, through the "
+      "directory store {} (HMAC-SHA256 authenticated, {} chunks); {} chunks "
+      "as they land, votes, and activates after the joint commit\n",
+      one ? "1 receiver" : fmt::format("{} receivers", s.receivers),
+      one ? "a thread" : "threads", one ? "holding" : "each holding", s.store,
+      MiB(s.chunk_bytes), one ? "it applies" : "each applies");
+  fmt::print(
+      "setup, not in the times below: generate {}, write the publisher's "
+      "baseline file and copy step0 into {} {}, RL step {}\n",
+      HumanSeconds(s.generate_seconds),
+      one ? "the receiver" : "every receiver", HumanSeconds(s.copy_seconds),
+      HumanSeconds(s.step_seconds));
+  PrintTimesLegend("receiver memory on the same cores as the encoder",
+                   s.link_gbit);
+  PrintVersionTable({s.row}, s.receivers, s.link_gbit);
+  const AtLink t = TimesAtLink(s.row, s.link_gbit);
+  fmt::print(
+      "at {}, refit brings {} to the new version in {} where sending the "
+      "full checkpoint over {} Gbit/s takes {}: {}\n",
+      HumanBytes(static_cast<double>(s.row.publish.diff.full_bytes)),
+      one ? "the receiver" : "every receiver", HumanSeconds(t.refit),
+      s.link_gbit, HumanSeconds(t.full),
+      t.full >= t.refit
+          ? Ratio(t.full, t.refit, 2) + " faster"
+          : "slower; at this size the fixed costs per version still "
+            "dominate (--scale-mib)");
 }
 
 Json VersionJson(const VersionRow& r, double link_gbit) {
@@ -1273,6 +1498,19 @@ Json DistributionJson(const Distribution& d) {
           {"versions", versions}};
 }
 
+Json ScaleJson(const Scale& s) {
+  return {{"description", s.description},
+          {"store", s.store},
+          {"receivers", s.receivers},
+          {"link_gbit", s.link_gbit},
+          {"chunk_bytes", s.chunk_bytes},
+          {"generate_seconds", s.generate_seconds},
+          {"copy_seconds", s.copy_seconds},
+          {"step_seconds", s.step_seconds},
+          {"ok", s.all_ok},
+          {"version", VersionJson(s.row, s.link_gbit)}};
+}
+
 }  // namespace
 
 int RunDemo(const DemoArgs& args) {
@@ -1323,10 +1561,25 @@ int RunSyncDemo(const DemoArgs& args, const SyncDemoArgs& sync) {
     }
     dist = std::move(*d);
     if (!args.json) {
-      PrintDistribution(*dist, codec->front().diff);
+      PrintDistribution(*dist, codec->front().diff, sync.scale_mib > 0);
     }
   }
-  bool all_ok = codec_ok && (!dist || dist->all_ok);
+  std::optional<Scale> scale;
+  if (!sync.codec_only && sync.scale_mib > 0) {
+    if (!args.json) {
+      fmt::print("\n3. at scale: one RL step of a model of realistic size\n");
+      std::fflush(stdout);
+    }
+    Result<Scale> s = RunScale(args, sync, *dir, &bar);
+    if (!s.ok()) return Fail(kCmd, s.status().WithContext("at scale"), args.json);
+    scale = std::move(*s);
+    if (!args.json) {
+      fmt::print("{}\n", scale->description);
+      PrintScale(*scale);
+    }
+  }
+  bool all_ok =
+      codec_ok && (!dist || dist->all_ok) && (!scale || scale->all_ok);
 
   if (args.json) {
     Json j;
@@ -1336,6 +1589,7 @@ int RunSyncDemo(const DemoArgs& args, const SyncDemoArgs& sync) {
     j["description"] = trajectory->description;
     j["steps"] = CodecStepsJson(*codec);
     if (dist) j["distribution"] = DistributionJson(*dist);
+    if (scale) j["scale"] = ScaleJson(*scale);
     PrintJson(j);
   } else {
     fmt::print("\n{}\n",

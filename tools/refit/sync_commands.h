@@ -106,6 +106,10 @@ struct SyncDemoArgs {
   // (REFIT_CRASH_AT, builds other than Release).
   std::string crash_at = "chunks:3";
   double chunk_mib = 1;
+  // The section at scale: a synthetic model of this many MiB (0: none),
+  // one RL step, to this many receivers holding their weights in memory.
+  double scale_mib = 2048;
+  int scale_receivers = 1;
 };
 int RunSyncDemo(const DemoArgs& demo, const SyncDemoArgs& sync);
 
