@@ -2,7 +2,7 @@
 // process: diff/apply/verify/inspect round trips on small generated
 // safetensors files and on the qwen2-tiny fixtures, the exit code of every
 // error family, --json output (parsed by python3), and small runs of
-// `refit demo --synthetic` and `refit bench`.
+// `refit demo` (its --json output checked field by field) and `refit bench`.
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -18,6 +18,8 @@
 #include <thread>
 #include <utility>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "refit/checkpoint.h"
 #include "testing.h"
@@ -468,13 +470,18 @@ TEST_F(CliTest, HelpDocumentsEverySubcommandAndExitCodes) {
 }
 
 TEST_F(CliTest, DemoSyntheticRunsSmall) {
-  RunResult r = Run({"demo", "--synthetic", "--size-mib", "2", "--steps", "2"});
+  RunResult r = Run({"demo", "--synthetic", "--size-mib", "2", "--steps", "2",
+                     "--scale-mib", "0"});
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   EXPECT_NE(r.out.find("bit-exact"), std::string::npos) << r.out;
-  RunResult j =
-      Run({"demo", "--synthetic", "--size-mib", "1", "--steps", "1", "--json"});
+  EXPECT_EQ(r.out.find("3. at scale"), std::string::npos) << r.out;
+  RunResult j = Run({"demo", "--synthetic", "--size-mib", "1", "--steps", "1",
+                     "--scale-mib", "4", "--json"});
   ASSERT_EQ(j.exit_code, 0) << j.err;
   EXPECT_TRUE(IsJson(dir_, j.out)) << j.out;
+  nlohmann::json demo = nlohmann::json::parse(j.out);
+  EXPECT_TRUE(demo["ok"].get<bool>()) << j.out;
+  EXPECT_TRUE(demo["scale"]["ok"].get<bool>()) << j.out;
 }
 
 TEST_F(CliTest, BenchRunsSmall) {
@@ -632,6 +639,7 @@ TEST_F(CliTest, NumericFlagsNameASensibleRange) {
       {"diff", base_, target_, "-o", delta_, "--base-version", "-1"},
       {"bench", "--seed", "-1"},
       {"demo", "--seed", "-1"},
+      {"demo", "--scale-mib", "-1"},
       {"layout", "generate", "--config", "c.json", "-o", "l.json", "--tp",
        "-2"},
       {"receive", "--store", "s", "--member", "r0", "--checkpoint", "c",
@@ -787,14 +795,83 @@ TEST_F(CliTest, LayoutGenerateCheckAndRefuse) {
   EXPECT_EQ(unknown.exit_code, 2) << unknown.err;
 }
 
+// The Quickstart's demo (at a small scale): every copy bit-exact, the
+// victim killed with chunks of its version applied (in every build: the
+// demo holds the upload back until the victim's journal shows them) and
+// finishing it with each chunk applied once, and the store's bytes
+// accounted for object by object.
 TEST_F(CliTest, DemoOnFixtures) {
   REFIT_REQUIRE_FIXTURES();
   std::string parent =
       std::filesystem::path(FixturesDir()).parent_path().string();
-  RunResult r = Run({"demo", "--fixtures", parent});
+  RunResult r =
+      Run({"demo", "--fixtures", parent, "--scale-mib", "16", "--json"});
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
-  EXPECT_NE(r.out.find("yes ("), std::string::npos) << r.out;
+  nlohmann::json demo = nlohmann::json::parse(r.out);
+  EXPECT_TRUE(demo["ok"].get<bool>());
+  EXPECT_EQ(demo["source"], "fixtures");
+  for (const auto& step : demo["steps"]) {
+    EXPECT_TRUE(step["bit_exact"].get<bool>()) << step;
+    EXPECT_TRUE(step["verified"].get<bool>()) << step;
+  }
+
+  const nlohmann::json& dist = demo["distribution"];
+  const int receivers = dist["receivers"].get<int>();
+  ASSERT_EQ(dist["versions"].size(), 3u);
+  for (const auto& v : dist["versions"]) {
+    EXPECT_TRUE(v["committed"].get<bool>()) << v;
+    EXPECT_EQ(v["receivers_bit_exact"].get<int>(), receivers) << v;
+    EXPECT_TRUE(v["publisher_bit_exact"].get<bool>()) << v;
+  }
+  const nlohmann::json& crash = dist["crash"];
+  EXPECT_EQ(crash["by"], "demo");
+  EXPECT_EQ(crash["version"].get<int>(), 2);
+  EXPECT_TRUE(crash["killed"].get<bool>());
+  const int64_t at_kill = crash["chunks_applied_at_kill"].get<int64_t>();
+  EXPECT_GE(at_kill, 1);
+  EXPECT_EQ(at_kill, crash["after_chunks"].get<int64_t>());
+  EXPECT_EQ(crash["chunks_journaled_at_restart"].get<int64_t>(), at_kill);
+  EXPECT_EQ(crash["chunks_skipped_after_restart"].get<int64_t>(), at_kill);
+  EXPECT_GE(crash["chunks_applied_after_restart"].get<int64_t>(), 1);
+  EXPECT_TRUE(crash["at_most_once"].get<bool>());
+
+  const nlohmann::json& objects = dist["first_version_objects"];
+  const nlohmann::json& v1 = dist["versions"][0];
+  EXPECT_EQ(objects["announcement_bytes"].get<uint64_t>() +
+                objects["chunk_object_bytes"].get<uint64_t>() +
+                objects["manifest_bytes"].get<uint64_t>(),
+            v1["payload_bytes"].get<uint64_t>());
+  EXPECT_EQ(objects["chunk_objects"], v1["chunks"]);
+
+  const nlohmann::json& scale = demo["scale"];
+  EXPECT_TRUE(scale["ok"].get<bool>());
+  EXPECT_EQ(scale["version"]["receivers_bit_exact"], scale["receivers"]);
+  EXPECT_TRUE(scale["version"]["publisher_bit_exact"].get<bool>());
 }
+
+#ifdef REFIT_CRASH_POINTS
+// Builds with crash points can still kill the victim at one.
+TEST_F(CliTest, DemoKillsAtACrashPoint) {
+  RunResult r = Run({"demo", "--synthetic", "--size-mib", "4", "--steps", "2",
+                     "--scale-mib", "0", "--receivers", "2", "--crash-at",
+                     "receiver.after-chunk:2", "--json"});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  nlohmann::json demo = nlohmann::json::parse(r.out);
+  const nlohmann::json& crash = demo["distribution"]["crash"];
+  EXPECT_EQ(crash["by"], "crash_point");
+  EXPECT_TRUE(crash["killed"].get<bool>());
+  EXPECT_EQ(crash["chunks_journaled_at_restart"].get<int64_t>(), 2);
+  EXPECT_TRUE(crash["at_most_once"].get<bool>());
+}
+#else
+TEST_F(CliTest, DemoRefusesCrashPointsInRelease) {
+  RunResult r = Run({"demo", "--synthetic", "--size-mib", "1", "--steps", "2",
+                     "--scale-mib", "0", "--crash-at",
+                     "receiver.after-chunk:2"});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("chunks:N"), std::string::npos) << r.err;
+}
+#endif
 
 }  // namespace
 }  // namespace refit

@@ -357,7 +357,8 @@ TEST(RelayCliTest, DemoOnTheRelayTreeIsBitExact) {
   auto t0 = Clock::now();
   TempDir dir;
   Proc demo;
-  demo.Start({"demo", "--synthetic", "--size-mib", "8", "--versions", "3"},
+  demo.Start({"demo", "--synthetic", "--size-mib", "8", "--versions", "3",
+              "--scale-mib", "16"},
              dir.File("out.txt"), dir.File("err.txt"));
   ASSERT_TRUE(demo.Wait(55)) << Tail(dir.File("out.txt"));
   EXPECT_EQ(demo.exit_code(), 0)
@@ -367,6 +368,19 @@ TEST(RelayCliTest, DemoOnTheRelayTreeIsBitExact) {
       << out;
   EXPECT_NE(out.find("every receiver bit-exact at every version"),
             std::string::npos)
+      << out;
+  // The victim died with chunks of its version applied, and its restart
+  // applied each of the others once.
+  EXPECT_NE(out.find("its journal recording 3 applied chunk(s); restarted"),
+            std::string::npos)
+      << out;
+  EXPECT_NE(out.find("3 chunk(s) journaled applied before the kill"),
+            std::string::npos)
+      << out;
+  EXPECT_NE(out.find("none applied twice"), std::string::npos) << out;
+  EXPECT_NE(out.find("  store "), std::string::npos) << out;
+  EXPECT_NE(out.find("3. at scale"), std::string::npos) << out;
+  EXPECT_NE(out.find("1/1 receivers, publisher too"), std::string::npos)
       << out;
   EXPECT_LT(SecondsSince(t0), 60);
 }

@@ -1,19 +1,31 @@
-// `refit demo`, the end-to-end main job, in two sections over one
-// trajectory of checkpoints (the qwen2-tiny fixtures, or a synthetic one):
+// `refit demo`, the end-to-end main job, in three sections:
 //
-// 1. codec: a scratch copy of step 0 is patched in place by the delta of
-//    every step, and after each step every tensor of the scratch copy must
-//    hash (SHA-256, independently of refit's own XXH3 hashes) to the same
-//    digest as the trainer's checkpoint for that step.
-// 2. distribution: this process publishes every step as a version to N
-//    `refit receive` processes (this executable, run again), one of which
-//    is SIGKILLed in the middle of a version and restarted. By default the
-//    receivers form a relay tree on 127.0.0.1 (fan-out --fanout) under
+// 1. codec: over one trajectory of checkpoints (the qwen2-tiny fixtures,
+//    or a synthetic one), a scratch copy of step 0 is patched in place by
+//    the delta of every step, and after each step every tensor of the
+//    scratch copy must hash (SHA-256, independently of refit's own XXH3
+//    hashes) to the same digest as the trainer's checkpoint for that step.
+// 2. distribution: this process publishes every step of the same
+//    trajectory as a version to N `refit receive` processes (this
+//    executable, run again), one of which is SIGKILLed in the middle of a
+//    version and restarted. By default the kill is synchronised with the
+//    victim's progress: the upload of that version's chunks stops at chunk
+//    K (ChunkGate) until the victim's journal records K applied chunks,
+//    so it dies with exactly K applied (a version of at least K chunks),
+//    in every build. By default
+//    the receivers form a relay tree on 127.0.0.1 (fan-out --fanout) under
 //    this process as its root, and every object is also written through
 //    to a directory store (any OpenObjectStore URL with --store); with
 //    --transport dir they read that store instead. Every version must
-//    commit, and every receiver must hash to the trainer's tensors. Times
-//    are measured; link transfer times are computed and labelled so.
+//    commit, and every receiver must hash to the trainer's tensors. Then
+//    the bytes of the first delta file and of the first version in the
+//    store are broken down, from the files and objects themselves.
+// 3. at scale: one RL step of a synthetic model of --scale-mib (a few GiB)
+//    published through a directory store to receivers on threads of this
+//    process that hold the model in memory, as inference engines do; at
+//    this size the per-version fixed costs that dominate section 2 no
+//    longer do.
+// Times are measured; link transfer times are computed and labelled so.
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <fmt/format.h>
@@ -27,12 +39,15 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <charconv>
 #include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <mutex>
 #include <optional>
 #include <random>
 #include <thread>
@@ -45,7 +60,10 @@
 #include "refit/delta.h"
 #include "scratch_dir.h"
 #include "sync/auth.h"
+#include "sync/journal.h"
+#include "sync/protocol.h"
 #include "sync/publisher.h"
+#include "sync/receiver.h"
 #include "sync_commands.h"
 #include "synth.h"
 #include "transport/object_store.h"
@@ -100,20 +118,24 @@ std::string FindFixtures() {
   return "";
 }
 
+Result<Digest> Sha256Of(std::span<const uint8_t> data) {
+  Digest digest{};
+  unsigned int length = 0;
+  if (EVP_Digest(data.data(), data.size(), digest.data(), &length,
+                 EVP_sha256(), nullptr) != 1 ||
+      length != digest.size()) {
+    return InternalError("OpenSSL EVP_Digest(SHA-256) failed");
+  }
+  return digest;
+}
+
 Result<std::map<std::string, Digest>> Sha256Tensors(const std::string& path) {
   REFIT_ASSIGN_OR_RETURN(Checkpoint ckpt,
                          Checkpoint::Open(path, Checkpoint::Mode::kReadOnly));
   std::map<std::string, Digest> digests;
   for (size_t i = 0; i < ckpt.tensors().size(); ++i) {
-    std::span<const uint8_t> data = ckpt.Data(i);
-    Digest digest{};
-    unsigned int length = 0;
-    if (EVP_Digest(data.data(), data.size(), digest.data(), &length,
-                   EVP_sha256(), nullptr) != 1 ||
-        length != digest.size()) {
-      return InternalError("OpenSSL EVP_Digest(SHA-256) failed");
-    }
-    digests[ckpt.tensors()[i].name] = digest;
+    REFIT_ASSIGN_OR_RETURN(digests[ckpt.tensors()[i].name],
+                           Sha256Of(ckpt.Data(i)));
   }
   return digests;
 }
@@ -479,6 +501,35 @@ struct VersionRow {
   std::vector<std::string> events;
 };
 
+// The mid-version kill of the distribution section, as planned and as it
+// happened.
+struct Crash {
+  uint64_t version = 0;         // 0: no kill
+  std::string member;           // the victim
+  bool by_demo = false;         // --crash-at chunks:N; else a crash point
+  uint64_t after_chunks = 0;    // N
+  std::string point;            // the crash point (REFIT_CRASH_AT)
+  bool killed = false;          // the victim died inside the version
+  int64_t applied_at_kill = -1;       // its journal when the demo killed it
+  int64_t journaled_at_restart = -1;  // what the restarted victim read
+  // What the restarted victim did with the version (-1: not reported).
+  int64_t skipped = -1;
+  int64_t applied = -1;
+  int64_t resent = -1;
+  bool once = false;  // skipped + applied + resent = the version's chunks
+};
+
+// One version's objects in the store, by kind (stored sizes, envelopes
+// included).
+struct StoreBytes {
+  uint64_t announcement = 0;  // index/<V>
+  uint64_t chunks = 0;        // v/<V>/chunk/<i>: how many
+  uint64_t chunk_objects = 0;
+  uint64_t manifest = 0;
+  uint64_t coordination = 0;  // votes and the decision: not the upload
+  uint64_t coordination_objects = 0;
+};
+
 struct Distribution {
   std::string store;      // what the publisher writes to, described
   std::string transport;  // "relay" or "dir"
@@ -486,10 +537,141 @@ struct Distribution {
   std::string tree;  // "r0,r1 <- root; r2,r3 <- r0" for relay
   int receivers = 0;
   double link_gbit = 0;
-  std::string crash;  // what was done, or ""
+  uint64_t chunk_bytes = 0;  // of the published versions
+  Crash crash;
+  StoreBytes first;  // version 1 in the store
   std::vector<VersionRow> rows;
   bool all_ok = true;
 };
+
+// The publisher's store, passing everything through except the chunks of
+// one version from index `from` on, whose Put waits until Release(). The
+// publisher hands chunks to its upload threads in index order (a FIFO
+// queue, transport/once_uploader.h), so every chunk below `from` is stored
+// while the held ones wait: until the gate opens, a receiver can apply
+// exactly `from` chunks of that version, however fast it is. Thread-safe.
+class ChunkGate final : public ObjectStore {
+ public:
+  explicit ChunkGate(ObjectStore* inner) : inner_(inner) {}
+
+  void Hold(uint64_t version, uint64_t from) {
+    std::lock_guard<std::mutex> lock(mu_);
+    prefix_ = VersionPrefix(version) + "chunk/";
+    from_ = from;
+    holding_ = true;
+  }
+  void Release() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      holding_ = false;
+    }
+    cv_.notify_all();
+  }
+
+  std::string Describe() const override { return inner_->Describe(); }
+  Status Put(std::string_view key, std::span<const uint8_t> data) override {
+    Wait(key);
+    return inner_->Put(key, data);
+  }
+  Status PutIfAbsent(std::string_view key,
+                     std::span<const uint8_t> data) override {
+    Wait(key);
+    return inner_->PutIfAbsent(key, data);
+  }
+  Result<std::vector<uint8_t>> Get(std::string_view key) override {
+    return inner_->Get(key);
+  }
+  Result<std::vector<ObjectInfo>> List(std::string_view prefix) override {
+    return inner_->List(prefix);
+  }
+  Status Delete(std::string_view key) override { return inner_->Delete(key); }
+
+ private:
+  // Under mu_.
+  bool Held(std::string_view key) const {
+    if (!holding_ || !key.starts_with(prefix_)) return false;
+    const std::string_view digits = key.substr(prefix_.size());
+    uint64_t index = 0;
+    auto [end, ec] =
+        std::from_chars(digits.data(), digits.data() + digits.size(), index);
+    return ec == std::errc() && end == digits.data() + digits.size() &&
+           index >= from_;
+  }
+  void Wait(std::string_view key) {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return !Held(key); });
+  }
+
+  ObjectStore* inner_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool holding_ = false;
+  std::string prefix_;
+  uint64_t from_ = 0;
+};
+
+// --crash-at into `c`: "chunks:N" (N >= 1) in every build, a crash point
+// name where this build has them.
+Status ParseCrashAt(const std::string& at, Crash* c) {
+  constexpr std::string_view kChunks = "chunks:";
+  if (std::string_view(at).starts_with(kChunks)) {
+    const std::string_view n = std::string_view(at).substr(kChunks.size());
+    auto [end, ec] =
+        std::from_chars(n.data(), n.data() + n.size(), c->after_chunks);
+    if (ec != std::errc() || end != n.data() + n.size() ||
+        c->after_chunks < 1) {
+      return InvalidArgumentError(
+          "--crash-at chunks:N needs a whole number N >= 1");
+    }
+    c->by_demo = true;
+    return Status();
+  }
+#ifdef REFIT_CRASH_POINTS
+  c->point = at;
+  return Status();
+#else
+  return InvalidArgumentError(
+      "--crash-at '" + at +
+      "': this build (Release) has no crash points; use chunks:N");
+#endif
+}
+
+// The kill that --crash-version and --crash-at ask for.
+Result<Crash> PlanCrash(const SyncDemoArgs& sync, uint64_t versions) {
+  Crash c;
+  const int64_t v = sync.crash_version < 0
+                        ? static_cast<int64_t>((versions + 1) / 2)
+                        : sync.crash_version;
+  if (v <= 0 || v > static_cast<int64_t>(versions)) return c;
+  c.version = static_cast<uint64_t>(v);
+  REFIT_RETURN_IF_ERROR(ParseCrashAt(sync.crash_at, &c));
+  return c;
+}
+
+// Sizes of version `v`'s objects in `store`, by kind.
+Result<StoreBytes> VersionObjects(ObjectStore* store, uint64_t v) {
+  StoreBytes b;
+  REFIT_ASSIGN_OR_RETURN(std::vector<ObjectInfo> index,
+                         store->List(IndexKey(v)));
+  for (const ObjectInfo& o : index) {
+    if (o.key == IndexKey(v)) b.announcement = o.size;
+  }
+  const std::string chunk_prefix = VersionPrefix(v) + "chunk/";
+  REFIT_ASSIGN_OR_RETURN(std::vector<ObjectInfo> objects,
+                         store->List(VersionPrefix(v)));
+  for (const ObjectInfo& o : objects) {
+    if (o.key.starts_with(chunk_prefix)) {
+      ++b.chunks;
+      b.chunk_objects += o.size;
+    } else if (o.key == ManifestKey(v)) {
+      b.manifest = o.size;
+    } else {
+      ++b.coordination_objects;
+      b.coordination += o.size;
+    }
+  }
+  return b;
+}
 
 // A random 32-byte HMAC key in hex, so the demo runs authenticated.
 Status WriteKeyFile(const std::string& path) {
@@ -548,10 +730,9 @@ Result<Distribution> RunDistribution(const DemoArgs& args,
   const bool relay = sync.transport == "relay";
   out.transport = relay ? "relay" : "dir";
   out.fanout = relay ? sync.fanout : 0;
-  int64_t crash_version = sync.crash_version < 0
-                              ? static_cast<int64_t>((versions + 1) / 2)
-                              : sync.crash_version;
-  if (crash_version > static_cast<int64_t>(versions)) crash_version = 0;
+  REFIT_ASSIGN_OR_RETURN(out.crash, PlanCrash(sync, versions));
+  Crash& crash = out.crash;
+  const int64_t crash_version = static_cast<int64_t>(crash.version);
 
   std::error_code ec;
   fs::path exe = fs::read_symlink("/proc/self/exe", ec);
@@ -597,11 +778,13 @@ Result<Distribution> RunDistribution(const DemoArgs& args,
     return static_cast<uint64_t>(std::llround(sync.chunk_mib * (1 << 20)));
   }());
   popt.diff.chunk_bytes = chunk_bytes;
+  out.chunk_bytes = chunk_bytes;
   popt.diff.threads = args.threads;
   popt.vote_timeout_ms = 60000;
   popt.poll_ms = 2;
+  ChunkGate gate(store.get());
   REFIT_ASSIGN_OR_RETURN(std::unique_ptr<Publisher> publisher,
-                         Publisher::Open(store.get(), baseline, popt));
+                         Publisher::Open(&gate, baseline, popt));
 
   // Each receiver's transport flags. In the tree, members with children
   // listen on a fixed free port, so a restarted member keeps its address;
@@ -649,22 +832,19 @@ Result<Distribution> RunDistribution(const DemoArgs& args,
                                     trajectory.steps[0], rdir));
     checkpoints.push_back(fleet.at(static_cast<size_t>(i)).checkpoint);
   }
-  // The victim is the last receiver. It runs up to the version before the
-  // crash, then again with REFIT_CRASH_AT for the crash version (crash
-  // points count hits per process), then once more without it.
+  // The victim is the last receiver. Killed by the demo, it runs from the
+  // start. At a crash point, it runs up to the version before the crash,
+  // then again with REFIT_CRASH_AT for the crash version (crash points
+  // count hits per process), then once more without it.
   const size_t victim = fleet.size() - 1;
-#ifdef REFIT_CRASH_POINTS
-  const bool crash_points = sync.crash_at != "parent";
-#else
-  const bool crash_points = false;
-#endif
+  crash.member = fleet.at(victim).member;
+  const bool crash_point = crash.version > 0 && !crash.by_demo;
   // Whether the victim runs armed for the crash version already.
   bool armed = false;
   for (size_t i = 0; i < fleet.size(); ++i) {
-    if (crash_version > 0 && i == victim) {
+    if (crash_point && i == victim) {
       if (crash_version == 1) {
-        REFIT_RETURN_IF_ERROR(
-            fleet.Start(i, -1, crash_points ? sync.crash_at : ""));
+        REFIT_RETURN_IF_ERROR(fleet.Start(i, -1, crash.point));
         armed = true;
       } else {
         REFIT_RETURN_IF_ERROR(fleet.Start(i, crash_version - 1));
@@ -673,26 +853,11 @@ Result<Distribution> RunDistribution(const DemoArgs& args,
       REFIT_RETURN_IF_ERROR(fleet.Start(i));
     }
   }
-  if (crash_version > 0) {
-    out.crash = crash_points
-                    ? fmt::format(
-                          "{} dies by SIGKILL at crash point {} "
-                          "(REFIT_CRASH_AT) in version {}",
-                          fleet.at(victim).member, sync.crash_at, crash_version)
-                    : fmt::format(
-                          "{} is SIGKILLed by the demo once its "
-                          "journal of version {} exists{}",
-                          fleet.at(victim).member, crash_version,
-                          sync.crash_at == "parent"
-                              ? ""
-                              : " (this build has no crash points)");
-  }
 
   for (uint64_t v = 1; v <= versions; ++v) {
     VersionRow row;
     row.version = v;
-    bool parent_kill = false;
-    if (static_cast<int64_t>(v) == crash_version && !armed) {
+    if (crash_point && static_cast<int64_t>(v) == crash_version && !armed) {
       // The victim stopped at v-1 (--until); wait for it, then restart it
       // armed for this version.
       ReceiverProcess& r = fleet.at(victim);
@@ -711,11 +876,16 @@ Result<Distribution> RunDistribution(const DemoArgs& args,
         return InternalError(
             fmt::format("{} did not stop at version {}", r.member, v - 1));
       }
-      REFIT_RETURN_IF_ERROR(
-          fleet.Start(victim, -1, crash_points ? sync.crash_at : ""));
+      REFIT_RETURN_IF_ERROR(fleet.Start(victim, -1, crash.point));
       armed = true;
     }
-    if (static_cast<int64_t>(v) == crash_version) parent_kill = !crash_points;
+    // Killed by the demo: the upload of this version stops at chunk N
+    // until the victim's journal records N applied chunks and the victim
+    // is dead.
+    bool kill_pending =
+        crash.by_demo && static_cast<int64_t>(v) == crash_version;
+    bool reap_pending = false;
+    if (kill_pending) gate.Hold(v, crash.after_chunks);
 
     auto t0 = Clock::now();
     Result<PublishReport> report = InternalError("not run");
@@ -739,13 +909,25 @@ Result<Distribution> RunDistribution(const DemoArgs& args,
                             p < 0 ? std::string("(the root)")
                                   : fleet.at(static_cast<size_t>(p)).member);
           }
+          std::string progress;
+          if (i == victim && reap_pending) {
+            progress = fmt::format(", its journal recording {} applied chunk(s)",
+                                   crash.applied_at_kill);
+          }
+          if (i == victim && static_cast<int64_t>(v) == crash_version) {
+            crash.killed = true;
+          }
           row.events.push_back(fmt::format(
               "{} was killed by signal {}{} in the middle of version {} "
-              "(active {}); restarted{}",
+              "(active {}){}; restarted{}",
               r.member, WTERMSIG(status),
               WTERMSIG(status) == SIGKILL ? " (SIGKILL)" : "", v,
-              fleet.Active(i), rejoin));
+              fleet.Active(i), progress, rejoin));
           if (Status s = fleet.Start(i); !s.ok()) failure = s;
+          if (i == victim && reap_pending) {
+            reap_pending = false;
+            gate.Release();
+          }
           continue;
         }
         // A clean exit is expected at --until: the last version, or the
@@ -761,11 +943,22 @@ Result<Distribution> RunDistribution(const DemoArgs& args,
               WEXITSTATUS(status), active, LastLine(r.err)));
         }
       }
-      if (parent_kill && fleet.at(victim).pid > 0 &&
-          PathExists(fleet.at(victim).state + "/journal") &&
-          fleet.Active(victim) < v) {
-        kill(fleet.at(victim).pid, SIGKILL);
-        parent_kill = false;
+      if (kill_pending && fleet.at(victim).pid > 0) {
+        Result<std::optional<JournalState>> journal =
+            Journal::Load(fleet.at(victim).state + "/journal");
+        if (journal.ok() && journal->has_value() &&
+            (*journal)->version == v &&
+            (*journal)->applied.size() >= crash.after_chunks) {
+          kill(fleet.at(victim).pid, SIGKILL);
+          crash.applied_at_kill =
+              static_cast<int64_t>((*journal)->applied.size());
+          kill_pending = false;
+          reap_pending = true;
+        } else if (fleet.Active(victim) >= v) {
+          // The version had too few chunks to hold any back.
+          kill_pending = false;
+          gate.Release();
+        }
       }
       if (!all_active) {
         bool all = true;
@@ -787,6 +980,7 @@ Result<Distribution> RunDistribution(const DemoArgs& args,
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
+    gate.Release();  // the publisher must not wait on a failed demo
     trainer.join();
     REFIT_RETURN_IF_ERROR(failure);
     if (!report.ok()) {
@@ -799,6 +993,9 @@ Result<Distribution> RunDistribution(const DemoArgs& args,
           fmt::format("version {} was aborted: {}", v, report->reason));
     }
     row.refit_seconds = *all_active;
+    if (v == 1) {
+      REFIT_ASSIGN_OR_RETURN(out.first, VersionObjects(durable, v));
+    }
 
     // Every receiver and the publisher's baseline against the trainer.
     REFIT_ASSIGN_OR_RETURN(auto want, Sha256Tensors(trajectory.steps[v]));
@@ -811,36 +1008,48 @@ Result<Distribution> RunDistribution(const DemoArgs& args,
   }
 
   // What the restarted victim says it did with the crash version.
-  if (crash_version > 0) {
+  if (crash.version > 0) {
+    VersionRow& row = out.rows[crash.version - 1];
+    if (!crash.killed) {
+      row.events.push_back(fmt::format(
+          "{} was not killed: version {} has fewer chunks than --crash-at "
+          "asks for",
+          crash.member, crash.version));
+    }
     for (const Json& e : ReadEvents(fleet.at(victim).log)) {
       if (e.value("event", "") == "start" && e.contains("resume")) {
-        out.rows[static_cast<size_t>(crash_version - 1)].events.push_back(
-            fmt::format("{} restarted from its journal of version {}: {} "
-                        "chunk(s) journaled applied before the kill",
-                        fleet.at(victim).member,
-                        e["resume"].value("version", uint64_t{0}),
-                        e["resume"].value("chunks_journaled", uint64_t{0})));
+        crash.journaled_at_restart = static_cast<int64_t>(
+            e["resume"].value("chunks_journaled", uint64_t{0}));
+        row.events.push_back(fmt::format(
+            "{} restarted from its journal of version {}: {} chunk(s) "
+            "journaled applied before the kill",
+            crash.member, e["resume"].value("version", uint64_t{0}),
+            crash.journaled_at_restart));
       }
       if (e.value("event", "") == "version" &&
           e.value("version", int64_t{0}) == crash_version) {
         // At most once: what the restarted run applied, skipped (found in
         // place) and had re-sent (torn) adds up to the version's chunks.
-        VersionRow& row = out.rows[static_cast<size_t>(crash_version - 1)];
-        uint64_t skipped = e.value("chunks_skipped", uint64_t{0});
-        uint64_t applied = e.value("chunks_applied", uint64_t{0});
-        uint64_t resent = e.value("chunks_resent", uint64_t{0});
-        bool once = skipped + applied + resent == row.publish.diff.chunks;
-        out.all_ok = out.all_ok && once;
+        const uint64_t skipped = e.value("chunks_skipped", uint64_t{0});
+        const uint64_t applied = e.value("chunks_applied", uint64_t{0});
+        const uint64_t resent = e.value("chunks_resent", uint64_t{0});
+        crash.skipped = static_cast<int64_t>(skipped);
+        crash.applied = static_cast<int64_t>(applied);
+        crash.resent = static_cast<int64_t>(resent);
+        crash.once = skipped + applied + resent == row.publish.diff.chunks;
         row.events.push_back(fmt::format(
             "{} finished version {} after the restart: {} chunk(s) skipped "
             "(already applied), {} applied, {} re-sent{}",
-            fleet.at(victim).member, crash_version, skipped, applied, resent,
-            once ? fmt::format(" = all {} chunks, none applied twice",
-                               row.publish.diff.chunks)
-                 : fmt::format(" != {} chunks: AT-MOST-ONCE VIOLATED",
-                               row.publish.diff.chunks)));
+            crash.member, crash_version, skipped, applied, resent,
+            crash.once ? fmt::format(" = all {} chunks, none applied twice",
+                                     row.publish.diff.chunks)
+                       : fmt::format(" != {} chunks: AT-MOST-ONCE VIOLATED",
+                                     row.publish.diff.chunks)));
       }
     }
+    // A kill that happened must be followed by a resume that accounts for
+    // every chunk exactly once.
+    if (crash.killed) out.all_ok = out.all_ok && crash.once;
   }
   // Every receiver runs until the last version and exits by itself.
   auto deadline = Clock::now() + std::chrono::seconds(30);
@@ -854,9 +1063,294 @@ Result<Distribution> RunDistribution(const DemoArgs& args,
   return out;
 }
 
+// ------------------------------------------------------ section at scale
+//
+// One RL step of a synthetic model of a realistic size (synth.h: the same
+// generator as `refit bench` and `--synthetic`), published by this process
+// through a directory store to receivers on threads of this process, each
+// holding its own copy of the model in memory as an inference engine does
+// (ReceiverOptions::tensors: applied in place, nothing written back to a
+// file). Setup (generating, writing the publisher's baseline, copying the
+// model into the receivers, the RL step) is timed apart from the version.
+
+struct Scale {
+  std::string description;  // the model and the step
+  std::string store;
+  int receivers = 0;
+  double link_gbit = 0;
+  uint64_t chunk_bytes = 0;
+  double generate_seconds = 0;  // GenerateModel
+  // The publisher's baseline file and step 0 into every receiver's
+  // memory, side by side.
+  double copy_seconds = 0;
+  double step_seconds = 0;  // EvolveModel
+  VersionRow row;
+  bool all_ok = false;
+};
+
+Result<std::map<std::string, Digest>> Sha256Model(const SynthModel& model) {
+  std::map<std::string, Digest> digests;
+  for (const SynthTensor& t : model.tensors) {
+    REFIT_ASSIGN_OR_RETURN(
+        digests[t.name],
+        Sha256Of({reinterpret_cast<const uint8_t*>(t.data.data()),
+                  t.data.size() * sizeof(uint16_t)}));
+  }
+  return digests;
+}
+
+Result<Scale> RunScale(const DemoArgs& args, const SyncDemoArgs& sync,
+                       const ScratchDir& dir, ProgressBar* bar) {
+  using Clock = std::chrono::steady_clock;
+  if (!(args.rate > 0) || args.rate > 1) {
+    return InvalidArgumentError("--rate must be in (0, 1]");
+  }
+  Scale out;
+  out.receivers = sync.scale_receivers;
+  out.link_gbit = sync.link_gbit;
+  const std::string root = dir.File("scale");
+  std::error_code ec;
+  fs::create_directories(root, ec);
+  if (ec) return UnavailableError("cannot create " + root);
+
+  bar->Note("generating the synthetic model...");
+  Stopwatch generate;
+  SynthModel model = GenerateModel(
+      static_cast<uint64_t>(std::llround(sync.scale_mib * (1 << 20))),
+      args.seed);
+  out.generate_seconds = generate.Seconds();
+  // The publisher's baseline file and every receiver's copy of step 0,
+  // made side by side (one thread each).
+  bar->Note("writing the publisher's baseline, copying step0 into the "
+            "receivers...");
+  const std::string baseline = root + "/publisher.safetensors";
+  Stopwatch copy;
+  Status written;
+  std::vector<SynthModel> engines(static_cast<size_t>(sync.scale_receivers));
+  {
+    std::vector<std::thread> threads;
+    threads.emplace_back(
+        [&] { written = WriteModel(model, baseline, {{"step", "0"}}); });
+    for (SynthModel& engine : engines) {
+      threads.emplace_back([&] { engine = model; });
+    }
+    for (std::thread& t : threads) t.join();
+  }
+  REFIT_RETURN_IF_ERROR(written);
+  out.copy_seconds = copy.Seconds();
+  bar->Note("one RL step...");
+  Stopwatch step;
+  const uint64_t changed =
+      EvolveModel(&model, args.rate, args.seed * 1000003 + 1);
+  out.step_seconds = step.Seconds();
+  bar->Clear();
+  out.description = fmt::format(
+      "synthetic BF16 model ({} tensors, {}), one RL step changing {} of "
+      "its {} elements ({}), seed {}",
+      model.tensors.size(), HumanBytes(static_cast<double>(model.bytes())),
+      WithCommas(changed), WithCommas(model.elements()),
+      Percent(static_cast<double>(changed) /
+              static_cast<double>(model.elements())),
+      args.seed);
+
+  const std::string key_file = root + "/hmac.key";
+  REFIT_RETURN_IF_ERROR(WriteKeyFile(key_file));
+  REFIT_ASSIGN_OR_RETURN(Authenticator auth,
+                         Authenticator::FromKeyFile(key_file));
+  REFIT_ASSIGN_OR_RETURN(std::unique_ptr<ObjectStore> store,
+                         OpenObjectStore(root + "/store"));
+  out.store = store->Describe();
+  PublisherOptions popt;
+  for (int i = 0; i < sync.scale_receivers; ++i) {
+    popt.members.push_back(fmt::format("e{}", i));
+  }
+  popt.auth = auth;
+  popt.diff.threads = args.threads;
+  popt.vote_timeout_ms = 60000;
+  popt.poll_ms = 2;
+  out.chunk_bytes = popt.diff.chunk_bytes;
+  REFIT_ASSIGN_OR_RETURN(std::unique_ptr<Publisher> publisher,
+                         Publisher::Open(store.get(), baseline, popt));
+  std::vector<std::unique_ptr<Receiver>> receivers;
+  for (size_t i = 0; i < engines.size(); ++i) {
+    ReceiverOptions ropt;
+    ropt.member = popt.members[i];
+    for (SynthTensor& t : engines[i].tensors) {
+      ropt.tensors.push_back({t.name, "BF16", 2, t.shape,
+                              reinterpret_cast<uint8_t*>(t.data.data())});
+    }
+    ropt.state_dir = root + "/" + ropt.member + ".state";
+    fs::create_directories(ropt.state_dir, ec);
+    if (ec) return UnavailableError("cannot create " + ropt.state_dir);
+    ropt.auth = auth;
+    ropt.threads = args.threads;
+    ropt.poll_ms = 2;
+    REFIT_ASSIGN_OR_RETURN(std::unique_ptr<Receiver> r,
+                           Receiver::Open(store.get(), std::move(ropt)));
+    receivers.push_back(std::move(r));
+  }
+
+  bar->Note("publishing version 1...");
+  std::vector<Status> status(receivers.size());
+  std::vector<double> active(receivers.size(), 0);
+  const auto t0 = Clock::now();
+  std::vector<std::thread> followers;
+  for (size_t i = 0; i < receivers.size(); ++i) {
+    followers.emplace_back([&, i] {
+      Result<StepResult> r = receivers[i]->SyncTo(1, 120000);
+      active[i] = std::chrono::duration<double>(Clock::now() - t0).count();
+      if (!r.ok()) status[i] = r.status();
+    });
+  }
+  Result<PublishReport> report = publisher->Publish(1, model.Views());
+  for (std::thread& t : followers) t.join();
+  bar->Clear();
+  if (!report.ok()) return report.status().WithContext("publishing version 1");
+  for (size_t i = 0; i < receivers.size(); ++i) {
+    if (!status[i].ok()) {
+      return status[i].WithContext("receiver " + popt.members[i]);
+    }
+  }
+  if (!report->committed) {
+    return AbortedError("version 1 was aborted: " + report->reason);
+  }
+  out.row.version = 1;
+  out.row.publish = *report;
+  out.row.refit_seconds = *std::max_element(active.begin(), active.end());
+
+  // SHA-256 of the trainer's model, every receiver's and the publisher's
+  // baseline file, one thread each.
+  bar->Note("checking every receiver by SHA-256...");
+  using Digests = std::map<std::string, Digest>;
+  std::vector<Result<Digests>> digests(engines.size() + 2,
+                                       InternalError("not run"));
+  {
+    std::vector<std::thread> threads;
+    threads.emplace_back([&] { digests[0] = Sha256Model(model); });
+    threads.emplace_back([&] { digests[1] = Sha256Tensors(baseline); });
+    for (size_t i = 0; i < engines.size(); ++i) {
+      threads.emplace_back([&, i] { digests[i + 2] = Sha256Model(engines[i]); });
+    }
+    for (std::thread& t : threads) t.join();
+  }
+  for (const Result<Digests>& d : digests) REFIT_RETURN_IF_ERROR(d.status());
+  const Digests& want = *digests[0];
+  out.row.baseline_exact = *digests[1] == want;
+  for (size_t i = 2; i < digests.size(); ++i) {
+    out.row.receivers_exact += *digests[i] == want;
+  }
+  bar->Clear();
+  out.all_ok = out.row.baseline_exact &&
+               out.row.receivers_exact == engines.size();
+  return out;
+}
+
+// ---------------------------------------------------------------- output
+
 double Seconds(double bytes, double gbit) { return bytes * 8 / (gbit * 1e9); }
 
-void PrintDistribution(const Distribution& d) {
+// A version's times at the link: full = the full checkpoint's bytes over
+// it (computed); refit = the measured refit time, or the payload's time
+// over the link when that is longer.
+struct AtLink {
+  double full = 0;
+  double refit = 0;
+};
+AtLink TimesAtLink(const VersionRow& r, double gbit) {
+  return {Seconds(static_cast<double>(r.publish.diff.full_bytes), gbit),
+          std::max(r.refit_seconds,
+                   Seconds(static_cast<double>(r.publish.bytes_uploaded),
+                           gbit))};
+}
+
+void PrintTimesLegend(std::string_view where, double link_gbit) {
+  fmt::print(
+      "measured: refit = publish start -> every receiver has activated the "
+      "version (encode, upload, apply, vote, decision, activate), on this "
+      "machine ({}).\n"
+      "computed at {} Gbit/s: full = full bytes / link; refit@link = "
+      "max(measured refit, payload / link); speedup = full / refit@link.\n\n",
+      where, link_gbit);
+}
+
+void PrintVersionTable(const std::vector<VersionRow>& rows, int receivers,
+                       double link_gbit) {
+  fmt::print(
+      "{:<7} {:>8} {:>10} {:>10} {:>7} {:>9} {:>9} {:>9} {:>10} {:>10} "
+      "{:>8}  {}\n",
+      "version", "changed", "payload", "full", "ratio", "enc+upl", "commit",
+      "refit", "full@link", "refit@link", "speedup", "SHA-256 = trainer");
+  for (const VersionRow& r : rows) {
+    const DiffReport& diff = r.publish.diff;
+    double rate = diff.total_elements == 0
+                      ? 0.0
+                      : static_cast<double>(diff.changed_elements) /
+                            static_cast<double>(diff.total_elements);
+    const AtLink t = TimesAtLink(r, link_gbit);
+    fmt::print(
+        "{:<7} {:>8} {:>10} {:>10} {:>7} {:>9} {:>9} {:>9} {:>10} {:>10} "
+        "{:>8}  {}/{} receivers{}\n",
+        r.version, Percent(rate),
+        HumanBytes(static_cast<double>(r.publish.bytes_uploaded)),
+        HumanBytes(static_cast<double>(diff.full_bytes)),
+        Ratio(static_cast<double>(diff.full_bytes),
+              static_cast<double>(r.publish.bytes_uploaded)),
+        HumanSeconds(r.publish.encode_upload_seconds),
+        HumanSeconds(r.publish.commit_seconds), HumanSeconds(r.refit_seconds),
+        HumanSeconds(t.full), HumanSeconds(t.refit), Ratio(t.full, t.refit, 2),
+        r.receivers_exact, receivers,
+        r.baseline_exact ? ", publisher too" : ", PUBLISHER DIFFERS");
+    for (const std::string& e : r.events) fmt::print("        - {}\n", e);
+  }
+}
+
+std::string MiB(uint64_t bytes) {
+  return fmt::format("{:g} MiB", static_cast<double>(bytes) / (1 << 20));
+}
+
+// Why the first step's delta file and the first version in the store have
+// different sizes, from both sides' real numbers: the same kind of chunks
+// (cut at different chunk sizes), in two different containers.
+void PrintBytesBreakdown(const DiffReport& file, const Distribution& d) {
+  const VersionRow& v1 = d.rows.front();
+  const DiffReport& pub = v1.publish.diff;
+  const StoreBytes& b = d.first;
+  const uint64_t envelopes =
+      b.chunk_objects > pub.chunk_bytes ? b.chunk_objects - pub.chunk_bytes : 0;
+  auto kb = [](uint64_t bytes) {
+    return HumanBytes(static_cast<double>(bytes));
+  };
+  fmt::print(
+      "\nbytes: the delta file of step 0->1 and version 1 in the store hold "
+      "the same kind of chunks (payload + per-chunk header and range "
+      "hashes), cut at different sizes, in different containers:\n");
+  fmt::print(
+      "  delta file {:>9} = {} chunks of <= {}: {} ({} payload + {} chunk "
+      "headers) + {} file header, tensor table with hashes, chunk index and "
+      "the target's safetensors header\n",
+      kb(file.file_bytes), file.chunks, MiB(DiffOptions{}.chunk_bytes),
+      kb(file.chunk_bytes), kb(file.payload_bytes),
+      kb(file.chunk_bytes - file.payload_bytes),
+      kb(file.file_bytes - file.chunk_bytes));
+  const uint64_t listed = b.announcement + b.chunk_objects + b.manifest;
+  fmt::print(
+      "  store      {:>9} = {} chunks of <= {}: {} ({} payload + {} chunk "
+      "headers) + {} authentication envelopes ({} B per chunk object) + {} "
+      "announcement + {} manifest (every chunk's size and SHA-256, tensor "
+      "hashes before and after){}\n",
+      kb(v1.publish.bytes_uploaded), pub.chunks, MiB(d.chunk_bytes),
+      kb(pub.chunk_bytes), kb(pub.payload_bytes),
+      kb(pub.chunk_bytes - pub.payload_bytes), kb(envelopes),
+      b.chunks == 0 ? 0 : envelopes / b.chunks, kb(b.announcement),
+      kb(b.manifest),
+      listed == v1.publish.bytes_uploaded
+          ? ""
+          : fmt::format(" (objects listed: {}, not the bytes uploaded)",
+                        kb(listed)));
+}
+
+void PrintDistribution(const Distribution& d, const DiffReport& first_file,
+                       bool scale_follows) {
   if (d.transport == "relay") {
     fmt::print(
         "trainer (this process, the {}) -> {} `refit receive` processes in "
@@ -872,93 +1366,149 @@ void PrintDistribution(const Distribution& d) {
         "commit\n",
         d.receivers, d.store);
   }
-  if (!d.crash.empty()) fmt::print("crash: {}, then restarted\n", d.crash);
-  fmt::print(
-      "measured: refit = publish start -> every receiver's `active` file "
-      "names the version (encode, upload, apply, fsync, vote, decision, "
-      "activate), on this machine ({}).\n"
-      "computed at {} Gbit/s: full = full bytes / link; refit@link = "
-      "max(measured "
-      "refit, payload / link); speedup = full / refit@link.\n\n",
-      d.transport == "relay" ? "relay tree over loopback TCP" : "local store",
-      d.link_gbit);
-  fmt::print(
-      "{:<7} {:>8} {:>10} {:>10} {:>7} {:>9} {:>9} {:>9} {:>10} {:>10} "
-      "{:>8}  {}\n",
-      "version", "changed", "payload", "full", "ratio", "enc+upl", "commit",
-      "refit", "full@link", "refit@link", "speedup", "SHA-256 = trainer");
-  for (const VersionRow& r : d.rows) {
-    const DiffReport& diff = r.publish.diff;
-    double rate = diff.total_elements == 0
-                      ? 0.0
-                      : static_cast<double>(diff.changed_elements) /
-                            static_cast<double>(diff.total_elements);
-    double full = Seconds(static_cast<double>(diff.full_bytes), d.link_gbit);
-    double at_link = std::max(
-        r.refit_seconds,
-        Seconds(static_cast<double>(r.publish.bytes_uploaded), d.link_gbit));
+  const Crash& c = d.crash;
+  if (c.version > 0 && c.by_demo) {
     fmt::print(
-        "{:<7} {:>8} {:>10} {:>10} {:>7} {:>9} {:>9} {:>9} {:>10} {:>10} "
-        "{:>8}  {}/{} receivers{}\n",
-        r.version, Percent(rate),
-        HumanBytes(static_cast<double>(r.publish.bytes_uploaded)),
-        HumanBytes(static_cast<double>(diff.full_bytes)),
-        Ratio(static_cast<double>(diff.full_bytes),
-              static_cast<double>(r.publish.bytes_uploaded)),
-        HumanSeconds(r.publish.encode_upload_seconds),
-        HumanSeconds(r.publish.commit_seconds), HumanSeconds(r.refit_seconds),
-        HumanSeconds(full), HumanSeconds(at_link), Ratio(full, at_link, 2),
-        r.receivers_exact, d.receivers,
-        r.baseline_exact ? ", publisher too" : ", PUBLISHER DIFFERS");
-    for (const std::string& e : r.events) fmt::print("        - {}\n", e);
+        "crash: {} is SIGKILLed by the demo once its journal records {} "
+        "applied chunk(s) of version {} (the upload of that version's chunk "
+        "{} onward waits until then), then restarted\n",
+        c.member, c.after_chunks, c.version, c.after_chunks);
+  } else if (c.version > 0) {
+    fmt::print(
+        "crash: {} dies by SIGKILL at crash point {} (REFIT_CRASH_AT) in "
+        "version {}, then restarted\n",
+        c.member, c.point, c.version);
   }
+  PrintTimesLegend(d.transport == "relay" ? "relay tree over loopback TCP, "
+                                            "checkpoint files msynced and "
+                                            "fsynced"
+                                          : "local store, checkpoint files "
+                                            "msynced and fsynced",
+                   d.link_gbit);
+  PrintVersionTable(d.rows, d.receivers, d.link_gbit);
   bool slower = false;
   for (const VersionRow& r : d.rows) {
-    slower =
-        slower || r.refit_seconds >
-                      Seconds(static_cast<double>(r.publish.diff.full_bytes),
-                              d.link_gbit);
+    const AtLink t = TimesAtLink(r, d.link_gbit);
+    slower = slower || t.refit > t.full;
   }
   if (slower) {
     fmt::print(
         "note: where speedup < 1x the measured refit time is mostly a fixed "
         "cost per version (fsync of every stored object, msync + fsync of "
         "each checkpoint, vote and decision polling), not bytes; it does not "
-        "grow with the model, while full@link does (column ratio).\n");
+        "grow with the model, while full@link does (column ratio){}.\n",
+        scale_follows ? ": section 3 shows a model of a realistic size" : "");
   }
+  if (!d.rows.empty()) PrintBytesBreakdown(first_file, d);
+}
+
+void PrintScale(const Scale& s) {
+  const bool one = s.receivers == 1;
+  fmt::print(
+      "trainer (this process) -> {} on {} of this process, {} its own copy "
+      "of the model in memory as an inference engine does, through the "
+      "directory store {} (HMAC-SHA256 authenticated, {} chunks); {} chunks "
+      "as they land, votes, and activates after the joint commit\n",
+      one ? "1 receiver" : fmt::format("{} receivers", s.receivers),
+      one ? "a thread" : "threads", one ? "holding" : "each holding", s.store,
+      MiB(s.chunk_bytes), one ? "it applies" : "each applies");
+  fmt::print(
+      "setup, not in the times below: generate {}, write the publisher's "
+      "baseline file and copy step0 into {} {}, RL step {}\n",
+      HumanSeconds(s.generate_seconds),
+      one ? "the receiver" : "every receiver", HumanSeconds(s.copy_seconds),
+      HumanSeconds(s.step_seconds));
+  PrintTimesLegend("receiver memory on the same cores as the encoder",
+                   s.link_gbit);
+  PrintVersionTable({s.row}, s.receivers, s.link_gbit);
+  const AtLink t = TimesAtLink(s.row, s.link_gbit);
+  fmt::print(
+      "at {}, refit brings {} to the new version in {} where sending the "
+      "full checkpoint over {} Gbit/s takes {}: {}\n",
+      HumanBytes(static_cast<double>(s.row.publish.diff.full_bytes)),
+      one ? "the receiver" : "every receiver", HumanSeconds(t.refit),
+      s.link_gbit, HumanSeconds(t.full),
+      t.full >= t.refit
+          ? Ratio(t.full, t.refit, 2) + " faster"
+          : "slower; at this size the fixed costs per version still "
+            "dominate (--scale-mib)");
+}
+
+Json VersionJson(const VersionRow& r, double link_gbit) {
+  const DiffReport& diff = r.publish.diff;
+  const AtLink t = TimesAtLink(r, link_gbit);
+  return {{"version", r.version},
+          {"total_elements", diff.total_elements},
+          {"changed_elements", diff.changed_elements},
+          {"chunks", diff.chunks},
+          {"payload_bytes", r.publish.bytes_uploaded},
+          {"chunk_payload_bytes", diff.payload_bytes},
+          {"chunk_bytes", diff.chunk_bytes},
+          {"full_bytes", diff.full_bytes},
+          {"encode_upload_seconds", r.publish.encode_upload_seconds},
+          {"commit_seconds", r.publish.commit_seconds},
+          {"refit_seconds_measured", r.refit_seconds},
+          {"full_seconds_at_link_computed", t.full},
+          {"refit_seconds_at_link_computed", t.refit},
+          {"speedup_at_link_computed", t.refit > 0 ? t.full / t.refit : 0.0},
+          {"committed", r.publish.committed},
+          {"receivers_bit_exact", r.receivers_exact},
+          {"publisher_bit_exact", r.baseline_exact},
+          {"events", r.events}};
 }
 
 Json DistributionJson(const Distribution& d) {
   Json versions = Json::array();
   for (const VersionRow& r : d.rows) {
-    const DiffReport& diff = r.publish.diff;
-    double full = Seconds(static_cast<double>(diff.full_bytes), d.link_gbit);
-    double at_link = std::max(
-        r.refit_seconds,
-        Seconds(static_cast<double>(r.publish.bytes_uploaded), d.link_gbit));
-    versions.push_back(
-        {{"version", r.version},
-         {"total_elements", diff.total_elements},
-         {"changed_elements", diff.changed_elements},
-         {"chunks", diff.chunks},
-         {"payload_bytes", r.publish.bytes_uploaded},
-         {"full_bytes", diff.full_bytes},
-         {"encode_upload_seconds", r.publish.encode_upload_seconds},
-         {"commit_seconds", r.publish.commit_seconds},
-         {"refit_seconds_measured", r.refit_seconds},
-         {"full_seconds_at_link_computed", full},
-         {"refit_seconds_at_link_computed", at_link},
-         {"speedup_at_link_computed", at_link > 0 ? full / at_link : 0.0},
-         {"committed", r.publish.committed},
-         {"receivers_bit_exact", r.receivers_exact},
-         {"publisher_bit_exact", r.baseline_exact},
-         {"events", r.events}});
+    versions.push_back(VersionJson(r, d.link_gbit));
   }
-  return {{"store", d.store},         {"transport", d.transport},
-          {"fanout", d.fanout},       {"tree", d.tree},
-          {"receivers", d.receivers}, {"link_gbit", d.link_gbit},
-          {"crash", d.crash},         {"ok", d.all_ok},
+  const Crash& c = d.crash;
+  Json crash = nullptr;
+  if (c.version > 0) {
+    crash = {{"version", c.version},
+             {"member", c.member},
+             {"by", c.by_demo ? "demo" : "crash_point"},
+             {"after_chunks", c.after_chunks},
+             {"crash_point", c.point},
+             {"killed", c.killed},
+             {"chunks_applied_at_kill", c.applied_at_kill},
+             {"chunks_journaled_at_restart", c.journaled_at_restart},
+             {"chunks_skipped_after_restart", c.skipped},
+             {"chunks_applied_after_restart", c.applied},
+             {"chunks_resent_after_restart", c.resent},
+             {"at_most_once", c.once}};
+  }
+  const StoreBytes& b = d.first;
+  Json first = {{"announcement_bytes", b.announcement},
+                {"chunk_objects", b.chunks},
+                {"chunk_object_bytes", b.chunk_objects},
+                {"manifest_bytes", b.manifest},
+                {"coordination_objects", b.coordination_objects},
+                {"coordination_bytes", b.coordination}};
+  return {{"store", d.store},
+          {"transport", d.transport},
+          {"fanout", d.fanout},
+          {"tree", d.tree},
+          {"receivers", d.receivers},
+          {"link_gbit", d.link_gbit},
+          {"chunk_bytes", d.chunk_bytes},
+          {"crash", crash},
+          {"first_version_objects", first},
+          {"ok", d.all_ok},
           {"versions", versions}};
+}
+
+Json ScaleJson(const Scale& s) {
+  return {{"description", s.description},
+          {"store", s.store},
+          {"receivers", s.receivers},
+          {"link_gbit", s.link_gbit},
+          {"chunk_bytes", s.chunk_bytes},
+          {"generate_seconds", s.generate_seconds},
+          {"copy_seconds", s.copy_seconds},
+          {"step_seconds", s.step_seconds},
+          {"ok", s.all_ok},
+          {"version", VersionJson(s.row, s.link_gbit)}};
 }
 
 }  // namespace
@@ -972,6 +1522,13 @@ int RunDemo(const DemoArgs& args) {
 int RunSyncDemo(const DemoArgs& args, const SyncDemoArgs& sync) {
   constexpr std::string_view kCmd = "demo";
   ProgressBar bar;
+  if (!sync.codec_only) {
+    // A --crash-at this build cannot do fails before any work is done.
+    Crash crash;
+    if (Status s = ParseCrashAt(sync.crash_at, &crash); !s.ok()) {
+      return Fail(kCmd, s, args.json);
+    }
+  }
   Result<ScratchDir> dir = ScratchDir::Create("refit-demo");
   if (!dir.ok()) return Fail(kCmd, dir.status(), args.json);
   bool notice = false;
@@ -1003,9 +1560,26 @@ int RunSyncDemo(const DemoArgs& args, const SyncDemoArgs& sync) {
       return Fail(kCmd, d.status().WithContext("distribution"), args.json);
     }
     dist = std::move(*d);
-    if (!args.json) PrintDistribution(*dist);
+    if (!args.json) {
+      PrintDistribution(*dist, codec->front().diff, sync.scale_mib > 0);
+    }
   }
-  bool all_ok = codec_ok && (!dist || dist->all_ok);
+  std::optional<Scale> scale;
+  if (!sync.codec_only && sync.scale_mib > 0) {
+    if (!args.json) {
+      fmt::print("\n3. at scale: one RL step of a model of realistic size\n");
+      std::fflush(stdout);
+    }
+    Result<Scale> s = RunScale(args, sync, *dir, &bar);
+    if (!s.ok()) return Fail(kCmd, s.status().WithContext("at scale"), args.json);
+    scale = std::move(*s);
+    if (!args.json) {
+      fmt::print("{}\n", scale->description);
+      PrintScale(*scale);
+    }
+  }
+  bool all_ok =
+      codec_ok && (!dist || dist->all_ok) && (!scale || scale->all_ok);
 
   if (args.json) {
     Json j;
@@ -1015,6 +1589,7 @@ int RunSyncDemo(const DemoArgs& args, const SyncDemoArgs& sync) {
     j["description"] = trajectory->description;
     j["steps"] = CodecStepsJson(*codec);
     if (dist) j["distribution"] = DistributionJson(*dist);
+    if (scale) j["scale"] = ScaleJson(*scale);
     PrintJson(j);
   } else {
     fmt::print("\n{}\n",

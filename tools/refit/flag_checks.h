@@ -64,6 +64,22 @@ inline CLI::Validator NumberAbove(double lo, double hi) {
       fmt::format("({:g}..{:g}]", lo, hi));
 }
 
+// A number in [lo, hi].
+inline CLI::Validator NumberIn(double lo, double hi) {
+  return CLI::Validator(
+      [lo, hi](std::string& input) -> std::string {
+        double value = 0;
+        const char* end = input.data() + input.size();
+        auto [ptr, ec] = std::from_chars(input.data(), end, value);
+        if (ec == std::errc() && ptr == end && value >= lo && value <= hi) {
+          return "";
+        }
+        return fmt::format("{} is not a number in [{:g}, {:g}]", input, lo,
+                           hi);
+      },
+      fmt::format("[{:g}..{:g}]", lo, hi));
+}
+
 }  // namespace refit::cli
 
 #endif  // REFIT_TOOLS_REFIT_FLAG_CHECKS_H_

@@ -192,7 +192,8 @@ int Main(int argc, char** argv) {
       "synthetic one): diff each step, patch a copy of step0 in place, and "
       "check every tensor by SHA-256; then publish every step through a "
       "store to receiver processes (one killed and restarted mid-version), "
-      "with timings and SHA-256 checks of every receiver.");
+      "with timings and SHA-256 checks of every receiver; then publish one "
+      "RL step of a synthetic model of realistic size (--scale-mib).");
   demo_cmd->add_option("--fixtures", demo.fixtures,
                        "folder holding qwen2-tiny/ (or step0.safetensors, "
                        "...); default: $REFIT_FIXTURES_DIR, then "
@@ -206,7 +207,8 @@ int Main(int argc, char** argv) {
       ->capture_default_str();
   demo_cmd
       ->add_option("--rate", demo.rate,
-                   "synthetic fraction of elements changed per step")
+                   "fraction of elements changed per synthetic step "
+                   "(--synthetic, and the section at scale)")
       ->capture_default_str();
   demo_cmd->add_option("--seed", demo.seed, "synthetic generator seed")
       ->capture_default_str()

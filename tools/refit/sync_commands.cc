@@ -1445,14 +1445,28 @@ void RegisterSyncDemoOptions(CLI::App* demo_cmd, DemoArgs* demo,
       ->capture_default_str();
   demo_cmd
       ->add_option("--crash-at", sync->crash_at,
-                   "where it dies: a crash point (REFIT_CRASH_AT=name[:n], "
-                   "not in Release builds), or 'parent' for a SIGKILL "
-                   "from the demo once its journal exists")
+                   "where it dies: chunks:N for a SIGKILL from the demo once "
+                   "its journal records N applied chunks of the version (the "
+                   "upload of the rest waits until then), or a crash point "
+                   "(REFIT_CRASH_AT=name[:n], not in Release builds)")
       ->capture_default_str();
   demo_cmd
       ->add_option("--chunk-mib", sync->chunk_mib,
-                   "chunk size of the published versions, in MiB")
+                   "chunk size of the versions of the distribution section, "
+                   "in MiB (the section at scale uses the library's 8 MiB)")
       ->capture_default_str();
+  demo_cmd
+      ->add_option("--scale-mib", sync->scale_mib,
+                   "size of the synthetic model of the section at scale, in "
+                   "MiB (0: skip that section); one RL step at --rate")
+      ->capture_default_str()
+      ->check(NumberIn(0, 1e6));
+  demo_cmd
+      ->add_option("--scale-receivers", sync->scale_receivers,
+                   "receivers of the section at scale (each holds a copy of "
+                   "the model in memory)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 64));
 }
 
 int RunKeygen(const KeygenArgs& args) {

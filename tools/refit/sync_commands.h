@@ -103,8 +103,15 @@ struct SyncDemoArgs {
   int fanout = 2;                   // of the relay tree
   double link_gbit = 1.0;  // link speed for the computed transfer times
   int crash_version = -1;  // -1: the middle version; 0: no crash
-  std::string crash_at = "receiver.after-chunk:3";
+  // "chunks:N": the demo SIGKILLs the receiver once its journal records N
+  // applied chunks of the version (any build); otherwise a crash point
+  // (REFIT_CRASH_AT, builds other than Release).
+  std::string crash_at = "chunks:3";
   double chunk_mib = 1;
+  // The section at scale: a synthetic model of this many MiB (0: none),
+  // one RL step, to this many receivers holding their weights in memory.
+  double scale_mib = 2048;
+  int scale_receivers = 1;
 };
 int RunSyncDemo(const DemoArgs& demo, const SyncDemoArgs& sync);
 
