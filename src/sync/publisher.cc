@@ -416,6 +416,73 @@ Status Publisher::AbortSuperseded(uint64_t version) {
   return Status();
 }
 
+// Votes, with re-sends served while they come in, then the one decision
+// (docs/protocol.md, "Publisher", steps 5-6): the one written, or the one
+// another coordinator wrote first.
+Result<Decision> Publisher::VoteAndDecide(uint64_t version, const Manifest& m,
+                                          const std::vector<TensorView>& target,
+                                          PublishReport* report) {
+  auto start = Clock::now();
+  std::map<std::string, Vote> votes;
+  bool any_failed = false;
+  while (votes.size() < opt_.members.size() && !any_failed &&
+         ElapsedMs(start) <= opt_.vote_timeout_ms) {
+    for (const std::string& member : opt_.members) {
+      if (votes.count(member)) continue;
+      auto v = store_->Get(VoteKey(version, member));
+      if (!v.ok()) {
+        if (v.status().code() != StatusCode::kNotFound) return v.status();
+        continue;
+      }
+      auto body = opt_.auth.OpenMember(*v);
+      if (!body.ok()) continue;  // forged or damaged: not a vote
+      auto vote = DecodeVote(*body);
+      if (!vote.ok()) continue;
+      votes[member] = *vote;
+      any_failed = any_failed || !vote->ready;
+    }
+    REFIT_RETURN_IF_ERROR(ServeRequests(version, m.tensors, &target, &report->resends_served));
+    if (votes.size() < opt_.members.size() && !any_failed) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(opt_.poll_ms));
+    }
+  }
+  Decision d;
+  d.version = version;
+  std::vector<std::string> missing, failed;
+  for (const std::string& member : opt_.members) {
+    auto it = votes.find(member);
+    if (it == votes.end()) {
+      missing.push_back(member);
+    } else if (!it->second.ready) {
+      failed.push_back(member + ": " + it->second.message);
+    }
+  }
+  if (missing.empty() && failed.empty()) {
+    d.commit = true;
+  } else if (opt_.policy == DeadlinePolicy::kDrop && failed.empty() &&
+             missing.size() < opt_.members.size()) {
+    d.commit = true;
+    d.dropped = missing;
+    d.reason = "dropped after the vote deadline: " + std::to_string(missing.size()) +
+               " member(s)";
+  } else {
+    d.commit = false;
+    d.reason = !failed.empty() ? "member failed: " + failed.front()
+                               : "no vote from " + std::to_string(missing.size()) +
+                                     " member(s) by the deadline, first '" +
+                                     missing.front() + "'";
+  }
+  Status put = store_->PutIfAbsent(DecisionKey(version), opt_.auth.Seal(EncodeDecision(d)));
+  if (put.code() == StatusCode::kAlreadyExists) {
+    REFIT_ASSIGN_OR_RETURN(auto bytes, store_->Get(DecisionKey(version)));
+    REFIT_ASSIGN_OR_RETURN(auto body, opt_.auth.Open(bytes));
+    REFIT_ASSIGN_OR_RETURN(d, DecodeDecision(body));
+  } else {
+    REFIT_RETURN_IF_ERROR(put);
+  }
+  return d;
+}
+
 Result<PublishReport> Publisher::Publish(uint64_t version,
                                          const std::vector<TensorView>& target) {
   auto t0 = Clock::now();
@@ -497,65 +564,8 @@ Result<PublishReport> Publisher::Publish(uint64_t version,
     report.encode_upload_seconds =
         std::chrono::duration<double>(Clock::now() - t0).count();
 
-    // Votes, with re-sends served while we wait.
     auto t1 = Clock::now();
-    std::map<std::string, Vote> votes;
-    bool any_failed = false;
-    while (votes.size() < opt_.members.size() && !any_failed &&
-           ElapsedMs(t1) <= opt_.vote_timeout_ms) {
-      for (const std::string& member : opt_.members) {
-        if (votes.count(member)) continue;
-        auto v = store_->Get(VoteKey(version, member));
-        if (!v.ok()) {
-          if (v.status().code() != StatusCode::kNotFound) return v.status();
-          continue;
-        }
-        auto body = opt_.auth.OpenMember(*v);
-        if (!body.ok()) continue;  // forged or damaged: not a vote
-        auto vote = DecodeVote(*body);
-        if (!vote.ok()) continue;
-        votes[member] = *vote;
-        any_failed = any_failed || !vote->ready;
-      }
-      REFIT_RETURN_IF_ERROR(ServeRequests(version, m.tensors, &target, &report.resends_served));
-      if (votes.size() < opt_.members.size() && !any_failed) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(opt_.poll_ms));
-      }
-    }
-    Decision d;
-    d.version = version;
-    std::vector<std::string> missing, failed;
-    for (const std::string& member : opt_.members) {
-      auto it = votes.find(member);
-      if (it == votes.end()) {
-        missing.push_back(member);
-      } else if (!it->second.ready) {
-        failed.push_back(member + ": " + it->second.message);
-      }
-    }
-    if (missing.empty() && failed.empty()) {
-      d.commit = true;
-    } else if (opt_.policy == DeadlinePolicy::kDrop && failed.empty() &&
-               missing.size() < opt_.members.size()) {
-      d.commit = true;
-      d.dropped = missing;
-      d.reason = "dropped after the vote deadline: " + std::to_string(missing.size()) +
-                 " member(s)";
-    } else {
-      d.commit = false;
-      d.reason = !failed.empty() ? "member failed: " + failed.front()
-                                 : "no vote from " + std::to_string(missing.size()) +
-                                       " member(s) by the deadline, first '" +
-                                       missing.front() + "'";
-    }
-    Status put = store_->PutIfAbsent(DecisionKey(version), opt_.auth.Seal(EncodeDecision(d)));
-    if (put.code() == StatusCode::kAlreadyExists) {
-      REFIT_ASSIGN_OR_RETURN(auto bytes, store_->Get(DecisionKey(version)));
-      REFIT_ASSIGN_OR_RETURN(auto body, opt_.auth.Open(bytes));
-      REFIT_ASSIGN_OR_RETURN(d, DecodeDecision(body));
-    } else {
-      REFIT_RETURN_IF_ERROR(put);
-    }
+    REFIT_ASSIGN_OR_RETURN(Decision d, VoteAndDecide(version, m, target, &report));
     decision = d;
     report.commit_seconds = std::chrono::duration<double>(Clock::now() - t1).count();
   }

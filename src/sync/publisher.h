@@ -120,6 +120,10 @@ class Publisher {
   Status TargetMatches(const Manifest& m, const std::vector<TensorView>& target);
   Status ServeRequests(uint64_t version, const std::vector<TensorEntry>& tensors,
                        const std::vector<TensorView>* target, uint64_t* served);
+  // Collects the members' votes on `version` (manifest `m` stored),
+  // serving re-sends meanwhile, and writes or reads its decision.
+  Result<Decision> VoteAndDecide(uint64_t version, const Manifest& m,
+                                 const std::vector<TensorView>& target, PublishReport* report);
   // Writes an abort decision for every announced, undecided version
   // between the committed one and `version`.
   Status AbortSuperseded(uint64_t version);

@@ -32,6 +32,11 @@
 
 namespace refit {
 
+namespace internal {
+class FoldApply;
+class VersionApply;
+}  // namespace internal
+
 struct ReceiverOptions {
   std::string member;      // this receiver's name in the membership
   std::string checkpoint;  // safetensors file or checkpoint directory
@@ -150,6 +155,11 @@ class Receiver {
   Result<StepResult> SyncTo(uint64_t version, int timeout_ms);
 
  private:
+  // The parts of a step (sync/version_apply.h, sync/fold_apply.h) use the
+  // store, the options and the counters below.
+  friend class internal::FoldApply;
+  friend class internal::VersionApply;
+
   Receiver(ObjectStore* store, ReceiverOptions options)
       : store_(store), opt_(std::move(options)) {}
   // Applies version `a` (voting when `vote`); when it cannot be applied

@@ -1,0 +1,102 @@
+#include "sync/apply_pool.h"
+
+#include <algorithm>
+#include <utility>
+
+namespace refit::internal {
+
+int ApplyThreads(int requested) {
+  return requested > 0 ? requested
+                       : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+}
+
+ApplyPool::ApplyPool(int threads) : threads_(std::max(1, threads)) {
+  if (threads_ == 1) return;
+  for (int i = 0; i < threads_; ++i) workers_.emplace_back([this] { Work(); });
+}
+
+ApplyPool::~ApplyPool() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  for (auto& w : workers_) w.join();
+}
+
+void ApplyPool::Submit(Job job) {
+  if (workers_.empty()) {
+    Done d{std::move(job), Status(), {}, 0};
+    Run(&d, &scratch_);
+    std::lock_guard<std::mutex> lock(mu_);
+    ++in_flight_;
+    pending_.push_back({d.job.tensor, d.job.offset, d.job.length});
+    done_.push_back(std::move(d));
+    return;
+  }
+  std::unique_lock<std::mutex> lock(mu_);
+  // Jobs finished but not drained do not count: the caller drains them.
+  cv_.wait(lock, [&] {
+    return in_flight_ - done_.size() < 2 * static_cast<size_t>(threads_);
+  });
+  ++in_flight_;
+  pending_.push_back({job.tensor, job.offset, job.length});
+  queue_.push_back(std::move(job));
+  cv_.notify_all();
+}
+
+std::vector<ApplyPool::Done> ApplyPool::Drain(bool all) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (all) cv_.wait(lock, [&] { return in_flight_ == done_.size(); });
+  std::vector<Done> out = std::move(done_);
+  done_.clear();
+  in_flight_ -= out.size();
+  for (const Done& d : out) {
+    auto it = std::find(pending_.begin(), pending_.end(),
+                        Span{d.job.tensor, d.job.offset, d.job.length});
+    if (it != pending_.end()) pending_.erase(it);
+  }
+  cv_.notify_all();
+  return out;
+}
+
+bool ApplyPool::Pending(size_t tensor, uint64_t offset, uint64_t length) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const Span& p : pending_) {
+    if (p.tensor == tensor && p.offset < offset + length && offset < p.offset + p.length) {
+      return true;
+    }
+  }
+  return false;
+}
+
+void ApplyPool::Run(Done* d, ApplyScratch* scratch) {
+  for (const ParsedChunk& c : d->job.chunks) {
+    UndoRecord undo;
+    d->status = ApplyChunkInPlace(c, d->job.data, scratch, nullptr, &undo);
+    if (!d->status.ok()) return;
+    d->undo.push_back(std::move(undo));
+    ++d->applied;
+  }
+}
+
+void ApplyPool::Work() {
+  ApplyScratch scratch;
+  for (;;) {
+    Job job;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return !queue_.empty() || stop_; });
+      if (stop_) return;
+      job = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    Done d{std::move(job), Status(), {}, 0};
+    Run(&d, &scratch);
+    std::lock_guard<std::mutex> lock(mu_);
+    done_.push_back(std::move(d));
+    cv_.notify_all();
+  }
+}
+
+}  // namespace refit::internal

@@ -1,0 +1,164 @@
+#include "sync/bound_tensors.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+
+namespace refit::internal {
+namespace {
+
+bool Describes(const TensorEntry& e, const std::string& dtype,
+               const std::vector<uint64_t>& shape, int width) {
+  return dtype == e.dtype && shape == e.shape && width == e.width;
+}
+
+}  // namespace
+
+Result<BoundTensors> BindTensors(const std::string& checkpoint,
+                                 const std::vector<MutableTensorView>& tensors,
+                                 const std::vector<TensorEntry>& table, uint64_t version) {
+  BoundTensors b;
+  const std::string what = checkpoint.empty() ? "the receiver's in-memory tensors"
+                                              : "checkpoint '" + checkpoint + "'";
+  size_t have = tensors.size();
+  if (!checkpoint.empty()) {
+    REFIT_ASSIGN_OR_RETURN(Checkpoint ckpt,
+                           Checkpoint::Open(checkpoint, Checkpoint::Mode::kReadWrite));
+    b.ckpt.emplace(std::move(ckpt));
+    have = b.ckpt->tensors().size();
+  }
+  if (have != table.size()) {
+    return FailedPreconditionError(what + " has " + std::to_string(have) +
+                                   " tensors but version " + std::to_string(version) +
+                                   " has " + std::to_string(table.size()) +
+                                   "; it is not this model");
+  }
+  for (const TensorEntry& e : table) {
+    uint8_t* data = nullptr;
+    bool ok = false;
+    if (b.ckpt) {
+      const TensorInfo* t = b.ckpt->Find(e.name);
+      if (t != nullptr && Describes(e, t->dtype, t->shape, t->element_width)) {
+        size_t idx = *b.ckpt->IndexOf(e.name);
+        b.ckpt_index.push_back(idx);
+        data = b.ckpt->MutableData(idx).data();
+        ok = true;
+      }
+    } else {
+      for (const MutableTensorView& v : tensors) {
+        if (v.name == e.name && Describes(e, v.dtype, v.shape, v.width) &&
+            (v.data != nullptr || e.num_elements == 0)) {
+          data = v.data;
+          ok = true;
+          break;
+        }
+      }
+    }
+    if (!ok) {
+      return FailedPreconditionError(what + " lacks tensor '" + e.name + "' as version " +
+                                     std::to_string(version) + " describes it");
+    }
+    b.data.push_back(data);
+    b.bytes.push_back(e.num_elements * e.width);
+  }
+  return b;
+}
+
+Hash128 Digests::Ensure(const BoundTensors& b, size_t t) {
+  if (!known_[t]) {
+    const uint64_t n = b.bytes[t];
+    std::vector<Hash128>& d = digests_[t];
+    uint64_t off = 0;
+    do {
+      uint64_t len = std::min<uint64_t>(kRangeHashSegment, n - off);
+      d.push_back(HashBytes(b.data[t] + off, len));
+      off += len;
+    } while (off < n);
+    known_[t] = true;
+    stale_[t].assign(d.size(), false);
+  }
+  return HashSegmentDigests(digests_[t].data(), digests_[t].size());
+}
+
+Hash128 Digests::Range(const BoundTensors& b, size_t t, uint64_t offset,
+                       uint64_t length) const {
+  if (!known_[t] || length == 0 || offset % kRangeHashSegment != 0 ||
+      (length % kRangeHashSegment != 0 && offset + length != b.bytes[t])) {
+    return b.Range(t, offset, length);
+  }
+  const size_t first = offset / kRangeHashSegment;
+  const size_t n = (length + kRangeHashSegment - 1) / kRangeHashSegment;
+  for (size_t i = first; i < first + n; ++i) {
+    if (stale_[t][i]) return b.Range(t, offset, length);
+  }
+  return HashSegmentDigests(digests_[t].data() + first, n);
+}
+
+void Digests::Written(size_t t, uint64_t offset, uint64_t length) {
+  if (!known_[t] || length == 0) return;
+  const size_t last = std::min<size_t>((offset + length - 1) / kRangeHashSegment,
+                                       stale_[t].size() - 1);
+  for (size_t i = offset / kRangeHashSegment; i <= last; ++i) stale_[t][i] = true;
+}
+
+Status BaseCheck::Through(size_t upto) {
+  for (; next_ <= upto && next_ < base_.size(); ++next_) {
+    const size_t t = next_;
+    const bool at_base = digests_->Ensure(b_, t) == base_[t].before;
+    if (!resume_ && !at_base) {
+      return DataLossError("tensor '" + base_[t].name + "' is not at " + of_ +
+                           " (it does not hash to the announced base): the local model "
+                           "was changed (resync this receiver), or the publisher's "
+                           "baseline is not that version");
+    }
+    digests_->SetCovered(t, at_base && !resume_);
+  }
+  return Status();
+}
+
+Flusher::Flusher(const BoundTensors& b) : b_(b) {
+  if (!b_.ckpt) return;
+  for (const CheckpointFile& f : b_.ckpt->files()) {
+    fds_.push_back(open(f.path.c_str(), O_RDONLY | O_CLOEXEC));
+  }
+  thread_ = std::thread([this] { Run(); });
+}
+
+Flusher::~Flusher() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    done_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+  for (int fd : fds_) {
+    if (fd >= 0) close(fd);
+  }
+}
+
+void Flusher::Add(size_t t, uint64_t offset, uint64_t length) {
+  if (!b_.ckpt) return;
+  const TensorInfo& info = b_.ckpt->tensors()[b_.ckpt_index[t]];
+  if (info.file_index >= fds_.size() || fds_[info.file_index] < 0) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  queue_.push_back({fds_[info.file_index], info.offset + offset, length});
+  cv_.notify_all();
+}
+
+void Flusher::Run() {
+  for (;;) {
+    Range r;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return !queue_.empty() || done_; });
+      if (done_) return;  // what is left is written by the flush
+      r = queue_.front();
+      queue_.pop_front();
+    }
+    (void)sync_file_range(r.fd, static_cast<off64_t>(r.offset),
+                          static_cast<off64_t>(r.length), SYNC_FILE_RANGE_WRITE);
+  }
+}
+
+}  // namespace refit::internal

@@ -1,0 +1,476 @@
+#include "sync/version_apply.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "base/hash.h"
+#include "delta/chunk.h"
+#include "sync/chunk_check.h"
+#include "sync/crash_point.h"
+
+namespace refit::internal {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// In how many consecutive steps the store must return the same bytes for a
+// chunk that fails its checks before the failure is the version's (the
+// receiver votes failed): a damaged read differs from read to read, a
+// damaged object does not.
+constexpr int kPersistentBadReads = 4;
+
+// Chunks of a version that may have been written: all of them.
+constexpr uint64_t kAllChunks = UINT64_MAX;
+
+int ElapsedMs(Clock::time_point since) {
+  return static_cast<int>(
+      std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - since).count());
+}
+
+double SecondsSince(Clock::time_point since) {
+  return std::chrono::duration<double>(Clock::now() - since).count();
+}
+
+}  // namespace
+
+VersionApply::VersionApply(Receiver* receiver, const Announcement& a,
+                           const Sha256& announcement_sha, bool vote, bool resume,
+                           std::string journal_path, Receiver::VersionFailure* failure)
+    : r_(*receiver),
+      opt_(receiver->opt_),
+      a_(a),
+      announcement_sha_(announcement_sha),
+      vote_(vote),
+      resume_(resume),
+      journal_path_(std::move(journal_path)),
+      failure_(failure),
+      V_(std::to_string(a.version)) {}
+
+Result<StepResult> VersionApply::Run() {
+  t0_ = Clock::now();
+  result_.version = a_.version;
+  result_.versions_folded = 1;
+  if (!resume_) REFIT_RETURN_IF_ERROR(CheckAnnouncedBase());
+  REFIT_RETURN_IF_ERROR(OpenJournalAndBind());
+  REFIT_ASSIGN_OR_RETURN(decision_, r_.ReadDecision(a_.version));
+  digests_.emplace(a_.tensors.size());
+  flusher_.emplace(*b_);
+  if (decision_ && !decision_->commit) return Aborted();
+  if (state_->failed) return AfterFailedVote();
+
+  base_check_.emplace(*b_, &*digests_, a_.tensors, resume_, a_.base_version, "version " + V_);
+  pool_.emplace(ApplyThreads(opt_.threads));
+  // Whatever way this step ends, chunks applied by the workers are counted
+  // and journaled (with their pre-images) before it returns.
+  const OnExit drain_on_exit([this] { (void)Drain(true); });
+  CrashPoint("receiver.before-apply");
+  REFIT_ASSIGN_OR_RETURN(auto aborted, StreamChunks());
+  if (aborted) return std::move(*aborted);
+  REFIT_RETURN_IF_ERROR(Drain(true));
+  REFIT_RETURN_IF_ERROR(Repair(torn_, /*after=*/true));
+  CrashPoint("receiver.after-apply");
+  REFIT_RETURN_IF_ERROR(CheckTensors());
+  REFIT_RETURN_IF_ERROR(b_->Sync());
+  CrashPoint("receiver.after-flush");
+  REFIT_RETURN_IF_ERROR(journal_.Sync());
+  CrashPoint("receiver.after-journal");
+  return VoteAndDecide();
+}
+
+Status VersionApply::CheckAnnouncedBase() {
+  // A version diffed from another baseline cannot apply, and nothing of it
+  // is journaled or written.
+  REFIT_ASSIGN_OR_RETURN(auto held, r_.ActiveTensors());
+  for (size_t t = 0; held && t < a_.tensors.size(); ++t) {
+    const TensorEntry& e = a_.tensors[t];
+    auto it = std::find_if(held->begin(), held->end(),
+                           [&](const TensorEntry& h) { return h.name == e.name; });
+    if (it != held->end() && it->after != e.before) {
+      const std::string base = std::to_string(a_.base_version);
+      failure_->set = true;
+      failure_->bound = 0;
+      return FailedPreconditionError(
+          "version " + V_ + " is announced on base version " + base + " with tensor '" +
+          e.name + "' not as version " + base + "'s manifest records it: its publisher's "
+          "baseline is not version " + base + ", which this receiver holds; it cannot apply");
+    }
+  }
+  return Status();
+}
+
+Status VersionApply::OpenJournalAndBind() {
+  if (resume_) {
+    REFIT_ASSIGN_OR_RETURN(state_, Journal::Load(journal_path_));
+    REFIT_ASSIGN_OR_RETURN(journal_, Journal::Reopen(journal_path_));
+  } else {
+    REFIT_ASSIGN_OR_RETURN(journal_, Journal::Begin(journal_path_, a_.version, a_.base_version,
+                                                    announcement_sha_));
+    state_.emplace();
+    CrashPoint("receiver.after-begin");
+  }
+  failure_->journaled = true;
+  auto bound = BindTensors(opt_.checkpoint, opt_.tensors, a_.tensors, a_.version);
+  if (!bound.ok()) {
+    MarkFailure(0);
+    return bound.status();
+  }
+  b_.emplace(std::move(*bound));
+  return Status();
+}
+
+void VersionApply::MarkFailure(uint64_t bound) {
+  if (state_->voted) return;
+  failure_->set = true;
+  failure_->bound = resume_ ? kAllChunks : bound;
+}
+
+Status VersionApply::ReadManifestIfStored() {
+  Sha256 sha;
+  auto got = r_.ReadManifest(a_.version, &sha);
+  if (!got.ok()) {
+    return got.status().code() == StatusCode::kNotFound ? Status() : got.status();
+  }
+  const Manifest& m = *got;
+  if (!ManifestMatches(a_, m) || m.chunks.size() < seen_.size()) {
+    return DataLossError("the manifest of version " + V_ + " does not match its announcement");
+  }
+  for (size_t i = 0; i < seen_.size(); ++i) {
+    if (m.chunks[i].sha256 != seen_[i]) {
+      return DataLossError("chunk " + std::to_string(i) + " of version " + V_ +
+                           " that this receiver applied is not the one its manifest lists");
+    }
+  }
+  manifest_ = std::move(*got);
+  return Status();
+}
+
+Result<ParsedChunk> VersionApply::CheckFetched(uint64_t i, bool original) {
+  result_.bytes_fetched += object_.size();
+  return CheckChunk(object_,
+                    ChunkSpec{&a_, i, manifest_ ? &*manifest_ : nullptr, /*resend=*/!original},
+                    opt_.auth);
+}
+
+Result<ParsedChunk> VersionApply::Fetch(const std::string& key, uint64_t i, bool original) {
+  REFIT_ASSIGN_OR_RETURN(object_, r_.store_->Get(key));
+  return CheckFetched(i, original);
+}
+
+std::pair<uint64_t, uint64_t> VersionApply::ByteRange(const ChunkHeader& h) const {
+  const uint64_t w = a_.tensors[h.tensor_id].width;
+  return {h.start * w, h.count * w};
+}
+
+Status VersionApply::Repair(const std::vector<uint64_t>& torn, bool after) {
+  if (torn.empty()) return Status();
+  ResendRequest q;
+  for (uint64_t i : torn) {
+    q.chunks.push_back(i);
+    q.after.push_back(after);
+  }
+  REFIT_RETURN_IF_ERROR(r_.store_->Put(RequestKey(a_.version, opt_.member),
+                                       opt_.auth.SealMember(EncodeRequest(q))));
+  auto start = Clock::now();
+  for (uint64_t i : torn) {
+    for (;;) {
+      auto c = Fetch(ResendKey(a_.version, opt_.member, i, after), i, /*original=*/false);
+      if (c.ok()) {
+        UndoRecord undo;
+        const size_t t = c->header.tensor_id;
+        REFIT_RETURN_IF_ERROR(ApplyChunkInPlace(*c, b_->data[t], &scratch_, nullptr, &undo));
+        auto [off, len] = ByteRange(c->header);
+        digests_->Written(t, off, len);
+        digests_->SetCovered(t, false);  // checked from its bytes at the end
+        flusher_->Add(t, off, len);
+        ++result_.chunks_resent;
+        break;
+      }
+      if (c.status().code() != StatusCode::kNotFound) return c.status();
+      if (ElapsedMs(start) > opt_.resend_timeout_ms) {
+        return DeadlineExceededError("no re-send of chunk " + std::to_string(i) +
+                                     " of version " + V_ + " within " +
+                                     std::to_string(opt_.resend_timeout_ms) +
+                                     " ms; is the publisher running?");
+      }
+      REFIT_RETURN_IF_ERROR(
+          r_.Pause("a re-send of chunk " + std::to_string(i) + " of version " + V_));
+    }
+  }
+  return Status();
+}
+
+// Chunks are final once stored (the publisher writes them once), so the
+// chunks in the store are the ones that were applied; without a manifest
+// they are probed in order up to the first missing one (chunks are applied
+// in order). After a failed vote, only chunks below the journaled bound
+// were written, and only the tensors they belong to are checked at the
+// end: the others were never touched in this version (their state is the
+// receiver's, whatever the announcement says of it).
+Status VersionApply::RollBack() {
+  if (!manifest_) REFIT_RETURN_IF_ERROR(ReadManifestIfStored());
+  const uint64_t bound = state_->failed ? state_->failed_bound : kAllChunks;
+  std::vector<bool> probed(a_.tensors.size(), false);
+  uint64_t last_journaled = 0;
+  for (const auto& [i, undo] : state_->applied) last_journaled = std::max(last_journaled, i + 1);
+  std::vector<uint64_t> torn;
+  for (uint64_t i = 0; i < bound; ++i) {
+    if (manifest_ && i >= manifest_->chunks.size()) break;
+    auto c = Fetch(ChunkKey(a_.version, i), i, /*original=*/true);
+    if (!c.ok()) {
+      const StatusCode code = c.status().code();
+      if (!manifest_ && code == StatusCode::kNotFound && i >= last_journaled) break;
+      // A chunk is applied only after it passed these checks, and a
+      // stored chunk never changes: one that fails them now (changed in
+      // the store) was not applied, unless journaled. The final check
+      // of the tensors catches the one case left (applied, not yet
+      // journaled, then changed in the store).
+      if (FailsItsChecks(c.status()) && state_->applied.count(i) == 0) continue;
+      return c.status();
+    }
+    auto [off, len] = ByteRange(c->header);
+    const size_t t = c->header.tensor_id;
+    probed[t] = true;
+    Hash128 h = b_->Range(t, off, len);
+    if (h == c->header.before) continue;
+    if (h == c->header.after) {
+      auto it = state_->applied.find(i);
+      if (c->header.IsXor()) {
+        REFIT_RETURN_IF_ERROR(UndoChunkInPlace(*c, b_->data[t], &scratch_, {}));
+      } else if (it != state_->applied.end()) {
+        REFIT_RETURN_IF_ERROR(UndoChunkInPlace(*c, b_->data[t], &scratch_, it->second));
+      } else {
+        torn.push_back(i);
+      }
+      continue;
+    }
+    torn.push_back(i);
+  }
+  REFIT_RETURN_IF_ERROR(Repair(torn, /*after=*/false));
+  for (size_t t = 0; t < a_.tensors.size(); ++t) {
+    if ((bound == kAllChunks || probed[t]) && b_->Tensor(t) != a_.tensors[t].before) {
+      return DataLossError("rollback of version " + V_ + " left tensor '" + a_.tensors[t].name +
+                           "' off its base; resync this receiver from a snapshot");
+    }
+  }
+  REFIT_RETURN_IF_ERROR(b_->Sync());
+  result_.outcome = StepResult::Outcome::kAborted;
+  return Journal::Remove(journal_path_);
+}
+
+Result<StepResult> VersionApply::Aborted() {
+  REFIT_RETURN_IF_ERROR(RollBack());
+  result_.seconds = SecondsSince(t0_);
+  return result_;
+}
+
+Status VersionApply::WaitForDecision(const std::string& voted, const std::string& then) {
+  auto start = Clock::now();
+  while (!decision_) {
+    if (ElapsedMs(start) > opt_.decision_timeout_ms) {
+      return DeadlineExceededError("voted " + voted + " version " + V_ +
+                                   " but no decision arrived within " +
+                                   std::to_string(opt_.decision_timeout_ms) + " ms; " + then);
+    }
+    REFIT_RETURN_IF_ERROR(r_.Pause("the decision on version " + V_));
+    REFIT_ASSIGN_OR_RETURN(decision_, r_.ReadDecision(a_.version));
+  }
+  return Status();
+}
+
+Result<StepResult> VersionApply::AfterFailedVote() {
+  REFIT_RETURN_IF_ERROR(WaitForDecision("failed on", "the next step waits again"));
+  if (!decision_->commit) return Aborted();
+  return DataLossError("version " + V_ + " was committed although this receiver voted "
+                       "failed on it; resync this receiver from a snapshot");
+}
+
+Status VersionApply::Drain(bool all) {
+  for (ApplyPool::Done& d : pool_->Drain(all)) {
+    if (!d.status.ok()) {
+      if (apply_error_.ok()) apply_error_ = d.status;
+      continue;
+    }
+    const ApplyPool::Job& job = d.job;
+    ++r_.chunks_applied_total_;
+    REFIT_RETURN_IF_ERROR(journal_.Applied(job.index, d.undo.front()));
+    ++result_.chunks_applied;
+    result_.changed_elements += job.chunks.front().header.changed;
+    // ApplyChunkInPlace re-hashed the range to the chunk's "after": the
+    // tensor stays covered.
+    digests_->Written(job.tensor, job.offset, job.length);
+    flusher_->Add(job.tensor, job.offset, job.length);
+    if (job.early) ++result_.chunks_before_manifest;
+    CrashPoint("receiver.after-chunk");
+    if (job.early) CrashPoint("receiver.after-early-chunk");
+  }
+  return apply_error_;
+}
+
+Result<std::optional<StepResult>> VersionApply::StreamChunks() {
+  last_progress_ = Clock::now();
+  int polls = 0;
+  REFIT_RETURN_IF_ERROR(ReadManifestIfStored());  // present already when catching up
+  for (uint64_t i = 0;;) {
+    if (manifest_) {
+      if (!manifest_seen_) manifest_seen_ = Clock::now();
+      if (i >= manifest_->chunks.size()) break;
+    }
+    auto got = r_.store_->Get(ChunkKey(a_.version, i));
+    if (got.ok()) {
+      object_ = std::move(*got);
+      REFIT_RETURN_IF_ERROR(TakeChunk(i));
+      ++i;
+      continue;
+    }
+    if (got.status().code() != StatusCode::kNotFound) return got.status();
+    if (manifest_) {
+      return DataLossError("the manifest of version " + V_ + " lists chunk " +
+                           std::to_string(i) + " but the store does not hold it");
+    }
+    REFIT_RETURN_IF_ERROR(ReadManifestIfStored());
+    if (manifest_) continue;
+    // The publisher is still uploading (or stopped): an abort decision
+    // ends the wait, and so does the deadline.
+    REFIT_RETURN_IF_ERROR(Drain(false));
+    if (++polls % 8 == 0) {
+      REFIT_ASSIGN_OR_RETURN(decision_, r_.ReadDecision(a_.version));
+      if (decision_ && !decision_->commit) {
+        REFIT_RETURN_IF_ERROR(Drain(true));
+        REFIT_ASSIGN_OR_RETURN(StepResult aborted, Aborted());
+        return std::optional<StepResult>(std::move(aborted));
+      }
+    }
+    if (ElapsedMs(last_progress_) > opt_.chunk_timeout_ms) {
+      return DeadlineExceededError(
+          "version " + V_ + ": neither chunk " + std::to_string(i) +
+          " nor the manifest arrived within " + std::to_string(opt_.chunk_timeout_ms) +
+          " ms; its publisher may have stopped (publishing a later version aborts it); "
+          "the work is journaled and resumes on the next step");
+    }
+    REFIT_RETURN_IF_ERROR(r_.Pause("chunk " + std::to_string(i) + " of version " + V_));
+  }
+  return std::optional<StepResult>();
+}
+
+Status VersionApply::TakeChunk(uint64_t i) {
+  auto parsed = CheckFetched(i, /*original=*/true);
+  Receiver::BadRead& bad_read = r_.bad_read_;
+  if (!parsed.ok()) {
+    // The same bytes in consecutive steps are the stored object: the
+    // version cannot be applied here (a re-send would come from the same
+    // publisher that stored it; the version is aborted instead).
+    const std::string key = ChunkKey(a_.version, i);
+    const Sha256 bad = ComputeSha256(object_);
+    if (bad_read.key == key && bad_read.sha == bad) {
+      ++bad_read.reads;
+    } else {
+      bad_read = Receiver::BadRead{key, bad, 1};
+    }
+    if (bad_read.reads >= kPersistentBadReads) {
+      MarkFailure(i);
+    } else {
+      r_.reread_pending_ = true;
+    }
+    return parsed.status();
+  }
+  if (bad_read.key == ChunkKey(a_.version, i)) bad_read = Receiver::BadRead{};
+  ParsedChunk c = std::move(*parsed);
+  const Sha256 sha = manifest_ ? manifest_->chunks[i].sha256 : ComputeSha256(object_);
+  last_progress_ = Clock::now();
+  const size_t t = c.header.tensor_id;
+  if (Status s = base_check_->Through(t); !s.ok()) {
+    MarkFailure(i);
+    return s;
+  }
+  auto [off, len] = ByteRange(c.header);
+  if (pool_->Pending(t, off, len)) REFIT_RETURN_IF_ERROR(Drain(true));
+  const Hash128 h = digests_->Range(*b_, t, off, len);
+  switch (ClassifyRange(c.header, h)) {
+    case RangeState::kAfter:
+      ++result_.chunks_skipped;
+      break;
+    case RangeState::kBefore: {
+      ApplyPool::Job job;
+      job.index = i;
+      job.tensor = t;
+      job.offset = off;
+      job.length = len;
+      job.early = !manifest_;
+      job.chunks.push_back(c);  // points into `object_`'s buffer, which moves along
+      job.objects.push_back(std::move(object_));
+      job.resent.push_back(false);
+      job.data = b_->data[t];
+      pool_->Submit(std::move(job));
+      REFIT_RETURN_IF_ERROR(Drain(false));
+      break;
+    }
+    case RangeState::kNeither:
+      torn_.push_back(i);
+      digests_->SetCovered(t, false);
+      break;
+  }
+  seen_.push_back(sha);
+  return Status();
+}
+
+// A covered tensor was at the base as a whole and each of its chunks'
+// ranges now hashes to that chunk's "after"; the bytes outside the chunks
+// are the base's, which the manifest's chunk list (authenticated, and
+// bound to the chunks by their SHA-256) states are unchanged: the tensor
+// is the manifest's "after" without reading it again (docs/protocol.md,
+// "Hashing"). A covered tensor without chunks must then be unchanged by
+// the manifest's own account. Any other tensor is hashed from its bytes.
+Status VersionApply::CheckTensors() {
+  if (Status s = base_check_->All(); !s.ok()) {
+    MarkFailure(kAllChunks);
+    return s;
+  }
+  std::vector<bool> has_chunks(a_.tensors.size(), false);
+  for (const ManifestChunk& mc : manifest_->chunks) has_chunks[mc.tensor_id] = true;
+  for (size_t t = 0; t < a_.tensors.size(); ++t) {
+    const bool ok = digests_->covered(t)
+                        ? has_chunks[t] || manifest_->tensors[t].after == a_.tensors[t].before
+                        : b_->Tensor(t) == manifest_->tensors[t].after;
+    if (!ok) {
+      MarkFailure(kAllChunks);
+      return DataLossError("after applying version " + V_ + ", tensor '" + a_.tensors[t].name +
+                           "' does not hash to the manifest; the local model "
+                           "was not at the base; resync this receiver");
+    }
+  }
+  return Status();
+}
+
+Result<StepResult> VersionApply::VoteAndDecide() {
+  if (vote_) {
+    REFIT_RETURN_IF_ERROR(r_.store_->Put(VoteKey(a_.version, opt_.member),
+                                         opt_.auth.SealMember(EncodeVote(Vote{true, ""}))));
+    result_.tail_seconds = SecondsSince(*manifest_seen_);
+    REFIT_RETURN_IF_ERROR(journal_.Voted());
+    REFIT_RETURN_IF_ERROR(journal_.Sync());
+    CrashPoint("receiver.after-vote");
+    REFIT_RETURN_IF_ERROR(
+        WaitForDecision("ready for", "the work is journaled and resumes on the next step"));
+  } else if (!decision_) {
+    return FailedPreconditionError("version " + V_ + " has no decision and names no vote from '" +
+                                   opt_.member + "'");
+  }
+  if (!decision_->commit) {
+    REFIT_RETURN_IF_ERROR(RollBack());
+  } else {
+    REFIT_RETURN_IF_ERROR(r_.Activate(a_.version));
+    if (!vote_) result_.tail_seconds = SecondsSince(*manifest_seen_);
+    result_.outcome = vote_ ? StepResult::Outcome::kCommitted : StepResult::Outcome::kCaughtUp;
+    std::vector<bool> touched(a_.tensors.size(), false);
+    for (const ManifestChunk& c : manifest_->chunks) {
+      if (c.changed > 0 && c.tensor_id < touched.size()) touched[c.tensor_id] = true;
+    }
+    for (size_t t = 0; t < touched.size(); ++t) {
+      if (touched[t]) result_.changed_tensors.push_back(a_.tensors[t].name);
+    }
+  }
+  result_.seconds = SecondsSince(t0_);
+  return result_;
+}
+
+}  // namespace refit::internal
