@@ -13,13 +13,12 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <nlohmann/json.hpp>
 #include <regex>
 #include <string>
 #include <thread>
 #include <utility>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "refit/checkpoint.h"
 #include "testing.h"
@@ -865,9 +864,9 @@ TEST_F(CliTest, DemoKillsAtACrashPoint) {
 }
 #else
 TEST_F(CliTest, DemoRefusesCrashPointsInRelease) {
-  RunResult r = Run({"demo", "--synthetic", "--size-mib", "1", "--steps", "2",
-                     "--scale-mib", "0", "--crash-at",
-                     "receiver.after-chunk:2"});
+  RunResult r =
+      Run({"demo", "--synthetic", "--size-mib", "1", "--steps", "2",
+           "--scale-mib", "0", "--crash-at", "receiver.after-chunk:2"});
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.err.find("chunks:N"), std::string::npos) << r.err;
 }

@@ -380,8 +380,7 @@ TEST(RelayCliTest, DemoOnTheRelayTreeIsBitExact) {
   EXPECT_NE(out.find("none applied twice"), std::string::npos) << out;
   EXPECT_NE(out.find("  store "), std::string::npos) << out;
   EXPECT_NE(out.find("3. at scale"), std::string::npos) << out;
-  EXPECT_NE(out.find("1/1 receivers, publisher too"), std::string::npos)
-      << out;
+  EXPECT_NE(out.find("1/1 receivers, publisher too"), std::string::npos) << out;
   EXPECT_LT(SecondsSince(t0), 60);
 }
 

@@ -121,8 +121,8 @@ std::string FindFixtures() {
 Result<Digest> Sha256Of(std::span<const uint8_t> data) {
   Digest digest{};
   unsigned int length = 0;
-  if (EVP_Digest(data.data(), data.size(), digest.data(), &length,
-                 EVP_sha256(), nullptr) != 1 ||
+  if (EVP_Digest(data.data(), data.size(), digest.data(), &length, EVP_sha256(),
+                 nullptr) != 1 ||
       length != digest.size()) {
     return InternalError("OpenSSL EVP_Digest(SHA-256) failed");
   }
@@ -504,12 +504,12 @@ struct VersionRow {
 // The mid-version kill of the distribution section, as planned and as it
 // happened.
 struct Crash {
-  uint64_t version = 0;         // 0: no kill
-  std::string member;           // the victim
-  bool by_demo = false;         // --crash-at chunks:N; else a crash point
-  uint64_t after_chunks = 0;    // N
-  std::string point;            // the crash point (REFIT_CRASH_AT)
-  bool killed = false;          // the victim died inside the version
+  uint64_t version = 0;               // 0: no kill
+  std::string member;                 // the victim
+  bool by_demo = false;               // --crash-at chunks:N; else a crash point
+  uint64_t after_chunks = 0;          // N
+  std::string point;                  // the crash point (REFIT_CRASH_AT)
+  bool killed = false;                // the victim died inside the version
   int64_t applied_at_kill = -1;       // its journal when the demo killed it
   int64_t journaled_at_restart = -1;  // what the restarted victim read
   // What the restarted victim did with the version (-1: not reported).
@@ -911,8 +911,9 @@ Result<Distribution> RunDistribution(const DemoArgs& args,
           }
           std::string progress;
           if (i == victim && reap_pending) {
-            progress = fmt::format(", its journal recording {} applied chunk(s)",
-                                   crash.applied_at_kill);
+            progress =
+                fmt::format(", its journal recording {} applied chunk(s)",
+                            crash.applied_at_kill);
           }
           if (i == victim && static_cast<int64_t>(v) == crash_version) {
             crash.killed = true;
@@ -946,8 +947,7 @@ Result<Distribution> RunDistribution(const DemoArgs& args,
       if (kill_pending && fleet.at(victim).pid > 0) {
         Result<std::optional<JournalState>> journal =
             Journal::Load(fleet.at(victim).state + "/journal");
-        if (journal.ok() && journal->has_value() &&
-            (*journal)->version == v &&
+        if (journal.ok() && journal->has_value() && (*journal)->version == v &&
             (*journal)->applied.size() >= crash.after_chunks) {
           kill(fleet.at(victim).pid, SIGKILL);
           crash.applied_at_kill =
@@ -1121,16 +1121,18 @@ Result<Scale> RunScale(const DemoArgs& args, const SyncDemoArgs& sync,
   out.generate_seconds = generate.Seconds();
   // The publisher's baseline file and every receiver's copy of step 0,
   // made side by side (one thread each).
-  bar->Note("writing the publisher's baseline, copying step0 into the "
-            "receivers...");
+  bar->Note(
+      "writing the publisher's baseline, copying step0 into the "
+      "receivers...");
   const std::string baseline = root + "/publisher.safetensors";
   Stopwatch copy;
   Status written;
   std::vector<SynthModel> engines(static_cast<size_t>(sync.scale_receivers));
   {
     std::vector<std::thread> threads;
-    threads.emplace_back(
-        [&] { written = WriteModel(model, baseline, {{"step", "0"}}); });
+    threads.emplace_back([&] {
+      written = WriteModel(model, baseline, {{"step", "0"}});
+    });
     for (SynthModel& engine : engines) {
       threads.emplace_back([&] { engine = model; });
     }
@@ -1229,7 +1231,8 @@ Result<Scale> RunScale(const DemoArgs& args, const SyncDemoArgs& sync,
     threads.emplace_back([&] { digests[0] = Sha256Model(model); });
     threads.emplace_back([&] { digests[1] = Sha256Tensors(baseline); });
     for (size_t i = 0; i < engines.size(); ++i) {
-      threads.emplace_back([&, i] { digests[i + 2] = Sha256Model(engines[i]); });
+      threads.emplace_back(
+          [&, i] { digests[i + 2] = Sha256Model(engines[i]); });
     }
     for (std::thread& t : threads) t.join();
   }
@@ -1240,8 +1243,8 @@ Result<Scale> RunScale(const DemoArgs& args, const SyncDemoArgs& sync,
     out.row.receivers_exact += *digests[i] == want;
   }
   bar->Clear();
-  out.all_ok = out.row.baseline_exact &&
-               out.row.receivers_exact == engines.size();
+  out.all_ok =
+      out.row.baseline_exact && out.row.receivers_exact == engines.size();
   return out;
 }
 
@@ -1257,10 +1260,10 @@ struct AtLink {
   double refit = 0;
 };
 AtLink TimesAtLink(const VersionRow& r, double gbit) {
-  return {Seconds(static_cast<double>(r.publish.diff.full_bytes), gbit),
-          std::max(r.refit_seconds,
-                   Seconds(static_cast<double>(r.publish.bytes_uploaded),
-                           gbit))};
+  return {
+      Seconds(static_cast<double>(r.publish.diff.full_bytes), gbit),
+      std::max(r.refit_seconds,
+               Seconds(static_cast<double>(r.publish.bytes_uploaded), gbit))};
 }
 
 void PrintTimesLegend(std::string_view where, double link_gbit) {
@@ -1415,9 +1418,8 @@ void PrintScale(const Scale& s) {
   fmt::print(
       "setup, not in the times below: generate {}, write the publisher's "
       "baseline file and copy step0 into {} {}, RL step {}\n",
-      HumanSeconds(s.generate_seconds),
-      one ? "the receiver" : "every receiver", HumanSeconds(s.copy_seconds),
-      HumanSeconds(s.step_seconds));
+      HumanSeconds(s.generate_seconds), one ? "the receiver" : "every receiver",
+      HumanSeconds(s.copy_seconds), HumanSeconds(s.step_seconds));
   PrintTimesLegend("receiver memory on the same cores as the encoder",
                    s.link_gbit);
   PrintVersionTable({s.row}, s.receivers, s.link_gbit);
@@ -1571,7 +1573,9 @@ int RunSyncDemo(const DemoArgs& args, const SyncDemoArgs& sync) {
       std::fflush(stdout);
     }
     Result<Scale> s = RunScale(args, sync, *dir, &bar);
-    if (!s.ok()) return Fail(kCmd, s.status().WithContext("at scale"), args.json);
+    if (!s.ok()) {
+      return Fail(kCmd, s.status().WithContext("at scale"), args.json);
+    }
     scale = std::move(*s);
     if (!args.json) {
       fmt::print("{}\n", scale->description);

@@ -74,8 +74,7 @@ inline CLI::Validator NumberIn(double lo, double hi) {
         if (ec == std::errc() && ptr == end && value >= lo && value <= hi) {
           return "";
         }
-        return fmt::format("{} is not a number in [{:g}, {:g}]", input, lo,
-                           hi);
+        return fmt::format("{} is not a number in [{:g}, {:g}]", input, lo, hi);
       },
       fmt::format("[{:g}..{:g}]", lo, hi));
 }
