@@ -414,11 +414,8 @@ class ReceiverFleet {
 
   // Receiver i's active version, from its state directory.
   uint64_t Active(size_t i) const {
-    Result<std::vector<uint8_t>> text =
-        ReadFile(receivers_[i].state + "/active");
-    if (!text.ok()) return 0;
-    return std::strtoull(std::string(text->begin(), text->end()).c_str(),
-                         nullptr, 10);
+    Result<uint64_t> active = StateDir(receivers_[i].state).ReadActive();
+    return active.ok() ? *active : 0;
   }
 
   // Collects children that ended: (index, wait status).
@@ -762,7 +759,7 @@ Result<Distribution> RunDistribution(const DemoArgs& args,
         }
       }
       if (parent_kill && fleet.at(victim).pid > 0 &&
-          PathExists(fleet.at(victim).state + "/journal") &&
+          PathExists(StateDir(fleet.at(victim).state).journal_path()) &&
           fleet.Active(victim) < v) {
         kill(fleet.at(victim).pid, SIGKILL);
         parent_kill = false;

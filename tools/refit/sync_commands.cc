@@ -485,14 +485,14 @@ void RecordLastError(const std::string& state_dir, const Status& s,
   std::string text =
       j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
   (void)WriteFileAtomic(
-      state_dir + "/last_error",
+      StateDir(state_dir).last_error_path(),
       std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(text.data()),
                                text.size()));
 }
 
 void ClearLastError(const std::string& state_dir) {
   std::error_code ec;
-  fs::remove(state_dir + "/last_error", ec);
+  fs::remove(StateDir(state_dir).last_error_path(), ec);
 }
 
 // Watches a relay node's parent link on its own thread: a parent not
@@ -687,7 +687,9 @@ int RunReceive(const ReceiveArgs& args) {
 
   // An interrupted version (the process was killed) resumes in Step().
   std::optional<JournalState> journal;
-  if (auto j = Journal::Load(args.state + "/journal"); j.ok()) journal = *j;
+  if (auto j = Journal::Load(StateDir(args.state).journal_path()); j.ok()) {
+    journal = *j;
+  }
   bool resuming = journal && journal->version > receiver.active_version();
   if (args.json) {
     Json j{{"event", "start"},
@@ -985,11 +987,9 @@ LocalStatus ReadLocal(const std::string& dir) {
   l.dir = dir;
   l.exists = fs::is_directory(dir);
   if (!l.exists) return l;
-  if (auto text = ReadFile(dir + "/active"); text.ok()) {
-    l.active = std::strtoull(std::string(text->begin(), text->end()).c_str(),
-                             nullptr, 10);
-  }
-  auto j = Journal::Load(dir + "/journal");
+  const StateDir state(dir);
+  if (auto active = state.ReadActive(); active.ok()) l.active = *active;
+  auto j = Journal::Load(state.journal_path());
   if (!j.ok()) {
     l.journal = "unreadable: " + j.status().ToString();
   } else if (j->has_value() && (*j)->version > l.active) {
@@ -998,7 +998,7 @@ LocalStatus ReadLocal(const std::string& dir) {
                             (*j)->version, (*j)->applied.size(),
                             (*j)->voted ? ", voted" : "");
   }
-  if (auto text = ReadFile(dir + "/last_error"); text.ok()) {
+  if (auto text = ReadFile(state.last_error_path()); text.ok()) {
     l.last_error = Json::parse(text->begin(), text->end(), nullptr, false);
     if (l.last_error.is_discarded()) {
       l.last_error = std::string(text->begin(), text->end());
