@@ -436,11 +436,8 @@ class ReceiverFleet {
 
   // Receiver i's active version, from its state directory.
   uint64_t Active(size_t i) const {
-    Result<std::vector<uint8_t>> text =
-        ReadFile(receivers_[i].state + "/active");
-    if (!text.ok()) return 0;
-    return std::strtoull(std::string(text->begin(), text->end()).c_str(),
-                         nullptr, 10);
+    Result<uint64_t> active = StateDir(receivers_[i].state).ReadActive();
+    return active.ok() ? *active : 0;
   }
 
   // Collects children that ended: (index, wait status).
@@ -946,7 +943,7 @@ Result<Distribution> RunDistribution(const DemoArgs& args,
       }
       if (kill_pending && fleet.at(victim).pid > 0) {
         Result<std::optional<JournalState>> journal =
-            Journal::Load(fleet.at(victim).state + "/journal");
+            Journal::Load(StateDir(fleet.at(victim).state).journal_path());
         if (journal.ok() && journal->has_value() && (*journal)->version == v &&
             (*journal)->applied.size() >= crash.after_chunks) {
           kill(fleet.at(victim).pid, SIGKILL);

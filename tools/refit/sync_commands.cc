@@ -26,6 +26,7 @@
 #include "refit/checkpoint.h"
 #include "sync/auth.h"
 #include "sync/journal.h"
+#include "sync/object_reader.h"
 #include "sync/protocol.h"
 #include "sync/publisher.h"
 #include "sync/receiver.h"
@@ -336,30 +337,25 @@ int RunPublish(const PublishArgs& args) {
         !s.ok()) {
       return fail(s);
     }
-    Result<std::vector<uint8_t>> bytes =
-        (*store)->Get(DecisionKey(args.version));
-    if (!bytes.ok()) {
+    const ObjectReader reader(store->get(), *auth);
+    ObjectReader::Step step = ObjectReader::Step::kFetch;
+    Result<std::optional<Decision>> d =
+        reader.ReadDecision(args.version, &step);
+    if (d.ok() ? !d->has_value() : step == ObjectReader::Step::kFetch) {
       return fail(InvalidArgumentError(fmt::format(
           "version {} is not above the committed version {} and has no "
           "decision; publish a higher version",
           args.version, (*publisher)->committed_version())));
     }
-    Result<std::span<const uint8_t>> body = auth->Open(*bytes);
-    if (!body.ok()) return fail(body.status());
-    Result<Decision> d = DecodeDecision(*body);
     if (!d.ok()) return fail(d.status());
     already_decided = true;
     report.version = args.version;
-    if (auto ab = (*store)->Get(IndexKey(args.version)); ab.ok()) {
-      if (auto abody = auth->Open(*ab); abody.ok()) {
-        if (auto a = DecodeAnnouncement(*abody); a.ok()) {
-          report.base_version = a->base_version;
-        }
-      }
+    if (auto a = reader.ReadAnnouncement(args.version); a.ok()) {
+      report.base_version = a->base_version;
     }
-    report.committed = d->commit;
-    report.dropped = d->dropped;
-    report.reason = d->reason;
+    report.committed = (*d)->commit;
+    report.dropped = (*d)->dropped;
+    report.reason = (*d)->reason;
   } else {
     Result<PublishReport> r =
         (*publisher)->PublishCheckpoint(args.version, args.target);
@@ -485,14 +481,14 @@ void RecordLastError(const std::string& state_dir, const Status& s,
   std::string text =
       j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
   (void)WriteFileAtomic(
-      state_dir + "/last_error",
+      StateDir(state_dir).last_error_path(),
       std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(text.data()),
                                text.size()));
 }
 
 void ClearLastError(const std::string& state_dir) {
   std::error_code ec;
-  fs::remove(state_dir + "/last_error", ec);
+  fs::remove(StateDir(state_dir).last_error_path(), ec);
 }
 
 // Watches a relay node's parent link on its own thread: a parent not
@@ -687,7 +683,9 @@ int RunReceive(const ReceiveArgs& args) {
 
   // An interrupted version (the process was killed) resumes in Step().
   std::optional<JournalState> journal;
-  if (auto j = Journal::Load(args.state + "/journal"); j.ok()) journal = *j;
+  if (auto j = Journal::Load(StateDir(args.state).journal_path()); j.ok()) {
+    journal = *j;
+  }
   bool resuming = journal && journal->version > receiver.active_version();
   if (args.json) {
     Json j{{"event", "start"},
@@ -924,47 +922,40 @@ struct VersionStatus {
   std::string error;  // why this version could not be read
 };
 
-Result<VersionStatus> ReadVersion(ObjectStore* store, const Authenticator& auth,
+Result<VersionStatus> ReadVersion(const ObjectReader& reader,
                                   uint64_t version) {
   VersionStatus v;
   v.version = version;
-  REFIT_ASSIGN_OR_RETURN(std::vector<uint8_t> abytes, store->Get(IndexKey(version)));
-  REFIT_ASSIGN_OR_RETURN(auto abody, auth.Open(abytes));
-  REFIT_ASSIGN_OR_RETURN(Announcement m, DecodeAnnouncement(abody));
+  REFIT_ASSIGN_OR_RETURN(Announcement m, reader.ReadAnnouncement(version));
   v.base_version = m.base_version;
   // The manifest closes the version's chunk list; until it is stored the
   // version is still being uploaded (or its publisher stopped).
-  if (auto mbytes = store->Get(ManifestKey(version)); mbytes.ok()) {
-    REFIT_ASSIGN_OR_RETURN(auto mbody, auth.Open(*mbytes));
-    REFIT_ASSIGN_OR_RETURN(Manifest full, DecodeManifest(mbody));
-    v.chunks = full.chunks.size();
-    for (const ManifestChunk& c : full.chunks) v.changed += c.changed;
-  } else if (mbytes.status().code() != StatusCode::kNotFound) {
-    return mbytes.status();
+  REFIT_ASSIGN_OR_RETURN(std::optional<Manifest> full,
+                         reader.ReadManifest(version));
+  if (full) {
+    v.chunks = full->chunks.size();
+    for (const ManifestChunk& c : full->chunks) v.changed += c.changed;
   } else {
     v.uploading = true;
   }
-  if (auto d = store->Get(DecisionKey(version)); d.ok()) {
-    REFIT_ASSIGN_OR_RETURN(auto body, auth.Open(*d));
-    REFIT_ASSIGN_OR_RETURN(Decision decision, DecodeDecision(body));
-    v.decision = decision.commit ? "commit" : "abort";
-    v.dropped = decision.dropped;
-    v.reason = decision.reason;
-  } else if (d.status().code() != StatusCode::kNotFound) {
-    return d.status();
+  REFIT_ASSIGN_OR_RETURN(std::optional<Decision> decision,
+                         reader.ReadDecision(version));
+  if (decision) {
+    v.decision = decision->commit ? "commit" : "abort";
+    v.dropped = decision->dropped;
+    v.reason = decision->reason;
   }
   for (const std::string& member : m.members) {
     std::string state = "missing";
-    if (auto b = store->Get(VoteKey(version, member)); b.ok()) {
-      auto body = auth.OpenMember(*b);
-      auto vote = body.ok() ? DecodeVote(*body) : Result<Vote>(body.status());
-      if (!vote.ok()) {
-        state = "invalid";
-      } else {
-        state = vote->ready ? "ready" : "failed: " + vote->message;
-      }
-    } else if (b.status().code() != StatusCode::kNotFound) {
-      return b.status();
+    ObjectReader::Step step = ObjectReader::Step::kFetch;
+    Result<std::optional<Vote>> vote = reader.ReadVote(version, member, &step);
+    if (!vote.ok()) {
+      // A vote that does not open or parse is shown; a store that fails
+      // is an error.
+      if (step == ObjectReader::Step::kFetch) return vote.status();
+      state = "invalid";
+    } else if (*vote) {
+      state = (*vote)->ready ? "ready" : "failed: " + (*vote)->message;
     }
     v.votes.emplace_back(member, state);
   }
@@ -985,11 +976,9 @@ LocalStatus ReadLocal(const std::string& dir) {
   l.dir = dir;
   l.exists = fs::is_directory(dir);
   if (!l.exists) return l;
-  if (auto text = ReadFile(dir + "/active"); text.ok()) {
-    l.active = std::strtoull(std::string(text->begin(), text->end()).c_str(),
-                             nullptr, 10);
-  }
-  auto j = Journal::Load(dir + "/journal");
+  const StateDir state(dir);
+  if (auto active = state.ReadActive(); active.ok()) l.active = *active;
+  auto j = Journal::Load(state.journal_path());
   if (!j.ok()) {
     l.journal = "unreadable: " + j.status().ToString();
   } else if (j->has_value() && (*j)->version > l.active) {
@@ -998,7 +987,7 @@ LocalStatus ReadLocal(const std::string& dir) {
                             (*j)->version, (*j)->applied.size(),
                             (*j)->voted ? ", voted" : "");
   }
-  if (auto text = ReadFile(dir + "/last_error"); text.ok()) {
+  if (auto text = ReadFile(state.last_error_path()); text.ok()) {
     l.last_error = Json::parse(text->begin(), text->end(), nullptr, false);
     if (l.last_error.is_discarded()) {
       l.last_error = std::string(text->begin(), text->end());
@@ -1021,30 +1010,28 @@ int RunSyncStatus(const StatusArgs& args) {
       OpenObjectStore(args.store, read_only);
   if (!store.ok()) return fail(store.status());
   ObjectStore* s = store->get();
+  const ObjectReader reader(s, *auth);
 
-  std::optional<uint64_t> head;
-  if (auto bytes = s->Get(kHeadKey); bytes.ok()) {
-    Result<std::span<const uint8_t>> body = auth->Open(*bytes);
-    if (!body.ok()) {
-      return Fail(kCmd, body.status().WithContext("the head object"), args.json,
-                  "every node of a store uses the same key, or none");
+  ObjectReader::Step step = ObjectReader::Step::kFetch;
+  Result<std::optional<uint64_t>> read_head = reader.ReadHead(&step);
+  if (!read_head.ok()) {
+    if (step == ObjectReader::Step::kOpen) {
+      return Fail(kCmd, read_head.status().WithContext("the head object"),
+                  args.json, "every node of a store uses the same key, or none");
     }
-    Result<uint64_t> h = DecodeHead(*body);
-    if (!h.ok()) return fail(h.status());
-    head = *h;
-  } else if (bytes.status().code() != StatusCode::kNotFound) {
-    return fail(bytes.status());
+    return fail(read_head.status());
   }
-  Result<std::vector<ObjectInfo>> index = s->List(kIndexPrefix);
-  if (!index.ok()) return fail(index.status());
-  std::vector<uint64_t> versions = VersionsOf(*index);
+  const std::optional<uint64_t> head = *read_head;
+  Result<std::vector<uint64_t>> listed_versions = reader.ListVersions();
+  if (!listed_versions.ok()) return fail(listed_versions.status());
+  std::vector<uint64_t> versions = *listed_versions;
   std::sort(versions.rbegin(), versions.rend());
   if (args.recent >= 0 && versions.size() > static_cast<size_t>(args.recent)) {
     versions.resize(static_cast<size_t>(args.recent));
   }
   std::vector<VersionStatus> listed;
   for (uint64_t v : versions) {
-    Result<VersionStatus> vs = ReadVersion(s, *auth, v);
+    Result<VersionStatus> vs = ReadVersion(reader, v);
     if (vs.ok()) {
       listed.push_back(*vs);
     } else {

@@ -28,6 +28,7 @@
 #include "commands.h"
 #include "sync/auth.h"
 #include "sync/relay_tree.h"
+#include "sync/state_dir.h"
 #include "transport/object_store.h"
 #include "transport/relay_store.h"
 
