@@ -27,8 +27,9 @@ bool ManifestMatches(const Announcement& a, const Manifest& m) {
   return same;
 }
 
-Result<ParsedChunk> CheckChunk(std::span<const uint8_t> object, const ChunkSpec& spec,
-                               const Authenticator& auth) {
+Result<ParsedChunk> CheckChunk(std::span<const uint8_t> object,
+                               const ChunkSpec& spec, const Authenticator& auth,
+                               std::span<const uint8_t>* chunk_bytes) {
   const Announcement& a = *spec.version;
   const uint64_t i = spec.index;
   const std::string name = std::string(spec.resend ? "the re-send of " : "") + "chunk " +
@@ -65,6 +66,7 @@ Result<ParsedChunk> CheckChunk(std::span<const uint8_t> object, const ChunkSpec&
       h.kind != codec::ChunkKind::kRaw) {
     return DataLossError(name + " is not an overwrite");
   }
+  if (chunk_bytes != nullptr) *chunk_bytes = body.first(c.size);
   return c;
 }
 

@@ -55,7 +55,8 @@ struct ChunkSpec {
 
 // Opens `object` with `auth`, parses it as a chunk (docs/format.md §3) and
 // checks it against `spec`. Returns the chunk, whose payload points into
-// `object`.
+// `object`; *chunk_bytes (when given) receives the whole chunk's bytes
+// there.
 //
 // Errors: those of Authenticator::Open and ParseChunk as they are, and
 // DATA_LOSS naming the chunk ("chunk <i> of version <V>", or "the re-send
@@ -70,8 +71,9 @@ struct ChunkSpec {
 //   5. with the manifest seen, its tensor or range (a stored chunk: or
 //      its kind) is not entry <i>'s;
 //   6. a re-send is not an overwrite (sparse-overwrite or raw).
-Result<ParsedChunk> CheckChunk(std::span<const uint8_t> object, const ChunkSpec& spec,
-                               const Authenticator& auth);
+Result<ParsedChunk> CheckChunk(std::span<const uint8_t> object,
+                               const ChunkSpec& spec, const Authenticator& auth,
+                               std::span<const uint8_t>* chunk_bytes = nullptr);
 
 }  // namespace refit::internal
 

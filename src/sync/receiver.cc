@@ -1,5 +1,8 @@
 #include "sync/receiver.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -7,15 +10,13 @@
 #include <optional>
 #include <thread>
 
-#include <fcntl.h>
-#include <unistd.h>
-
 #include "base/file.h"
 #include "base/hash.h"
 #include "refit/checkpoint.h"
 #include "sync/crash_point.h"
 #include "sync/fold_apply.h"
 #include "sync/journal.h"
+#include "sync/staged_apply.h"
 #include "sync/version_apply.h"
 
 namespace refit {
@@ -66,10 +67,13 @@ bool CheckpointPresent(const std::string& path) {
 Result<std::unique_ptr<Receiver>> Receiver::Open(ObjectStore* store,
                                                  ReceiverOptions options) {
   REFIT_RETURN_IF_ERROR(ValidateMember(options.member));
-  if (options.checkpoint.empty() == options.tensors.empty()) {
-    return InvalidArgumentError("receiver '" + options.member +
-                                "' needs either a checkpoint path or in-memory tensors, "
-                                "not both and not neither");
+  const int targets = !options.checkpoint.empty() + !options.tensors.empty() +
+                      (options.staged != nullptr);
+  if (targets != 1) {
+    return InvalidArgumentError(
+        "receiver '" + options.member +
+        "' needs exactly one of a checkpoint path, in-memory tensors "
+        "and a two-phase target");
   }
   if (!IsDirectory(options.state_dir)) {
     return NotFoundError("receiver state directory '" + options.state_dir +
@@ -87,6 +91,11 @@ Result<std::unique_ptr<Receiver>> Receiver::Open(ObjectStore* store,
   }
   return r;
 }
+
+Receiver::Receiver(ObjectStore* store, ReceiverOptions options)
+    : store_(store), opt_(std::move(options)) {}
+
+Receiver::~Receiver() = default;
 
 Status Receiver::Activate(uint64_t version) {
   CrashPoint("receiver.before-activate");
@@ -144,6 +153,11 @@ Result<Manifest> Receiver::ReadManifest(uint64_t version, Sha256* sha) {
 }
 
 Result<StepResult> Receiver::Step(uint64_t fold_limit) {
+  if (opt_.staged) {
+    REFIT_ASSIGN_OR_RETURN(StepResult prepared, Prepare(fold_limit));
+    if (prepared.outcome != StepResult::Outcome::kPrepared) return prepared;
+    return ActivatePrepared();
+  }
   failed_vote_.reset();
   reread_pending_ = false;
   // A snapshot that was being put in place comes first: until it is
@@ -217,6 +231,10 @@ Result<StepResult> Receiver::Step(uint64_t fold_limit) {
     // A committed version this receiver only catches up with.
     return decision && decision->commit ? OrSnapshot(std::move(step)) : step;
   }
+  return Next(fold_limit);
+}
+
+Result<StepResult> Receiver::Next(uint64_t fold_limit) {
   REFIT_ASSIGN_OR_RETURN(auto versions, ListVersions());
   REFIT_ASSIGN_OR_RETURN(bool broken, ChainBroken(versions));
   if (broken) {
@@ -270,13 +288,18 @@ Result<StepResult> Receiver::Step(uint64_t fold_limit) {
         chain.push_back(std::move(next));
         shas.push_back(next_sha);
       }
+      if (chain.size() >= 2 && opt_.staged)
+        return OrSnapshot(PrepareChain(chain, shas, false));
       if (chain.size() >= 2) {
         auto folded = Fold(chain, shas, /*resume=*/false);
         if (!folded.ok()) return OrSnapshot(folded.status());
         if (*folded) return std::move(**folded);
       }
     }
-    Result<StepResult> step = ProcessVersion(a, sha, member && !decision, /*resume=*/false);
+    Result<StepResult> step =
+        opt_.staged ? PrepareChain({a}, {sha}, member && !decision)
+                    : ProcessVersion(a, sha, member && !decision,
+                                     /*resume=*/false);
     return decision ? OrSnapshot(std::move(step)) : step;
   }
   return StepResult{};
@@ -312,6 +335,7 @@ Result<std::optional<uint64_t>> Receiver::NewestSnapshot() {
 }
 
 Result<StepResult> Receiver::CatchUpFromSnapshot(uint64_t version) {
+  if (opt_.staged) return PrepareSnapshot(version);
   if (opt_.checkpoint.empty()) {
     return FailedPreconditionError(
         "receiver '" + opt_.member + "' holds its tensors in memory and is at version " +
@@ -407,7 +431,7 @@ Result<StepResult> Receiver::CatchUpFromSnapshot(uint64_t version) {
 }
 
 Result<StepResult> Receiver::OrSnapshot(Result<StepResult> step) {
-  if (step.ok() || opt_.checkpoint.empty()) return step;
+  if (step.ok() || (opt_.checkpoint.empty() && !opt_.staged)) return step;
   const StatusCode code = step.status().code();
   if (code != StatusCode::kDeadlineExceeded && code != StatusCode::kDataLoss) return step;
   auto snap = NewestSnapshot();
@@ -482,19 +506,34 @@ Result<StepResult> Receiver::ProcessVersion(const Announcement& a,
   // The version cannot be applied here: say so at once, so the coordinator
   // aborts it without waiting for its deadline (docs/protocol.md, "Failed
   // votes"). The journal then holds nothing more to do than the rollback.
-  const std::string V = std::to_string(a.version);
-  Status put = store_->Put(VoteKey(a.version, opt_.member),
-                           opt_.auth.SealMember(EncodeVote(Vote{false, step.status().ToString()})));
-  if (!put.ok()) return put.WithContext(step.status().ToString() + "; voting failed on version " + V);
+  Status put = PutFailedVote(a.version, step.status());
+  if (!put.ok()) return put;
   if (failure.journaled) {
     REFIT_ASSIGN_OR_RETURN(Journal journal, Journal::Reopen(StatePath(opt_, "journal")));
     REFIT_RETURN_IF_ERROR(journal.Failed(failure.bound));
     REFIT_RETURN_IF_ERROR(journal.Sync());
   }
-  failed_vote_ = a.version;
-  return Status(step.status().code(),
-                std::string(step.status().message()) + "; voted failed on version " + V +
-                    " (its coordinator aborts it; the next step rolls it back)");
+  return VotedFailed(a.version, step.status(), "the next step rolls it back");
+}
+
+Status Receiver::PutFailedVote(uint64_t version, const Status& why) {
+  Status put = store_->Put(
+      VoteKey(version, opt_.member),
+      opt_.auth.SealMember(EncodeVote(Vote{false, why.ToString()})));
+  if (!put.ok()) {
+    return put.WithContext(why.ToString() + "; voting failed on version " +
+                           std::to_string(version));
+  }
+  return Status();
+}
+
+Status Receiver::VotedFailed(uint64_t version, const Status& why,
+                             const std::string& then) {
+  failed_vote_ = version;
+  return Status(why.code(), std::string(why.message()) +
+                                "; voted failed on version " +
+                                std::to_string(version) +
+                                " (its coordinator aborts it; " + then + ")");
 }
 
 Result<StepResult> Receiver::ApplyVersion(const Announcement& a,

@@ -28,13 +28,16 @@
 #include "refit/status.h"
 #include "sync/auth.h"
 #include "sync/protocol.h"
+#include "sync/staged_target.h"
 #include "transport/object_store.h"
 
 namespace refit {
 
 namespace internal {
 class FoldApply;
+class StagedPrepare;
 class VersionApply;
+struct PreparedVersions;
 }  // namespace internal
 
 struct ReceiverOptions {
@@ -46,6 +49,12 @@ struct ReceiverOptions {
   // receivers"); nothing makes them durable. The views must stay valid
   // while the receiver lives.
   std::vector<MutableTensorView> tensors;
+  // Used when `checkpoint` and `tensors` are empty: a two-phase receiver
+  // (docs/protocol.md, "Two-phase receivers") applying to these tensors,
+  // e.g. an engine's weights in GPU memory (cuda/device_target.h). Same
+  // precondition as `tensors`; Prepare() stages a version without
+  // writing, ActivatePrepared() applies it in one pause.
+  std::shared_ptr<StagedTarget> staged;
   std::string state_dir;   // holds "active" and "journal"
   Authenticator auth = Authenticator::None();
   int threads = 0;
@@ -71,7 +80,16 @@ struct ReceiverOptions {
 struct StepResult {
   // kSnapshot: the checkpoint was replaced by the snapshot of `version`
   // (docs/protocol.md, "Snapshots and retention").
-  enum class Outcome { kIdle, kCommitted, kAborted, kCaughtUp, kSnapshot };
+  // kPrepared (two-phase receivers, Receiver::Prepare): `version` is staged
+  // and committed; ActivatePrepared() applies it.
+  enum class Outcome {
+    kIdle,
+    kCommitted,
+    kAborted,
+    kCaughtUp,
+    kSnapshot,
+    kPrepared
+  };
   Outcome outcome = Outcome::kIdle;
   uint64_t version = 0;
   uint64_t chunks_applied = 0;
@@ -104,12 +122,23 @@ struct StepResult {
   // deltas (a torn range nobody re-sent, or a local model off its base):
   // why. Empty otherwise.
   std::string recovered;
+  // Two-phase receivers: the activation's pause (every staged chunk
+  // applied in place and checked), and the staging memory the version
+  // took (page-locked host and device bytes held while it was staged).
+  double pause_seconds = 0;
+  double pause_kernel_ms = 0;
+  double pause_verify_ms = 0;
+  uint64_t staged_host_bytes = 0;
+  uint64_t staged_device_bytes = 0;
 };
 
 class Receiver {
  public:
   static Result<std::unique_ptr<Receiver>> Open(ObjectStore* store,
                                                 ReceiverOptions options);
+  ~Receiver();
+  Receiver(const Receiver&) = delete;
+  Receiver& operator=(const Receiver&) = delete;
 
   uint64_t active_version() const { return active_; }
 
@@ -154,14 +183,45 @@ class Receiver {
   // `version`, so a committed `version` is where the receiver ends.
   Result<StepResult> SyncTo(uint64_t version, int timeout_ms);
 
+  // Two-phase receivers (ReceiverOptions::staged). Step() is Prepare()
+  // then ActivatePrepared(); an engine that pauses itself calls them
+  // apart. Prepare() does a step's work up to the activation without
+  // writing any tensor: it checks the held tensors against the version's
+  // base, fetches and checks every chunk (as they land) and stages them
+  // in the target, votes ready (a member) and waits for the decision;
+  // kPrepared once committed (then `version` is the version that
+  // ActivatePrepared() activates: the last of a fold, or a snapshot's),
+  // kAborted (nothing staged stays), kIdle. Prepare() again before
+  // ActivatePrepared() returns the same preparation.
+  Result<StepResult> Prepare(uint64_t fold_limit = UINT64_MAX);
+  // The pause: applies what Prepare() staged and activates it (kCommitted,
+  // kCaughtUp, kSnapshot). On failure the target restored every tensor
+  // and the receiver stays at its active version (the error says so; the
+  // next Prepare() stages the committed version again).
+  // FAILED_PRECONDITION when nothing is prepared.
+  Result<StepResult> ActivatePrepared();
+  bool prepared() const { return prepared_ != nullptr; }
+
  private:
   // The parts of a step (sync/version_apply.h, sync/fold_apply.h) use the
   // store, the options and the counters below.
   friend class internal::FoldApply;
+  friend class internal::StagedPrepare;
   friend class internal::VersionApply;
 
-  Receiver(ObjectStore* store, ReceiverOptions options)
-      : store_(store), opt_(std::move(options)) {}
+  Receiver(ObjectStore* store, ReceiverOptions options);
+  // Step()'s choice of what to do next; a two-phase receiver prepares it.
+  Result<StepResult> Next(uint64_t fold_limit);
+  // Two-phase receivers: stages the chain (one version, voting when
+  // `vote`, or committed versions to fold), or the snapshot `version`.
+  Result<StepResult> PrepareChain(const std::vector<Announcement>& chain,
+                                  const std::vector<Sha256>& shas, bool vote);
+  Result<StepResult> PrepareSnapshot(uint64_t version);
+  // Stores this member's vote that `version` failed for `why`; then
+  // VotedFailed() records it and says so, with what happens `then`.
+  Status PutFailedVote(uint64_t version, const Status& why);
+  Status VotedFailed(uint64_t version, const Status& why,
+                     const std::string& then);
   // Applies version `a` (voting when `vote`); when it cannot be applied
   // here, votes failed first (a member) and returns why.
   Result<StepResult> ProcessVersion(const Announcement& a, const Sha256& announcement_sha,
@@ -232,6 +292,8 @@ class Receiver {
   // failing its checks: the next fold through that version checks it
   // again before writing anything.
   std::optional<std::pair<uint64_t, uint64_t>> bad_fold_chunk_;
+  // Two-phase receivers: what Prepare() staged, until ActivatePrepared().
+  std::unique_ptr<internal::PreparedVersions> prepared_;
 };
 
 }  // namespace refit

@@ -466,6 +466,8 @@ const char* OutcomeName(StepResult::Outcome o) {
       return "caught-up";
     case StepResult::Outcome::kSnapshot:
       return "snapshot";
+    case StepResult::Outcome::kPrepared:
+      return "prepared";
   }
   return "?";
 }

@@ -1,0 +1,175 @@
+#include "sync/host_staged_target.h"
+
+#include <chrono>
+#include <cstring>
+#include <string>
+#include <utility>
+
+#include "delta/apply.h"
+#include "delta/chunk.h"
+
+namespace refit {
+
+HostStagedTarget::HostStagedTarget(std::vector<MutableTensorView> tensors,
+                                   uint64_t staging_limit)
+    : tensors_(std::move(tensors)), limit_(staging_limit) {
+  for (size_t i = 0; i < tensors_.size(); ++i) by_name_[tensors_[i].name] = i;
+}
+
+Status HostStagedTarget::Check(const std::vector<TensorEntry>& table) {
+  for (const TensorEntry& e : table) {
+    auto it = by_name_.find(e.name);
+    const MutableTensorView* t =
+        it == by_name_.end() ? nullptr : &tensors_[it->second];
+    if (t == nullptr || t->dtype != e.dtype || t->width != e.width ||
+        t->shape != e.shape) {
+      return FailedPreconditionError(
+          "tensor '" + e.name +
+          "' is not held here with the version's dtype and shape; "
+          "these are not the version's tensors");
+    }
+  }
+  return Status();
+}
+
+Result<uint8_t*> HostStagedTarget::Data(const std::vector<TensorEntry>& table,
+                                        uint64_t tensor_id) {
+  if (tensor_id >= table.size())
+    return DataLossError("a chunk names a tensor outside its table");
+  auto it = by_name_.find(table[tensor_id].name);
+  if (it == by_name_.end()) {
+    return FailedPreconditionError("tensor '" + table[tensor_id].name +
+                                   "' is not held here");
+  }
+  return tensors_[it->second].data;
+}
+
+Result<std::vector<std::optional<Hash128>>> HostStagedTarget::Hashes(
+    const std::vector<TensorEntry>& table) {
+  REFIT_RETURN_IF_ERROR(Check(table));
+  std::vector<std::optional<Hash128>> out;
+  for (const TensorEntry& e : table) {
+    const MutableTensorView& t = tensors_[by_name_[e.name]];
+    out.push_back(
+        RangeHash(t.data, e.num_elements * static_cast<uint64_t>(e.width)));
+  }
+  return out;
+}
+
+Status HostStagedTarget::Begin() {
+  retired_.clear();
+  staged_.clear();
+  staged_bytes_ = 0;
+  return Status();
+}
+
+Status HostStagedTarget::Add(size_t version,
+                             const std::vector<TensorEntry>& table,
+                             std::span<const uint8_t> chunk) {
+  if (staged_bytes_ + chunk.size() > limit_) {
+    return ResourceExhaustedError(
+        "staging the versions needs more than the staging limit of " +
+        std::to_string(limit_) + " bytes");
+  }
+  staged_bytes_ += chunk.size();
+  staged_.push_back(Staged{version, &table,
+                           std::vector<uint8_t>(chunk.begin(), chunk.end())});
+  return Status();
+}
+
+Status HostStagedTarget::Seal() {
+  for (const Staged& s : staged_) {
+    REFIT_ASSIGN_OR_RETURN(ParsedChunk c, ParseChunk(s.bytes));
+    REFIT_RETURN_IF_ERROR(Data(*s.table, c.header.tensor_id).status());
+  }
+  return Status();
+}
+
+Result<StagedApplyReport> HostStagedTarget::Apply() {
+  const auto t0 = std::chrono::steady_clock::now();
+  // Freed by the next Begin(), not in the pause.
+  retired_ = std::move(staged_);
+  staged_.clear();
+  staged_bytes_ = 0;
+  const std::vector<Staged>& staged = retired_;
+  StagedApplyReport report;
+  ApplyScratch scratch;
+  struct Done {
+    ParsedChunk chunk;
+    uint8_t* data;
+    UndoRecord undo;
+  };
+  std::vector<Done> done;
+  Status failed;
+  size_t last_version = SIZE_MAX;
+  for (size_t i = 0; i < staged.size() && failed.ok(); ++i) {
+    const Staged& s = staged[i];
+    auto c = ParseChunk(s.bytes);
+    if (!c.ok()) {
+      failed = c.status();
+      break;
+    }
+    auto data = Data(*s.table, c->header.tensor_id);
+    if (!data.ok()) {
+      failed = data.status();
+      break;
+    }
+    const ChunkHeader& h = c->header;
+    const uint64_t w = h.width;
+    if (ClassifyRange(h, RangeHash(*data + h.start * w, h.count * w)) !=
+        RangeState::kBefore) {
+      failed =
+          DataLossError("chunk of tensor '" + (*s.table)[h.tensor_id].name +
+                        "' at element " + std::to_string(h.start) +
+                        ": its range does not hold the chunk's base");
+      break;
+    }
+    Done d{*c, *data, {}};
+    failed = ApplyChunkInPlace(d.chunk, d.data, &scratch, nullptr, &d.undo);
+    if (failed.ok()) {
+      done.push_back(std::move(d));
+      if (s.version != last_version) ++report.versions;
+      last_version = s.version;
+    }
+  }
+  if (!failed.ok()) {
+    for (auto it = done.rbegin(); it != done.rend(); ++it) {
+      Status undone = UndoChunkInPlace(it->chunk, it->data, &scratch, it->undo);
+      if (!undone.ok()) {
+        return DataLossError(failed.ToString() +
+                             "; restoring the tensors failed too (" +
+                             undone.ToString() + "): load them again");
+      }
+    }
+    return Status(failed.code(),
+                  std::string(failed.message()) +
+                      "; every tensor was restored to what it held before");
+  }
+  report.chunks = done.size();
+  report.seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
+          .count();
+  return report;
+}
+
+Status HostStagedTarget::Load(const TensorEntry& e,
+                              std::span<const uint8_t> bytes) {
+  auto it = by_name_.find(e.name);
+  if (it == by_name_.end() ||
+      bytes.size() != e.num_elements * static_cast<uint64_t>(e.width)) {
+    return FailedPreconditionError("tensor '" + e.name +
+                                   "' cannot be loaded here");
+  }
+  std::memcpy(tensors_[it->second].data, bytes.data(), bytes.size());
+  return Status();
+}
+
+StagingUsage HostStagedTarget::usage() const {
+  StagingUsage u;
+  u.host_limit = limit_;
+  u.host_bytes = staged_bytes_;
+  u.staged_payload = staged_bytes_;
+  return u;
+}
+
+}  // namespace refit

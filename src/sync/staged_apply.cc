@@ -1,0 +1,391 @@
+#include "sync/staged_apply.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "base/hash.h"
+#include "format/safetensors.h"
+#include "sync/chunk_check.h"
+
+namespace refit::internal {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// As VersionApply: in how many consecutive reads the store must return a
+// chunk that fails its checks before the failure is the version's.
+constexpr int kPersistentBadReads = 4;
+
+int ElapsedMs(Clock::time_point since) {
+  return static_cast<int>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                              Clock::now() - since)
+                              .count());
+}
+
+double SecondsSince(Clock::time_point since) {
+  return std::chrono::duration<double>(Clock::now() - since).count();
+}
+
+}  // namespace
+
+Status StagedPrepare::CheckBase(bool* version_fault) {
+  const Announcement& a = out_.chain.front();
+  StagedTarget& target = *opt_.staged;
+  const std::string of = "version " + std::to_string(a.base_version) +
+                         ", the base of version " +
+                         std::to_string(out_.chain.back().version);
+  if (Status s = target.Check(a.tensors); !s.ok()) {
+    *version_fault = true;
+    return s;
+  }
+  REFIT_ASSIGN_OR_RETURN(auto hashes, target.Hashes(a.tensors));
+  for (size_t t = 0; t < a.tensors.size(); ++t) {
+    if (hashes[t] && *hashes[t] != a.tensors[t].before) {
+      *version_fault = true;
+      return FailedPreconditionError(
+          "tensor '" + a.tensors[t].name + "' as held here does not hash to " +
+          of +
+          ": these tensors are not the model the version builds "
+          "on; nothing was written");
+    }
+  }
+  return Status();
+}
+
+Status StagedPrepare::WaitForDecision(uint64_t version,
+                                      std::optional<Decision>* decision) {
+  const auto start = Clock::now();
+  const std::string V = std::to_string(version);
+  while (!*decision) {
+    if (ElapsedMs(start) > opt_.decision_timeout_ms) {
+      return DeadlineExceededError(
+          "voted ready for version " + V + " but no decision arrived within " +
+          std::to_string(opt_.decision_timeout_ms) +
+          " ms; nothing was written and the next step prepares it "
+          "again");
+    }
+    REFIT_RETURN_IF_ERROR(r_.Pause("the decision on version " + V));
+    REFIT_ASSIGN_OR_RETURN(*decision, r_.ReadDecision(version));
+  }
+  return Status();
+}
+
+Result<std::optional<StepResult>> StagedPrepare::StageVersion(
+    size_t k, bool* version_fault) {
+  const Announcement& a = out_.chain[k];
+  const std::string V = std::to_string(a.version);
+  std::optional<Manifest> m;
+  std::vector<Sha256> seen;
+  auto read_manifest = [&]() -> Status {
+    Sha256 sha;
+    auto got = r_.ReadManifest(a.version, &sha);
+    if (!got.ok())
+      return got.status().code() == StatusCode::kNotFound ? Status()
+                                                          : got.status();
+    if (!ManifestMatches(a, *got) || got->chunks.size() < seen.size()) {
+      return DataLossError("the manifest of version " + V +
+                           " does not match its announcement");
+    }
+    for (size_t i = 0; i < seen.size(); ++i) {
+      if (got->chunks[i].sha256 != seen[i]) {
+        return DataLossError(
+            "chunk " + std::to_string(i) + " of version " + V +
+            " that this receiver staged is not the one its manifest lists");
+      }
+    }
+    m = std::move(*got);
+    return Status();
+  };
+  REFIT_RETURN_IF_ERROR(read_manifest());
+  std::optional<Clock::time_point> manifest_seen;
+  auto last_progress = Clock::now();
+  int polls = 0, bad_reads = 0;
+  for (uint64_t i = 0;;) {
+    if (m) {
+      if (!manifest_seen) manifest_seen = Clock::now();
+      if (i >= m->chunks.size()) break;
+    }
+    auto got = r_.store_->Get(ChunkKey(a.version, i));
+    if (got.ok()) {
+      result_.bytes_fetched += got->size();
+      std::span<const uint8_t> bytes;
+      auto c = CheckChunk(*got,
+                          ChunkSpec{&a, i, m ? &*m : nullptr, /*resend=*/false},
+                          opt_.auth, &bytes);
+      if (!c.ok()) {
+        if (!FailsItsChecks(c.status())) return c.status();
+        // Read it again: damaged bytes in transit differ from read to
+        // read; a damaged stored object is the version's fault.
+        if (++bad_reads >= kPersistentBadReads) {
+          *version_fault = true;
+          return c.status();
+        }
+        REFIT_RETURN_IF_ERROR(
+            r_.Pause("chunk " + std::to_string(i) + " of version " + V));
+        continue;
+      }
+      bad_reads = 0;
+      seen.push_back(m ? m->chunks[i].sha256 : ComputeSha256(*got));
+      if (Status s = opt_.staged->Add(k, a.tensors, bytes); !s.ok()) {
+        // A version the staging cannot hold cannot be applied here.
+        *version_fault = s.code() == StatusCode::kResourceExhausted;
+        return s;
+      }
+      result_.changed_elements += c->header.changed;
+      if (!m) ++result_.chunks_before_manifest;
+      last_progress = Clock::now();
+      ++i;
+      continue;
+    }
+    if (got.status().code() != StatusCode::kNotFound) return got.status();
+    if (m) {
+      return DataLossError("the manifest of version " + V + " lists chunk " +
+                           std::to_string(i) +
+                           " but the store does not hold it");
+    }
+    REFIT_RETURN_IF_ERROR(read_manifest());
+    if (m) continue;
+    if (++polls % 8 == 0) {
+      REFIT_ASSIGN_OR_RETURN(auto d, r_.ReadDecision(a.version));
+      if (d && !d->commit) {
+        result_.outcome = StepResult::Outcome::kAborted;
+        return std::optional<StepResult>(result_);
+      }
+    }
+    if (ElapsedMs(last_progress) > opt_.chunk_timeout_ms) {
+      return DeadlineExceededError(
+          "version " + V + ": neither chunk " + std::to_string(i) +
+          " nor the manifest arrived within " +
+          std::to_string(opt_.chunk_timeout_ms) +
+          " ms; its publisher may have stopped; nothing was written");
+    }
+    REFIT_RETURN_IF_ERROR(
+        r_.Pause("chunk " + std::to_string(i) + " of version " + V));
+  }
+  if (k + 1 == out_.chain.size())
+    result_.tail_seconds = SecondsSince(*manifest_seen);
+  manifests_[k] = std::move(*m);
+  return std::optional<StepResult>();
+}
+
+Result<StepResult> StagedPrepare::Chain(bool vote, bool* version_fault) {
+  const auto t0 = Clock::now();
+  const std::vector<Announcement>& chain = out_.chain;
+  const uint64_t v = chain.back().version;
+  result_.version = v;
+  result_.versions_folded = chain.size();
+  StagedTarget& target = *opt_.staged;
+  REFIT_RETURN_IF_ERROR(target.Begin());
+  REFIT_RETURN_IF_ERROR(CheckBase(version_fault));
+  manifests_.resize(chain.size());
+  for (size_t k = 0; k < chain.size(); ++k) {
+    if (k > 0) {
+      const auto& prev = manifests_[k - 1].tensors;
+      bool lined_up = prev.size() == chain[k].tensors.size();
+      for (size_t t = 0; lined_up && t < prev.size(); ++t) {
+        lined_up = SameTensor(prev[t], chain[k].tensors[t]) &&
+                   prev[t].after == chain[k].tensors[t].before;
+      }
+      if (!lined_up) {
+        return DataLossError("version " + std::to_string(chain[k].version) +
+                             " does not build on version " +
+                             std::to_string(chain[k - 1].version) +
+                             " as its manifest records it");
+      }
+      REFIT_RETURN_IF_ERROR(target.Check(chain[k].tensors));
+    }
+    REFIT_ASSIGN_OR_RETURN(auto aborted, StageVersion(k, version_fault));
+    if (aborted) {
+      REFIT_RETURN_IF_ERROR(target.Begin());
+      aborted->seconds = SecondsSince(t0);
+      return std::move(*aborted);
+    }
+  }
+  if (Status s = target.Seal(); !s.ok()) {
+    *version_fault = s.code() == StatusCode::kResourceExhausted;
+    return s;
+  }
+  const StagingUsage usage = target.usage();
+  result_.staged_host_bytes = usage.host_bytes;
+  result_.staged_device_bytes = usage.device_bytes;
+  if (vote) {
+    REFIT_RETURN_IF_ERROR(
+        r_.store_->Put(VoteKey(v, opt_.member),
+                       opt_.auth.SealMember(EncodeVote(Vote{true, ""}))));
+    std::optional<Decision> decision;
+    REFIT_ASSIGN_OR_RETURN(decision, r_.ReadDecision(v));
+    REFIT_RETURN_IF_ERROR(WaitForDecision(v, &decision));
+    if (!decision->commit) {
+      REFIT_RETURN_IF_ERROR(target.Begin());
+      result_.outcome = StepResult::Outcome::kAborted;
+      result_.seconds = SecondsSince(t0);
+      return result_;
+    }
+  }
+  out_.outcome =
+      vote ? StepResult::Outcome::kCommitted : StepResult::Outcome::kCaughtUp;
+  std::vector<bool> touched(chain.front().tensors.size(), false);
+  for (const Manifest& m : manifests_) {
+    for (const ManifestChunk& c : m.chunks) {
+      if (c.changed > 0 && c.tensor_id < touched.size())
+        touched[c.tensor_id] = true;
+    }
+  }
+  for (size_t t = 0; t < touched.size(); ++t) {
+    if (touched[t])
+      result_.changed_tensors.push_back(chain.front().tensors[t].name);
+  }
+  result_.outcome = StepResult::Outcome::kPrepared;
+  result_.seconds = SecondsSince(t0);
+  out_.result = result_;
+  return result_;
+}
+
+Result<StepResult> StagedPrepare::Snapshot(uint64_t version) {
+  const auto t0 = Clock::now();
+  const std::string V = std::to_string(version);
+  result_.version = version;
+  REFIT_ASSIGN_OR_RETURN(auto index_bytes,
+                         r_.store_->Get(SnapshotIndexKey(version)));
+  result_.bytes_fetched += index_bytes.size();
+  REFIT_ASSIGN_OR_RETURN(auto body, opt_.auth.Open(index_bytes));
+  REFIT_ASSIGN_OR_RETURN(SnapshotIndex index, DecodeSnapshotIndex(body));
+  if (index.version != version)
+    return DataLossError("snapshot index names another version");
+  REFIT_RETURN_IF_ERROR(opt_.staged->Check(index.tensors));
+  std::vector<std::optional<std::span<const uint8_t>>> found(
+      index.tensors.size());
+  std::vector<std::vector<uint8_t>> files;
+  for (size_t i = 0; i < index.files.size(); ++i) {
+    const SnapshotFile& f = index.files[i];
+    REFIT_ASSIGN_OR_RETURN(auto bytes,
+                           r_.store_->Get(SnapshotFileKey(version, i)));
+    result_.bytes_fetched += bytes.size();
+    if (bytes.size() != f.size || ComputeSha256(bytes) != f.sha256) {
+      return DataLossError("snapshot " + V + " file '" + f.name +
+                           "' does not match its SHA-256 in the index");
+    }
+    files.push_back(std::move(bytes));
+  }
+  for (const std::vector<uint8_t>& file : files) {
+    REFIT_ASSIGN_OR_RETURN(SafetensorsHeader h,
+                           ParseSafetensorsHeader(file, file.size()));
+    for (const SafetensorsTensor& st : h.tensors) {
+      for (size_t t = 0; t < index.tensors.size(); ++t) {
+        if (index.tensors[t].name == st.name) {
+          found[t] =
+              std::span<const uint8_t>(file).subspan(st.offset, st.byte_size);
+        }
+      }
+    }
+  }
+  for (size_t t = 0; t < index.tensors.size(); ++t) {
+    const TensorEntry& e = index.tensors[t];
+    if (!found[t] ||
+        found[t]->size() != e.num_elements * static_cast<uint64_t>(e.width) ||
+        RangeHash(found[t]->data(), found[t]->size()) != e.after) {
+      return DataLossError("tensor '" + e.name + "' of snapshot " + V +
+                           " is missing or does not hash to the index");
+    }
+    out_.snapshot_bytes.emplace_back(found[t]->begin(), found[t]->end());
+  }
+  out_.snapshot_tensors = std::move(index.tensors);
+  out_.outcome = StepResult::Outcome::kSnapshot;
+  result_.outcome = StepResult::Outcome::kPrepared;
+  for (const TensorEntry& e : out_.snapshot_tensors)
+    result_.changed_tensors.push_back(e.name);
+  result_.seconds = SecondsSince(t0);
+  out_.result = result_;
+  return result_;
+}
+
+}  // namespace refit::internal
+
+namespace refit {
+
+Result<StepResult> Receiver::PrepareChain(
+    const std::vector<Announcement>& chain, const std::vector<Sha256>& shas,
+    bool vote) {
+  (void)shas;  // nothing is journaled: the staging dies with the process
+  auto p = std::make_unique<internal::PreparedVersions>();
+  p->chain = chain;
+  bool fault = false;
+  Result<StepResult> step =
+      internal::StagedPrepare(this, p.get()).Chain(vote, &fault);
+  if (!step.ok()) {
+    (void)opt_.staged->Begin();  // drops what was staged
+    if (vote && fault) {
+      REFIT_RETURN_IF_ERROR(PutFailedVote(chain.back().version, step.status()));
+      return VotedFailed(chain.back().version, step.status(),
+                         "nothing was written");
+    }
+    return step;
+  }
+  if (step->outcome == StepResult::Outcome::kPrepared) prepared_ = std::move(p);
+  return step;
+}
+
+Result<StepResult> Receiver::PrepareSnapshot(uint64_t version) {
+  auto p = std::make_unique<internal::PreparedVersions>();
+  REFIT_ASSIGN_OR_RETURN(
+      StepResult step,
+      internal::StagedPrepare(this, p.get()).Snapshot(version));
+  prepared_ = std::move(p);
+  return step;
+}
+
+Result<StepResult> Receiver::Prepare(uint64_t fold_limit) {
+  if (!opt_.staged) {
+    return FailedPreconditionError("receiver '" + opt_.member +
+                                   "' is not a two-phase receiver; use Step()");
+  }
+  if (prepared_) return prepared_->result;
+  failed_vote_.reset();
+  reread_pending_ = false;
+  return Next(fold_limit);
+}
+
+Result<StepResult> Receiver::ActivatePrepared() {
+  if (!prepared_) {
+    return FailedPreconditionError(
+        "receiver '" + opt_.member +
+        "' has nothing prepared to activate; call Prepare() first");
+  }
+  std::unique_ptr<internal::PreparedVersions> p = std::move(prepared_);
+  StepResult result = p->result;
+  const std::string stays = "; receiver '" + opt_.member +
+                            "' stays at version " + std::to_string(active_);
+  const auto t0 = std::chrono::steady_clock::now();
+  if (p->outcome == StepResult::Outcome::kSnapshot) {
+    for (size_t t = 0; t < p->snapshot_tensors.size(); ++t) {
+      Status s =
+          opt_.staged->Load(p->snapshot_tensors[t], p->snapshot_bytes[t]);
+      if (!s.ok()) {
+        return DataLossError(
+            s.ToString() + "; loading snapshot " +
+            std::to_string(result.version) +
+            " stopped midway: the tensors hold parts of both versions; "
+            "load them again");
+      }
+    }
+  } else {
+    auto applied = opt_.staged->Apply();
+    if (!applied.ok()) {
+      return Status(applied.status().code(),
+                    std::string(applied.status().message()) + stays);
+    }
+    result.chunks_applied = applied->chunks;
+    result.pause_kernel_ms = applied->kernel_ms;
+    result.pause_verify_ms = applied->verify_ms;
+    chunks_applied_total_ += applied->chunks;
+  }
+  result.pause_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
+          .count();
+  REFIT_RETURN_IF_ERROR(Activate(result.version));
+  result.seconds += result.pause_seconds;
+  result.outcome = p->outcome;
+  return result;
+}
+
+}  // namespace refit

@@ -1,0 +1,356 @@
+// Two-phase receivers (docs/protocol.md, "Two-phase receivers") through a
+// directory store, with the host target: nothing is written before the
+// activation, votes, aborts, folds, a damaged chunk, a failed activation
+// that restores, snapshots and the staging bound.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <filesystem>
+#include <random>
+#include <thread>
+
+#include "sync/host_staged_target.h"
+#include "sync/keys.h"
+#include "sync/publisher.h"
+#include "sync/receiver.h"
+#include "sync/test_model.h"
+#include "testing.h"
+#include "transport/object_store.h"
+
+namespace refit {
+namespace {
+
+using Model = testing::TestModel;
+using Outcome = StepResult::Outcome;
+using testing::TempDir;
+
+Authenticator Key() {
+  return *Authenticator::Hmac(std::vector<uint8_t>(32, 7));
+}
+
+// Returns damaged bytes for one key, every time (a damaged stored object).
+class DamageStore final : public ObjectStore {
+ public:
+  explicit DamageStore(ObjectStore* inner) : inner_(inner) {}
+  std::string Describe() const override {
+    return "damage(" + inner_->Describe() + ")";
+  }
+  Status Put(std::string_view k, std::span<const uint8_t> d) override {
+    return inner_->Put(k, d);
+  }
+  Status PutIfAbsent(std::string_view k, std::span<const uint8_t> d) override {
+    return inner_->PutIfAbsent(k, d);
+  }
+  Result<std::vector<ObjectInfo>> List(std::string_view p) override {
+    return inner_->List(p);
+  }
+  Status Delete(std::string_view k) override { return inner_->Delete(k); }
+  Result<std::vector<uint8_t>> Get(std::string_view key) override {
+    REFIT_ASSIGN_OR_RETURN(auto bytes, inner_->Get(key));
+    if (key == damaged_ && !bytes.empty()) bytes[bytes.size() / 2] ^= 0x10;
+    return bytes;
+  }
+  std::string damaged_;
+
+ private:
+  ObjectStore* inner_;
+};
+
+class StagedTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto s = OpenObjectStore(dir_.File("store"));
+    ASSERT_OK(s);
+    store_ = std::move(*s);
+    model_.Write(dir_.File("baseline.safetensors"));
+  }
+  PublisherOptions MakePublisher(int members) {
+    PublisherOptions o;
+    for (int i = 0; i < members; ++i)
+      o.members.push_back("r" + std::to_string(i));
+    o.auth = Key();
+    o.poll_ms = 2;
+    o.vote_timeout_ms = 20000;
+    o.diff.chunk_bytes = 64 * 1024;
+    return o;
+  }
+  // A two-phase receiver on `memory`, named r<i>.
+  ReceiverOptions MakeStaged(int i, Model* memory,
+                             uint64_t limit = uint64_t{1} << 30) {
+    const std::string name = "r" + std::to_string(i);
+    std::filesystem::create_directories(dir_.File(name));
+    ReceiverOptions o;
+    o.member = name;
+    o.state_dir = dir_.File(name);
+    o.staged =
+        std::make_shared<HostStagedTarget>(memory->MutableViews(), limit);
+    o.auth = Key();
+    o.poll_ms = 2;
+    o.decision_timeout_ms = 20000;
+    o.chunk_timeout_ms = 20000;
+    return o;
+  }
+
+  TempDir dir_;
+  std::unique_ptr<ObjectStore> store_;
+  Model model_{3};
+};
+
+// Prepare() stages and votes without writing; ActivatePrepared() applies.
+TEST_F(StagedTest, PrepareWritesNothingAndActivateApplies) {
+  auto pub = Publisher::Open(store_.get(), dir_.File("baseline.safetensors"),
+                             MakePublisher(1));
+  ASSERT_OK(pub);
+  Model memory = model_;
+  auto r = Receiver::Open(store_.get(), MakeStaged(0, &memory));
+  ASSERT_OK(r);
+  Model trainer = model_;
+  std::mt19937_64 rng(5);
+  for (uint64_t v = 1; v <= 6; ++v) {
+    Model before = memory;
+    trainer.Step(rng, v == 3 ? 0.6 : 0.03);  // one dense step
+    Result<StepResult> prepared = InternalError("not run");
+    std::thread t([&] {
+      for (int i = 0; i < 5000; ++i) {
+        prepared = (*r)->Prepare();
+        if (!prepared.ok() || prepared->outcome != Outcome::kIdle) return;
+        std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      }
+    });
+    auto report = (*pub)->Publish(v, trainer.Views());
+    t.join();
+    ASSERT_OK(report);
+    ASSERT_TRUE(report->committed) << report->reason;
+    ASSERT_OK(prepared);
+    ASSERT_EQ(prepared->outcome, Outcome::kPrepared);
+    EXPECT_EQ(prepared->version, v);
+    EXPECT_TRUE((*r)->prepared());
+    EXPECT_EQ(memory.data, before.data) << "prepare wrote version " << v;
+    EXPECT_EQ((*r)->active_version(), v - 1);
+    auto again = (*r)->Prepare();  // the same preparation
+    ASSERT_OK(again);
+    EXPECT_EQ(again->version, v);
+    auto active = (*r)->ActivatePrepared();
+    ASSERT_OK(active);
+    EXPECT_EQ(active->outcome, Outcome::kCommitted);
+    EXPECT_GT(active->chunks_applied, 0u);
+    EXPECT_GE(active->pause_seconds, 0.0);
+    EXPECT_GT(active->staged_host_bytes, 0u);
+    EXPECT_EQ(memory.data, trainer.data) << "version " << v;
+    EXPECT_EQ((*r)->active_version(), v);
+  }
+  EXPECT_EQ((*r)->ActivatePrepared().status().code(),
+            StatusCode::kFailedPrecondition);
+}
+
+// A version a silent member aborts is dropped without a write; a late
+// two-phase receiver folds the committed versions into one pause.
+TEST_F(StagedTest, AbortsWriteNothingAndLateReceiversFold) {
+  auto popts = MakePublisher(2);
+  popts.vote_timeout_ms = 3000;
+  auto pub =
+      Publisher::Open(store_.get(), dir_.File("baseline.safetensors"), popts);
+  ASSERT_OK(pub);
+  Model m0 = model_, m1 = model_, late = model_;
+  auto r0 = Receiver::Open(store_.get(), MakeStaged(0, &m0));
+  auto r1 = Receiver::Open(store_.get(), MakeStaged(1, &m1));
+  ASSERT_OK(r0);
+  ASSERT_OK(r1);
+  Model trainer = model_;
+  std::mt19937_64 rng(6);
+  for (uint64_t v = 1; v <= 4; ++v) {
+    trainer.Step(rng, 0.02);
+    std::thread t0([&] { EXPECT_OK((*r0)->SyncTo(v, 20000)); });
+    std::thread t1([&] { EXPECT_OK((*r1)->SyncTo(v, 20000)); });
+    auto report = (*pub)->Publish(v, trainer.Views());
+    t0.join();
+    t1.join();
+    ASSERT_OK(report);
+    ASSERT_TRUE(report->committed);
+    EXPECT_EQ(m0.data, trainer.data);
+    EXPECT_EQ(m1.data, trainer.data);
+  }
+  // r1 stays silent: version 5 aborts; r0 staged it and drops it.
+  Model at4 = trainer;
+  trainer.Step(rng, 0.02);
+  Result<StepResult> step = InternalError("not run");
+  std::thread t0([&] {
+    for (int i = 0; i < 5000; ++i) {
+      step = (*r0)->Step();
+      if (!step.ok() || step->outcome != Outcome::kIdle) return;
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+  });
+  auto report = (*pub)->Publish(5, trainer.Views());
+  t0.join();
+  ASSERT_OK(report);
+  EXPECT_FALSE(report->committed);
+  ASSERT_OK(step);
+  EXPECT_EQ(step->outcome, Outcome::kAborted);
+  EXPECT_FALSE((*r0)->prepared());
+  EXPECT_EQ(m0.data, at4.data);
+  EXPECT_EQ((*r0)->active_version(), 4u);
+  // A receiver still at version 0 catches up with versions 1-4 in one
+  // pause (5 was aborted).
+  auto r9 = Receiver::Open(store_.get(), MakeStaged(9, &late));
+  ASSERT_OK(r9);
+  auto caught = (*r9)->Step();
+  ASSERT_OK(caught);
+  EXPECT_EQ(caught->outcome, Outcome::kCaughtUp);
+  EXPECT_EQ(caught->version, 4u);
+  EXPECT_EQ(caught->versions_folded, 4u);
+  EXPECT_EQ(late.data, at4.data);
+}
+
+// A chunk the store keeps returning damaged: the member votes failed, the
+// version aborts, and its tensors were never written.
+TEST_F(StagedTest, DamagedChunkVotesFailedAndWritesNothing) {
+  DamageStore damage(store_.get());
+  damage.damaged_ = ChunkKey(1, 1);
+  auto popts = MakePublisher(1);
+  auto pub =
+      Publisher::Open(store_.get(), dir_.File("baseline.safetensors"), popts);
+  ASSERT_OK(pub);
+  Model memory = model_;
+  auto r = Receiver::Open(&damage, MakeStaged(0, &memory));
+  ASSERT_OK(r);
+  Model trainer = model_;
+  std::mt19937_64 rng(7);
+  trainer.Step(rng, 0.05);
+  Result<StepResult> step = InternalError("not run");
+  std::thread t([&] {
+    for (int i = 0; i < 5000; ++i) {
+      step = (*r)->Step();
+      if (!step.ok() || step->outcome != Outcome::kIdle) return;
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+  });
+  auto report = (*pub)->Publish(1, trainer.Views());
+  t.join();
+  ASSERT_OK(report);
+  EXPECT_FALSE(report->committed);
+  // The damaged byte fails the envelope's authentication tag.
+  EXPECT_EQ(step.status().code(), StatusCode::kUnauthenticated)
+      << step.status().ToString();
+  EXPECT_EQ((*r)->failed_vote(), std::optional<uint64_t>(1));
+  EXPECT_EQ(memory.data, model_.data);
+  // The next version (on base 0) applies.
+  damage.damaged_.clear();
+  trainer.Step(rng, 0.02);
+  std::thread t2([&] { EXPECT_OK((*r)->SyncTo(2, 20000)); });
+  auto next = (*pub)->Publish(2, trainer.Views());
+  t2.join();
+  ASSERT_OK(next);
+  EXPECT_TRUE(next->committed);
+  EXPECT_EQ(memory.data, trainer.data);
+}
+
+// Memory that changed between Prepare() and ActivatePrepared() makes a
+// chunk fail in the pause: every tensor is restored and the receiver stays
+// at its version; the next preparation refuses the changed model.
+TEST_F(StagedTest, FailedActivationRestoresEveryTensor) {
+  auto pub = Publisher::Open(store_.get(), dir_.File("baseline.safetensors"),
+                             MakePublisher(1));
+  ASSERT_OK(pub);
+  Model memory = model_;
+  auto r = Receiver::Open(store_.get(), MakeStaged(0, &memory));
+  ASSERT_OK(r);
+  Model trainer = model_;
+  std::mt19937_64 rng(8);
+  trainer.Step(rng, 0.03);
+  Result<StepResult> prepared = InternalError("not run");
+  std::thread t([&] {
+    for (int i = 0; i < 5000; ++i) {
+      prepared = (*r)->Prepare();
+      if (!prepared.ok() || prepared->outcome != Outcome::kIdle) return;
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+  });
+  auto report = (*pub)->Publish(1, trainer.Views());
+  t.join();
+  ASSERT_OK(report);
+  ASSERT_OK(prepared);
+  ASSERT_EQ(prepared->outcome, Outcome::kPrepared);
+  // The last tensor's bytes change under the receiver (its chunks come last).
+  memory.data[2][10] ^= 0x40;
+  Model changed = memory;
+  auto active = (*r)->ActivatePrepared();
+  EXPECT_EQ(active.status().code(), StatusCode::kDataLoss)
+      << active.status().ToString();
+  EXPECT_NE(active.status().ToString().find("restored"), std::string::npos);
+  EXPECT_EQ(memory.data, changed.data);
+  EXPECT_EQ((*r)->active_version(), 0u);
+  auto again = (*r)->Step();
+  EXPECT_EQ(again.status().code(), StatusCode::kFailedPrecondition)
+      << again.status().ToString();
+  EXPECT_EQ(memory.data, changed.data);
+}
+
+// Staging bounded below one version: a clear error, nothing written.
+TEST_F(StagedTest, StagingLimitBelowOneVersionIsAnError) {
+  auto popts = MakePublisher(1);
+  popts.vote_timeout_ms = 20000;  // the failed vote aborts it at once
+  auto pub =
+      Publisher::Open(store_.get(), dir_.File("baseline.safetensors"), popts);
+  ASSERT_OK(pub);
+  Model memory = model_;
+  auto r = Receiver::Open(store_.get(), MakeStaged(0, &memory, /*limit=*/1000));
+  ASSERT_OK(r);
+  Model trainer = model_;
+  std::mt19937_64 rng(9);
+  trainer.Step(rng, 0.05);
+  Result<StepResult> step = InternalError("not run");
+  std::thread t([&] {
+    for (int i = 0; i < 5000; ++i) {
+      step = (*r)->Step();
+      if (!step.ok() || step->outcome != Outcome::kIdle) return;
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+  });
+  auto report = (*pub)->Publish(1, trainer.Views());
+  t.join();
+  ASSERT_OK(report);
+  EXPECT_FALSE(report->committed);
+  EXPECT_EQ(step.status().code(), StatusCode::kResourceExhausted)
+      << step.status().ToString();
+  EXPECT_EQ((*r)->failed_vote(), std::optional<uint64_t>(1));
+  EXPECT_EQ(memory.data, model_.data);
+}
+
+// A receiver whose chain of versions was deleted takes the newest
+// snapshot in its pause, then follows versions again.
+TEST_F(StagedTest, SnapshotIntoStagedTensors) {
+  auto popts = MakePublisher(1);
+  popts.snapshot_every = 2;
+  popts.keep_versions = 1;
+  auto pub =
+      Publisher::Open(store_.get(), dir_.File("baseline.safetensors"), popts);
+  ASSERT_OK(pub);
+  Model m0 = model_;
+  auto r0 = Receiver::Open(store_.get(), MakeStaged(0, &m0));
+  ASSERT_OK(r0);
+  Model trainer = model_;
+  std::mt19937_64 rng(10);
+  for (uint64_t v = 1; v <= 4; ++v) {
+    trainer.Step(rng, 0.02);
+    std::thread t([&] { EXPECT_OK((*r0)->SyncTo(v, 20000)); });
+    auto report = (*pub)->Publish(v, trainer.Views());
+    t.join();
+    ASSERT_OK(report);
+    ASSERT_TRUE(report->committed);
+  }
+  Model fresh =
+      model_;  // another worker, loaded with zeros: it takes the snapshot
+  for (auto& d : fresh.data) std::fill(d.begin(), d.end(), 0);
+  auto r5 = Receiver::Open(store_.get(), MakeStaged(5, &fresh));
+  ASSERT_OK(r5);
+  auto snap = (*r5)->Step();
+  ASSERT_OK(snap);
+  EXPECT_EQ(snap->outcome, Outcome::kSnapshot);
+  EXPECT_EQ(snap->version, 4u);
+  EXPECT_EQ(fresh.data, trainer.data);
+  EXPECT_EQ((*r5)->active_version(), 4u);
+}
+
+}  // namespace
+}  // namespace refit
