@@ -912,14 +912,18 @@ __global__ void __launch_bounds__(kApplyThreads)
   }
 }
 
-// One block per chunk, 8 warps over its 64 KiB segments.
+// kDigestBlocks blocks per chunk (blockIdx.y), their warps over its 64 KiB
+// segments: one block of 8 warps per chunk left most of the GPU idle while
+// a batch's ranges were hashed (a batch holds tens of chunks of megabytes).
+constexpr uint32_t kDigestBlocks = 16;
 __global__ void __launch_bounds__(kThreads) SegmentDigestKernel(BatchDevice b) {
   const DevChunk& c = b.chunks[blockIdx.x];
   if (c.range_address == 0 || b.status[c.status_index] != kStatusOk) return;
   const uint64_t bytes = uint64_t{c.n} * c.width;
   const uint8_t* base = Addr(c.range_address);
   uint64_t* dig = reinterpret_cast<uint64_t*>(b.scratch) + 2 * c.seg_first;
-  const uint32_t warp = threadIdx.x / 32, warps = blockDim.x / 32;
+  const uint32_t warps = gridDim.y * (blockDim.x / 32);
+  const uint32_t warp = blockIdx.y * (blockDim.x / 32) + threadIdx.x / 32;
   for (uint32_t s = warp; s < c.segments; s += warps) {
     const uint64_t off = uint64_t{s} * kSegment;
     const uint64_t len = bytes - off < kSegment ? bytes - off : kSegment;
@@ -1037,7 +1041,8 @@ cudaError_t LaunchApply(const BatchDevice& b, cudaStream_t stream) {
 
 cudaError_t LaunchVerifyAfter(const BatchDevice& b, cudaStream_t stream) {
   if (b.num_chunks == 0) return cudaSuccess;
-  SegmentDigestKernel<<<b.num_chunks, kThreads, 0, stream>>>(b);
+  SegmentDigestKernel<<<dim3(b.num_chunks, kDigestBlocks), kThreads, 0,
+                        stream>>>(b);
   CheckKernel<<<b.num_chunks, kThreads, 0, stream>>>(b, 0, nullptr);
   if (b.fused_lanes != 0) {
     const cudaError_t e = LaunchFused(b, 1, stream);
@@ -1049,7 +1054,8 @@ cudaError_t LaunchVerifyAfter(const BatchDevice& b, cudaStream_t stream) {
 cudaError_t LaunchClassify(const BatchDevice& b, uint8_t* state,
                            cudaStream_t stream) {
   if (b.num_chunks == 0) return cudaSuccess;
-  SegmentDigestKernel<<<b.num_chunks, kThreads, 0, stream>>>(b);
+  SegmentDigestKernel<<<dim3(b.num_chunks, kDigestBlocks), kThreads, 0,
+                        stream>>>(b);
   CheckKernel<<<b.num_chunks, kThreads, 0, stream>>>(b, 1, state);
   return cudaGetLastError();
 }

@@ -1,0 +1,465 @@
+#include "cuda/device_target.h"
+
+#include <cuda_runtime_api.h>
+
+#include <chrono>
+#include <cstring>
+#include <map>
+#include <utility>
+
+#include "codec/payload.h"
+#include "cuda/cuda_common.h"
+#include "cuda/pipeline.h"
+
+namespace refit::cuda {
+
+using internal::DeviceBuffer;
+
+namespace {
+
+bool IsXorKind(uint8_t kind) {
+  return kind == static_cast<uint8_t>(codec::ChunkKind::kSparseXor) ||
+         kind == static_cast<uint8_t>(codec::ChunkKind::kDenseXor);
+}
+
+uint64_t Elements(const TensorPlacement& p) { return p.rows * p.cols; }
+
+}  // namespace
+
+struct DeviceTarget::Impl {
+  std::map<std::string, CanonicalTensor> tensors;
+  PlacementPlan plan;
+  DeviceTargetOptions opt;
+  bool verify = true;
+  // Device address of each tensor stored whole and contiguously (hashable).
+  std::map<std::string, uint64_t> contiguous;
+  std::map<std::string, Hash128> last_hashes;  // from the last Hashes()
+  // GPU receivers by tensor table (names), checking ranges or not.
+  std::map<std::vector<std::string>, std::unique_ptr<Receiver>> receivers,
+      unchecked;
+
+  struct Version {
+    const std::vector<TensorEntry>* table = nullptr;
+    std::vector<uint8_t> bytes;
+    std::vector<ChunkSpan> spans;
+    PreparedDelta prepared;
+    Receiver* receiver = nullptr;
+    uint64_t offset = 0;         // in the staged payload
+    std::vector<uint8_t> kinds;  // chunk kind by chunk index
+  };
+  std::vector<Version> versions;
+  // Applied (or restored) versions, freed by the next Begin(): releasing
+  // their host memory (munmap of the staged bytes) takes milliseconds per
+  // hundred megabytes, which the pause does not need to wait for.
+  std::vector<Version> retired;
+  uint64_t staged = 0;
+  bool sealed = false;
+  bool on_device = false;
+  DeviceBuffer payload;
+  uint8_t* pinned = nullptr;
+  uint64_t pinned_size = 0;
+  struct Saved {
+    uint64_t address, length, offset;
+  };
+  std::vector<Saved> saved;
+  bool restorable = true;
+  DeviceBuffer backup;
+  cudaStream_t stream = nullptr;
+
+  ~Impl() {
+    if (pinned) cudaFreeHost(pinned);
+    if (stream) cudaStreamDestroy(stream);
+  }
+
+  // Drops the staging after Apply; its memory goes with the next Begin().
+  void Retire() {
+    retired = std::move(versions);
+    versions.clear();
+    staged = 0;
+    sealed = false;
+    saved.clear();
+    restorable = true;
+  }
+
+  Result<Receiver*> ReceiverFor(const std::vector<TensorEntry>& table,
+                                bool check) {
+    std::vector<std::string> names;
+    for (const TensorEntry& e : table) names.push_back(e.name);
+    auto& cache = check ? receivers : unchecked;
+    auto it = cache.find(names);
+    if (it != cache.end()) return it->second.get();
+    ReceiverOptions ro;
+    ro.staging_bytes = opt.apply_staging_bytes;
+    ro.verify = check && verify;
+    ro.host_threads = opt.host_threads;
+    ro.device = opt.device;
+    REFIT_ASSIGN_OR_RETURN(auto r, Receiver::Create(plan, names, ro));
+    Receiver* raw = r.get();
+    cache.emplace(std::move(names), std::move(r));
+    return raw;
+  }
+
+  Result<std::vector<std::optional<Hash128>>> HashHeld(
+      const std::vector<TensorEntry>& table) {
+    std::vector<DeviceRange> ranges;
+    std::vector<size_t> which;
+    for (size_t t = 0; t < table.size(); ++t) {
+      auto it = contiguous.find(table[t].name);
+      if (it == contiguous.end()) continue;
+      ranges.push_back(
+          {reinterpret_cast<const void*>(it->second),
+           table[t].num_elements * static_cast<uint64_t>(table[t].width)});
+      which.push_back(t);
+    }
+    REFIT_CUDA_RETURN(cudaSetDevice(opt.device), "cudaSetDevice");
+    REFIT_ASSIGN_OR_RETURN(auto hashes, RangeHashesDevice(ranges));
+    std::vector<std::optional<Hash128>> out(table.size());
+    for (size_t i = 0; i < which.size(); ++i) out[which[i]] = hashes[i];
+    return out;
+  }
+
+  // Undoes what Apply wrote: version `failed`'s chunks that the GPU
+  // applied (`status`), then every earlier version's, newest first; then
+  // the saved ranges; then checks the hashable tensors.
+  Status Restore(size_t failed, const std::vector<uint32_t>& status) {
+    for (size_t j = failed + 1; j-- > 0;) {
+      Version& v = versions[j];
+      std::vector<ChunkSpan> undo;
+      std::vector<bool> applied(v.spans.size(), j < failed);
+      if (j == failed) {
+        for (size_t s = 0;
+             s < status.size() && s < v.prepared.chunk_of_status.size(); ++s) {
+          if (status[s] == kStatusOk)
+            applied[v.prepared.chunk_of_status[s]] = true;
+        }
+      }
+      for (size_t c = 0; c < v.spans.size(); ++c) {
+        if (applied[c] && IsXorKind(v.kinds[c])) undo.push_back(v.spans[c]);
+      }
+      if (undo.empty()) continue;
+      REFIT_ASSIGN_OR_RETURN(Receiver * r,
+                             ReceiverFor(*v.table, /*check=*/false));
+      REFIT_ASSIGN_OR_RETURN(PreparedDelta p, r->Prepare(v.bytes, undo));
+      REFIT_RETURN_IF_ERROR(r->Apply(v.bytes, p).status());
+    }
+    for (const Saved& s : saved) {
+      REFIT_CUDA_RETURN(cudaMemcpyAsync(reinterpret_cast<void*>(s.address),
+                                        backup.bytes() + s.offset, s.length,
+                                        cudaMemcpyDeviceToDevice, stream),
+                        "restore a saved range");
+    }
+    REFIT_CUDA_RETURN(cudaStreamSynchronize(stream), "restore");
+    if (!restorable) {
+      return DataLossError(
+          "a changed range that is not stored contiguously here was "
+          "overwritten and cannot be restored");
+    }
+    for (const Version& v : versions) {
+      REFIT_ASSIGN_OR_RETURN(auto now, HashHeld(*v.table));
+      for (size_t t = 0; t < now.size(); ++t) {
+        auto was = last_hashes.find((*v.table)[t].name);
+        if (now[t] && was != last_hashes.end() && *now[t] != was->second) {
+          // Every write was undone: the tensor changed between the
+          // preparation (which hashed it) and the pause.
+          return FailedPreconditionError(
+              "tensor '" + (*v.table)[t].name +
+              "' no longer holds what it held when the version was "
+              "prepared: it changed while the version was staged");
+        }
+      }
+    }
+    return Status();
+  }
+};
+
+DeviceTarget::DeviceTarget(std::unique_ptr<Impl> impl)
+    : impl_(std::move(impl)) {}
+DeviceTarget::~DeviceTarget() = default;
+
+Result<std::unique_ptr<DeviceTarget>> DeviceTarget::Create(
+    std::vector<CanonicalTensor> tensors, PlacementPlan plan,
+    const DeviceTargetOptions& options) {
+  auto impl = std::make_unique<Impl>();
+  impl->opt = options;
+  for (CanonicalTensor& t : tensors) {
+    const std::string name = t.name;
+    if (!impl->tensors.emplace(name, std::move(t)).second) {
+      return InvalidArgumentError("tensor '" + name + "' is given twice");
+    }
+  }
+  for (const TensorPlacement& p : plan.placements()) {
+    auto it = impl->tensors.find(p.name);
+    if (it == impl->tensors.end()) {
+      return InvalidArgumentError(
+          "a placement names tensor '" + p.name +
+          "', which is not among the canonical tensors");
+    }
+    uint64_t n = 1;
+    for (uint64_t d : it->second.shape) n *= d;
+    if (Elements(p) != n || p.width != it->second.width) {
+      return InvalidArgumentError(
+          "the placement of '" + p.name +
+          "' does not have the tensor's elements or width");
+    }
+    if (!ContiguousAddress(p, 0, n)) impl->verify = false;
+  }
+  for (const auto& [name, t] : impl->tensors) {
+    auto placed = plan.Find(name);
+    if (placed.empty()) {
+      uint64_t n = 1;
+      for (uint64_t d : t.shape) n *= d;
+      if (n == 0) continue;
+      return InvalidArgumentError("tensor '" + name + "' has no placement");
+    }
+    const TensorPlacement& p = plan.placements()[placed.front()];
+    if (auto address = ContiguousAddress(p, 0, Elements(p));
+        address && placed.size() == 1) {
+      impl->contiguous[name] = *address;
+    }
+  }
+  impl->plan = std::move(plan);
+  REFIT_CUDA_RETURN(cudaSetDevice(options.device), "cudaSetDevice");
+  REFIT_CUDA_RETURN(
+      cudaStreamCreateWithFlags(&impl->stream, cudaStreamNonBlocking),
+      "stream");
+  return std::unique_ptr<DeviceTarget>(new DeviceTarget(std::move(impl)));
+}
+
+bool DeviceTarget::verifies() const { return impl_->verify; }
+
+Status DeviceTarget::Check(const std::vector<TensorEntry>& table) {
+  size_t held = 0;
+  for (const TensorEntry& e : table) {
+    auto it = impl_->tensors.find(e.name);
+    if (it == impl_->tensors.end() || it->second.dtype != e.dtype ||
+        it->second.width != e.width || it->second.shape != e.shape) {
+      return FailedPreconditionError(
+          "tensor '" + e.name +
+          "' is not held on the GPU with the version's dtype and "
+          "shape; these are not the version's tensors");
+    }
+    ++held;
+  }
+  if (held != impl_->tensors.size()) {
+    return FailedPreconditionError(
+        "the GPU holds " + std::to_string(impl_->tensors.size()) +
+        " tensors but the version has " + std::to_string(table.size()));
+  }
+  return Status();
+}
+
+Result<std::vector<std::optional<Hash128>>> DeviceTarget::Hashes(
+    const std::vector<TensorEntry>& table) {
+  REFIT_RETURN_IF_ERROR(Check(table));
+  REFIT_ASSIGN_OR_RETURN(auto hashes, impl_->HashHeld(table));
+  for (size_t t = 0; t < table.size(); ++t) {
+    if (hashes[t]) impl_->last_hashes[table[t].name] = *hashes[t];
+  }
+  return hashes;
+}
+
+Status DeviceTarget::Begin() {
+  impl_->retired.clear();
+  impl_->versions.clear();
+  impl_->staged = 0;
+  impl_->sealed = false;
+  impl_->saved.clear();
+  impl_->restorable = true;
+  return Status();
+}
+
+Status DeviceTarget::Add(size_t version, const std::vector<TensorEntry>& table,
+                         std::span<const uint8_t> chunk) {
+  Impl& m = *impl_;
+  if (m.staged + chunk.size() > m.opt.host_staging_bytes) {
+    return ResourceExhaustedError(
+        "staging the versions needs more than the host staging bound of " +
+        std::to_string(m.opt.host_staging_bytes) +
+        " bytes (host_staging_bytes)");
+  }
+  if (version > m.versions.size() || (version + 1 < m.versions.size())) {
+    return InvalidArgumentError("versions must be staged in order");
+  }
+  if (version == m.versions.size()) {
+    m.versions.emplace_back();
+    m.versions.back().table = &table;
+  }
+  Impl::Version& v = m.versions.back();
+  v.spans.push_back({v.bytes.size(), chunk.size()});
+  v.bytes.insert(v.bytes.end(), chunk.begin(), chunk.end());
+  m.staged += chunk.size();
+  m.sealed = false;
+  return Status();
+}
+
+Status DeviceTarget::Seal() {
+  Impl& m = *impl_;
+  REFIT_CUDA_RETURN(cudaSetDevice(m.opt.device), "cudaSetDevice");
+  uint64_t offset = 0;
+  uint64_t saved_bytes = 0;
+  m.saved.clear();
+  m.restorable = true;
+  for (Impl::Version& v : m.versions) {
+    REFIT_ASSIGN_OR_RETURN(v.receiver, m.ReceiverFor(*v.table, /*check=*/true));
+    REFIT_ASSIGN_OR_RETURN(v.prepared, v.receiver->Prepare(v.bytes, v.spans));
+    v.offset = offset;
+    offset += v.bytes.size();
+    v.kinds.assign(v.spans.size(), 0);
+    for (const HostBatch& b : v.prepared.batches) {
+      for (const DevChunk& c : b.chunks) {
+        const uint32_t index = v.prepared.chunk_of_status[c.status_index];
+        v.kinds[index] = c.kind;
+        if (IsXorKind(c.kind)) continue;
+        if (c.linear_address == 0) {
+          m.restorable = false;
+          continue;
+        }
+        const uint64_t length = uint64_t{c.n} * c.width;
+        m.saved.push_back({c.linear_address, length, saved_bytes});
+        saved_bytes += (length + 255) & ~uint64_t{255};
+      }
+    }
+  }
+  REFIT_RETURN_IF_ERROR(m.backup.Reserve(saved_bytes));
+  m.on_device = offset <= m.opt.device_staging_bytes;
+  if (m.on_device) {
+    REFIT_RETURN_IF_ERROR(m.payload.Reserve(offset));
+    for (const Impl::Version& v : m.versions) {
+      REFIT_CUDA_RETURN(
+          cudaMemcpyAsync(m.payload.bytes() + v.offset, v.bytes.data(),
+                          v.bytes.size(), cudaMemcpyHostToDevice, m.stream),
+          "stage the payload");
+    }
+  } else {
+    if (offset > m.pinned_size) {
+      if (m.pinned) cudaFreeHost(m.pinned);
+      m.pinned = nullptr;
+      m.pinned_size = 0;
+      REFIT_CUDA_RETURN(cudaHostAlloc(reinterpret_cast<void**>(&m.pinned),
+                                      offset, cudaHostAllocDefault),
+                        "cudaHostAlloc (staging)");
+      m.pinned_size = offset;
+    }
+    for (const Impl::Version& v : m.versions) {
+      std::memcpy(m.pinned + v.offset, v.bytes.data(), v.bytes.size());
+    }
+  }
+  REFIT_CUDA_RETURN(cudaStreamSynchronize(m.stream), "stage the payload");
+  m.sealed = true;
+  return Status();
+}
+
+Result<StagedApplyReport> DeviceTarget::Apply() {
+  Impl& m = *impl_;
+  if (!m.sealed) REFIT_RETURN_IF_ERROR(Seal());
+  const auto t0 = std::chrono::steady_clock::now();
+  REFIT_CUDA_RETURN(cudaSetDevice(m.opt.device), "cudaSetDevice");
+  StagedApplyReport report;
+  for (const Impl::Saved& s : m.saved) {
+    REFIT_CUDA_RETURN(
+        cudaMemcpyAsync(m.backup.bytes() + s.offset,
+                        reinterpret_cast<const void*>(s.address), s.length,
+                        cudaMemcpyDeviceToDevice, m.stream),
+        "save a range");
+  }
+  if (!m.saved.empty())
+    REFIT_CUDA_RETURN(cudaStreamSynchronize(m.stream), "save ranges");
+  Status failed;
+  for (size_t k = 0; k < m.versions.size(); ++k) {
+    Impl::Version& v = m.versions[k];
+    const uint8_t* base = m.on_device ? m.payload.bytes() : m.pinned;
+    auto applied = v.receiver->Apply(
+        std::span<const uint8_t>(base + v.offset, v.bytes.size()), v.prepared);
+    if (!applied.ok()) {
+      failed = applied.status();
+      Status restored = m.Restore(k, v.receiver->last_status());
+      m.Retire();
+      if (restored.code() == StatusCode::kFailedPrecondition) {
+        return Status(failed.code(),
+                      std::string(failed.message()) +
+                          "; every tensor was restored to what it held before "
+                          "the pause, but " +
+                          std::string(restored.message()));
+      }
+      if (!restored.ok()) {
+        return DataLossError(failed.ToString() +
+                             "; restoring the tensors failed too (" +
+                             restored.ToString() + "): load them again");
+      }
+      return Status(failed.code(),
+                    std::string(failed.message()) +
+                        "; every tensor was restored to what it held before");
+    }
+    report.chunks += applied->chunks_applied;
+    report.kernel_ms += applied->kernel_ms;
+    report.verify_ms += applied->verify_ms;
+    ++report.versions;
+  }
+  report.seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
+          .count();
+  m.Retire();
+  return report;
+}
+
+Status DeviceTarget::Load(const TensorEntry& e,
+                          std::span<const uint8_t> bytes) {
+  Impl& m = *impl_;
+  REFIT_CUDA_RETURN(cudaSetDevice(m.opt.device), "cudaSetDevice");
+  const uint64_t w = static_cast<uint64_t>(e.width);
+  if (bytes.size() != e.num_elements * w) {
+    return InvalidArgumentError("tensor '" + e.name +
+                                "' is loaded with the wrong size");
+  }
+  for (uint32_t j : m.plan.Find(e.name)) {
+    const TensorPlacement& p = m.plan.placements()[j];
+    if (auto address = ContiguousAddress(p, 0, Elements(p))) {
+      REFIT_CUDA_RETURN(
+          cudaMemcpy(reinterpret_cast<void*>(*address), bytes.data(),
+                     bytes.size(), cudaMemcpyHostToDevice),
+          "load a tensor");
+      continue;
+    }
+    // Whole rows placed as blocks of rows (fused and row-sharded layouts).
+    const auto& cols = p.col_map.pieces;
+    if (cols.size() != 1 || cols[0].begin != 0 || cols[0].end != p.cols ||
+        cols[0].dst != 0 || cols[0].block != 0 || p.col_stride != 1) {
+      return UnimplementedError(
+          "tensor '" + e.name +
+          "' is placed by columns on the GPU; loading a snapshot into "
+          "such a placement is not supported");
+    }
+    for (const AxisPiece& r : p.row_map.pieces) {
+      const uint64_t block = r.block == 0 ? r.end - r.begin : r.block;
+      for (uint64_t first = r.begin, q = 0; first < r.end;
+           first += block, ++q) {
+        const uint64_t rows = std::min(block, r.end - first);
+        const uint64_t dst_row =
+            r.dst + q * (r.block == 0 ? 0 : r.block_stride);
+        REFIT_CUDA_RETURN(
+            cudaMemcpy2D(
+                reinterpret_cast<uint8_t*>(p.base) + dst_row * p.row_stride * w,
+                p.row_stride * w, bytes.data() + first * p.cols * w, p.cols * w,
+                p.cols * w, rows, cudaMemcpyHostToDevice),
+            "load rows of a tensor");
+      }
+    }
+  }
+  return Status();
+}
+
+StagingUsage DeviceTarget::usage() const {
+  const Impl& m = *impl_;
+  StagingUsage u;
+  u.host_limit = m.opt.host_staging_bytes;
+  u.device_limit = m.opt.device_staging_bytes;
+  u.staged_payload = m.staged;
+  u.host_bytes = m.staged + m.pinned_size;
+  u.device_bytes =
+      m.payload.size() + m.backup.size() +
+      static_cast<uint64_t>(m.receivers.size() + m.unchecked.size()) *
+          m.opt.apply_staging_bytes;
+  return u;
+}
+
+}  // namespace refit::cuda

@@ -1,0 +1,114 @@
+// Placements from layouts: for generated layouts of many parallel setups
+// (tensor parallel shards, Megatron fused QKV, gate/up concatenated and
+// interleaved, transposed storage, vocabulary padding), writing every
+// canonical element through the rank's placements gives exactly the local
+// tensors that the layout's own definition scatters.
+#include "cuda/layout_placement.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <random>
+
+#include "layout/generate.h"
+#include "layout/test_layout.h"
+#include "testing.h"
+
+namespace refit::cuda {
+namespace {
+
+using layout::testing::TensorBytes;
+
+constexpr char kTiny[] = R"({
+  "model_type": "qwen2", "vocab_size": 1000, "hidden_size": 64,
+  "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4,
+  "num_key_value_heads": 2, "tie_word_embeddings": false})";
+
+TensorBytes Random(const layout::Layout& l, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  TensorBytes out;
+  for (const layout::CanonicalTensor& c : l.canonical) {
+    uint64_t n = 2;
+    for (uint64_t d : c.shape) n *= d;
+    auto& b = out[c.name];
+    b.resize(n);
+    for (auto& x : b) x = static_cast<uint8_t>(rng());
+  }
+  return out;
+}
+
+TEST(LayoutPlacementTest, PlacementsScatterAsTheLayoutDefines) {
+  auto config = layout::ParseModelConfig(kTiny);
+  ASSERT_OK(config);
+  int cases = 0;
+  for (uint32_t tp : {1u, 2u, 4u}) {
+    for (bool fused : {false, true}) {
+      for (auto gate_up :
+           {layout::GateUp::kConcat, layout::GateUp::kInterleaved}) {
+        for (bool transposed : {false, true}) {
+          layout::Parallelism par;
+          par.tp = tp;
+          par.fused_qkv = fused;
+          par.gate_up = gate_up;
+          par.gate_up_group = 16;
+          par.transposed = transposed;
+          par.vocab_multiple = 64;
+          auto l = layout::GenerateLayout(*config, par);
+          ASSERT_OK(l);
+          const TensorBytes canonical = Random(*l, tp * 7 + fused);
+          auto expected = layout::testing::ScatterToRanks(*l, canonical, 0xA5);
+          ASSERT_OK(expected);
+          for (size_t ri = 0; ri < l->ranks.size(); ++ri) {
+            TensorBytes local;
+            std::map<std::string, uint64_t> address;
+            for (const auto& [name, bytes] : (*expected)[ri]) {
+              local[name].assign(bytes.size(), 0xA5);
+            }
+            for (auto& [name, bytes] : local) {
+              address[name] = reinterpret_cast<uint64_t>(bytes.data());
+            }
+            auto plan = PlanFromLayout(*l, l->ranks[ri].rank, address);
+            ASSERT_OK(plan);
+            for (const TensorPlacement& p : plan->placements()) {
+              const auto& src = canonical.at(p.name);
+              for (uint64_t i = 0; i < p.rows * p.cols; ++i) {
+                if (auto d = p.Map(i)) {
+                  std::memcpy(reinterpret_cast<uint8_t*>(p.base) + *d * 2,
+                              &src[i * 2], 2);
+                }
+              }
+            }
+            ASSERT_EQ(local, (*expected)[ri])
+                << "tp " << tp << " fused " << fused << " transposed "
+                << transposed << " rank " << ri;
+            ++cases;
+          }
+        }
+      }
+    }
+  }
+  EXPECT_EQ(cases, 8 * (1 + 2 + 4));
+}
+
+TEST(LayoutPlacementTest, RefusesWhatItCannotPlace) {
+  auto config = layout::ParseModelConfig(kTiny);
+  ASSERT_OK(config);
+  auto l = layout::GenerateLayout(*config, layout::Parallelism{});
+  ASSERT_OK(l);
+  std::map<std::string, uint64_t> none;
+  EXPECT_EQ(PlanFromLayout(*l, 0, none).status().code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(PlanFromLayout(*l, 5, none).status().code(),
+            StatusCode::kInvalidArgument);
+  layout::Layout converted = *l;
+  converted.ranks[0].tensors[0].dtype = "F32";
+  std::map<std::string, uint64_t> all;
+  for (const auto& t : converted.ranks[0].tensors) all[t.name] = 4096;
+  auto refused = PlanFromLayout(converted, 0, all);
+  EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.status().ToString().find("converts nothing"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace refit::cuda
