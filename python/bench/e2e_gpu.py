@@ -65,18 +65,37 @@ def sync_now():
 def receiver_main(args):
     from safetensors.torch import load_file
     state = load_file(os.path.join(args.work, "initial.safetensors"), device="cuda")
-    rcv = refit.Receiver(args.store, member="r0", tensors=state)
+    gpu = args.receiver == "gpu"
+    rcv = refit.Receiver(args.store, member="r0", tensors=state, two_phase=gpu,
+                         poll_interval=0.002)
     log = open(os.path.join(args.work, "receiver.jsonl"), "a")
     for v in range(1, args.versions + 1):
         t = time.perf_counter()
-        rep = rcv.sync(v, timeout=300)
+        if gpu:
+            # The engine serves while the version is prepared, then pauses.
+            while not rcv.prepare(v, timeout=300):
+                pass
+            prepared = time.perf_counter()
+            rep = rcv.activate()
+        else:
+            rep = rcv.sync(v, timeout=300)
+            prepared = time.perf_counter()
         torch.cuda.synchronize()
+        done = time.perf_counter()
         log.write(json.dumps({"version": v, "active_at": time.time(),
-                              "sync_s": time.perf_counter() - t,
+                              "sync_s": done - t, "prepare_s": prepared - t,
+                              "pause_wall_s": done - prepared,
                               "copy_s": rcv.last_copy_seconds,
                               "steps": [{"seconds": s.seconds, "tail": s.tail_seconds,
                                          "before_manifest": s.chunks_before_manifest,
-                                         "chunks": s.chunks_applied} for s in rep.steps],
+                                         "chunks": s.chunks_applied,
+                                         "pause_s": s.pause_seconds,
+                                         "pause_kernel_ms": s.pause_kernel_ms,
+                                         "pause_verify_ms": s.pause_verify_ms,
+                                         "folded": s.versions_folded,
+                                         "staged_host": s.staged_host_bytes,
+                                         "staged_device": s.staged_device_bytes}
+                                        for s in rep.steps],
                               "active": rep.active_version}) + "\n")
         log.flush()
     from safetensors.torch import save_file
@@ -100,6 +119,8 @@ def main():
     ap.add_argument("--size", default="1.5b", choices=sorted(SIZES))
     ap.add_argument("--versions", type=int, default=8)
     ap.add_argument("--trainer", default="device", choices=["device", "pinned", "file"])
+    ap.add_argument("--receiver", default="gpu", choices=["gpu", "host"],
+                    help="gpu: two-phase, applied on the GPU; host: the host-copy path")
     ap.add_argument("--host-versions", type=int, default=0)
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--upload-threads", type=int, default=4)
@@ -120,6 +141,7 @@ def main():
     bf16 = {n: p.detach().to(torch.bfloat16) for n, p in master.named_parameters()}
     total = sum(t.numel() * 2 for t in bf16.values())
     out = {"size": args.size, "params": total // 2, "bytes": total, "trainer": args.trainer,
+           "receiver": args.receiver,
            "gpu": torch.cuda.get_device_name(), "torch": torch.__version__}
 
     # Baselines: the full save + load of the checkpoint, a full D2D copy.
@@ -142,16 +164,17 @@ def main():
     t = time.perf_counter()
     if args.trainer == "file":
         pub = refit.Publisher(store, baseline=os.path.join(work, "baseline.safetensors"),
-                              members=["r0"], initial=bf16, vote_timeout=300)
+                              members=["r0"], initial=bf16, vote_timeout=60)
     else:
-        pub = refit.Publisher(store, members=["r0"], initial=bf16, vote_timeout=300,
+        pub = refit.Publisher(store, members=["r0"], initial=bf16, vote_timeout=60,
                               baseline_memory=args.trainer,
                               upload_threads=args.upload_threads)
     out["open_publisher_s"] = time.perf_counter() - t
 
     env = dict(os.environ)
     child = subprocess.Popen([sys.executable, __file__, "--role", "receiver", "--work", work,
-                              "--store", store, "--versions", str(args.versions)], env=env)
+                              "--store", store, "--versions", str(args.versions),
+                              "--receiver", args.receiver], env=env)
     rows = []
     for v in range(1, args.versions + 1):
         train_step(master, opt, args.batch)
@@ -181,6 +204,9 @@ def main():
         rr = recv[r["version"]]
         r["receiver_sync_s"] = rr["sync_s"]
         r["receiver_copy_s"] = rr["copy_s"]
+        r["receiver_prepare_s"] = rr["prepare_s"]
+        r["pause_ms"] = sum(s["pause_s"] for s in rr["steps"]) * 1000
+        r["pause_wall_ms"] = rr["pause_wall_s"] * 1000
         r["receiver_steps"] = rr["steps"]
         r["e2e_s"] = rr["active_at"] - r["wall0"]
     final = load_file(os.path.join(work, "receiver_final.safetensors"), device="cuda")
@@ -193,7 +219,7 @@ def main():
         hstore = os.path.join(work, "hstore")
         hpub = refit.Publisher(hstore, baseline=os.path.join(work, "hbase.safetensors"),
                                members=["h0"], initial={n: t.cpu() for n, t in bf16.items()},
-                               vote_timeout=300)
+                               vote_timeout=60)
         mine = {n: t.clone() for n, t in bf16.items()}
         hr = refit.Receiver(hstore, member="h0", tensors=mine)
         host_rows = []
@@ -220,7 +246,8 @@ def main():
     print(f"{args.size} ({total / 1e9:.2f} GB BF16), trainer {args.trainer}: "
           f"stall {med('stall_ms'):.1f} ms, publish {med('publish_s') * 1000:.0f} ms, "
           f"receiver sync {med('receiver_sync_s') * 1000:.0f} ms "
-          f"(copies to the device {med('receiver_copy_s') * 1000:.0f} ms), "
+          f"(copies to the device {med('receiver_copy_s') * 1000:.0f} ms, "
+          f"pause {med('pause_ms'):.1f} ms, activate wall {med('pause_wall_ms'):.1f} ms), "
           f"encode+upload {med('encode_upload_s') * 1000:.0f} ms, "
           f"e2e {med('e2e_s') * 1000:.0f} ms; open {out['open_publisher_s']:.2f} s; "
           f"full save {out['full_save_s']:.2f} s + load {out['full_load_s']:.2f} s; "

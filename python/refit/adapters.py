@@ -8,6 +8,9 @@
   ``transformers`` models).
 - :func:`feed_load_weights`: hand ``(name, tensor)`` pairs to an engine
   model's native ``load_weights(iterable)`` (vLLM, SGLang model classes).
+- :class:`PausingEngine`: drives a two-phase receiver for an engine that
+  pauses itself: versions are prepared on a background thread while the
+  engine generates; the engine applies a prepared one between batches.
 
 PyTorch is imported only by the functions that need it.
 """
@@ -15,6 +18,7 @@ PyTorch is imported only by the functions that need it.
 from __future__ import annotations
 
 import json
+import threading
 import urllib.error
 import urllib.request
 from typing import Any, Callable, Dict, Iterable, Mapping, Optional, Tuple, Union
@@ -102,3 +106,77 @@ def load_state_dict(module: Any, named_tensors: Iterable[Tuple[str, Any]]) -> in
 def feed_load_weights(model: Any, named_tensors: Iterable[Tuple[str, Any]]) -> Any:
     """Calls ``model.load_weights(named_tensors)`` (vLLM / SGLang model classes)."""
     return model.load_weights(named_tensors)
+
+
+class PausingEngine:
+    """A two-phase :class:`refit.Receiver` driven for an engine that pauses itself.
+
+    A background thread calls ``receiver.prepare()`` whenever nothing is
+    prepared: it fetches, checks and stages the next version, votes and
+    waits for the commit, while the engine keeps generating with the active
+    weights. Between batches (or on a ``collective_rpc`` from the engine's
+    controller) the engine calls :meth:`activate_if_ready`: when a version
+    is prepared it is applied in place in one pause and its SyncReport is
+    returned; otherwise it returns None at once, never waiting for the
+    background work. The receiver is not used from two threads at a time.
+    An error of the background thread is raised by the next
+    :meth:`activate_if_ready` (the thread stops; :meth:`start` again to
+    retry). Use as a context manager, or call :meth:`close`.
+    """
+
+    def __init__(self, receiver: Any, *, poll_interval: float = 0.01) -> None:
+        if not getattr(receiver, "two_phase", False):
+            raise InvalidArgumentError("PausingEngine needs a two-phase receiver (CUDA tensors, "
+                                       "or Receiver(two_phase=True))", "INVALID_ARGUMENT")
+        self.receiver = receiver
+        self._poll = float(poll_interval)
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._error: Optional[BaseException] = None
+        self._thread: Optional[threading.Thread] = None
+
+    def start(self) -> "PausingEngine":
+        if self._thread is None or not self._thread.is_alive():
+            self._stop.clear()
+            self._error = None
+            self._thread = threading.Thread(target=self._run, name="refit-prepare",
+                                            daemon=True)
+            self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                with self._lock:
+                    if not self.receiver.prepared:
+                        self.receiver.prepare(timeout=0)
+            except BaseException as e:  # noqa: BLE001 (handed to the engine's thread)
+                self._error = e
+                return
+            self._stop.wait(self._poll)
+
+    def activate_if_ready(self) -> Any:
+        """The pause: applies a prepared version and returns its SyncReport, else None."""
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
+        if not self._lock.acquire(blocking=False):
+            return None  # a preparation (or its wait for the commit) is under way
+        try:
+            if not self.receiver.prepared:
+                return None
+            return self.receiver.activate()
+        finally:
+            self._lock.release()
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+
+    def __enter__(self) -> "PausingEngine":
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()

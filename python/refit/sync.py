@@ -449,6 +449,20 @@ class Receiver:
       never folds past `version`.
     on_commit: callables run with the SyncReport after a sync that committed
       something (e.g. refit.adapters.HttpReload to tell an engine to reload).
+
+    Two-phase receivers (docs/protocol.md, "Two-phase receivers"): CUDA
+    tensors are applied on their GPU in two phases: :meth:`prepare` fetches,
+    checks and stages a version (in device memory up to `staging_bytes`,
+    else in page-locked host memory up to `host_staging_bytes`) while the
+    engine keeps serving, votes and waits for the commit; :meth:`activate`
+    is the pause that applies it in place (restoring every tensor if
+    anything fails). :meth:`sync` does both. ``two_phase=True`` does the same
+    for host tensors; ``two_phase=False`` keeps the older path for CUDA
+    tensors (a host copy, patched on the CPU and copied back).
+    layout / rank: with CUDA tensors, `tensors` are rank `rank`'s local
+      tensors of this layout (docs/layout.md: a path, JSON text or dict), e.g.
+      an engine's fused qkv_proj / gate_up_proj parameters or its
+      tensor-parallel shards; chunks are applied straight into them.
     """
 
     def __init__(self, store: str, *, member: str, checkpoint_dir: Optional[PathLike] = None,
@@ -458,30 +472,49 @@ class Receiver:
                  verify_key_file: Optional[PathLike] = None, threads: int = 0,
                  poll_interval: float = 0.02, decision_timeout: float = 60.0,
                  resend_timeout: float = 30.0, max_fold_versions: int = 16,
-                 on_commit: Union[None, CommitHook, Iterable[CommitHook]] = None) -> None:
+                 on_commit: Union[None, CommitHook, Iterable[CommitHook]] = None,
+                 two_phase: Optional[bool] = None, layout: Any = None, rank: int = 0,
+                 staging_bytes: int = 512 << 20, host_staging_bytes: int = 8 << 30) -> None:
         if (checkpoint_dir is None) == (tensors is None):
             raise InvalidArgumentError("give exactly one of checkpoint_dir= and tensors=",
                                        "INVALID_ARGUMENT")
         self._targets: Optional[Dict[str, Any]] = None
         self._staged: Dict[str, Tuple[Any, Any]] = {}  # name -> (device tensor, host copy)
         self._tmp_state: Optional[tempfile.TemporaryDirectory] = None
+        self._mode = ""  # "", "host" or "cuda" (two-phase)
+        self._pending: List[Any] = []  # steps of prepare() not reported yet
         triples = None
         if tensors is not None:
             self._targets = dict(named_items(tensors))
             if state_dir is None:
                 self._tmp_state = tempfile.TemporaryDirectory(prefix=f"refit-{member}-")
                 state_dir = self._tmp_state.name
-            host_items = []
-            for name, t in self._targets.items():
-                if is_torch(t) and t.device.type != "cpu":
-                    # Page-locked, so the copies back run at the bus's speed
-                    # and overlap one another.
-                    host = _pinned_copy(t)
-                    self._staged[name] = (t, host)
-                    t = host
-                host_items.append((name, t))
-            self._prepared = prepare(host_items, writable=True, dtypes=dtypes)
-            triples = self._prepared.triples
+            on_gpu = _any_cuda(self._targets)
+            if layout is not None and not on_gpu:
+                raise InvalidArgumentError("layout= places canonical tensors into CUDA tensors; "
+                                           "give the engine's CUDA tensors", "INVALID_ARGUMENT")
+            if on_gpu and two_phase is not False and _native.has_cuda:
+                self._mode = "cuda"
+                self._prepared = prepare(list(self._targets.items()), writable=True,
+                                         dtypes=dtypes, cuda_in_place=True)
+                triples = self._prepared.triples
+            else:
+                if two_phase:
+                    self._mode = "cuda" if on_gpu else "host"
+                    if on_gpu:
+                        raise Error("this build of refit has no CUDA module: two-phase "
+                                    "receivers of CUDA tensors need one", "UNIMPLEMENTED")
+                host_items = []
+                for name, t in self._targets.items():
+                    if is_torch(t) and t.device.type != "cpu":
+                        # Page-locked, so the copies back run at the bus's
+                        # speed and overlap one another.
+                        host = _pinned_copy(t)
+                        self._staged[name] = (t, host)
+                        t = host
+                    host_items.append((name, t))
+                self._prepared = prepare(host_items, writable=True, dtypes=dtypes)
+                triples = self._prepared.triples
             self._checkpoint = ""
             self._state_dir = os.fspath(state_dir)
         else:
@@ -500,8 +533,11 @@ class Receiver:
             store, member, self._checkpoint, triples, self._state_dir, key,
             os.fspath(key_file) if key_file else "", verify_key,
             os.fspath(verify_key_file) if verify_key_file else "", threads, float(poll_interval),
-            float(decision_timeout), float(resend_timeout), int(max_fold_versions))
+            float(decision_timeout), float(resend_timeout), int(max_fold_versions),
+            self._mode, _layout_text(layout) if layout is not None else "", int(rank),
+            int(staging_bytes), int(host_staging_bytes))
         self._last_changed: List[str] = []
+        self._poll = float(poll_interval)
         self.last_copy_seconds = 0.0
 
     @property
@@ -548,14 +584,73 @@ class Receiver:
         if to_version is not None and to_version <= 0:
             raise InvalidArgumentError("to_version must be positive (or None)",
                                        "INVALID_ARGUMENT")
-        steps = self._open().sync(to_version or 0, float(timeout))
+        native = self._open()
+        if self._mode == "cuda":
+            _sync_cuda(self._targets)  # work queued on the weights runs first
+        steps = self._pending + native.sync(to_version or 0, float(timeout))
+        self._pending = []
+        return self._report(steps)
+
+    @property
+    def two_phase(self) -> bool:
+        """Whether this receiver prepares versions apart from activating them."""
+        return bool(self._mode)
+
+    @property
+    def prepared(self) -> bool:
+        """Whether a committed version is staged, waiting for :meth:`activate`."""
+        return bool(self._mode) and self._open().prepared
+
+    def prepare(self, to_version: Optional[int] = None, *, timeout: float = 0.0) -> bool:
+        """Stages the next committed version without writing any tensor.
+
+        Two-phase receivers only. Fetches and checks the version's chunks,
+        checks the tensors against its base, stages the payload, votes
+        ready and waits for the decision, while the engine keeps serving.
+        Returns True once a version is staged and committed (call
+        :meth:`activate` in the engine's next pause), False when none is
+        available within `timeout` seconds (0: look once). Aborted versions
+        are passed over (the next report lists them). Several committed
+        versions are folded into one preparation, never past `to_version`.
+        """
+        native = self._open()
+        if not self._mode:
+            raise Error("prepare() is for two-phase receivers (CUDA tensors, or two_phase=True)",
+                        "FAILED_PRECONDITION")
+        deadline = time.monotonic() + float(timeout)
+        while True:
+            step = native.prepare(to_version or 0)
+            if step.outcome == "prepared":
+                return True
+            if step.outcome != "idle":
+                self._pending.append(step)
+                continue
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(self._poll)
+
+    def activate(self) -> SyncReport:
+        """The pause: applies the prepared version in place and activates it.
+
+        On failure every tensor was restored to the version it held and the
+        receiver stays there (the error says why; the next prepare() stages
+        the committed version again).
+        """
+        native = self._open()
+        if self._mode == "cuda":
+            _sync_cuda(self._targets)
+        steps = self._pending + [native.activate()]
+        self._pending = []
+        return self._report(steps)
+
+    def _report(self, steps: List[Any]) -> SyncReport:
         changed: List[str] = []
         seen = set()
         for s in steps:
             if s.outcome not in _APPLIED:
                 continue
             names = s.changed_tensors
-            if s.outcome == "snapshot":
+            if s.outcome == "snapshot" and self._checkpoint:
                 names = list(Checkpoint(self._checkpoint).dtypes)
             for n in names:
                 if n not in seen:

@@ -8,6 +8,8 @@
 // delta's "before" or "after" first (otherwise nothing is written), each
 // chunk applies at most once, and every tensor must hash to "after" at the
 // end.
+#include "gpu_apply.h"
+
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -18,10 +20,12 @@
 #include "base/file.h"
 #include "borrow.h"
 #include "cuda/device_baseline.h"
+#include "cuda/device_target.h"
+#include "cuda/layout_placement.h"
 #include "cuda/pipeline.h"
 #include "cuda/placement.h"
 #include "delta/delta_file.h"
-#include "gpu_apply.h"
+#include "layout/layout.h"
 
 namespace py = pybind11;
 
@@ -126,6 +130,85 @@ Result<std::unique_ptr<PublisherBaseline>> MakeDeviceBaseline(
   return std::unique_ptr<PublisherBaseline>(std::move(baseline));
 }
 
+Result<std::shared_ptr<StagedTarget>> MakeDeviceTarget(
+    const std::vector<const BorrowedTensor*>& tensors,
+    const std::string& layout_json, uint32_t rank,
+    const DeviceStaging& staging) {
+  int device = -1;
+  for (const BorrowedTensor* t : tensors) {
+    if (!t->on_cuda()) {
+      return InvalidArgumentError("tensor '" + t->name() +
+                                  "' is not in CUDA memory");
+    }
+    if (device >= 0 && t->device_id() != device) {
+      return InvalidArgumentError(
+          "tensors are on CUDA devices " + std::to_string(device) + " and " +
+          std::to_string(t->device_id()) +
+          "; a GPU receiver holds tensors of one device");
+    }
+    device = t->device_id();
+  }
+  std::vector<cuda::CanonicalTensor> canonical;
+  cuda::PlacementPlan plan;
+  if (layout_json.empty()) {
+    for (const BorrowedTensor* t : tensors) {
+      canonical.push_back({t->name(), t->dtype(), t->width(), t->shape()});
+      const uint64_t n = t->byte_size() / static_cast<uint64_t>(t->width());
+      if (n == 0) continue;
+      REFIT_RETURN_IF_ERROR(plan.Add(cuda::WholePlacement(
+          t->name(), t->width(), n, 1, reinterpret_cast<uint64_t>(t->data()))));
+    }
+  } else {
+    REFIT_ASSIGN_OR_RETURN(layout::Layout l, layout::ParseLayout(layout_json));
+    REFIT_RETURN_IF_ERROR(layout::ValidateLayout(l));
+    const layout::RankLayout* r = nullptr;
+    for (const layout::RankLayout& x : l.ranks) {
+      if (x.rank == rank) r = &x;
+    }
+    if (r == nullptr)
+      return InvalidArgumentError("the layout has no rank " +
+                                  std::to_string(rank));
+    std::map<std::string, const BorrowedTensor*> by_name;
+    for (const BorrowedTensor* t : tensors) by_name[t->name()] = t;
+    std::map<std::string, uint64_t> address;
+    for (const layout::LocalTensor& lt : r->tensors) {
+      auto it = by_name.find(lt.name);
+      if (it == by_name.end()) {
+        return InvalidArgumentError("local tensor '" + lt.name +
+                                    "' of the layout's rank " +
+                                    std::to_string(rank) + " was not given");
+      }
+      if (it->second->dtype() != lt.dtype || it->second->shape() != lt.shape) {
+        return InvalidArgumentError(
+            "tensor '" + lt.name +
+            "' has another dtype or shape than the layout says");
+      }
+      address[lt.name] = reinterpret_cast<uint64_t>(it->second->data());
+    }
+    if (by_name.size() != r->tensors.size()) {
+      return InvalidArgumentError(
+          "the layout's rank " + std::to_string(rank) + " has " +
+          std::to_string(r->tensors.size()) + " tensors but " +
+          std::to_string(by_name.size()) + " were given");
+    }
+    REFIT_ASSIGN_OR_RETURN(plan, cuda::PlanFromLayout(l, rank, address));
+    DTypeRegistry dtypes;
+    for (const layout::CanonicalTensor& c : l.canonical) {
+      REFIT_ASSIGN_OR_RETURN(int width, dtypes.ElementWidth(c.dtype));
+      canonical.push_back({c.name, c.dtype, width, c.shape});
+    }
+  }
+  cuda::DeviceTargetOptions o;
+  o.device = device < 0 ? 0 : device;
+  o.device_staging_bytes = staging.device_bytes;
+  o.host_staging_bytes = staging.host_bytes;
+  o.apply_staging_bytes = staging.apply_bytes;
+  REFIT_ASSIGN_OR_RETURN(
+      auto target,
+      cuda::DeviceTarget::Create(std::move(canonical), std::move(plan), o));
+  return std::shared_ptr<StagedTarget>(std::move(target));
+}
+
 void BindCuda(py::module_& m, void (*raise)(const Status&)) {
   py::class_<cuda::GpuApplyReport>(m, "GpuApplyReport")
       .def_readonly("chunks", &cuda::GpuApplyReport::chunks)
@@ -158,6 +241,31 @@ void BindCuda(py::module_& m, void (*raise)(const Status&)) {
       },
       py::arg("delta"), py::arg("tensors"), py::arg("staging_bytes"),
       "Applies a delta in place to CUDA tensors given as DLPack capsules.");
+  m.def(
+      "range_hashes_cuda",
+      [raise](py::handle tensors) {
+        auto borrowed =
+            BorrowAll(tensors, /*writable=*/false, /*allow_cuda=*/true);
+        if (!borrowed.ok()) raise(borrowed.status());
+        std::vector<cuda::DeviceRange> ranges;
+        for (const auto& t : *borrowed) {
+          if (!t->on_cuda())
+            raise(InvalidArgumentError("tensor '" + t->name() +
+                                       "' is not in CUDA memory"));
+          ranges.push_back({t->data(), t->byte_size()});
+        }
+        Result<std::vector<Hash128>> hashes = InternalError("not run");
+        {
+          py::gil_scoped_release release;
+          hashes = cuda::RangeHashesDevice(ranges);
+        }
+        if (!hashes.ok()) raise(hashes.status());
+        std::vector<std::pair<uint64_t, uint64_t>> out;
+        for (const Hash128& h : *hashes) out.emplace_back(h.lo, h.hi);
+        return out;
+      },
+      py::arg("tensors"),
+      "Range hashes (docs/format.md) of CUDA tensors, hashed on their device.");
 }
 
 }  // namespace refit::python

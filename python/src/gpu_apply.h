@@ -6,11 +6,13 @@
 #include <pybind11/pybind11.h>
 
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "refit/delta.h"
 #include "refit/status.h"
 #include "sync/publisher_baseline.h"
+#include "sync/staged_target.h"
 
 namespace refit::python {
 
@@ -22,6 +24,23 @@ void BindCuda(pybind11::module_& m, void (*raise)(const Status&));
 // `pinned_host`) holding a copy of `initial`, tensors on one CUDA device.
 Result<std::unique_ptr<PublisherBaseline>> MakeDeviceBaseline(
     const std::vector<TensorView>& initial, int device, bool pinned_host);
+
+// Staging bounds of a GPU receiver (cuda/device_target.h).
+struct DeviceStaging {
+  uint64_t device_bytes = uint64_t{512} << 20;
+  uint64_t host_bytes = uint64_t{8} << 30;
+  uint64_t apply_bytes = uint64_t{128} << 20;
+};
+
+// The tensors of a two-phase GPU receiver: `tensors` (CUDA memory, one
+// device) are the canonical tensors themselves when `layout_json` is empty;
+// otherwise they are rank `rank`'s local tensors of that layout
+// (docs/layout.md), e.g. an engine's fused parameters.
+class BorrowedTensor;
+Result<std::shared_ptr<StagedTarget>> MakeDeviceTarget(
+    const std::vector<const BorrowedTensor*>& tensors,
+    const std::string& layout_json, uint32_t rank,
+    const DeviceStaging& staging);
 
 }  // namespace refit::python
 

@@ -22,16 +22,17 @@
 #include "borrow.h"
 #include "delta/delta_file.h"
 #include "format/safetensors.h"
+#include "layout/layout.h"
+#include "ranks/parts.h"
 #include "refit/checkpoint.h"
 #include "refit/delta.h"
 #include "refit/status.h"
-#include "layout/layout.h"
-#include "ranks/parts.h"
 #include "sync/auth.h"
+#include "sync/host_staged_target.h"
 #include "sync/protocol.h"
 #include "sync/publisher.h"
-#include "trainer/rank_encoder.h"
 #include "sync/receiver.h"
+#include "trainer/rank_encoder.h"
 #include "transport/object_store.h"
 #ifdef REFIT_PYTHON_CUDA
 #include "gpu_apply.h"
@@ -431,17 +432,44 @@ class PyReceiver {
   // ((name, dtype, object) triples, held until the receiver dies).
   PyReceiver(const std::string& store_url, const std::string& member,
              const std::string& checkpoint, const py::object& tensors,
-             const std::string& state_dir, const py::object& key, const std::string& key_file,
-             const py::object& verify_key, const std::string& verify_key_file, int threads,
-             double poll_interval, double decision_timeout, double resend_timeout,
-             int max_fold_versions)
+             const std::string& state_dir, const py::object& key,
+             const std::string& key_file, const py::object& verify_key,
+             const std::string& verify_key_file, int threads,
+             double poll_interval, double decision_timeout,
+             double resend_timeout, int max_fold_versions,
+             const std::string& two_phase, const std::string& layout_json,
+             uint32_t rank, uint64_t device_staging, uint64_t host_staging)
       : poll_ms_(Millis(poll_interval)) {
     ReceiverOptions o;
     o.member = member;
     o.checkpoint = checkpoint;
-    if (!tensors.is_none()) {
+    if (two_phase == "cuda") {
+#ifdef REFIT_PYTHON_CUDA
+      held_ =
+          Unwrap(BorrowAll(tensors, /*writable=*/true, /*allow_cuda=*/true));
+      std::vector<const BorrowedTensor*> views;
+      for (const auto& t : held_) views.push_back(t.get());
+      DeviceStaging staging;
+      staging.device_bytes = device_staging;
+      staging.host_bytes = host_staging;
+      o.staged = Unwrap(MakeDeviceTarget(views, layout_json, rank, staging));
+#else
+      (void)layout_json;
+      (void)rank;
+      (void)device_staging;
+      throw StatusError(UnimplementedError(
+          "this build of refit has no CUDA module: a receiver applying in GPU "
+          "memory needs "
+          "one (build where nvcc is installed, or with -DREFIT_WITH_CUDA=ON)"));
+#endif
+    } else if (!tensors.is_none()) {
       held_ = Unwrap(BorrowAll(tensors, /*writable=*/true));
-      o.tensors = MutableViews(held_);
+      if (two_phase == "host") {
+        o.staged = std::make_shared<HostStagedTarget>(MutableViews(held_),
+                                                      host_staging);
+      } else {
+        o.tensors = MutableViews(held_);
+      }
     }
     o.state_dir = state_dir;
     o.auth = MakeAuth(key, key_file, verify_key, verify_key_file, /*signing=*/false);
@@ -461,6 +489,17 @@ class PyReceiver {
     py::gil_scoped_release release;
     return Unwrap(rcv_->Step());
   }
+
+  // Two-phase receivers (Receiver::Prepare / ActivatePrepared).
+  StepResult Prepare(uint64_t target) {
+    py::gil_scoped_release release;
+    return Unwrap(rcv_->Prepare(target == 0 ? UINT64_MAX : target));
+  }
+  StepResult Activate() {
+    py::gil_scoped_release release;
+    return Unwrap(rcv_->ActivatePrepared());
+  }
+  bool prepared() const { return rcv_->prepared(); }
 
   // Steps until the receiver is idle (nothing more to do now) or, with
   // `target` > 0, until the active version reaches it, polling while idle
@@ -509,6 +548,8 @@ const char* OutcomeName(StepResult::Outcome o) {
     case StepResult::Outcome::kAborted: return "aborted";
     case StepResult::Outcome::kCaughtUp: return "caught_up";
     case StepResult::Outcome::kSnapshot: return "snapshot";
+    case StepResult::Outcome::kPrepared:
+      return "prepared";
   }
   return "unknown";
 }
@@ -638,19 +679,25 @@ void BindReports(py::module_& m) {
       });
 
   py::class_<StepResult>(m, "StepResult")
-      .def_property_readonly("outcome",
-                             [](const StepResult& r) { return OutcomeName(r.outcome); })
+      .def_property_readonly(
+          "outcome", [](const StepResult& r) { return OutcomeName(r.outcome); })
       .def_readonly("version", &StepResult::version)
       .def_readonly("chunks_applied", &StepResult::chunks_applied)
       .def_readonly("chunks_skipped", &StepResult::chunks_skipped)
       .def_readonly("chunks_resent", &StepResult::chunks_resent)
       .def_readonly("changed_elements", &StepResult::changed_elements)
       .def_readonly("bytes_fetched", &StepResult::bytes_fetched)
-      .def_readonly("chunks_before_manifest", &StepResult::chunks_before_manifest)
+      .def_readonly("chunks_before_manifest",
+                    &StepResult::chunks_before_manifest)
       .def_readonly("seconds", &StepResult::seconds)
       .def_readonly("tail_seconds", &StepResult::tail_seconds)
       .def_readonly("versions_folded", &StepResult::versions_folded)
       .def_readonly("recovered", &StepResult::recovered)
+      .def_readonly("pause_seconds", &StepResult::pause_seconds)
+      .def_readonly("pause_kernel_ms", &StepResult::pause_kernel_ms)
+      .def_readonly("pause_verify_ms", &StepResult::pause_verify_ms)
+      .def_readonly("staged_host_bytes", &StepResult::staged_host_bytes)
+      .def_readonly("staged_device_bytes", &StepResult::staged_device_bytes)
       .def_readonly("changed_tensors", &StepResult::changed_tensors)
       .def("__repr__", [](const StepResult& r) {
         return std::string("StepResult(") + OutcomeName(r.outcome) + " version " +
@@ -866,13 +913,22 @@ void BindClasses(py::module_& m) {
   py::class_<PyReceiver>(m, "Receiver")
       .def(py::init<const std::string&, const std::string&, const std::string&,
                     const py::object&, const std::string&, const py::object&,
-                    const std::string&, const py::object&, const std::string&, int, double,
-                    double, double, int>(),
-           py::arg("store"), py::arg("member"), py::arg("checkpoint"), py::arg("tensors"),
-           py::arg("state_dir"), py::arg("key"), py::arg("key_file"), py::arg("verify_key"),
-           py::arg("verify_key_file"), py::arg("threads"), py::arg("poll_interval"),
-           py::arg("decision_timeout"), py::arg("resend_timeout"), py::arg("max_fold_versions"))
+                    const std::string&, const py::object&, const std::string&,
+                    int, double, double, double, int, const std::string&,
+                    const std::string&, uint32_t, uint64_t, uint64_t>(),
+           py::arg("store"), py::arg("member"), py::arg("checkpoint"),
+           py::arg("tensors"), py::arg("state_dir"), py::arg("key"),
+           py::arg("key_file"), py::arg("verify_key"),
+           py::arg("verify_key_file"), py::arg("threads"),
+           py::arg("poll_interval"), py::arg("decision_timeout"),
+           py::arg("resend_timeout"), py::arg("max_fold_versions"),
+           py::arg("two_phase") = "", py::arg("layout_json") = "",
+           py::arg("rank") = 0, py::arg("device_staging") = uint64_t{512} << 20,
+           py::arg("host_staging") = uint64_t{8} << 30)
       .def_property_readonly("active_version", &PyReceiver::active_version)
+      .def_property_readonly("prepared", &PyReceiver::prepared)
+      .def("prepare", &PyReceiver::Prepare, py::arg("target"))
+      .def("activate", &PyReceiver::Activate)
       .def("step", &PyReceiver::Step)
       .def("sync", &PyReceiver::Sync, py::arg("target"), py::arg("timeout"));
 }

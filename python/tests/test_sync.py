@@ -5,6 +5,7 @@ because native calls release the GIL."""
 import concurrent.futures
 import os
 import shutil
+import time
 
 import numpy as np
 import pytest
@@ -254,3 +255,80 @@ def test_memory_baselines_need_cuda_tensors(tmp_path):
         refit.Publisher(store, members=["r0"], initial=model, dtypes=SYNTH_DTYPES,
                         baseline_memory="device")
     assert not os.path.exists(os.path.join(store, "head"))
+
+
+def test_two_phase_host_receiver_prepares_without_writing(tmp_path):
+    model = synthetic_model(seed=9)
+    store = str(tmp_path / "store")
+    pub = refit.Publisher(store, baseline=tmp_path / "b.safetensors", members=["w0"],
+                          initial=model, dtypes=SYNTH_DTYPES, vote_timeout=30)
+    mine = {n: a.copy() for n, a in model.items()}
+    rcv = refit.Receiver(store, member="w0", tensors=mine, dtypes=SYNTH_DTYPES, two_phase=True)
+    assert rcv.two_phase and not rcv.prepared
+    assert rcv.prepare() is False  # nothing published yet
+    with pytest.raises(refit.Error, match="nothing prepared"):
+        rcv.activate()
+    current = model
+    for v in (1, 2, 3):
+        target = perturb(current, v)
+        future = pub.publish_async(v, target)
+        assert rcv.prepare(timeout=30) is True  # voted ready, committed
+        assert future.result(timeout=30).committed
+        assert rcv.prepared and rcv.active_version == v - 1
+        for n in model:  # the engine still serves the active version
+            assert np.array_equal(mine[n], current[n]), n
+        report = rcv.activate()
+        assert report.committed_versions == [v] and rcv.active_version == v
+        step = report.steps[-1]
+        assert step.pause_seconds > 0 and step.staged_host_bytes > 0
+        for n in model:
+            assert np.array_equal(mine[n], target[n]), n
+        current = target
+    # sync() is prepare + activate.
+    target = perturb(current, 4)
+    future = pub.publish_async(4, target)
+    assert rcv.sync(4, timeout=30).committed_versions == [4]
+    assert future.result(timeout=30).committed
+    for n in model:
+        assert np.array_equal(mine[n], target[n]), n
+    plain = refit.Receiver(store, member="w1", tensors={n: a.copy() for n, a in model.items()},
+                           dtypes=SYNTH_DTYPES)
+    with pytest.raises(refit.Error, match="two-phase"):
+        plain.prepare()
+    plain.close()
+    rcv.close()
+    pub.close()
+
+
+def test_pausing_engine_adapter_activates_between_batches(tmp_path):
+    from refit.adapters import PausingEngine
+    model = synthetic_model(seed=10)
+    store = str(tmp_path / "store")
+    pub = refit.Publisher(store, baseline=tmp_path / "b.safetensors", members=["e0"],
+                          initial=model, dtypes=SYNTH_DTYPES, vote_timeout=30)
+    mine = {n: a.copy() for n, a in model.items()}
+    with pytest.raises(refit.InvalidArgumentError, match="two-phase"):
+        PausingEngine(refit.Receiver(store, member="x", tensors=dict(mine), dtypes=SYNTH_DTYPES))
+    rcv = refit.Receiver(store, member="e0", tensors=mine, dtypes=SYNTH_DTYPES, two_phase=True,
+                         poll_interval=0.005)
+    current = model
+    with PausingEngine(rcv, poll_interval=0.005) as engine:
+        assert engine.activate_if_ready() is None
+        for v in (1, 2):
+            target = perturb(current, v)
+            future = pub.publish_async(v, target)
+            report = None
+            for _ in range(6000):  # the engine's batches
+                report = engine.activate_if_ready()
+                if report is not None:
+                    break
+                for n in model:  # between activations it serves one version
+                    assert np.array_equal(mine[n], current[n]), n
+                time.sleep(0.005)
+            assert report is not None and report.committed_versions == [v]
+            assert future.result(timeout=30).committed
+            for n in model:
+                assert np.array_equal(mine[n], target[n]), n
+            current = target
+    rcv.close()
+    pub.close()
