@@ -221,7 +221,7 @@ def main():
                                members=["h0"], initial={n: t.cpu() for n, t in bf16.items()},
                                vote_timeout=60)
         mine = {n: t.clone() for n, t in bf16.items()}
-        hr = refit.Receiver(hstore, member="h0", tensors=mine)
+        hr = refit.Receiver(hstore, member="h0", tensors=mine, two_phase=False)
         host_rows = []
         import concurrent.futures
         for v in range(1, args.host_versions + 1):

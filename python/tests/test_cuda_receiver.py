@@ -8,6 +8,7 @@ with a CUDA device and a CUDA build of refit."""
 
 import concurrent.futures
 import json
+import time
 
 import numpy as np
 import pytest
@@ -278,4 +279,32 @@ def test_fused_engine_parameters_equal_the_engines_own_loader(tmp_path, tp):
                 assert torch.equal(p.view(torch.int16), q.view(torch.int16)), (v, r, n)
     for rcv in receivers:
         rcv.close()
+    pub.close()
+
+
+def test_pausing_engine_adapter_with_fused_parameters(tmp_path):
+    from refit.adapters import PausingEngine
+    model = initial_model(9, canonical_shapes())
+    store = str(tmp_path / "store")
+    pub = refit.Publisher(store, members=["e0"], initial=model, vote_timeout=60)
+    layer = EngineLayer(0, 1)
+    layer.load_weights(model.items())
+    rcv = refit.Receiver(store, member="e0", layout=engine_layout(1), rank=0,
+                         tensors=dict(layer.named_parameters()), poll_interval=0.005)
+    live = model
+    with PausingEngine(rcv, poll_interval=0.005) as engine:
+        for v in (1, 2, 3):
+            live = step(live, 90 + v)
+            future = _POOL.submit(pub.publish, v, live)
+            report = None
+            while report is None:  # the engine's batches, pausing in between
+                report = engine.activate_if_ready()
+                time.sleep(0.001)
+            assert future.result(timeout=60).committed
+            assert report.committed_versions == [v]
+            reference = EngineLayer(0, 1)
+            reference.load_weights(live.items())
+            for (n, p), (_, q) in zip(layer.named_parameters(), reference.named_parameters()):
+                assert torch.equal(p.view(torch.int16), q.view(torch.int16)), (v, n)
+    rcv.close()
     pub.close()
