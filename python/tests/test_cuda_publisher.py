@@ -16,42 +16,9 @@ pytestmark = pytest.mark.skipif(
     not (torch.cuda.is_available() and getattr(_native, "has_cuda", False)),
     reason="needs a CUDA device and refit's CUDA module")
 
-# Sizes off the 64 KiB segment and 8 MiB chunk grid, a zero-size and an F32.
-SHAPES = {"a.embed": (3000, 700), "b.norm": (700,), "c.empty": (0, 4),
-          "d.mlp": (4099, 1023), "e.f32": (513, 129)}
+from cuda_models import host, initial_model, step  # noqa: E402
 
 
-def initial_model(seed):
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    model = {}
-    for name, shape in SHAPES.items():
-        dtype = torch.float32 if name.endswith("f32") else torch.bfloat16
-        bits = torch.randint(-2**15, 2**15, shape, generator=g, device="cuda", dtype=torch.int32)
-        if dtype == torch.bfloat16:
-            model[name] = bits.to(torch.int16).view(torch.bfloat16)
-        else:
-            model[name] = (bits.to(torch.float32) / 7.0).contiguous()
-    return model
-
-
-def step(model, seed, rate=0.02):
-    """Flips low mantissa bits of `rate` of the elements, as an optimizer step does."""
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    out = {}
-    for name, t in model.items():
-        ints = {2: torch.int16, 4: torch.int32}[t.element_size()]
-        bits = t.view(ints).clone()
-        if bits.numel():
-            mask = torch.rand(bits.shape, generator=g, device="cuda") < rate
-            flips = torch.randint(1, 8, bits.shape, generator=g, device="cuda").to(ints)
-            bits ^= torch.where(mask, flips, torch.zeros_like(flips))
-        out[name] = bits.view(t.dtype)
-    return out
-
-
-def host(model):
-    return {n: t.cpu().numpy() if t.dtype != torch.bfloat16 else t.view(torch.int16).cpu()
-            .numpy().view(np.uint16) for n, t in model.items()}
 
 
 def objects(store):

@@ -21,36 +21,9 @@ pytestmark = pytest.mark.skipif(
     not (torch.cuda.is_available() and getattr(_native, "has_cuda", False)),
     reason="needs a CUDA device and refit's CUDA module")
 
-SHAPES = {"a.embed": (3000, 700), "b.norm": (700,), "c.empty": (0, 4),
-          "d.mlp": (4099, 1023), "e.f32": (513, 129)}
-DTYPES = {n: ("F32" if n.endswith("f32") else "BF16") for n in SHAPES}
+from cuda_models import DTYPES, host, initial_model, step  # noqa: E402
+
 _POOL = concurrent.futures.ThreadPoolExecutor(4)
-
-
-def initial_model(seed, shapes=SHAPES):
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    model = {}
-    for name, shape in shapes.items():
-        bits = torch.randint(-2**15, 2**15, shape, generator=g, device="cuda", dtype=torch.int32)
-        if name.endswith("f32"):
-            model[name] = (bits.to(torch.float32) / 7.0).contiguous()
-        else:
-            model[name] = bits.to(torch.int16).view(torch.bfloat16)
-    return model
-
-
-def step(model, seed, rate=0.02):
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    out = {}
-    for name, t in model.items():
-        ints = {2: torch.int16, 4: torch.int32}[t.element_size()]
-        bits = t.view(ints).clone()
-        if bits.numel():
-            mask = torch.rand(bits.shape, generator=g, device="cuda") < rate
-            flips = torch.randint(1, 8, bits.shape, generator=g, device="cuda").to(ints)
-            bits ^= torch.where(mask, flips, torch.zeros_like(flips))
-        out[name] = bits.view(t.dtype)
-    return out
 
 
 def clone(model):
@@ -59,11 +32,6 @@ def clone(model):
 
 def same(a, b):
     return all(torch.equal(a[n].view(torch.uint8), b[n].view(torch.uint8)) for n in a)
-
-
-def host(model):
-    return {n: t.cpu().numpy() if t.dtype != torch.bfloat16 else t.view(torch.int16).cpu()
-            .numpy().view(np.uint16) for n, t in model.items()}
 
 
 def follow(rcv, version):

@@ -56,6 +56,17 @@ class DamageStore final : public ObjectStore {
   ObjectStore* inner_;
 };
 
+// On a thread of its own: Prepare() (or Step()) until it is not idle.
+std::thread UntilBusy(Receiver* r, bool prepare, Result<StepResult>* out) {
+  return std::thread([r, prepare, out] {
+    for (int i = 0; i < 5000; ++i) {
+      *out = prepare ? r->Prepare() : r->Step();
+      if (!out->ok() || (*out)->outcome != Outcome::kIdle) return;
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+  });
+}
+
 class StagedTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -110,13 +121,7 @@ TEST_F(StagedTest, PrepareWritesNothingAndActivateApplies) {
     Model before = memory;
     trainer.Step(rng, v == 3 ? 0.6 : 0.03);  // one dense step
     Result<StepResult> prepared = InternalError("not run");
-    std::thread t([&] {
-      for (int i = 0; i < 5000; ++i) {
-        prepared = (*r)->Prepare();
-        if (!prepared.ok() || prepared->outcome != Outcome::kIdle) return;
-        std::this_thread::sleep_for(std::chrono::milliseconds(2));
-      }
-    });
+    std::thread t = UntilBusy(r->get(), /*prepare=*/true, &prepared);
     auto report = (*pub)->Publish(v, trainer.Views());
     t.join();
     ASSERT_OK(report);
@@ -174,13 +179,7 @@ TEST_F(StagedTest, AbortsWriteNothingAndLateReceiversFold) {
   Model at4 = trainer;
   trainer.Step(rng, 0.02);
   Result<StepResult> step = InternalError("not run");
-  std::thread t0([&] {
-    for (int i = 0; i < 5000; ++i) {
-      step = (*r0)->Step();
-      if (!step.ok() || step->outcome != Outcome::kIdle) return;
-      std::this_thread::sleep_for(std::chrono::milliseconds(2));
-    }
-  });
+  std::thread t0 = UntilBusy(r0->get(), /*prepare=*/false, &step);
   auto report = (*pub)->Publish(5, trainer.Views());
   t0.join();
   ASSERT_OK(report);
@@ -218,13 +217,7 @@ TEST_F(StagedTest, DamagedChunkVotesFailedAndWritesNothing) {
   std::mt19937_64 rng(7);
   trainer.Step(rng, 0.05);
   Result<StepResult> step = InternalError("not run");
-  std::thread t([&] {
-    for (int i = 0; i < 5000; ++i) {
-      step = (*r)->Step();
-      if (!step.ok() || step->outcome != Outcome::kIdle) return;
-      std::this_thread::sleep_for(std::chrono::milliseconds(2));
-    }
-  });
+  std::thread t = UntilBusy(r->get(), /*prepare=*/false, &step);
   auto report = (*pub)->Publish(1, trainer.Views());
   t.join();
   ASSERT_OK(report);
@@ -259,13 +252,7 @@ TEST_F(StagedTest, FailedActivationRestoresEveryTensor) {
   std::mt19937_64 rng(8);
   trainer.Step(rng, 0.03);
   Result<StepResult> prepared = InternalError("not run");
-  std::thread t([&] {
-    for (int i = 0; i < 5000; ++i) {
-      prepared = (*r)->Prepare();
-      if (!prepared.ok() || prepared->outcome != Outcome::kIdle) return;
-      std::this_thread::sleep_for(std::chrono::milliseconds(2));
-    }
-  });
+  std::thread t = UntilBusy(r->get(), /*prepare=*/true, &prepared);
   auto report = (*pub)->Publish(1, trainer.Views());
   t.join();
   ASSERT_OK(report);
@@ -300,13 +287,7 @@ TEST_F(StagedTest, StagingLimitBelowOneVersionIsAnError) {
   std::mt19937_64 rng(9);
   trainer.Step(rng, 0.05);
   Result<StepResult> step = InternalError("not run");
-  std::thread t([&] {
-    for (int i = 0; i < 5000; ++i) {
-      step = (*r)->Step();
-      if (!step.ok() || step->outcome != Outcome::kIdle) return;
-      std::this_thread::sleep_for(std::chrono::milliseconds(2));
-    }
-  });
+  std::thread t = UntilBusy(r->get(), /*prepare=*/false, &step);
   auto report = (*pub)->Publish(1, trainer.Views());
   t.join();
   ASSERT_OK(report);
