@@ -104,6 +104,23 @@ struct StepResult {
   // deltas (a torn range nobody re-sent, or a local model off its base):
   // why. Empty otherwise.
   std::string recovered;
+  // Where a version's step spent its time (seconds), for benchmarks: wall
+  // time of the stepping thread in each part, except apply_cpu, which sums
+  // the apply workers' time (it overlaps the other parts). Filled by steps
+  // that apply one version; zero otherwise.
+  struct Stages {
+    double base_check = 0;     // hashing tensors to check the base
+    double fetch = 0;          // reading and checking chunks and the manifest
+    double chunk_wait = 0;     // waiting for chunks not stored yet
+    double apply_wait = 0;     // waiting for the apply workers
+    double apply_cpu = 0;      // decode, store, after-hash (worker seconds)
+    double check = 0;          // every tensor against the manifest
+    double flush = 0;          // the checkpoint and the journal made durable
+    double vote = 0;           // the vote stored and journaled
+    double decision_wait = 0;  // from the vote to the decision read
+    double activate = 0;       // `active` written, the journal removed
+  };
+  Stages stages;
 };
 
 class Receiver {

@@ -31,6 +31,19 @@ double SecondsSince(Clock::time_point since) {
   return std::chrono::duration<double>(Clock::now() - since).count();
 }
 
+// Adds the time its scope takes to *total (StepResult::stages).
+class Timed {
+ public:
+  explicit Timed(double* total) : total_(total), t0_(Clock::now()) {}
+  Timed(const Timed&) = delete;
+  Timed& operator=(const Timed&) = delete;
+  ~Timed() { *total_ += SecondsSince(t0_); }
+
+ private:
+  double* total_;
+  Clock::time_point t0_;
+};
+
 }  // namespace
 
 VersionApply::VersionApply(Receiver* receiver, const Announcement& a,
@@ -67,12 +80,16 @@ Result<StepResult> VersionApply::Run() {
   REFIT_ASSIGN_OR_RETURN(auto aborted, StreamChunks());
   if (aborted) return std::move(*aborted);
   REFIT_RETURN_IF_ERROR(Drain(true));
+  result_.stages.apply_wait = pool_->wait_seconds();
   REFIT_RETURN_IF_ERROR(Repair(torn_, /*after=*/true));
   CrashPoint("receiver.after-apply");
   REFIT_RETURN_IF_ERROR(CheckTensors());
-  REFIT_RETURN_IF_ERROR(b_->Sync());
-  CrashPoint("receiver.after-flush");
-  REFIT_RETURN_IF_ERROR(journal_.Sync());
+  {
+    Timed timed(&result_.stages.flush);
+    REFIT_RETURN_IF_ERROR(b_->Sync());
+    CrashPoint("receiver.after-flush");
+    REFIT_RETURN_IF_ERROR(journal_.Sync());
+  }
   CrashPoint("receiver.after-journal");
   return VoteAndDecide();
 }
@@ -291,6 +308,7 @@ Status VersionApply::Drain(bool all) {
       continue;
     }
     const ApplyPool::Job& job = d.job;
+    result_.stages.apply_cpu += d.seconds;
     ++r_.chunks_applied_total_;
     REFIT_RETURN_IF_ERROR(journal_.Applied(job.index, d.undo.front()));
     ++result_.chunks_applied;
@@ -315,10 +333,11 @@ Result<std::optional<StepResult>> VersionApply::StreamChunks() {
       if (!manifest_seen_) manifest_seen_ = Clock::now();
       if (i >= manifest_->chunks.size()) break;
     }
+    Clock::time_point fetching = Clock::now();
     auto got = r_.store_->Get(ChunkKey(a_.version, i));
     if (got.ok()) {
       object_ = std::move(*got);
-      REFIT_RETURN_IF_ERROR(TakeChunk(i));
+      REFIT_RETURN_IF_ERROR(TakeChunk(i, fetching));
       ++i;
       continue;
     }
@@ -328,6 +347,7 @@ Result<std::optional<StepResult>> VersionApply::StreamChunks() {
                            std::to_string(i) + " but the store does not hold it");
     }
     REFIT_RETURN_IF_ERROR(ReadManifestIfStored());
+    result_.stages.fetch += SecondsSince(fetching);
     if (manifest_) continue;
     // The publisher is still uploading (or stopped): an abort decision
     // ends the wait, and so does the deadline.
@@ -347,13 +367,15 @@ Result<std::optional<StepResult>> VersionApply::StreamChunks() {
           " ms; its publisher may have stopped (publishing a later version aborts it); "
           "the work is journaled and resumes on the next step");
     }
+    Timed timed(&result_.stages.chunk_wait);
     REFIT_RETURN_IF_ERROR(r_.Pause("chunk " + std::to_string(i) + " of version " + V_));
   }
   return std::optional<StepResult>();
 }
 
-Status VersionApply::TakeChunk(uint64_t i) {
+Status VersionApply::TakeChunk(uint64_t i, Clock::time_point fetched_from) {
   auto parsed = CheckFetched(i, /*original=*/true);
+  result_.stages.fetch += SecondsSince(fetched_from);
   Receiver::BadRead& bad_read = r_.bad_read_;
   if (!parsed.ok()) {
     // The same bytes in consecutive steps are the stored object: the
@@ -378,9 +400,12 @@ Status VersionApply::TakeChunk(uint64_t i) {
   const Sha256 sha = manifest_ ? manifest_->chunks[i].sha256 : ComputeSha256(object_);
   last_progress_ = Clock::now();
   const size_t t = c.header.tensor_id;
-  if (Status s = base_check_->Through(t); !s.ok()) {
+  Clock::time_point checking = Clock::now();
+  Status base = base_check_->Through(t);
+  result_.stages.base_check += SecondsSince(checking);
+  if (!base.ok()) {
     MarkFailure(i);
-    return s;
+    return base;
   }
   auto [off, len] = ByteRange(c.header);
   if (pool_->Pending(t, off, len)) REFIT_RETURN_IF_ERROR(Drain(true));
@@ -421,10 +446,14 @@ Status VersionApply::TakeChunk(uint64_t i) {
 // "Hashing"). A covered tensor without chunks must then be unchanged by
 // the manifest's own account. Any other tensor is hashed from its bytes.
 Status VersionApply::CheckTensors() {
-  if (Status s = base_check_->All(); !s.ok()) {
+  Clock::time_point checking = Clock::now();
+  Status base = base_check_->All();
+  result_.stages.base_check += SecondsSince(checking);
+  if (!base.ok()) {
     MarkFailure(kAllChunks);
-    return s;
+    return base;
   }
+  Timed timed(&result_.stages.check);
   std::vector<bool> has_chunks(a_.tensors.size(), false);
   for (const ManifestChunk& mc : manifest_->chunks) has_chunks[mc.tensor_id] = true;
   for (size_t t = 0; t < a_.tensors.size(); ++t) {
@@ -443,12 +472,15 @@ Status VersionApply::CheckTensors() {
 
 Result<StepResult> VersionApply::VoteAndDecide() {
   if (vote_) {
+    Clock::time_point voting = Clock::now();
     REFIT_RETURN_IF_ERROR(r_.store_->Put(VoteKey(a_.version, opt_.member),
                                          opt_.auth.SealMember(EncodeVote(Vote{true, ""}))));
     result_.tail_seconds = SecondsSince(*manifest_seen_);
     REFIT_RETURN_IF_ERROR(journal_.Voted());
     REFIT_RETURN_IF_ERROR(journal_.Sync());
+    result_.stages.vote = SecondsSince(voting);
     CrashPoint("receiver.after-vote");
+    Timed timed(&result_.stages.decision_wait);
     REFIT_RETURN_IF_ERROR(
         WaitForDecision("ready for", "the work is journaled and resumes on the next step"));
   } else if (!decision_) {
@@ -458,7 +490,9 @@ Result<StepResult> VersionApply::VoteAndDecide() {
   if (!decision_->commit) {
     REFIT_RETURN_IF_ERROR(RollBack());
   } else {
+    Clock::time_point activating = Clock::now();
     REFIT_RETURN_IF_ERROR(r_.Activate(a_.version));
+    result_.stages.activate = SecondsSince(activating);
     if (!vote_) result_.tail_seconds = SecondsSince(*manifest_seen_);
     result_.outcome = vote_ ? StepResult::Outcome::kCommitted : StepResult::Outcome::kCaughtUp;
     std::vector<bool> touched(a_.tensors.size(), false);

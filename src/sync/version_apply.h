@@ -59,9 +59,10 @@ class VersionApply {
   // Step 2: every chunk as it lands, up to the manifest's last. A value
   // when the version was aborted meanwhile (and rolled back).
   Result<std::optional<StepResult>> StreamChunks();
-  // Step 2 for chunk i, fetched into object_: checked, then skipped,
-  // submitted to the pool or found torn.
-  Status TakeChunk(uint64_t i);
+  // Step 2 for chunk i, fetched into object_ (its Get began at
+  // `fetched_from`): checked, then skipped, submitted to the pool or found
+  // torn.
+  Status TakeChunk(uint64_t i, Clock::time_point fetched_from);
   // Step 4's check: every tensor at the manifest's "after" hash.
   Status CheckTensors();
   // Steps 4-6 from the vote on: vote (a member), wait for the decision,
