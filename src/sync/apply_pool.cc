@@ -36,7 +36,8 @@ ApplyPool::~ApplyPool() {
 
 void ApplyPool::Submit(Job job) {
   if (workers_.empty()) {
-    Done d{std::move(job), Status(), {}, 0};
+    Done d;
+    d.job = std::move(job);
     Run(&d, &scratch_);
     std::lock_guard<std::mutex> lock(mu_);
     ++in_flight_;
@@ -88,8 +89,11 @@ void ApplyPool::Run(Done* d, ApplyScratch* scratch) {
   const Clock::time_point t0 = Clock::now();
   for (const ParsedChunk& c : d->job.chunks) {
     UndoRecord undo;
-    d->status = ApplyChunkInPlace(c, d->job.data, scratch, nullptr, &undo);
-    if (!d->status.ok()) break;
+    d->status = ApplyChunkInPlace(c, d->job.data, scratch, nullptr, &undo, &d->after_digests);
+    if (!d->status.ok()) {
+      d->after_digests.clear();
+      break;
+    }
     d->undo.push_back(std::move(undo));
     ++d->applied;
   }
@@ -107,7 +111,8 @@ void ApplyPool::Work() {
       job = std::move(queue_.front());
       queue_.pop_front();
     }
-    Done d{std::move(job), Status(), {}, 0};
+    Done d;
+    d.job = std::move(job);
     Run(&d, &scratch);
     std::lock_guard<std::mutex> lock(mu_);
     done_.push_back(std::move(d));

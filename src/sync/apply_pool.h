@@ -56,6 +56,9 @@ class ApplyPool {
     std::vector<UndoRecord> undo;  // one per applied chunk
     size_t applied = 0;  // chunks of the job applied, a prefix of them
     double seconds = 0;  // the worker's time on the job
+    // The segment digests of the range as the last applied chunk left it
+    // (empty for a strided region or a failed job).
+    std::vector<Hash128> after_digests;
   };
 
   explicit ApplyPool(int threads);

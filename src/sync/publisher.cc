@@ -336,8 +336,9 @@ Status Publisher::Serve(uint64_t version, int ms) {
   auto start = Clock::now();
   uint64_t served = 0;
   do {
+    const uint64_t since = store_->ChangeCount();
     REFIT_RETURN_IF_ERROR(ServeRequests(version, a.tensors, nullptr, &served));
-    std::this_thread::sleep_for(std::chrono::milliseconds(opt_.poll_ms));
+    store_->AwaitChange(since, std::min(opt_.poll_ms, std::max(0, ms - ElapsedMs(start))));
   } while (ElapsedMs(start) < ms);
   return Status();
 }
@@ -441,6 +442,8 @@ Result<Decision> Publisher::VoteAndDecide(uint64_t version, const Manifest& m,
   bool any_failed = false;
   while (votes.size() < opt_.members.size() && !any_failed &&
          ElapsedMs(start) <= opt_.vote_timeout_ms) {
+    // Taken before looking: a vote stored from here on ends the wait.
+    const uint64_t since = store_->ChangeCount();
     for (const std::string& member : opt_.members) {
       if (votes.count(member)) continue;
       auto v = store_->Get(VoteKey(version, member));
@@ -457,7 +460,7 @@ Result<Decision> Publisher::VoteAndDecide(uint64_t version, const Manifest& m,
     }
     REFIT_RETURN_IF_ERROR(ServeRequests(version, m.tensors, &target, &report->resends_served));
     if (votes.size() < opt_.members.size() && !any_failed) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(opt_.poll_ms));
+      store_->AwaitChange(since, opt_.poll_ms);
     }
   }
   report->stages.vote_wait = SecondsSince(start);

@@ -35,6 +35,7 @@ namespace refit {
 namespace internal {
 class FoldApply;
 class VersionApply;
+struct KeptDigests;
 }  // namespace internal
 
 struct ReceiverOptions {
@@ -66,6 +67,17 @@ struct ReceiverOptions {
   // poll_ms with CANCELLED, its work journaled as after any failure (the
   // next step resumes). Empty: never. Called on the stepping thread.
   std::function<bool()> stop;
+  // The base check of a fresh version (docs/protocol.md, "Hashing") reads
+  // every tensor, unless this receiver object kept the 64 KiB segment
+  // digests of the version it activated last (those of the ranges it wrote
+  // come from each chunk's after-check): then it composes each tensor's
+  // hash from them without reading the model, except in every
+  // `full_base_check_every`-th version, which hashes every tensor from its
+  // bytes. A checkpoint receiver reuses them only while its files are
+  // unchanged since its flush before the vote (size, inode, modification
+  // and change times). 1: hash the base from the bytes in every version;
+  // 0: never again once digests are kept.
+  int full_base_check_every = 16;
 };
 
 struct StepResult {
@@ -197,8 +209,10 @@ class Receiver {
   // manifest or its snapshot index; nullopt when the store holds neither.
   Result<std::optional<std::vector<TensorEntry>>> ActiveTensors();
   // Sleeps poll_ms, unless options.stop says to stop: CANCELLED naming
-  // what the step was waiting for.
-  Status Pause(const std::string& waiting_for);
+  // what the step was waiting for. With `since` (the store's ChangeCount
+  // taken before the caller last looked), wakes as soon as the store
+  // changed instead (ObjectStore::AwaitChange).
+  Status Pause(const std::string& waiting_for, std::optional<uint64_t> since = std::nullopt);
   // Applies the committed chain V1..Vk (chain[0] builds on the active
   // version, each next one on the previous one) in one pass and activates
   // Vk. nullopt, having changed nothing, when the chain cannot be folded
@@ -249,6 +263,9 @@ class Receiver {
   // failing its checks: the next fold through that version checks it
   // again before writing anything.
   std::optional<std::pair<uint64_t, uint64_t>> bad_fold_chunk_;
+  // The active version's segment digests, from the step that activated it
+  // (ReceiverOptions::full_base_check_every); null when none are kept.
+  std::shared_ptr<internal::KeptDigests> kept_;
 };
 
 }  // namespace refit

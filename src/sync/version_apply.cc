@@ -63,10 +63,12 @@ Result<StepResult> VersionApply::Run() {
   t0_ = Clock::now();
   result_.version = a_.version;
   result_.versions_folded = 1;
+  kept_ = std::move(r_.kept_);
   if (!resume_) REFIT_RETURN_IF_ERROR(CheckAnnouncedBase());
   REFIT_RETURN_IF_ERROR(OpenJournalAndBind());
   REFIT_ASSIGN_OR_RETURN(decision_, r_.ReadDecision(a_.version));
-  digests_.emplace(a_.tensors.size());
+  digests_.emplace(a_.tensors.size(), ApplyThreads(opt_.threads));
+  reused_digests_ = SeedDigests();
   flusher_.emplace(*b_);
   if (decision_ && !decision_->commit) return Aborted();
   if (state_->failed) return AfterFailedVote();
@@ -89,6 +91,7 @@ Result<StepResult> VersionApply::Run() {
     REFIT_RETURN_IF_ERROR(b_->Sync());
     CrashPoint("receiver.after-flush");
     REFIT_RETURN_IF_ERROR(journal_.Sync());
+    if (opt_.full_base_check_every != 1) flushed_ = StampFiles(*b_);
   }
   CrashPoint("receiver.after-journal");
   return VoteAndDecide();
@@ -113,6 +116,41 @@ Status VersionApply::CheckAnnouncedBase() {
     }
   }
   return Status();
+}
+
+// Kept digests stand for a read of the model when they describe the
+// version this one builds on, in this table, nothing wrote a checkpoint's
+// files since they were flushed, and no full check is due
+// (docs/protocol.md, "Hashing").
+bool VersionApply::SeedDigests() {
+  const int every = opt_.full_base_check_every;
+  if (resume_ || !kept_ || every == 1 || kept_->version != a_.base_version ||
+      kept_->names.size() != a_.tensors.size()) {
+    return false;
+  }
+  if (every > 1 && kept_->reused + 1 >= every) return false;
+  for (size_t t = 0; t < a_.tensors.size(); ++t) {
+    if (kept_->names[t] != a_.tensors[t].name) return false;
+  }
+  if (kept_->files != StampFiles(*b_)) return false;
+  for (size_t t = 0; t < a_.tensors.size(); ++t) {
+    // A tensor whose digests were not all known is hashed from its bytes.
+    if (!kept_->digests[t].empty()) digests_->Seed(t, std::move(kept_->digests[t]));
+  }
+  return true;
+}
+
+void VersionApply::KeepDigests() {
+  if (opt_.full_base_check_every == 1) return;
+  auto kept = std::make_shared<KeptDigests>();
+  kept->version = a_.version;
+  kept->files = std::move(flushed_);
+  kept->reused = reused_digests_ ? kept_->reused + 1 : 0;
+  for (size_t t = 0; t < a_.tensors.size(); ++t) {
+    kept->names.push_back(a_.tensors[t].name);
+    kept->digests.push_back(digests_->Current(t));
+  }
+  r_.kept_ = std::move(kept);
 }
 
 Status VersionApply::OpenJournalAndBind() {
@@ -190,6 +228,7 @@ Status VersionApply::Repair(const std::vector<uint64_t>& torn, bool after) {
   auto start = Clock::now();
   for (uint64_t i : torn) {
     for (;;) {
+      const uint64_t since = r_.store_->ChangeCount();
       auto c = Fetch(ResendKey(a_.version, opt_.member, i, after), i, /*original=*/false);
       if (c.ok()) {
         UndoRecord undo;
@@ -210,7 +249,7 @@ Status VersionApply::Repair(const std::vector<uint64_t>& torn, bool after) {
                                      " ms; is the publisher running?");
       }
       REFIT_RETURN_IF_ERROR(
-          r_.Pause("a re-send of chunk " + std::to_string(i) + " of version " + V_));
+          r_.Pause("a re-send of chunk " + std::to_string(i) + " of version " + V_, since));
     }
   }
   return Status();
@@ -282,13 +321,18 @@ Result<StepResult> VersionApply::Aborted() {
 
 Status VersionApply::WaitForDecision(const std::string& voted, const std::string& then) {
   auto start = Clock::now();
+  uint64_t since = r_.store_->ChangeCount();
+  if (!decision_) {
+    REFIT_ASSIGN_OR_RETURN(decision_, r_.ReadDecision(a_.version));
+  }
   while (!decision_) {
     if (ElapsedMs(start) > opt_.decision_timeout_ms) {
       return DeadlineExceededError("voted " + voted + " version " + V_ +
                                    " but no decision arrived within " +
                                    std::to_string(opt_.decision_timeout_ms) + " ms; " + then);
     }
-    REFIT_RETURN_IF_ERROR(r_.Pause("the decision on version " + V_));
+    REFIT_RETURN_IF_ERROR(r_.Pause("the decision on version " + V_, since));
+    since = r_.store_->ChangeCount();
     REFIT_ASSIGN_OR_RETURN(decision_, r_.ReadDecision(a_.version));
   }
   return Status();
@@ -314,8 +358,8 @@ Status VersionApply::Drain(bool all) {
     ++result_.chunks_applied;
     result_.changed_elements += job.chunks.front().header.changed;
     // ApplyChunkInPlace re-hashed the range to the chunk's "after": the
-    // tensor stays covered.
-    digests_->Written(job.tensor, job.offset, job.length);
+    // tensor stays covered, and the range's digests are those it hashed.
+    digests_->Rewritten(*b_, job.tensor, job.offset, job.length, std::move(d.after_digests));
     flusher_->Add(job.tensor, job.offset, job.length);
     if (job.early) ++result_.chunks_before_manifest;
     CrashPoint("receiver.after-chunk");
@@ -334,6 +378,7 @@ Result<std::optional<StepResult>> VersionApply::StreamChunks() {
       if (i >= manifest_->chunks.size()) break;
     }
     Clock::time_point fetching = Clock::now();
+    const uint64_t since = r_.store_->ChangeCount();
     auto got = r_.store_->Get(ChunkKey(a_.version, i));
     if (got.ok()) {
       object_ = std::move(*got);
@@ -368,7 +413,7 @@ Result<std::optional<StepResult>> VersionApply::StreamChunks() {
           "the work is journaled and resumes on the next step");
     }
     Timed timed(&result_.stages.chunk_wait);
-    REFIT_RETURN_IF_ERROR(r_.Pause("chunk " + std::to_string(i) + " of version " + V_));
+    REFIT_RETURN_IF_ERROR(r_.Pause("chunk " + std::to_string(i) + " of version " + V_, since));
   }
   return std::optional<StepResult>();
 }
@@ -492,6 +537,7 @@ Result<StepResult> VersionApply::VoteAndDecide() {
   } else {
     Clock::time_point activating = Clock::now();
     REFIT_RETURN_IF_ERROR(r_.Activate(a_.version));
+    KeepDigests();
     result_.stages.activate = SecondsSince(activating);
     if (!vote_) result_.tail_seconds = SecondsSince(*manifest_seen_);
     result_.outcome = vote_ ? StepResult::Outcome::kCommitted : StepResult::Outcome::kCaughtUp;

@@ -36,6 +36,10 @@ class ThrottledStore final : public ObjectStore {
   Result<std::vector<uint8_t>> Get(std::string_view key) override;
   Result<std::vector<ObjectInfo>> List(std::string_view prefix) override;
   Status Delete(std::string_view key) override;
+  uint64_t ChangeCount() override { return inner_->ChangeCount(); }
+  void AwaitChange(uint64_t since, int timeout_ms) override {
+    inner_->AwaitChange(since, timeout_ms);
+  }
 
  private:
   void Charge(uint64_t bytes);
@@ -86,6 +90,10 @@ class FaultyStore final : public ObjectStore {
   Result<std::vector<uint8_t>> Get(std::string_view key) override;
   Result<std::vector<ObjectInfo>> List(std::string_view prefix) override;
   Status Delete(std::string_view key) override;
+  uint64_t ChangeCount() override { return inner_->ChangeCount(); }
+  void AwaitChange(uint64_t since, int timeout_ms) override {
+    inner_->AwaitChange(since, timeout_ms);
+  }
 
  private:
   // Counts the call, applies delay and failure knobs. A non-OK return is

@@ -124,6 +124,10 @@ class CountingStore final : public ObjectStore {
     return inner_->List(prefix);
   }
   Status Delete(std::string_view key) override { return inner_->Delete(key); }
+  uint64_t ChangeCount() override { return inner_->ChangeCount(); }
+  void AwaitChange(uint64_t since, int timeout_ms) override {
+    inner_->AwaitChange(since, timeout_ms);
+  }
 
  private:
   std::shared_ptr<ObjectStore> inner_;
@@ -157,6 +161,11 @@ class SwitchableStore final : public ObjectStore {
   }
   Status Delete(std::string_view key) override {
     return Current()->Delete(key);
+  }
+  // Every link wraps the same backend, so counts carry across links.
+  uint64_t ChangeCount() override { return Current()->ChangeCount(); }
+  void AwaitChange(uint64_t since, int timeout_ms) override {
+    Current()->AwaitChange(since, timeout_ms);
   }
 
  private:
