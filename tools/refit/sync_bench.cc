@@ -82,11 +82,15 @@ struct SyncBenchArgs {
   bool in_memory = false;
   int fanout = 4;
   std::string throttle = "up";
+  // The store without --relay: "dir" (a directory store, files fsynced) or
+  // "memory" (MemoryStore: the protocol's own costs, no file system).
+  std::string store = "dir";
   std::string fixtures;  // a folder with step0/step1.safetensors
   double chunk_mib = 8;
   int threads = 0;
   int upload_threads = 4;
   int poll_ms = 20;
+  int full_base_check_every = ReceiverOptions().full_base_check_every;
   double full_measure_max_s = 40;
   uint64_t seed = 1;
   bool json = false;
@@ -245,6 +249,8 @@ class Fleet {
     }
     if (relay) {
       REFIT_RETURN_IF_ERROR(f->BuildTree());
+    } else if (args.store == "memory") {
+      f->backend_ = std::make_shared<MemoryStore>();
     } else {
       REFIT_ASSIGN_OR_RETURN(std::unique_ptr<ObjectStore> store,
                              OpenObjectStore(f->dir_->File("store")));
@@ -340,6 +346,7 @@ class Fleet {
       ropt.auth = auth_;
       ropt.poll_ms = args_->poll_ms;
       ropt.decision_timeout_ms = 300000;
+      ropt.full_base_check_every = args_->full_base_check_every;
       REFIT_ASSIGN_OR_RETURN(std::unique_ptr<Receiver> r,
                              Receiver::Open(receiver_links_[i].get(), ropt));
       rx_.push_back(std::move(r));
@@ -710,6 +717,10 @@ int Run(const SyncBenchArgs& args, const std::string& command_line) {
                   json);
     }
   }
+  if (args.store != "dir" && args.store != "memory") {
+    return Fail(kCmd, InvalidArgumentError("--store must be 'dir' or 'memory'"),
+                json);
+  }
   if (args.throttle != "up" && args.throttle != "both") {
     return Fail(kCmd, InvalidArgumentError("--throttle must be 'up' or 'both'"),
                 json);
@@ -750,6 +761,11 @@ int Run(const SyncBenchArgs& args, const std::string& command_line) {
                "and its reads of votes); receivers read the directory store "
                "directly (the store is on their side of the boundary)";
   out["link"] = link_text;
+  const std::string store_text =
+      args.relay               ? "relay tree (objects in each endpoint's memory)"
+      : args.store == "memory" ? "memory (MemoryStore: a map in this process)"
+                               : "directory (each object a file, fsynced)";
+  out["store"] = store_text;
   const std::string receiver_text =
       args.in_memory ? "tensors in host memory (ReceiverOptions::tensors)"
                      : "a checkpoint file each (memory-mapped, flushed before the vote)";
@@ -770,7 +786,8 @@ int Run(const SyncBenchArgs& args, const std::string& command_line) {
       auto fleet = Fleet::Create(args, step0, receivers, args.relay);
       if (!fleet.ok()) return Fail(kCmd, fleet.status(), json);
       auto full = MeasureFullSend((*fleet)->backend(), step1, mbit,
-                                  args.full_measure_max_s, !args.relay);
+                                  args.full_measure_max_s,
+                                  !args.relay && args.store == "dir");
       if (!full.ok()) return Fail(kCmd, full.status(), json);
       fulls.push_back(*full);
       auto target = Checkpoint::Open(step1, Checkpoint::Mode::kReadOnly);
@@ -827,7 +844,8 @@ int Run(const SyncBenchArgs& args, const std::string& command_line) {
           if (!json)
             fmt::print(stderr, "full checkpoint over {} Mbit/s...\n", mbit);
           auto f = MeasureFullSend((*fleet)->backend(), base_path, mbit,
-                                   args.full_measure_max_s, !args.relay);
+                                   args.full_measure_max_s,
+                                  !args.relay && args.store == "dir");
           if (!f.ok()) return Fail(kCmd, f.status(), json);
           full = *f;
           fulls.push_back(full);
@@ -876,6 +894,7 @@ int Run(const SyncBenchArgs& args, const std::string& command_line) {
   fmt::print("machine: {}\n", out["machine"].get<std::string>());
   fmt::print("input:   {}\n", out["input"].get<std::string>());
   fmt::print("link:    {}\n", link_text);
+  fmt::print("store:   {}\n", store_text);
   fmt::print("receivers hold: {}\n", receiver_text);
   for (const FullSend& f : fulls) {
     fmt::print(
@@ -936,6 +955,11 @@ std::function<int(bool, const std::string&)> RegisterBenchSync(
                   "up: the publisher's calls cross the link; both: the "
                   "receivers' reads too (a second bucket)")
       ->capture_default_str();
+  cmd->add_option("--store", args->store,
+                  "dir: a directory store (objects written and fsynced as "
+                  "files); memory: objects in a map of this process (the "
+                  "protocol's own costs); ignored with --relay")
+      ->capture_default_str();
   cmd->add_option("--fixtures", args->fixtures,
                   "instead of a synthetic model: step0 -> step1 of this folder "
                   "(e.g. ../shared/fixtures/qwen2-tiny)");
@@ -953,6 +977,12 @@ std::function<int(bool, const std::string&)> RegisterBenchSync(
   cmd->add_option("--poll-ms", args->poll_ms,
                   "publisher and receiver poll interval")
       ->capture_default_str();
+  cmd->add_option("--full-base-check-every", args->full_base_check_every,
+                  "receivers hash their whole base every N-th version and "
+                  "check the others from the digests they kept (1: every "
+                  "version; ReceiverOptions::full_base_check_every)")
+      ->capture_default_str()
+      ->check(IntIn(0, 1 << 30));
   cmd->add_option("--full-measure-max-s", args->full_measure_max_s,
                   "send the full checkpoint through the link when that takes "
                   "at most this long; otherwise report the computed time")
