@@ -304,7 +304,8 @@ Status ApplyChunk(const ParsedChunk& chunk, uint8_t* tensor_data,
 
 Status ApplyChunkInPlace(const ParsedChunk& chunk, uint8_t* tensor_data,
                          ApplyScratch* s, uint64_t* pages_written,
-                         UndoRecord* undo, std::vector<Hash128>* after_digests) {
+                         UndoRecord* undo,
+                         std::vector<Hash128>* after_digests) {
   return ApplyChunk(chunk, tensor_data, s, pages_written, undo, after_digests);
 }
 

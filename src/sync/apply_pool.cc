@@ -89,7 +89,8 @@ void ApplyPool::Run(Done* d, ApplyScratch* scratch) {
   const Clock::time_point t0 = Clock::now();
   for (const ParsedChunk& c : d->job.chunks) {
     UndoRecord undo;
-    d->status = ApplyChunkInPlace(c, d->job.data, scratch, nullptr, &undo, &d->after_digests);
+    d->status = ApplyChunkInPlace(c, d->job.data, scratch, nullptr, &undo,
+                                  &d->after_digests);
     if (!d->status.ok()) {
       d->after_digests.clear();
       break;

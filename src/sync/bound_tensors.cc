@@ -72,7 +72,9 @@ namespace {
 
 // Segments of a tensor of `bytes` bytes (one for an empty tensor).
 size_t SegmentsOf(uint64_t bytes) {
-  return bytes == 0 ? 1 : static_cast<size_t>((bytes + kRangeHashSegment - 1) / kRangeHashSegment);
+  return bytes == 0 ? 1
+                    : static_cast<size_t>((bytes + kRangeHashSegment - 1) /
+                                          kRangeHashSegment);
 }
 
 }  // namespace
@@ -87,7 +89,8 @@ Hash128 Digests::Ensure(const BoundTensors& b, size_t t) {
     ParallelFor(d.size(), 64, threads_, [&](size_t begin, size_t end) {
       for (size_t i = begin; i < end; ++i) {
         const uint64_t off = i * kRangeHashSegment;
-        d[i] = HashBytes(data + off, std::min<uint64_t>(kRangeHashSegment, n - off));
+        d[i] = HashBytes(data + off,
+                         std::min<uint64_t>(kRangeHashSegment, n - off));
       }
     });
     known_[t] = true;
@@ -102,16 +105,17 @@ void Digests::Seed(size_t t, std::vector<Hash128> digests) {
   stale_[t].assign(digests_[t].size(), false);
 }
 
-void Digests::Rewritten(const BoundTensors& b, size_t t, uint64_t offset, uint64_t length,
-                        std::vector<Hash128>&& after) {
+void Digests::Rewritten(const BoundTensors& b, size_t t, uint64_t offset,
+                        uint64_t length, std::vector<Hash128>&& after) {
   if (!known_[t] || length == 0) return;
   const size_t first = offset / kRangeHashSegment;
   // Whole segments: the digests of a short last segment are the tensor's
   // only at its tail.
-  const bool whole = offset % kRangeHashSegment == 0 &&
-                     (length % kRangeHashSegment == 0 || offset + length == b.bytes[t]) &&
-                     after.size() == SegmentsOf(length) &&
-                     first + after.size() <= digests_[t].size();
+  const bool whole =
+      offset % kRangeHashSegment == 0 &&
+      (length % kRangeHashSegment == 0 || offset + length == b.bytes[t]) &&
+      after.size() == SegmentsOf(length) &&
+      first + after.size() <= digests_[t].size();
   if (!whole) return Written(t, offset, length);
   for (size_t i = 0; i < after.size(); ++i) {
     digests_[t][first + i] = after[i];

@@ -74,7 +74,10 @@ class Digests {
  public:
   // `threads` hash a tensor's segments side by side (1: the caller alone).
   explicit Digests(size_t tensors, int threads = 1)
-      : digests_(tensors), known_(tensors), stale_(tensors), covered_(tensors),
+      : digests_(tensors),
+        known_(tensors),
+        stale_(tensors),
+        covered_(tensors),
         threads_(threads) {}
 
   // Hashes tensor t's segments (once), unless Seed gave them. Returns the
@@ -94,8 +97,8 @@ class Digests {
   // The same, where `after` are the digests of the range's segments as
   // written (ApplyChunkInPlace's): they replace the old ones when the range
   // is whole segments of the tensor; otherwise as Written.
-  void Rewritten(const BoundTensors& b, size_t t, uint64_t offset, uint64_t length,
-                 std::vector<Hash128>&& after);
+  void Rewritten(const BoundTensors& b, size_t t, uint64_t offset,
+                 uint64_t length, std::vector<Hash128>&& after);
   // Tensor t's segment digests when every one of them is known and holds;
   // empty otherwise.
   std::vector<Hash128> Current(size_t t) const;

@@ -338,7 +338,8 @@ Status Publisher::Serve(uint64_t version, int ms) {
   do {
     const uint64_t since = store_->ChangeCount();
     REFIT_RETURN_IF_ERROR(ServeRequests(version, a.tensors, nullptr, &served));
-    store_->AwaitChange(since, std::min(opt_.poll_ms, std::max(0, ms - ElapsedMs(start))));
+    store_->AwaitChange(
+        since, std::min(opt_.poll_ms, std::max(0, ms - ElapsedMs(start))));
   } while (ElapsedMs(start) < ms);
   return Status();
 }

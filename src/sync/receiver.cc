@@ -443,7 +443,8 @@ Result<StepResult> Receiver::SyncTo(uint64_t version, int timeout_ms) {
   return last;
 }
 
-Status Receiver::Pause(const std::string& waiting_for, std::optional<uint64_t> since) {
+Status Receiver::Pause(const std::string& waiting_for,
+                       std::optional<uint64_t> since) {
   auto stopped = [&] {
     return CancelledError("stopped while waiting for " + waiting_for +
                           "; what was done is journaled and resumes on the next step");

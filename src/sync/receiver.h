@@ -212,7 +212,8 @@ class Receiver {
   // what the step was waiting for. With `since` (the store's ChangeCount
   // taken before the caller last looked), wakes as soon as the store
   // changed instead (ObjectStore::AwaitChange).
-  Status Pause(const std::string& waiting_for, std::optional<uint64_t> since = std::nullopt);
+  Status Pause(const std::string& waiting_for,
+               std::optional<uint64_t> since = std::nullopt);
   // Applies the committed chain V1..Vk (chain[0] builds on the active
   // version, each next one on the previous one) in one pass and activates
   // Vk. nullopt, having changed nothing, when the chain cannot be folded

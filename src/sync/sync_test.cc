@@ -1170,7 +1170,8 @@ TEST_P(SyncTest, ChangedLocalModelIsRefusedBeforeItsChunksApply) {
 TEST_P(SyncTest, ModelChangedBetweenVersionsIsRefusedAtTheBase) {
   auto popts = MakePublisher(2);
   popts.vote_timeout_ms = 2000;
-  auto pub = Publisher::Open(store_.get(), dir_.File("baseline.safetensors"), popts);
+  auto pub =
+      Publisher::Open(store_.get(), dir_.File("baseline.safetensors"), popts);
   ASSERT_OK(pub);
   Model memory = model_;
   ReceiverOptions file_opts = MakeReceiver(0);  // digests kept (the default)
@@ -1193,7 +1194,8 @@ TEST_P(SyncTest, ModelChangedBetweenVersionsIsRefusedAtTheBase) {
   // Past the file system's timestamp granularity, so the write shows.
   std::this_thread::sleep_for(std::chrono::milliseconds(50));
   {
-    auto ck = Checkpoint::Open(file_opts.checkpoint, Checkpoint::Mode::kReadWrite);
+    auto ck =
+        Checkpoint::Open(file_opts.checkpoint, Checkpoint::Mode::kReadWrite);
     ASSERT_OK(ck);
     ck->MutableData(*ck->IndexOf("c.bias"))[7] ^= 0x40;
     ASSERT_OK(ck->Sync());
@@ -1203,7 +1205,8 @@ TEST_P(SyncTest, ModelChangedBetweenVersionsIsRefusedAtTheBase) {
   std::vector<Status> steps(rcv.size());
   std::vector<std::thread> threads;
   for (size_t i = 0; i < rcv.size(); ++i) {
-    threads.emplace_back([&, i] { steps[i] = rcv[i]->SyncTo(2, 5000).status(); });
+    threads.emplace_back(
+        [&, i] { steps[i] = rcv[i]->SyncTo(2, 5000).status(); });
   }
   auto report = (*pub)->Publish(2, trainer.Views());
   for (std::thread& t : threads) t.join();
@@ -1211,7 +1214,8 @@ TEST_P(SyncTest, ModelChangedBetweenVersionsIsRefusedAtTheBase) {
   EXPECT_FALSE(report->committed);
   for (size_t i = 0; i < rcv.size(); ++i) {
     EXPECT_EQ(steps[i].code(), StatusCode::kDataLoss) << steps[i].ToString();
-    EXPECT_NE(steps[i].message().find("'c.bias' is not at version 1"), std::string::npos)
+    EXPECT_NE(steps[i].message().find("'c.bias' is not at version 1"),
+              std::string::npos)
         << steps[i].ToString();
     EXPECT_EQ(rcv[i]->failed_vote(), std::optional<uint64_t>(2));
     EXPECT_EQ(rcv[i]->active_version(), 1u);

@@ -135,7 +135,8 @@ bool VersionApply::SeedDigests() {
   if (kept_->files != StampFiles(*b_)) return false;
   for (size_t t = 0; t < a_.tensors.size(); ++t) {
     // A tensor whose digests were not all known is hashed from its bytes.
-    if (!kept_->digests[t].empty()) digests_->Seed(t, std::move(kept_->digests[t]));
+    if (!kept_->digests[t].empty())
+      digests_->Seed(t, std::move(kept_->digests[t]));
   }
   return true;
 }
@@ -248,8 +249,9 @@ Status VersionApply::Repair(const std::vector<uint64_t>& torn, bool after) {
                                      std::to_string(opt_.resend_timeout_ms) +
                                      " ms; is the publisher running?");
       }
-      REFIT_RETURN_IF_ERROR(
-          r_.Pause("a re-send of chunk " + std::to_string(i) + " of version " + V_, since));
+      REFIT_RETURN_IF_ERROR(r_.Pause(
+          "a re-send of chunk " + std::to_string(i) + " of version " + V_,
+          since));
     }
   }
   return Status();
@@ -359,7 +361,8 @@ Status VersionApply::Drain(bool all) {
     result_.changed_elements += job.chunks.front().header.changed;
     // ApplyChunkInPlace re-hashed the range to the chunk's "after": the
     // tensor stays covered, and the range's digests are those it hashed.
-    digests_->Rewritten(*b_, job.tensor, job.offset, job.length, std::move(d.after_digests));
+    digests_->Rewritten(*b_, job.tensor, job.offset, job.length,
+                        std::move(d.after_digests));
     flusher_->Add(job.tensor, job.offset, job.length);
     if (job.early) ++result_.chunks_before_manifest;
     CrashPoint("receiver.after-chunk");
@@ -413,7 +416,8 @@ Result<std::optional<StepResult>> VersionApply::StreamChunks() {
           "the work is journaled and resumes on the next step");
     }
     Timed timed(&result_.stages.chunk_wait);
-    REFIT_RETURN_IF_ERROR(r_.Pause("chunk " + std::to_string(i) + " of version " + V_, since));
+    REFIT_RETURN_IF_ERROR(
+        r_.Pause("chunk " + std::to_string(i) + " of version " + V_, since));
   }
   return std::optional<StepResult>();
 }

@@ -12,7 +12,8 @@
 namespace refit {
 
 void ObjectStore::AwaitChange(uint64_t /*since*/, int timeout_ms) {
-  std::this_thread::sleep_for(std::chrono::milliseconds(std::max(0, timeout_ms)));
+  std::this_thread::sleep_for(
+      std::chrono::milliseconds(std::max(0, timeout_ms)));
 }
 
 namespace {

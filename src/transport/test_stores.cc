@@ -65,12 +65,14 @@ Status ThrottledStore::Delete(std::string_view key) {
 Status MemoryStore::Store(std::string_view key, std::span<const uint8_t> data,
                           bool replace) {
   REFIT_RETURN_IF_ERROR(ValidateKey(key));
-  auto object = std::make_shared<const std::vector<uint8_t>>(data.begin(), data.end());
+  auto object =
+      std::make_shared<const std::vector<uint8_t>>(data.begin(), data.end());
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = objects_.find(key);
     if (it != objects_.end() && !replace) {
-      return AlreadyExistsError("object '" + std::string(key) + "' already exists in memory");
+      return AlreadyExistsError("object '" + std::string(key) +
+                                "' already exists in memory");
     }
     if (it != objects_.end()) {
       it->second = std::move(object);
@@ -87,7 +89,8 @@ Status MemoryStore::Put(std::string_view key, std::span<const uint8_t> data) {
   return Store(key, data, /*replace=*/true);
 }
 
-Status MemoryStore::PutIfAbsent(std::string_view key, std::span<const uint8_t> data) {
+Status MemoryStore::PutIfAbsent(std::string_view key,
+                                std::span<const uint8_t> data) {
   return Store(key, data, /*replace=*/false);
 }
 
@@ -98,7 +101,8 @@ Result<std::vector<uint8_t>> MemoryStore::Get(std::string_view key) {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = objects_.find(key);
     if (it == objects_.end()) {
-      return NotFoundError("object '" + std::string(key) + "' not found in memory");
+      return NotFoundError("object '" + std::string(key) +
+                           "' not found in memory");
     }
     object = it->second;
   }
@@ -109,7 +113,8 @@ Result<std::vector<ObjectInfo>> MemoryStore::List(std::string_view prefix) {
   std::vector<ObjectInfo> out;
   std::lock_guard<std::mutex> lock(mu_);
   for (auto it = objects_.lower_bound(prefix);
-       it != objects_.end() && it->first.compare(0, prefix.size(), prefix) == 0; ++it) {
+       it != objects_.end() && it->first.compare(0, prefix.size(), prefix) == 0;
+       ++it) {
     out.push_back(ObjectInfo{it->first, it->second->size()});
   }
   return out;

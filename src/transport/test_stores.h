@@ -78,7 +78,8 @@ class MemoryStore final : public ObjectStore {
 
   std::mutex mu_;
   std::condition_variable changed_;
-  std::map<std::string, std::shared_ptr<const std::vector<uint8_t>>, std::less<>>
+  std::map<std::string, std::shared_ptr<const std::vector<uint8_t>>,
+           std::less<>>
       objects_;
   uint64_t changes_ = 0;
 };

@@ -34,7 +34,8 @@ TEST(MemoryStoreTest, StoresListsAndRefusesASecondPutIfAbsent) {
   MemoryStore store;
   ASSERT_OK(store.Put("v/1/a", Bytes("x")));
   ASSERT_OK(store.PutIfAbsent("v/1/b", Bytes("y")));
-  EXPECT_EQ(store.PutIfAbsent("v/1/b", Bytes("z")).code(), StatusCode::kAlreadyExists);
+  EXPECT_EQ(store.PutIfAbsent("v/1/b", Bytes("z")).code(),
+            StatusCode::kAlreadyExists);
   ASSERT_OK(store.Put("w", Bytes("w")));
   auto b = store.Get("v/1/b");
   ASSERT_OK(b);

@@ -36,9 +36,9 @@
 #include <algorithm>
 #include <atomic>
 #include <charconv>
-#include <cstring>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -313,8 +313,7 @@ class Fleet {
       popt.upload_threads = args_->upload_threads;
       popt.poll_ms = args_->poll_ms;
       REFIT_ASSIGN_OR_RETURN(
-          publisher_,
-          Publisher::Open(&publisher_link_, publisher_ckpt_, popt));
+          publisher_, Publisher::Open(&publisher_link_, publisher_ckpt_, popt));
     }
 
     // Receivers' stores: their relay node, or the directory (through one
@@ -762,7 +761,7 @@ int Run(const SyncBenchArgs& args, const std::string& command_line) {
                "directly (the store is on their side of the boundary)";
   out["link"] = link_text;
   const std::string store_text =
-      args.relay               ? "relay tree (objects in each endpoint's memory)"
+      args.relay ? "relay tree (objects in each endpoint's memory)"
       : args.store == "memory" ? "memory (MemoryStore: a map in this process)"
                                : "directory (each object a file, fsynced)";
   out["store"] = store_text;
@@ -845,7 +844,7 @@ int Run(const SyncBenchArgs& args, const std::string& command_line) {
             fmt::print(stderr, "full checkpoint over {} Mbit/s...\n", mbit);
           auto f = MeasureFullSend((*fleet)->backend(), base_path, mbit,
                                    args.full_measure_max_s,
-                                  !args.relay && args.store == "dir");
+                                   !args.relay && args.store == "dir");
           if (!f.ok()) return Fail(kCmd, f.status(), json);
           full = *f;
           fulls.push_back(full);
