@@ -157,7 +157,8 @@ void StoreRecordsW(const ChunkHeader& h, const RegionAddr& at, ApplyScratch* s,
   }
   if (h.kind == ChunkKind::kSparseOverwrite) {
     const uint32_t end = static_cast<uint32_t>(std::min(hi, h.changed));
-    for (uint32_t r = static_cast<uint32_t>(std::min(lo, h.changed)); r < end; ++r) {
+    for (uint32_t r = static_cast<uint32_t>(std::min(lo, h.changed)); r < end;
+         ++r) {
       uint8_t* p = at.At(s->positions[r]);
       undo->at.push_back(s->positions[r]);
       undo->old.insert(undo->old.end(), p, p + W);
@@ -224,7 +225,8 @@ void StoreAndDigest(const ChunkHeader& h, const RegionAddr& at, ApplyScratch* s,
   // Decoding checked that positions ascend inside the range, so every
   // record was stored above; whatever remains is stored all the same, so an
   // undo (which stores or restores every record) always matches.
-  if (h.IsSparse() && r < h.changed) StoreRecords(h, at, s, pages, undo, r, h.changed);
+  if (h.IsSparse() && r < h.changed)
+    StoreRecords(h, at, s, pages, undo, r, h.changed);
 }
 
 Status DecodeRecords(const ParsedChunk& chunk, ApplyScratch* s) {
