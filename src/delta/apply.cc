@@ -136,22 +136,29 @@ void XorSparse(const RegionAddr& at, const uint32_t* pos, const uint8_t* values,
 
 // Stores the chunk's decoded records (in scratch) into the region. XOR
 // kinds toggle bits, so calling this twice restores the region; overwrite
-// kinds record what they replace in *undo.
+// kinds record what they replace in *undo. Only records [lo, hi) of a
+// sparse kind, elements [lo, hi) of a dense one (clamped to the chunk), in
+// order: calls over consecutive windows store the chunk as one call does.
 template <int W>
 void StoreRecordsW(const ChunkHeader& h, const RegionAddr& at, ApplyScratch* s,
-                   PageCounter* pages, UndoRecord* undo) {
+                   PageCounter* pages, UndoRecord* undo, uint64_t lo = 0,
+                   uint64_t hi = UINT64_MAX) {
   if (h.kind == ChunkKind::kSparseXor) {
-    const uint32_t k = static_cast<uint32_t>(h.changed);
+    const uint32_t r0 = static_cast<uint32_t>(std::min(lo, h.changed));
+    const uint32_t k = static_cast<uint32_t>(std::min(hi, h.changed)) - r0;
+    const uint32_t* pos = s->positions.data() + r0;
+    const uint8_t* values = s->values.data() + static_cast<size_t>(r0) * W;
     if (pages) {
-      XorSparse<W, true>(at, s->positions.data(), s->values.data(), k, pages);
+      XorSparse<W, true>(at, pos, values, k, pages);
     } else {
-      XorSparse<W, false>(at, s->positions.data(), s->values.data(), k, pages);
+      XorSparse<W, false>(at, pos, values, k, pages);
     }
     return;
   }
   if (h.kind == ChunkKind::kSparseOverwrite) {
-    const uint32_t k = static_cast<uint32_t>(h.changed);
-    for (uint32_t r = 0; r < k; ++r) {
+    const uint32_t end = static_cast<uint32_t>(std::min(hi, h.changed));
+    for (uint32_t r = static_cast<uint32_t>(std::min(lo, h.changed)); r < end;
+         ++r) {
       uint8_t* p = at.At(s->positions[r]);
       undo->at.push_back(s->positions[r]);
       undo->old.insert(undo->old.end(), p, p + W);
@@ -160,10 +167,10 @@ void StoreRecordsW(const ChunkHeader& h, const RegionAddr& at, ApplyScratch* s,
     }
     return;
   }
-  const uint32_t n = static_cast<uint32_t>(h.count);
+  const uint32_t n = static_cast<uint32_t>(std::min(hi, h.count));
   const uint8_t* d = s->dense.data();
   const bool xor_kind = h.kind == ChunkKind::kDenseXor;
-  for (uint32_t i = 0; i < n; ++i) {
+  for (uint32_t i = static_cast<uint32_t>(std::min(lo, h.count)); i < n; ++i) {
     const auto v = Load<W>(d + static_cast<size_t>(i) * W);
     uint8_t* p = at.At(i);
     const auto old = Load<W>(p);
@@ -181,17 +188,45 @@ void StoreRecordsW(const ChunkHeader& h, const RegionAddr& at, ApplyScratch* s,
 }
 
 void StoreRecords(const ChunkHeader& h, const RegionAddr& at, ApplyScratch* s,
-                  PageCounter* pages, UndoRecord* undo) {
+                  PageCounter* pages, UndoRecord* undo, uint64_t lo = 0,
+                  uint64_t hi = UINT64_MAX) {
   switch (h.width) {
     case 1:
-      return StoreRecordsW<1>(h, at, s, pages, undo);
+      return StoreRecordsW<1>(h, at, s, pages, undo, lo, hi);
     case 2:
-      return StoreRecordsW<2>(h, at, s, pages, undo);
+      return StoreRecordsW<2>(h, at, s, pages, undo, lo, hi);
     case 4:
-      return StoreRecordsW<4>(h, at, s, pages, undo);
+      return StoreRecordsW<4>(h, at, s, pages, undo, lo, hi);
     default:
-      return StoreRecordsW<8>(h, at, s, pages, undo);
+      return StoreRecordsW<8>(h, at, s, pages, undo, lo, hi);
   }
+}
+
+// A contiguous range: stores each 64 KiB segment's records, then hashes the
+// segment while it is still in cache, so the check against "after" does not
+// read the range a second time. Writes one digest per segment.
+void StoreAndDigest(const ChunkHeader& h, const RegionAddr& at, ApplyScratch* s,
+                    PageCounter* pages, UndoRecord* undo, Hash128* digests) {
+  const uint64_t w = h.width;
+  const uint64_t per = kRangeHashSegment / w;  // elements per segment
+  uint64_t r = 0;                              // a sparse chunk's next record
+  for (uint64_t e = 0, seg = 0; e < h.count; e += per, ++seg) {
+    const uint64_t end = std::min(h.count, e + per);
+    if (h.IsSparse()) {
+      uint64_t r_end = r;
+      while (r_end < h.changed && s->positions[r_end] < end) ++r_end;
+      StoreRecords(h, at, s, pages, undo, r, r_end);
+      r = r_end;
+    } else {
+      StoreRecords(h, at, s, pages, undo, e, end);
+    }
+    digests[seg] = HashBytes(at.base + e * w, (end - e) * w);
+  }
+  // Decoding checked that positions ascend inside the range, so every
+  // record was stored above; whatever remains is stored all the same, so an
+  // undo (which stores or restores every record) always matches.
+  if (h.IsSparse() && r < h.changed)
+    StoreRecords(h, at, s, pages, undo, r, h.changed);
 }
 
 Status DecodeRecords(const ParsedChunk& chunk, ApplyScratch* s) {
@@ -260,15 +295,14 @@ Status StoreAndCheck(const ChunkHeader& h, uint8_t* tensor_data, ApplyScratch* s
   PageCounter pages;
   s->undo.at.clear();
   s->undo.old.clear();
-  StoreRecords(h, at, s, &pages, &s->undo);
-
   Hash128 got;
   if (after_digests != nullptr && !h.IsStrided()) {
     const uint64_t bytes = h.count * h.width;
     after_digests->resize(SegmentCount(bytes));
-    SegmentDigests(at.base, bytes, after_digests->data());
+    StoreAndDigest(h, at, s, &pages, &s->undo, after_digests->data());
     got = HashSegmentDigests(after_digests->data(), after_digests->size());
   } else {
+    StoreRecords(h, at, s, &pages, &s->undo);
     if (after_digests != nullptr) after_digests->clear();
     got = RegionHash(h, tensor_data);
   }
@@ -304,8 +338,9 @@ Status ApplyChunk(const ParsedChunk& chunk, uint8_t* tensor_data,
 
 Status ApplyChunkInPlace(const ParsedChunk& chunk, uint8_t* tensor_data,
                          ApplyScratch* s, uint64_t* pages_written,
-                         UndoRecord* undo) {
-  return ApplyChunk(chunk, tensor_data, s, pages_written, undo, nullptr);
+                         UndoRecord* undo,
+                         std::vector<Hash128>* after_digests) {
+  return ApplyChunk(chunk, tensor_data, s, pages_written, undo, after_digests);
 }
 
 Status UndoChunkInPlace(const ParsedChunk& chunk, uint8_t* tensor_data,

@@ -51,10 +51,13 @@ struct ApplyScratch {
 // bytes. On success the range holds "after" and, for overwrite kinds,
 // *undo (if not null) receives the replaced bytes; on failure the range is
 // restored byte for byte. *pages_written (if not null) grows by the pages
-// stored to.
+// stored to. *after_digests (if not null) receives the 64 KiB segment
+// digests of a contiguous range as applied (the check against "after"
+// hashes them anyway), and is left empty for a strided region.
 Status ApplyChunkInPlace(const ParsedChunk& chunk, uint8_t* tensor_data,
                          ApplyScratch* scratch, uint64_t* pages_written,
-                         UndoRecord* undo);
+                         UndoRecord* undo,
+                         std::vector<Hash128>* after_digests = nullptr);
 
 // Reverts a chunk applied by ApplyChunkInPlace.
 Status UndoChunkInPlace(const ParsedChunk& chunk, uint8_t* tensor_data,

@@ -1,9 +1,19 @@
 #include "sync/apply_pool.h"
 
 #include <algorithm>
+#include <chrono>
 #include <utility>
 
 namespace refit::internal {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double SecondsSince(Clock::time_point since) {
+  return std::chrono::duration<double>(Clock::now() - since).count();
+}
+
+}  // namespace
 
 int ApplyThreads(int requested) {
   return requested > 0 ? requested
@@ -26,7 +36,8 @@ ApplyPool::~ApplyPool() {
 
 void ApplyPool::Submit(Job job) {
   if (workers_.empty()) {
-    Done d{std::move(job), Status(), {}, 0};
+    Done d;
+    d.job = std::move(job);
     Run(&d, &scratch_);
     std::lock_guard<std::mutex> lock(mu_);
     ++in_flight_;
@@ -34,11 +45,13 @@ void ApplyPool::Submit(Job job) {
     done_.push_back(std::move(d));
     return;
   }
+  const Clock::time_point t0 = Clock::now();
   std::unique_lock<std::mutex> lock(mu_);
   // Jobs finished but not drained do not count: the caller drains them.
   cv_.wait(lock, [&] {
     return in_flight_ - done_.size() < 2 * static_cast<size_t>(threads_);
   });
+  wait_seconds_ += SecondsSince(t0);
   ++in_flight_;
   pending_.push_back({job.tensor, job.offset, job.length});
   queue_.push_back(std::move(job));
@@ -46,8 +59,10 @@ void ApplyPool::Submit(Job job) {
 }
 
 std::vector<ApplyPool::Done> ApplyPool::Drain(bool all) {
+  const Clock::time_point t0 = Clock::now();
   std::unique_lock<std::mutex> lock(mu_);
   if (all) cv_.wait(lock, [&] { return in_flight_ == done_.size(); });
+  wait_seconds_ += SecondsSince(t0);
   std::vector<Done> out = std::move(done_);
   done_.clear();
   in_flight_ -= out.size();
@@ -71,13 +86,19 @@ bool ApplyPool::Pending(size_t tensor, uint64_t offset, uint64_t length) {
 }
 
 void ApplyPool::Run(Done* d, ApplyScratch* scratch) {
+  const Clock::time_point t0 = Clock::now();
   for (const ParsedChunk& c : d->job.chunks) {
     UndoRecord undo;
-    d->status = ApplyChunkInPlace(c, d->job.data, scratch, nullptr, &undo);
-    if (!d->status.ok()) return;
+    d->status = ApplyChunkInPlace(c, d->job.data, scratch, nullptr, &undo,
+                                  &d->after_digests);
+    if (!d->status.ok()) {
+      d->after_digests.clear();
+      break;
+    }
     d->undo.push_back(std::move(undo));
     ++d->applied;
   }
+  d->seconds = SecondsSince(t0);
 }
 
 void ApplyPool::Work() {
@@ -91,7 +112,8 @@ void ApplyPool::Work() {
       job = std::move(queue_.front());
       queue_.pop_front();
     }
-    Done d{std::move(job), Status(), {}, 0};
+    Done d;
+    d.job = std::move(job);
     Run(&d, &scratch);
     std::lock_guard<std::mutex> lock(mu_);
     done_.push_back(std::move(d));

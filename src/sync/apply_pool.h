@@ -55,6 +55,10 @@ class ApplyPool {
     Status status;
     std::vector<UndoRecord> undo;  // one per applied chunk
     size_t applied = 0;  // chunks of the job applied, a prefix of them
+    double seconds = 0;  // the worker's time on the job
+    // The segment digests of the range as the last applied chunk left it
+    // (empty for a strided region or a failed job).
+    std::vector<Hash128> after_digests;
   };
 
   explicit ApplyPool(int threads);
@@ -73,6 +77,8 @@ class ApplyPool {
   // applies of one range must never race (a chunk delivered twice, e.g.
   // under another chunk's key).
   bool Pending(size_t tensor, uint64_t offset, uint64_t length);
+  // Seconds the caller spent blocked in Submit and in Drain(true).
+  double wait_seconds() const { return wait_seconds_; }
 
  private:
   // Applies the job's chunks in order; each checks its own "after" hash,
@@ -95,6 +101,7 @@ class ApplyPool {
   };
   std::vector<Span> pending_;  // the ranges of those jobs
   bool stop_ = false;
+  double wait_seconds_ = 0;  // the caller's only
   ApplyScratch scratch_;  // the inline (one thread) case
 };
 

@@ -1,9 +1,12 @@
 #include "sync/bound_tensors.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+
+#include "base/parallel.h"
 
 namespace refit::internal {
 namespace {
@@ -65,20 +68,67 @@ Result<BoundTensors> BindTensors(const std::string& checkpoint,
   return b;
 }
 
+namespace {
+
+// Segments of a tensor of `bytes` bytes (one for an empty tensor).
+size_t SegmentsOf(uint64_t bytes) {
+  return bytes == 0 ? 1
+                    : static_cast<size_t>((bytes + kRangeHashSegment - 1) /
+                                          kRangeHashSegment);
+}
+
+}  // namespace
+
 Hash128 Digests::Ensure(const BoundTensors& b, size_t t) {
   if (!known_[t]) {
     const uint64_t n = b.bytes[t];
     std::vector<Hash128>& d = digests_[t];
-    uint64_t off = 0;
-    do {
-      uint64_t len = std::min<uint64_t>(kRangeHashSegment, n - off);
-      d.push_back(HashBytes(b.data[t] + off, len));
-      off += len;
-    } while (off < n);
+    d.resize(SegmentsOf(n));
+    const uint8_t* data = b.data[t];
+    // Many segments per piece: a thread's share streams through memory.
+    ParallelFor(d.size(), 64, threads_, [&](size_t begin, size_t end) {
+      for (size_t i = begin; i < end; ++i) {
+        const uint64_t off = i * kRangeHashSegment;
+        d[i] = HashBytes(data + off,
+                         std::min<uint64_t>(kRangeHashSegment, n - off));
+      }
+    });
     known_[t] = true;
     stale_[t].assign(d.size(), false);
   }
   return HashSegmentDigests(digests_[t].data(), digests_[t].size());
+}
+
+void Digests::Seed(size_t t, std::vector<Hash128> digests) {
+  digests_[t] = std::move(digests);
+  known_[t] = true;
+  stale_[t].assign(digests_[t].size(), false);
+}
+
+void Digests::Rewritten(const BoundTensors& b, size_t t, uint64_t offset,
+                        uint64_t length, std::vector<Hash128>&& after) {
+  if (!known_[t] || length == 0) return;
+  const size_t first = offset / kRangeHashSegment;
+  // Whole segments: the digests of a short last segment are the tensor's
+  // only at its tail.
+  const bool whole =
+      offset % kRangeHashSegment == 0 &&
+      (length % kRangeHashSegment == 0 || offset + length == b.bytes[t]) &&
+      after.size() == SegmentsOf(length) &&
+      first + after.size() <= digests_[t].size();
+  if (!whole) return Written(t, offset, length);
+  for (size_t i = 0; i < after.size(); ++i) {
+    digests_[t][first + i] = after[i];
+    stale_[t][first + i] = false;
+  }
+}
+
+std::vector<Hash128> Digests::Current(size_t t) const {
+  if (!known_[t]) return {};
+  for (bool s : stale_[t]) {
+    if (s) return {};
+  }
+  return digests_[t];
 }
 
 Hash128 Digests::Range(const BoundTensors& b, size_t t, uint64_t offset,
@@ -100,6 +150,24 @@ void Digests::Written(size_t t, uint64_t offset, uint64_t length) {
   const size_t last = std::min<size_t>((offset + length - 1) / kRangeHashSegment,
                                        stale_[t].size() - 1);
   for (size_t i = offset / kRangeHashSegment; i <= last; ++i) stale_[t][i] = true;
+}
+
+std::vector<FileStamp> StampFiles(const BoundTensors& b) {
+  std::vector<FileStamp> out;
+  if (!b.ckpt) return out;
+  for (const CheckpointFile& f : b.ckpt->files()) {
+    struct stat st {};
+    FileStamp s;
+    if (::stat(f.path.c_str(), &st) == 0) {
+      s.device = st.st_dev;
+      s.inode = st.st_ino;
+      s.size = static_cast<uint64_t>(st.st_size);
+      s.mtime_ns = int64_t{st.st_mtim.tv_sec} * 1000000000 + st.st_mtim.tv_nsec;
+      s.ctime_ns = int64_t{st.st_ctim.tv_sec} * 1000000000 + st.st_ctim.tv_nsec;
+    }
+    out.push_back(s);
+  }
+  return out;
 }
 
 Status BaseCheck::Through(size_t upto) {

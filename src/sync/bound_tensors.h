@@ -72,11 +72,21 @@ Result<BoundTensors> BindTensors(const std::string& checkpoint,
 // only the tensors that need it (docs/protocol.md, "Hashing").
 class Digests {
  public:
-  explicit Digests(size_t tensors)
-      : digests_(tensors), known_(tensors), stale_(tensors), covered_(tensors) {}
+  // `threads` hash a tensor's segments side by side (1: the caller alone).
+  explicit Digests(size_t tensors, int threads = 1)
+      : digests_(tensors),
+        known_(tensors),
+        stale_(tensors),
+        covered_(tensors),
+        threads_(threads) {}
 
-  // Hashes tensor t's segments (once). Returns the tensor's hash.
+  // Hashes tensor t's segments (once), unless Seed gave them. Returns the
+  // tensor's hash.
   Hash128 Ensure(const BoundTensors& b, size_t t);
+  // Takes `digests` as tensor t's segment digests without reading it (the
+  // receiver kept them from the version before, docs/protocol.md
+  // "Hashing"). Requires one digest per segment of the tensor.
+  void Seed(size_t t, std::vector<Hash128> digests);
   // The range hash of [offset, offset + length) of tensor t: composed from
   // the digests when the range is made of whole segments of the tensor (the
   // last may be the tensor's short tail) none of which was written since
@@ -84,6 +94,14 @@ class Digests {
   Hash128 Range(const BoundTensors& b, size_t t, uint64_t offset, uint64_t length) const;
   // Bytes of tensor t were written: their digests no longer hold.
   void Written(size_t t, uint64_t offset, uint64_t length);
+  // The same, where `after` are the digests of the range's segments as
+  // written (ApplyChunkInPlace's): they replace the old ones when the range
+  // is whole segments of the tensor; otherwise as Written.
+  void Rewritten(const BoundTensors& b, size_t t, uint64_t offset,
+                 uint64_t length, std::vector<Hash128>&& after);
+  // Tensor t's segment digests when every one of them is known and holds;
+  // empty otherwise.
+  std::vector<Hash128> Current(size_t t) const;
   // Covered: tensor t was checked at the base as a whole, and every write
   // since was a chunk whose range then hashed to the chunk's "after".
   void SetCovered(size_t t, bool covered) { covered_[t] = covered; }
@@ -94,6 +112,29 @@ class Digests {
   std::vector<bool> known_;
   std::vector<std::vector<bool>> stale_;
   std::vector<bool> covered_;
+  int threads_;
+};
+
+// What a checkpoint file looked like when it was flushed: a cheap check
+// that nothing wrote it since (a write changes its modification time).
+struct FileStamp {
+  uint64_t device = 0, inode = 0, size = 0;
+  int64_t mtime_ns = 0, ctime_ns = 0;
+  bool operator==(const FileStamp&) const = default;
+};
+
+// The stamps of the checkpoint's files (empty for in-memory tensors);
+// a file that cannot be stat'ed gets a zero stamp.
+std::vector<FileStamp> StampFiles(const BoundTensors& b);
+
+// Segment digests of the version a receiver activated last, kept for the
+// next version's base check (ReceiverOptions::full_base_check_every).
+struct KeptDigests {
+  uint64_t version = 0;
+  std::vector<std::string> names;             // the version's tensor table
+  std::vector<std::vector<Hash128>> digests;  // per tensor; empty: not kept
+  std::vector<FileStamp> files;               // the checkpoint as flushed
+  int reused = 0;  // base checks from kept digests since the last full one
 };
 
 // The one check of the base per step: tensors are hashed in order, once,

@@ -26,6 +26,10 @@ int ElapsedMs(Clock::time_point since) {
       std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - since).count());
 }
 
+double SecondsSince(Clock::time_point since) {
+  return std::chrono::duration<double>(Clock::now() - since).count();
+}
+
 // Objects of an announced version never change: receivers apply chunks
 // before the manifest exists, so a chunk once stored is final (PutOnce).
 constexpr char kVersionConflict[] =
@@ -55,19 +59,28 @@ class StoreSink : public ChunkSink {
     mc.count = h.count;
     mc.changed = h.changed;
     mc.kind = static_cast<uint8_t>(h.kind);
+    const Clock::time_point t0 = Clock::now();
     REFIT_RETURN_IF_ERROR(uploader_.Add(ChunkKey(version_, chunks_.size()), std::move(sealed)));
+    blocked_seconds_ += SecondsSince(t0);
     chunks_.push_back(mc);
     return Status();
   }
 
   Status Finish(const std::vector<TensorEntry>& tensors) override {
     tensors_ = tensors;
-    return uploader_.Finish();
+    const Clock::time_point t0 = Clock::now();
+    Status s = uploader_.Finish();
+    finish_seconds_ = SecondsSince(t0);
+    return s;
   }
 
   std::vector<ManifestChunk> chunks() const { return chunks_; }
   const std::vector<TensorEntry>& tensors() const { return tensors_; }
   uint64_t bytes() const { return uploader_.bytes(); }
+  // Seconds AddChunk waited for room in the upload queue, and Finish for
+  // the last uploads.
+  double blocked_seconds() const { return blocked_seconds_; }
+  double finish_seconds() const { return finish_seconds_; }
 
  private:
   const Authenticator& auth_;
@@ -75,6 +88,7 @@ class StoreSink : public ChunkSink {
   OnceUploader uploader_;
   std::vector<ManifestChunk> chunks_;
   std::vector<TensorEntry> tensors_;
+  double blocked_seconds_ = 0, finish_seconds_ = 0;
 };
 
 // An overwrite re-send of `original`'s range holding `desired` (the
@@ -322,8 +336,10 @@ Status Publisher::Serve(uint64_t version, int ms) {
   auto start = Clock::now();
   uint64_t served = 0;
   do {
+    const uint64_t since = store_->ChangeCount();
     REFIT_RETURN_IF_ERROR(ServeRequests(version, a.tensors, nullptr, &served));
-    std::this_thread::sleep_for(std::chrono::milliseconds(opt_.poll_ms));
+    store_->AwaitChange(
+        since, std::min(opt_.poll_ms, std::max(0, ms - ElapsedMs(start))));
   } while (ElapsedMs(start) < ms);
   return Status();
 }
@@ -427,6 +443,8 @@ Result<Decision> Publisher::VoteAndDecide(uint64_t version, const Manifest& m,
   bool any_failed = false;
   while (votes.size() < opt_.members.size() && !any_failed &&
          ElapsedMs(start) <= opt_.vote_timeout_ms) {
+    // Taken before looking: a vote stored from here on ends the wait.
+    const uint64_t since = store_->ChangeCount();
     for (const std::string& member : opt_.members) {
       if (votes.count(member)) continue;
       auto v = store_->Get(VoteKey(version, member));
@@ -443,9 +461,11 @@ Result<Decision> Publisher::VoteAndDecide(uint64_t version, const Manifest& m,
     }
     REFIT_RETURN_IF_ERROR(ServeRequests(version, m.tensors, &target, &report->resends_served));
     if (votes.size() < opt_.members.size() && !any_failed) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(opt_.poll_ms));
+      store_->AwaitChange(since, opt_.poll_ms);
     }
   }
+  report->stages.vote_wait = SecondsSince(start);
+  const Clock::time_point decided = Clock::now();
   Decision d;
   d.version = version;
   std::vector<std::string> missing, failed;
@@ -480,6 +500,7 @@ Result<Decision> Publisher::VoteAndDecide(uint64_t version, const Manifest& m,
   } else {
     REFIT_RETURN_IF_ERROR(put);
   }
+  report->stages.decision = SecondsSince(decided);
   return d;
 }
 
@@ -542,11 +563,16 @@ Result<PublishReport> Publisher::Publish(uint64_t version,
     report.bytes_uploaded += announcement.size();
     REFIT_RETURN_IF_ERROR(PutOnce(store_, IndexKey(version), announcement));
 
+    report.stages.prepare = SecondsSince(t0);
     StoreSink sink(store_, opt_.auth, version, opt_.upload_threads);
     DiffOptions diff = opt_.diff;
     diff.version = version;
     diff.base_version = committed_;
+    Clock::time_point stage = Clock::now();
     REFIT_ASSIGN_OR_RETURN(report.diff, baseline_->Diff(target, diff, &sink));
+    report.stages.upload_drain = sink.finish_seconds();
+    report.stages.encode = SecondsSince(stage) - report.stages.upload_drain;
+    report.stages.encode_blocked = sink.blocked_seconds();
     m.tensors = sink.tensors();
     m.chunks = sink.chunks();
     for (size_t t = 0; t < m.tensors.size(); ++t) {
@@ -558,9 +584,11 @@ Result<PublishReport> Publisher::Publish(uint64_t version,
       }
     }
     report.bytes_uploaded += sink.bytes();
+    stage = Clock::now();
     std::vector<uint8_t> manifest = opt_.auth.Seal(EncodeManifest(m));
     report.bytes_uploaded += manifest.size();
     REFIT_RETURN_IF_ERROR(PutOnce(store_, ManifestKey(version), manifest));
+    report.stages.manifest = SecondsSince(stage);
     report.encode_upload_seconds =
         std::chrono::duration<double>(Clock::now() - t0).count();
 
@@ -574,7 +602,10 @@ Result<PublishReport> Publisher::Publish(uint64_t version,
   report.dropped = decision->dropped;
   report.reason = decision->reason;
   if (decision->commit) {
+    Clock::time_point stage = Clock::now();
     REFIT_RETURN_IF_ERROR(AdvanceBaseline(m, target));
+    report.stages.advance = SecondsSince(stage);
+    stage = Clock::now();
     committed_ = version;
     for (const TensorEntry& e : m.tensors) {
       if (auto b = baseline_index_.find(e.name); b != baseline_index_.end()) {
@@ -593,6 +624,7 @@ Result<PublishReport> Publisher::Publish(uint64_t version,
       Status s = Retain(&report);
       if (!s.ok()) report.retention_error = s.ToString();
     }
+    report.stages.finish = SecondsSince(stage);
   }
   report.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   return report;

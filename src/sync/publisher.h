@@ -72,6 +72,19 @@ struct PublishReport {
   // Retention is best effort (the commit stands; the next commit retries):
   // why it stopped, empty when it ran to the end.
   std::string retention_error;
+  // Where Publish() spent its time (wall seconds), for benchmarks.
+  struct Stages {
+    double prepare = 0;  // baseline check, superseded versions, announcement
+    double encode = 0;   // the diff until its last chunk was queued for upload
+    double encode_blocked = 0;  // of which waiting for room in the upload queue
+    double upload_drain = 0;    // the uploads still running when the diff ended
+    double manifest = 0;        // the manifest stored
+    double vote_wait = 0;       // manifest stored -> every vote read
+    double decision = 0;        // the decision stored
+    double advance = 0;         // the baseline advanced (copy, check, sync)
+    double finish = 0;          // snapshot, head, retention
+  };
+  Stages stages;
 };
 
 class Publisher {

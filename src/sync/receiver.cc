@@ -451,6 +451,7 @@ Result<StepResult> Receiver::SyncTo(uint64_t version, int timeout_ms) {
   auto start = Clock::now();
   StepResult last;
   while (active_ < version) {
+    const uint64_t since = store_->ChangeCount();
     REFIT_ASSIGN_OR_RETURN(last, Step(/*fold_limit=*/version));
     if (active_ >= version) break;
     if (ElapsedMs(start) > timeout_ms) {
@@ -460,19 +461,24 @@ Result<StepResult> Receiver::SyncTo(uint64_t version, int timeout_ms) {
                                    std::to_string(active_) + ")");
     }
     if (last.outcome == StepResult::Outcome::kIdle) {
-      REFIT_RETURN_IF_ERROR(Pause("version " + std::to_string(version)));
+      REFIT_RETURN_IF_ERROR(Pause("version " + std::to_string(version), since));
     }
   }
   return last;
 }
 
-Status Receiver::Pause(const std::string& waiting_for) {
+Status Receiver::Pause(const std::string& waiting_for,
+                       std::optional<uint64_t> since) {
   auto stopped = [&] {
     return CancelledError("stopped while waiting for " + waiting_for +
                           "; what was done is journaled and resumes on the next step");
   };
   if (opt_.stop && opt_.stop()) return stopped();
-  std::this_thread::sleep_for(std::chrono::milliseconds(opt_.poll_ms));
+  if (since) {
+    store_->AwaitChange(*since, opt_.poll_ms);
+  } else {
+    std::this_thread::sleep_for(std::chrono::milliseconds(opt_.poll_ms));
+  }
   if (opt_.stop && opt_.stop()) return stopped();
   return Status();
 }

@@ -38,6 +38,7 @@ class FoldApply;
 class StagedPrepare;
 class VersionApply;
 struct PreparedVersions;
+struct KeptDigests;
 }  // namespace internal
 
 struct ReceiverOptions {
@@ -75,6 +76,17 @@ struct ReceiverOptions {
   // poll_ms with CANCELLED, its work journaled as after any failure (the
   // next step resumes). Empty: never. Called on the stepping thread.
   std::function<bool()> stop;
+  // The base check of a fresh version (docs/protocol.md, "Hashing") reads
+  // every tensor, unless this receiver object kept the 64 KiB segment
+  // digests of the version it activated last (those of the ranges it wrote
+  // come from each chunk's after-check): then it composes each tensor's
+  // hash from them without reading the model, except in every
+  // `full_base_check_every`-th version, which hashes every tensor from its
+  // bytes. A checkpoint receiver reuses them only while its files are
+  // unchanged since its flush before the vote (size, inode, modification
+  // and change times). 1: hash the base from the bytes in every version;
+  // 0: never again once digests are kept.
+  int full_base_check_every = 16;
 };
 
 struct StepResult {
@@ -130,6 +142,23 @@ struct StepResult {
   double pause_verify_ms = 0;
   uint64_t staged_host_bytes = 0;
   uint64_t staged_device_bytes = 0;
+  // Where a version's step spent its time (seconds), for benchmarks: wall
+  // time of the stepping thread in each part, except apply_cpu, which sums
+  // the apply workers' time (it overlaps the other parts). Filled by steps
+  // that apply one version; zero otherwise.
+  struct Stages {
+    double base_check = 0;     // hashing tensors to check the base
+    double fetch = 0;          // reading and checking chunks and the manifest
+    double chunk_wait = 0;     // waiting for chunks not stored yet
+    double apply_wait = 0;     // waiting for the apply workers
+    double apply_cpu = 0;      // decode, store, after-hash (worker seconds)
+    double check = 0;          // every tensor against the manifest
+    double flush = 0;          // the checkpoint and the journal made durable
+    double vote = 0;           // the vote stored and journaled
+    double decision_wait = 0;  // from the vote to the decision read
+    double activate = 0;       // `active` written, the journal removed
+  };
+  Stages stages;
 };
 
 class Receiver {
@@ -240,8 +269,11 @@ class Receiver {
   // manifest or its snapshot index; nullopt when the store holds neither.
   Result<std::optional<std::vector<TensorEntry>>> ActiveTensors();
   // Sleeps poll_ms, unless options.stop says to stop: CANCELLED naming
-  // what the step was waiting for.
-  Status Pause(const std::string& waiting_for);
+  // what the step was waiting for. With `since` (the store's ChangeCount
+  // taken before the caller last looked), wakes as soon as the store
+  // changed instead (ObjectStore::AwaitChange).
+  Status Pause(const std::string& waiting_for,
+               std::optional<uint64_t> since = std::nullopt);
   // Applies the committed chain V1..Vk (chain[0] builds on the active
   // version, each next one on the previous one) in one pass and activates
   // Vk. nullopt, having changed nothing, when the chain cannot be folded
@@ -294,6 +326,9 @@ class Receiver {
   std::optional<std::pair<uint64_t, uint64_t>> bad_fold_chunk_;
   // Two-phase receivers: what Prepare() staged, until ActivatePrepared().
   std::unique_ptr<internal::PreparedVersions> prepared_;
+  // The active version's segment digests, from the step that activated it
+  // (ReceiverOptions::full_base_check_every); null when none are kept.
+  std::shared_ptr<internal::KeptDigests> kept_;
 };
 
 }  // namespace refit

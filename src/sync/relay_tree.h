@@ -68,6 +68,11 @@ class RelayRootStore final : public ObjectStore {
   Result<std::vector<uint8_t>> Get(std::string_view key) override;
   Result<std::vector<ObjectInfo>> List(std::string_view prefix) override;
   Status Delete(std::string_view key) override;
+  // Changes at the root (where votes and requests arrive).
+  uint64_t ChangeCount() override { return root_->ChangeCount(); }
+  void AwaitChange(uint64_t since, int timeout_ms) override {
+    root_->AwaitChange(since, timeout_ms);
+  }
 
  private:
   RelayRootStore(std::unique_ptr<RelayStore> root,

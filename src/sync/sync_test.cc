@@ -1162,6 +1162,66 @@ TEST_P(SyncTest, ChangedLocalModelIsRefusedBeforeItsChunksApply) {
   EXPECT_EQ((*r0)->active_version(), 0u);
 }
 
+// A receiver that keeps the digests of the version it activated checks
+// the next version's base from them (ReceiverOptions::
+// full_base_check_every), except where they may no longer hold: a
+// checkpoint file written since the flush, or a full check. A model changed
+// between versions is then refused at the base, as in the first version.
+TEST_P(SyncTest, ModelChangedBetweenVersionsIsRefusedAtTheBase) {
+  auto popts = MakePublisher(2);
+  popts.vote_timeout_ms = 2000;
+  auto pub =
+      Publisher::Open(store_.get(), dir_.File("baseline.safetensors"), popts);
+  ASSERT_OK(pub);
+  Model memory = model_;
+  ReceiverOptions file_opts = MakeReceiver(0);  // digests kept (the default)
+  ReceiverOptions mem_opts = MakeReceiver(1);
+  mem_opts.checkpoint.clear();
+  mem_opts.tensors = memory.MutableViews();
+  mem_opts.full_base_check_every = 1;  // nothing to tell a change in memory by
+  std::vector<std::unique_ptr<Receiver>> rcv;
+  for (const ReceiverOptions& o : {file_opts, mem_opts}) {
+    auto r = Receiver::Open(store_.get(), o);
+    ASSERT_OK(r);
+    rcv.push_back(std::move(*r));
+  }
+  Model trainer = model_;
+  std::mt19937_64 rng(43);
+  trainer.Step(rng, 0.03);
+  ASSERT_NO_FATAL_FAILURE(testing::PublishToAll(**pub, rcv, 1, trainer, 20000));
+  EXPECT_TRUE(trainer.Matches(file_opts.checkpoint));
+  EXPECT_EQ(memory.data, trainer.data);
+  // Past the file system's timestamp granularity, so the write shows.
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  {
+    auto ck =
+        Checkpoint::Open(file_opts.checkpoint, Checkpoint::Mode::kReadWrite);
+    ASSERT_OK(ck);
+    ck->MutableData(*ck->IndexOf("c.bias"))[7] ^= 0x40;
+    ASSERT_OK(ck->Sync());
+  }
+  memory.MutableViews().back().data[7] ^= 0x40;  // c.bias too
+  trainer.Step(rng, 0.03);
+  std::vector<Status> steps(rcv.size());
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < rcv.size(); ++i) {
+    threads.emplace_back(
+        [&, i] { steps[i] = rcv[i]->SyncTo(2, 5000).status(); });
+  }
+  auto report = (*pub)->Publish(2, trainer.Views());
+  for (std::thread& t : threads) t.join();
+  ASSERT_OK(report);
+  EXPECT_FALSE(report->committed);
+  for (size_t i = 0; i < rcv.size(); ++i) {
+    EXPECT_EQ(steps[i].code(), StatusCode::kDataLoss) << steps[i].ToString();
+    EXPECT_NE(steps[i].message().find("'c.bias' is not at version 1"),
+              std::string::npos)
+        << steps[i].ToString();
+    EXPECT_EQ(rcv[i]->failed_vote(), std::optional<uint64_t>(2));
+    EXPECT_EQ(rcv[i]->active_version(), 1u);
+  }
+}
+
 // A restarted publisher that re-encodes other tensors under an announced
 // version cannot change the chunks receivers may already have applied.
 TEST_P(SyncTest, AnnouncedChunksNeverChange) {

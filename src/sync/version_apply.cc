@@ -31,6 +31,19 @@ double SecondsSince(Clock::time_point since) {
   return std::chrono::duration<double>(Clock::now() - since).count();
 }
 
+// Adds the time its scope takes to *total (StepResult::stages).
+class Timed {
+ public:
+  explicit Timed(double* total) : total_(total), t0_(Clock::now()) {}
+  Timed(const Timed&) = delete;
+  Timed& operator=(const Timed&) = delete;
+  ~Timed() { *total_ += SecondsSince(t0_); }
+
+ private:
+  double* total_;
+  Clock::time_point t0_;
+};
+
 }  // namespace
 
 VersionApply::VersionApply(Receiver* receiver, const Announcement& a,
@@ -50,10 +63,12 @@ Result<StepResult> VersionApply::Run() {
   t0_ = Clock::now();
   result_.version = a_.version;
   result_.versions_folded = 1;
+  kept_ = std::move(r_.kept_);
   if (!resume_) REFIT_RETURN_IF_ERROR(CheckAnnouncedBase());
   REFIT_RETURN_IF_ERROR(OpenJournalAndBind());
   REFIT_ASSIGN_OR_RETURN(decision_, r_.ReadDecision(a_.version));
-  digests_.emplace(a_.tensors.size());
+  digests_.emplace(a_.tensors.size(), ApplyThreads(opt_.threads));
+  reused_digests_ = SeedDigests();
   flusher_.emplace(*b_);
   if (decision_ && !decision_->commit) return Aborted();
   if (state_->failed) return AfterFailedVote();
@@ -67,12 +82,17 @@ Result<StepResult> VersionApply::Run() {
   REFIT_ASSIGN_OR_RETURN(auto aborted, StreamChunks());
   if (aborted) return std::move(*aborted);
   REFIT_RETURN_IF_ERROR(Drain(true));
+  result_.stages.apply_wait = pool_->wait_seconds();
   REFIT_RETURN_IF_ERROR(Repair(torn_, /*after=*/true));
   CrashPoint("receiver.after-apply");
   REFIT_RETURN_IF_ERROR(CheckTensors());
-  REFIT_RETURN_IF_ERROR(b_->Sync());
-  CrashPoint("receiver.after-flush");
-  REFIT_RETURN_IF_ERROR(journal_.Sync());
+  {
+    Timed timed(&result_.stages.flush);
+    REFIT_RETURN_IF_ERROR(b_->Sync());
+    CrashPoint("receiver.after-flush");
+    REFIT_RETURN_IF_ERROR(journal_.Sync());
+    if (opt_.full_base_check_every != 1) flushed_ = StampFiles(*b_);
+  }
   CrashPoint("receiver.after-journal");
   return VoteAndDecide();
 }
@@ -96,6 +116,42 @@ Status VersionApply::CheckAnnouncedBase() {
     }
   }
   return Status();
+}
+
+// Kept digests stand for a read of the model when they describe the
+// version this one builds on, in this table, nothing wrote a checkpoint's
+// files since they were flushed, and no full check is due
+// (docs/protocol.md, "Hashing").
+bool VersionApply::SeedDigests() {
+  const int every = opt_.full_base_check_every;
+  if (resume_ || !kept_ || every == 1 || kept_->version != a_.base_version ||
+      kept_->names.size() != a_.tensors.size()) {
+    return false;
+  }
+  if (every > 1 && kept_->reused + 1 >= every) return false;
+  for (size_t t = 0; t < a_.tensors.size(); ++t) {
+    if (kept_->names[t] != a_.tensors[t].name) return false;
+  }
+  if (kept_->files != StampFiles(*b_)) return false;
+  for (size_t t = 0; t < a_.tensors.size(); ++t) {
+    // A tensor whose digests were not all known is hashed from its bytes.
+    if (!kept_->digests[t].empty())
+      digests_->Seed(t, std::move(kept_->digests[t]));
+  }
+  return true;
+}
+
+void VersionApply::KeepDigests() {
+  if (opt_.full_base_check_every == 1) return;
+  auto kept = std::make_shared<KeptDigests>();
+  kept->version = a_.version;
+  kept->files = std::move(flushed_);
+  kept->reused = reused_digests_ ? kept_->reused + 1 : 0;
+  for (size_t t = 0; t < a_.tensors.size(); ++t) {
+    kept->names.push_back(a_.tensors[t].name);
+    kept->digests.push_back(digests_->Current(t));
+  }
+  r_.kept_ = std::move(kept);
 }
 
 Status VersionApply::OpenJournalAndBind() {
@@ -173,6 +229,7 @@ Status VersionApply::Repair(const std::vector<uint64_t>& torn, bool after) {
   auto start = Clock::now();
   for (uint64_t i : torn) {
     for (;;) {
+      const uint64_t since = r_.store_->ChangeCount();
       auto c = Fetch(ResendKey(a_.version, opt_.member, i, after), i, /*original=*/false);
       if (c.ok()) {
         UndoRecord undo;
@@ -192,8 +249,9 @@ Status VersionApply::Repair(const std::vector<uint64_t>& torn, bool after) {
                                      std::to_string(opt_.resend_timeout_ms) +
                                      " ms; is the publisher running?");
       }
-      REFIT_RETURN_IF_ERROR(
-          r_.Pause("a re-send of chunk " + std::to_string(i) + " of version " + V_));
+      REFIT_RETURN_IF_ERROR(r_.Pause(
+          "a re-send of chunk " + std::to_string(i) + " of version " + V_,
+          since));
     }
   }
   return Status();
@@ -265,13 +323,18 @@ Result<StepResult> VersionApply::Aborted() {
 
 Status VersionApply::WaitForDecision(const std::string& voted, const std::string& then) {
   auto start = Clock::now();
+  uint64_t since = r_.store_->ChangeCount();
+  if (!decision_) {
+    REFIT_ASSIGN_OR_RETURN(decision_, r_.ReadDecision(a_.version));
+  }
   while (!decision_) {
     if (ElapsedMs(start) > opt_.decision_timeout_ms) {
       return DeadlineExceededError("voted " + voted + " version " + V_ +
                                    " but no decision arrived within " +
                                    std::to_string(opt_.decision_timeout_ms) + " ms; " + then);
     }
-    REFIT_RETURN_IF_ERROR(r_.Pause("the decision on version " + V_));
+    REFIT_RETURN_IF_ERROR(r_.Pause("the decision on version " + V_, since));
+    since = r_.store_->ChangeCount();
     REFIT_ASSIGN_OR_RETURN(decision_, r_.ReadDecision(a_.version));
   }
   return Status();
@@ -291,13 +354,15 @@ Status VersionApply::Drain(bool all) {
       continue;
     }
     const ApplyPool::Job& job = d.job;
+    result_.stages.apply_cpu += d.seconds;
     ++r_.chunks_applied_total_;
     REFIT_RETURN_IF_ERROR(journal_.Applied(job.index, d.undo.front()));
     ++result_.chunks_applied;
     result_.changed_elements += job.chunks.front().header.changed;
     // ApplyChunkInPlace re-hashed the range to the chunk's "after": the
-    // tensor stays covered.
-    digests_->Written(job.tensor, job.offset, job.length);
+    // tensor stays covered, and the range's digests are those it hashed.
+    digests_->Rewritten(*b_, job.tensor, job.offset, job.length,
+                        std::move(d.after_digests));
     flusher_->Add(job.tensor, job.offset, job.length);
     if (job.early) ++result_.chunks_before_manifest;
     CrashPoint("receiver.after-chunk");
@@ -315,10 +380,12 @@ Result<std::optional<StepResult>> VersionApply::StreamChunks() {
       if (!manifest_seen_) manifest_seen_ = Clock::now();
       if (i >= manifest_->chunks.size()) break;
     }
+    Clock::time_point fetching = Clock::now();
+    const uint64_t since = r_.store_->ChangeCount();
     auto got = r_.store_->Get(ChunkKey(a_.version, i));
     if (got.ok()) {
       object_ = std::move(*got);
-      REFIT_RETURN_IF_ERROR(TakeChunk(i));
+      REFIT_RETURN_IF_ERROR(TakeChunk(i, fetching));
       ++i;
       continue;
     }
@@ -328,6 +395,7 @@ Result<std::optional<StepResult>> VersionApply::StreamChunks() {
                            std::to_string(i) + " but the store does not hold it");
     }
     REFIT_RETURN_IF_ERROR(ReadManifestIfStored());
+    result_.stages.fetch += SecondsSince(fetching);
     if (manifest_) continue;
     // The publisher is still uploading (or stopped): an abort decision
     // ends the wait, and so does the deadline.
@@ -347,13 +415,16 @@ Result<std::optional<StepResult>> VersionApply::StreamChunks() {
           " ms; its publisher may have stopped (publishing a later version aborts it); "
           "the work is journaled and resumes on the next step");
     }
-    REFIT_RETURN_IF_ERROR(r_.Pause("chunk " + std::to_string(i) + " of version " + V_));
+    Timed timed(&result_.stages.chunk_wait);
+    REFIT_RETURN_IF_ERROR(
+        r_.Pause("chunk " + std::to_string(i) + " of version " + V_, since));
   }
   return std::optional<StepResult>();
 }
 
-Status VersionApply::TakeChunk(uint64_t i) {
+Status VersionApply::TakeChunk(uint64_t i, Clock::time_point fetched_from) {
   auto parsed = CheckFetched(i, /*original=*/true);
+  result_.stages.fetch += SecondsSince(fetched_from);
   Receiver::BadRead& bad_read = r_.bad_read_;
   if (!parsed.ok()) {
     // The same bytes in consecutive steps are the stored object: the
@@ -378,9 +449,12 @@ Status VersionApply::TakeChunk(uint64_t i) {
   const Sha256 sha = manifest_ ? manifest_->chunks[i].sha256 : ComputeSha256(object_);
   last_progress_ = Clock::now();
   const size_t t = c.header.tensor_id;
-  if (Status s = base_check_->Through(t); !s.ok()) {
+  Clock::time_point checking = Clock::now();
+  Status base = base_check_->Through(t);
+  result_.stages.base_check += SecondsSince(checking);
+  if (!base.ok()) {
     MarkFailure(i);
-    return s;
+    return base;
   }
   auto [off, len] = ByteRange(c.header);
   if (pool_->Pending(t, off, len)) REFIT_RETURN_IF_ERROR(Drain(true));
@@ -421,10 +495,14 @@ Status VersionApply::TakeChunk(uint64_t i) {
 // "Hashing"). A covered tensor without chunks must then be unchanged by
 // the manifest's own account. Any other tensor is hashed from its bytes.
 Status VersionApply::CheckTensors() {
-  if (Status s = base_check_->All(); !s.ok()) {
+  Clock::time_point checking = Clock::now();
+  Status base = base_check_->All();
+  result_.stages.base_check += SecondsSince(checking);
+  if (!base.ok()) {
     MarkFailure(kAllChunks);
-    return s;
+    return base;
   }
+  Timed timed(&result_.stages.check);
   std::vector<bool> has_chunks(a_.tensors.size(), false);
   for (const ManifestChunk& mc : manifest_->chunks) has_chunks[mc.tensor_id] = true;
   for (size_t t = 0; t < a_.tensors.size(); ++t) {
@@ -443,12 +521,15 @@ Status VersionApply::CheckTensors() {
 
 Result<StepResult> VersionApply::VoteAndDecide() {
   if (vote_) {
+    Clock::time_point voting = Clock::now();
     REFIT_RETURN_IF_ERROR(r_.store_->Put(VoteKey(a_.version, opt_.member),
                                          opt_.auth.SealMember(EncodeVote(Vote{true, ""}))));
     result_.tail_seconds = SecondsSince(*manifest_seen_);
     REFIT_RETURN_IF_ERROR(journal_.Voted());
     REFIT_RETURN_IF_ERROR(journal_.Sync());
+    result_.stages.vote = SecondsSince(voting);
     CrashPoint("receiver.after-vote");
+    Timed timed(&result_.stages.decision_wait);
     REFIT_RETURN_IF_ERROR(
         WaitForDecision("ready for", "the work is journaled and resumes on the next step"));
   } else if (!decision_) {
@@ -458,7 +539,10 @@ Result<StepResult> VersionApply::VoteAndDecide() {
   if (!decision_->commit) {
     REFIT_RETURN_IF_ERROR(RollBack());
   } else {
+    Clock::time_point activating = Clock::now();
     REFIT_RETURN_IF_ERROR(r_.Activate(a_.version));
+    KeepDigests();
+    result_.stages.activate = SecondsSince(activating);
     if (!vote_) result_.tail_seconds = SecondsSince(*manifest_seen_);
     result_.outcome = vote_ ? StepResult::Outcome::kCommitted : StepResult::Outcome::kCaughtUp;
     std::vector<bool> touched(a_.tensors.size(), false);

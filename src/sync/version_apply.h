@@ -59,9 +59,10 @@ class VersionApply {
   // Step 2: every chunk as it lands, up to the manifest's last. A value
   // when the version was aborted meanwhile (and rolled back).
   Result<std::optional<StepResult>> StreamChunks();
-  // Step 2 for chunk i, fetched into object_: checked, then skipped,
-  // submitted to the pool or found torn.
-  Status TakeChunk(uint64_t i);
+  // Step 2 for chunk i, fetched into object_ (its Get began at
+  // `fetched_from`): checked, then skipped, submitted to the pool or found
+  // torn.
+  Status TakeChunk(uint64_t i, Clock::time_point fetched_from);
   // Step 4's check: every tensor at the manifest's "after" hash.
   Status CheckTensors();
   // Steps 4-6 from the vote on: vote (a member), wait for the decision,
@@ -91,6 +92,12 @@ class VersionApply {
   // Waits for the decision after a vote (`voted`: "ready for", "failed
   // on"), up to the decision timeout, after which the error says `then`.
   Status WaitForDecision(const std::string& voted, const std::string& then);
+  // The base check from the digests the receiver kept from the version
+  // this one builds on, when they may be used (ReceiverOptions::
+  // full_base_check_every): seeds digests_ with them. Whether it did.
+  bool SeedDigests();
+  // After activation: keeps this version's digests for the next one.
+  void KeepDigests();
 
   Receiver& r_;
   const ReceiverOptions& opt_;
@@ -122,6 +129,11 @@ class VersionApply {
   std::optional<ApplyPool> pool_;
   Status apply_error_;
   std::vector<uint64_t> torn_;
+  // Taken from the receiver at the start, so that a step that does not
+  // activate its version leaves none behind.
+  std::shared_ptr<KeptDigests> kept_;
+  bool reused_digests_ = false;
+  std::vector<FileStamp> flushed_;  // the checkpoint's files after the flush
 };
 
 }  // namespace refit::internal

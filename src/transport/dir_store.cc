@@ -27,8 +27,11 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstring>
+#include <mutex>
 #include <random>
 #include <utility>
 
@@ -160,6 +163,17 @@ class DirStore final : public ObjectStore {
   Status PutIfAbsent(std::string_view key,
                      std::span<const uint8_t> data) override {
     return Write(key, data, /*replace=*/false);
+  }
+
+  uint64_t ChangeCount() override {
+    std::lock_guard<std::mutex> lock(change_mu_);
+    return changes_;
+  }
+
+  void AwaitChange(uint64_t since, int timeout_ms) override {
+    std::unique_lock<std::mutex> lock(change_mu_);
+    changed_.wait_for(lock, std::chrono::milliseconds(std::max(0, timeout_ms)),
+                      [&] { return changes_ != since; });
   }
 
   Result<std::vector<uint8_t>> Get(std::string_view key) override {
@@ -328,6 +342,7 @@ class DirStore final : public ObjectStore {
     // After link(2) the object keeps its own name.
     unlinkat(dir.get(), tmp.c_str(), 0);
     if (!s.ok()) return s;
+    Changed();  // visible now; the fsync below only makes it durable
     return SyncDir(dir.get(), Parent(path));
   }
 
@@ -439,7 +454,20 @@ class DirStore final : public ObjectStore {
     return s;
   }
 
+  // Objects stored through this object (other processes' are not seen:
+  // their waiters poll).
+  void Changed() {
+    {
+      std::lock_guard<std::mutex> lock(change_mu_);
+      ++changes_;
+    }
+    changed_.notify_all();
+  }
+
   std::string root_;
+  std::mutex change_mu_;
+  std::condition_variable changed_;
+  uint64_t changes_ = 0;  // guarded by change_mu_
 };
 
 }  // namespace

@@ -2,6 +2,7 @@
 #include "transport/object_store.h"
 
 #include <algorithm>
+#include <chrono>
 #include <random>
 #include <thread>
 #include <utility>
@@ -9,6 +10,12 @@
 #include "transport/stores.h"
 
 namespace refit {
+
+void ObjectStore::AwaitChange(uint64_t /*since*/, int timeout_ms) {
+  std::this_thread::sleep_for(
+      std::chrono::milliseconds(std::max(0, timeout_ms)));
+}
+
 namespace {
 
 constexpr size_t kMaxKeyBytes = 1024;
@@ -147,6 +154,11 @@ class RetryingStore final : public ObjectStore {
 
   Status Delete(std::string_view key) override {
     return Retry([&] { return inner_->Delete(key); });
+  }
+
+  uint64_t ChangeCount() override { return inner_->ChangeCount(); }
+  void AwaitChange(uint64_t since, int timeout_ms) override {
+    inner_->AwaitChange(since, timeout_ms);
   }
 
  private:

@@ -60,6 +60,18 @@ class ObjectStore {
 
   // Removes `key`; removing an absent key succeeds.
   virtual Status Delete(std::string_view key) = 0;
+
+  // Change notification, so that a wait for an object need not sleep a
+  // whole poll interval. ChangeCount() grows whenever the store stores an
+  // object (through this store object or, where the store can tell, from
+  // other writers: a relay endpoint counts what arrives). AwaitChange(since,
+  // timeout_ms) returns once the count differs from `since`, or after
+  // timeout_ms, whichever comes first. A waiter takes the count before it
+  // looks for the object, so an object stored in between ends the wait at
+  // once; a wake-up says only that something changed. The defaults count
+  // nothing and sleep the whole timeout (a poll). Wrappers forward both.
+  virtual uint64_t ChangeCount() { return 0; }
+  virtual void AwaitChange(uint64_t since, int timeout_ms);
 };
 
 struct StoreOptions {

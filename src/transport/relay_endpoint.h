@@ -57,6 +57,8 @@ class RelayStore::Impl {
   Result<std::vector<uint8_t>> Get(std::string_view key);
   Result<std::vector<ObjectInfo>> List(std::string_view prefix);
   Status Delete(std::string_view key);
+  uint64_t ChangeCount();
+  void AwaitChange(uint64_t since, int timeout_ms);
 
  private:
   using Clock = internal::RelayClock;
@@ -137,6 +139,8 @@ class RelayStore::Impl {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   bool stopping_ = false;
+  uint64_t changes_ = 0;  // objects inserted, local or arrived
+  std::condition_variable changed_;
   internal::RelayObjectMap map_;
   RelayStatus stats_;
 };

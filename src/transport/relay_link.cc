@@ -471,6 +471,10 @@ Status RelayStore::Impl::OnFrame(const LinkPtr& l) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     r = map_.Insert(o, /*local=*/false, &why);
+    if (r == InsertResult::kInserted) {
+      ++changes_;
+      changed_.notify_all();
+    }
     if (r == InsertResult::kConflict) {
       ++stats_.refused;
       stats_.last_error = FailedPreconditionError(why + " from " + l->peer);

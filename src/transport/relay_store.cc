@@ -3,6 +3,7 @@
 // in relay_object_map.cc.
 #include "transport/relay_store.h"
 
+#include <algorithm>
 #include <chrono>
 #include <utility>
 
@@ -89,6 +90,7 @@ void RelayStore::Impl::Shutdown() {
     stopping_ = true;
   }
   cv_.notify_all();
+  changed_.notify_all();
   asio::post(io_, [this] {
     asio::error_code ec;
     acceptor_.close(ec);
@@ -175,6 +177,9 @@ Status RelayStore::Impl::Put(std::string_view key,
     std::string why;
     switch (map_.Insert(o, /*local=*/true, &why)) {
       case InsertResult::kInserted:
+        ++changes_;
+        changed_.notify_all();
+        break;
       case InsertResult::kDuplicate:
         break;
       case InsertResult::kStale:
@@ -277,6 +282,21 @@ Result<std::vector<ObjectInfo>> RelayStore::List(std::string_view prefix) {
   return impl_->List(prefix);
 }
 Status RelayStore::Delete(std::string_view key) { return impl_->Delete(key); }
+uint64_t RelayStore::ChangeCount() { return impl_->ChangeCount(); }
+void RelayStore::AwaitChange(uint64_t since, int timeout_ms) {
+  impl_->AwaitChange(since, timeout_ms);
+}
+
+uint64_t RelayStore::Impl::ChangeCount() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return changes_;
+}
+
+void RelayStore::Impl::AwaitChange(uint64_t since, int timeout_ms) {
+  std::unique_lock<std::mutex> lock(mu_);
+  changed_.wait_for(lock, std::chrono::milliseconds(std::max(0, timeout_ms)),
+                    [&] { return changes_ != since || stopping_; });
+}
 
 Result<std::vector<int>> RelayTreeParents(int members, int fanout) {
   if (members < 0 || fanout < 1) {

@@ -189,6 +189,9 @@ class RelayStore final : public ObjectStore {
   Result<std::vector<ObjectInfo>> List(std::string_view prefix) override;
   // Removes the local copy only; nothing is sent to other endpoints.
   Status Delete(std::string_view key) override;
+  // Counts the objects stored here, by Put or arrived over a link.
+  uint64_t ChangeCount() override;
+  void AwaitChange(uint64_t since, int timeout_ms) override;
 
  private:
   class Impl;

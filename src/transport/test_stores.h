@@ -5,15 +5,20 @@
 // ThrottledStore emulates a link of fixed bandwidth; FaultyStore fails,
 // drops, corrupts and delays calls on demand. Both forward everything else
 // to the wrapped store, share ownership of it, and are thread-safe.
+// MemoryStore keeps objects in a map of its process, for benchmarks that
+// measure the protocol rather than a store.
 #ifndef REFIT_TRANSPORT_TEST_STORES_H_
 #define REFIT_TRANSPORT_TEST_STORES_H_
 
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <random>
 #include <string>
+#include <vector>
 
 #include "transport/object_store.h"
 
@@ -36,6 +41,10 @@ class ThrottledStore final : public ObjectStore {
   Result<std::vector<uint8_t>> Get(std::string_view key) override;
   Result<std::vector<ObjectInfo>> List(std::string_view prefix) override;
   Status Delete(std::string_view key) override;
+  uint64_t ChangeCount() override { return inner_->ChangeCount(); }
+  void AwaitChange(uint64_t since, int timeout_ms) override {
+    inner_->AwaitChange(since, timeout_ms);
+  }
 
  private:
   void Charge(uint64_t bytes);
@@ -46,6 +55,33 @@ class ThrottledStore final : public ObjectStore {
   std::mutex mu_;
   double tokens_;  // may go negative: the debt later callers wait out
   std::chrono::steady_clock::time_point last_;
+};
+
+// Objects in memory (a sorted map), immutable once stored: Get copies.
+// ChangeCount counts every object stored, so waiters wake at once.
+// Thread-safe.
+class MemoryStore final : public ObjectStore {
+ public:
+  std::string Describe() const override { return "memory"; }
+  Status Put(std::string_view key, std::span<const uint8_t> data) override;
+  Status PutIfAbsent(std::string_view key,
+                     std::span<const uint8_t> data) override;
+  Result<std::vector<uint8_t>> Get(std::string_view key) override;
+  Result<std::vector<ObjectInfo>> List(std::string_view prefix) override;
+  Status Delete(std::string_view key) override;
+  uint64_t ChangeCount() override;
+  void AwaitChange(uint64_t since, int timeout_ms) override;
+
+ private:
+  Status Store(std::string_view key, std::span<const uint8_t> data,
+               bool replace);
+
+  std::mutex mu_;
+  std::condition_variable changed_;
+  std::map<std::string, std::shared_ptr<const std::vector<uint8_t>>,
+           std::less<>>
+      objects_;
+  uint64_t changes_ = 0;
 };
 
 // Injects faults, deterministically for a given seed. Knobs may be changed
@@ -86,6 +122,10 @@ class FaultyStore final : public ObjectStore {
   Result<std::vector<uint8_t>> Get(std::string_view key) override;
   Result<std::vector<ObjectInfo>> List(std::string_view prefix) override;
   Status Delete(std::string_view key) override;
+  uint64_t ChangeCount() override { return inner_->ChangeCount(); }
+  void AwaitChange(uint64_t since, int timeout_ms) override {
+    inner_->AwaitChange(since, timeout_ms);
+  }
 
  private:
   // Counts the call, applies delay and failure knobs. A non-OK return is

@@ -20,9 +20,12 @@
 // Versions are chained like an RL trajectory: version k is version k-1
 // evolved (synth.h, EvolveModel) at the run's change rate, and the
 // publisher's baseline and every receiver's checkpoint advance with each
-// commit, so no checkpoint is copied between runs. Objects are sealed with
-// HMAC-SHA256 as in a real deployment. Nothing here is shared between
-// threads except the stores (thread-safe) and the receivers' finish times.
+// commit, so no checkpoint is copied between runs. The publisher and the
+// receivers live across versions, as in a deployment (what they keep from
+// one version to the next counts); each version gets a fresh link. Objects
+// are sealed with HMAC-SHA256 as in a real deployment. Nothing here is
+// shared between threads except the stores (thread-safe) and the
+// receivers' results.
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <sys/mman.h>
@@ -33,13 +36,14 @@
 #include <algorithm>
 #include <atomic>
 #include <charconv>
-#include <cstring>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
@@ -78,11 +82,15 @@ struct SyncBenchArgs {
   bool in_memory = false;
   int fanout = 4;
   std::string throttle = "up";
+  // The store without --relay: "dir" (a directory store, files fsynced) or
+  // "memory" (MemoryStore: the protocol's own costs, no file system).
+  std::string store = "dir";
   std::string fixtures;  // a folder with step0/step1.safetensors
   double chunk_mib = 8;
   int threads = 0;
   int upload_threads = 4;
   int poll_ms = 20;
+  int full_base_check_every = ReceiverOptions().full_base_check_every;
   double full_measure_max_s = 40;
   uint64_t seed = 1;
   bool json = false;
@@ -120,11 +128,57 @@ class CountingStore final : public ObjectStore {
     return inner_->List(prefix);
   }
   Status Delete(std::string_view key) override { return inner_->Delete(key); }
+  uint64_t ChangeCount() override { return inner_->ChangeCount(); }
+  void AwaitChange(uint64_t since, int timeout_ms) override {
+    inner_->AwaitChange(since, timeout_ms);
+  }
 
  private:
   std::shared_ptr<ObjectStore> inner_;
   std::atomic<uint64_t> put_{0};
   std::atomic<uint64_t> get_{0};
+};
+
+// Forwards every call to the store set last: the link of the version being
+// published, so that the publisher and the receivers, which keep their
+// store, get a fresh link per version. Thread-safe.
+class SwitchableStore final : public ObjectStore {
+ public:
+  void Set(std::shared_ptr<ObjectStore> inner) {
+    std::lock_guard<std::mutex> lock(mu_);
+    inner_ = std::move(inner);
+  }
+
+  std::string Describe() const override { return Current()->Describe(); }
+  Status Put(std::string_view key, std::span<const uint8_t> data) override {
+    return Current()->Put(key, data);
+  }
+  Status PutIfAbsent(std::string_view key,
+                     std::span<const uint8_t> data) override {
+    return Current()->PutIfAbsent(key, data);
+  }
+  Result<std::vector<uint8_t>> Get(std::string_view key) override {
+    return Current()->Get(key);
+  }
+  Result<std::vector<ObjectInfo>> List(std::string_view prefix) override {
+    return Current()->List(prefix);
+  }
+  Status Delete(std::string_view key) override {
+    return Current()->Delete(key);
+  }
+  // Every link wraps the same backend, so counts carry across links.
+  uint64_t ChangeCount() override { return Current()->ChangeCount(); }
+  void AwaitChange(uint64_t since, int timeout_ms) override {
+    Current()->AwaitChange(since, timeout_ms);
+  }
+
+ private:
+  std::shared_ptr<ObjectStore> Current() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return inner_;
+  }
+  mutable std::mutex mu_;
+  std::shared_ptr<ObjectStore> inner_;
 };
 
 // A read-only mapping of a whole file (the full checkpoint to send).
@@ -195,6 +249,8 @@ class Fleet {
     }
     if (relay) {
       REFIT_RETURN_IF_ERROR(f->BuildTree());
+    } else if (args.store == "memory") {
+      f->backend_ = std::make_shared<MemoryStore>();
     } else {
       REFIT_ASSIGN_OR_RETURN(std::unique_ptr<ObjectStore> store,
                              OpenObjectStore(f->dir_->File("store")));
@@ -204,6 +260,9 @@ class Fleet {
   }
 
   ~Fleet() {
+    // The parties first, then the stores they use.
+    rx_.clear();
+    publisher_.reset();
     // Leaves first, then the root: no endpoint outlives its parent's need.
     while (!nodes_.empty()) nodes_.pop_back();
     root_.reset();
@@ -228,6 +287,8 @@ class Fleet {
     uint64_t early_chunks_min = 0;    // fewest chunks a receiver applied
                                       // before the manifest arrived
     double relay_index_seconds = -1;  // last node got v/<V>/manifest (relay)
+    // Where the receiver that finished last spent its step.
+    StepResult::Stages receiver_stages;
     std::string error;
   };
 
@@ -240,17 +301,20 @@ class Fleet {
     out.version = ++version_;
     auto link = std::make_shared<CountingStore>(
         std::make_shared<ThrottledStore>(backend_, bytes_per_second));
-    PublisherOptions popt;
-    popt.members = members_;
-    popt.auth = auth_;
-    popt.diff.chunk_bytes =
-        static_cast<uint64_t>(std::llround(args_->chunk_mib * (1 << 20)));
-    popt.diff.threads = args_->threads;
-    popt.vote_timeout_ms = 300000;
-    popt.upload_threads = args_->upload_threads;
-    popt.poll_ms = args_->poll_ms;
-    REFIT_ASSIGN_OR_RETURN(std::unique_ptr<Publisher> publisher,
-                           Publisher::Open(link.get(), publisher_ckpt_, popt));
+    publisher_link_.Set(link);
+    if (!publisher_) {
+      PublisherOptions popt;
+      popt.members = members_;
+      popt.auth = auth_;
+      popt.diff.chunk_bytes =
+          static_cast<uint64_t>(std::llround(args_->chunk_mib * (1 << 20)));
+      popt.diff.threads = args_->threads;
+      popt.vote_timeout_ms = 300000;
+      popt.upload_threads = args_->upload_threads;
+      popt.poll_ms = args_->poll_ms;
+      REFIT_ASSIGN_OR_RETURN(
+          publisher_, Publisher::Open(&publisher_link_, publisher_ckpt_, popt));
+    }
 
     // Receivers' stores: their relay node, or the directory (through one
     // shared downlink bucket with --throttle both).
@@ -262,10 +326,14 @@ class Fleet {
         inner = std::make_shared<ThrottledStore>(backend_, bytes_per_second);
       shared_down = std::make_shared<CountingStore>(inner);
     }
-    std::vector<std::unique_ptr<Receiver>> rx;
     for (size_t i = 0; i < members_.size(); ++i) {
       down.push_back(relay() ? std::make_shared<CountingStore>(nodes_[i])
                              : shared_down);
+      if (receiver_links_.size() <= i)
+        receiver_links_.push_back(std::make_unique<SwitchableStore>());
+      receiver_links_[i]->Set(down.back());
+    }
+    for (size_t i = rx_.size(); i < members_.size(); ++i) {
       ReceiverOptions ropt;
       ropt.member = members_[i];
       if (memory_views_.empty()) {
@@ -277,10 +345,12 @@ class Fleet {
       ropt.auth = auth_;
       ropt.poll_ms = args_->poll_ms;
       ropt.decision_timeout_ms = 300000;
+      ropt.full_base_check_every = args_->full_base_check_every;
       REFIT_ASSIGN_OR_RETURN(std::unique_ptr<Receiver> r,
-                             Receiver::Open(down.back().get(), ropt));
-      rx.push_back(std::move(r));
+                             Receiver::Open(receiver_links_[i].get(), ropt));
+      rx_.push_back(std::move(r));
     }
+    std::vector<std::unique_ptr<Receiver>>& rx = rx_;
     const uint64_t link_put0 = link->put_bytes();
     const uint64_t link_get0 = link->get_bytes();
     if (relay()) {
@@ -295,6 +365,7 @@ class Fleet {
     std::vector<double> step_seconds(n, 0);
     std::vector<double> tail_seconds(n, 0);
     std::vector<uint64_t> early(n, 0);
+    std::vector<StepResult::Stages> stages(n);
     std::vector<std::thread> threads;
     for (size_t i = 0; i < n; ++i) {
       threads.emplace_back([&, i] {
@@ -304,6 +375,7 @@ class Fleet {
           step_seconds[i] = r->seconds;
           tail_seconds[i] = r->tail_seconds;
           early[i] = r->chunks_before_manifest;
+          stages[i] = r->stages;
         } else {
           status[i] = r.status();
         }
@@ -311,7 +383,7 @@ class Fleet {
     }
     const Clock::time_point t0 = Clock::now();
     t0_ns_ = t0.time_since_epoch().count();
-    Result<PublishReport> report = publisher->Publish(out.version, target);
+    Result<PublishReport> report = publisher_->Publish(out.version, target);
     for (std::thread& t : threads) t.join();
     if (!report.ok())
       return report.status().WithContext("publishing version " +
@@ -329,7 +401,9 @@ class Fleet {
       if (i == 0 || down[i] != down[i - 1])
         out.down_bytes += down[i]->get_bytes();
     }
-    Clock::time_point last = *std::max_element(done.begin(), done.end());
+    auto last_done = std::max_element(done.begin(), done.end());
+    out.receiver_stages = stages[static_cast<size_t>(last_done - done.begin())];
+    Clock::time_point last = *last_done;
     Clock::time_point first = *std::min_element(done.begin(), done.end());
     out.refit_seconds = Seconds(last - t0);
     out.first_active_seconds = Seconds(first - t0);
@@ -437,6 +511,12 @@ class Fleet {
   std::vector<std::unique_ptr<uint8_t[]>> memory_;
   std::vector<std::vector<MutableTensorView>> memory_views_;
   std::shared_ptr<ObjectStore> backend_;
+  // The publisher and the receivers, and the stores they keep: each
+  // version points them at its own link.
+  SwitchableStore publisher_link_;
+  std::vector<std::unique_ptr<SwitchableStore>> receiver_links_;
+  std::unique_ptr<Publisher> publisher_;
+  std::vector<std::unique_ptr<Receiver>> rx_;
   std::shared_ptr<RelayStore> root_;
   std::vector<std::shared_ptr<RelayStore>> nodes_;
   uint64_t version_ = 0;
@@ -525,7 +605,66 @@ Json RowJson(const Row& r) {
                              : Json(nullptr);
   j["relay_manifest_at_last_node_s"] =
       v.relay_index_seconds >= 0 ? Json(v.relay_index_seconds) : Json(nullptr);
+  const PublishReport::Stages& p = v.publish.stages;
+  j["publisher_stages_s"] = {{"prepare", p.prepare},
+                             {"encode", p.encode},
+                             {"encode_blocked", p.encode_blocked},
+                             {"upload_drain", p.upload_drain},
+                             {"manifest", p.manifest},
+                             {"vote_wait", p.vote_wait},
+                             {"decision", p.decision},
+                             {"advance", p.advance},
+                             {"finish", p.finish}};
+  const StepResult::Stages& q = v.receiver_stages;
+  j["receiver_stages_s"] = {{"base_check", q.base_check},
+                            {"fetch", q.fetch},
+                            {"chunk_wait", q.chunk_wait},
+                            {"apply_wait", q.apply_wait},
+                            {"apply_cpu", q.apply_cpu},
+                            {"check", q.check},
+                            {"flush", q.flush},
+                            {"vote", q.vote},
+                            {"decision_wait", q.decision_wait},
+                            {"activate", q.activate}};
   return j;
+}
+
+// Where each version's time went (PublishReport::stages,
+// StepResult::stages), one line per row.
+void PrintStages(const std::vector<Row>& rows) {
+  fmt::print(
+      "\nper-stage seconds. publisher (wall in Publish): prep = baseline "
+      "check + announcement; encode = diff until the last chunk was queued "
+      "(blk: of which waiting for the upload queue); drain = uploads left "
+      "after it; man = manifest; votes = manifest stored -> every vote read; "
+      "dec = decision stored; adv = baseline advanced (after the decision); "
+      "fin = head. receiver (the one that finished last; wall on its "
+      "stepping thread): base = base check hashing; fetch = chunk Gets and "
+      "checks; cwait = waiting for chunks; await = waiting for apply "
+      "workers; acpu = apply worker seconds (overlaps the rest); check = "
+      "tensors vs manifest; flush = checkpoint + journal durable; vote = vote "
+      "stored; dwait = vote -> decision read; act = activation\n");
+  fmt::print(
+      "{:>6} {:>7} {:>4} | {:>6} {:>6} {:>6} {:>6} {:>6} {:>6} {:>6} {:>6} "
+      "{:>6} | {:>6} {:>6} {:>6} {:>6} {:>6} {:>6} {:>6} {:>6} {:>6} {:>6} | "
+      "{:>7}\n",
+      "rate", "Mbit/s", "rcv", "prep", "encode", "blk", "drain", "man", "votes",
+      "dec", "adv", "fin", "base", "fetch", "cwait", "await", "acpu", "check",
+      "flush", "vote", "dwait", "act", "refit s");
+  for (const Row& r : rows) {
+    const PublishReport::Stages& p = r.v.publish.stages;
+    const StepResult::Stages& q = r.v.receiver_stages;
+    fmt::print(
+        "{:>6} {:>7.0f} {:>4} | {:>6.3f} {:>6.3f} {:>6.3f} {:>6.3f} {:>6.3f} "
+        "{:>6.3f} {:>6.3f} {:>6.3f} {:>6.3f} | {:>6.3f} {:>6.3f} {:>6.3f} "
+        "{:>6.3f} {:>6.3f} {:>6.3f} {:>6.3f} {:>6.3f} {:>6.3f} {:>6.3f} | "
+        "{:>7.3f}\n",
+        r.rate > 0 ? Percent(r.rate, 1) : "-", r.mbit, r.receivers, p.prepare,
+        p.encode, p.encode_blocked, p.upload_drain, p.manifest, p.vote_wait,
+        p.decision, p.advance, p.finish, q.base_check, q.fetch, q.chunk_wait,
+        q.apply_wait, q.apply_cpu, q.check, q.flush, q.vote, q.decision_wait,
+        q.activate, r.v.refit_seconds);
+  }
 }
 
 void PrintRows(const std::vector<Row>& rows, bool relay) {
@@ -577,6 +716,10 @@ int Run(const SyncBenchArgs& args, const std::string& command_line) {
                   json);
     }
   }
+  if (args.store != "dir" && args.store != "memory") {
+    return Fail(kCmd, InvalidArgumentError("--store must be 'dir' or 'memory'"),
+                json);
+  }
   if (args.throttle != "up" && args.throttle != "both") {
     return Fail(kCmd, InvalidArgumentError("--throttle must be 'up' or 'both'"),
                 json);
@@ -617,6 +760,11 @@ int Run(const SyncBenchArgs& args, const std::string& command_line) {
                "and its reads of votes); receivers read the directory store "
                "directly (the store is on their side of the boundary)";
   out["link"] = link_text;
+  const std::string store_text =
+      args.relay ? "relay tree (objects in each endpoint's memory)"
+      : args.store == "memory" ? "memory (MemoryStore: a map in this process)"
+                               : "directory (each object a file, fsynced)";
+  out["store"] = store_text;
   const std::string receiver_text =
       args.in_memory ? "tensors in host memory (ReceiverOptions::tensors)"
                      : "a checkpoint file each (memory-mapped, flushed before the vote)";
@@ -637,7 +785,8 @@ int Run(const SyncBenchArgs& args, const std::string& command_line) {
       auto fleet = Fleet::Create(args, step0, receivers, args.relay);
       if (!fleet.ok()) return Fail(kCmd, fleet.status(), json);
       auto full = MeasureFullSend((*fleet)->backend(), step1, mbit,
-                                  args.full_measure_max_s, !args.relay);
+                                  args.full_measure_max_s,
+                                  !args.relay && args.store == "dir");
       if (!full.ok()) return Fail(kCmd, full.status(), json);
       fulls.push_back(*full);
       auto target = Checkpoint::Open(step1, Checkpoint::Mode::kReadOnly);
@@ -694,7 +843,8 @@ int Run(const SyncBenchArgs& args, const std::string& command_line) {
           if (!json)
             fmt::print(stderr, "full checkpoint over {} Mbit/s...\n", mbit);
           auto f = MeasureFullSend((*fleet)->backend(), base_path, mbit,
-                                   args.full_measure_max_s, !args.relay);
+                                   args.full_measure_max_s,
+                                   !args.relay && args.store == "dir");
           if (!f.ok()) return Fail(kCmd, f.status(), json);
           full = *f;
           fulls.push_back(full);
@@ -743,6 +893,7 @@ int Run(const SyncBenchArgs& args, const std::string& command_line) {
   fmt::print("machine: {}\n", out["machine"].get<std::string>());
   fmt::print("input:   {}\n", out["input"].get<std::string>());
   fmt::print("link:    {}\n", link_text);
+  fmt::print("store:   {}\n", store_text);
   fmt::print("receivers hold: {}\n", receiver_text);
   for (const FullSend& f : fulls) {
     fmt::print(
@@ -763,6 +914,7 @@ int Run(const SyncBenchArgs& args, const std::string& command_line) {
       "computed); speedup = full wire time / refit\n",
       both ? "max(payload, receivers' reads)" : "payload");
   PrintRows(rows, args.relay);
+  PrintStages(rows);
   return kExitOk;
 }
 
@@ -802,6 +954,11 @@ std::function<int(bool, const std::string&)> RegisterBenchSync(
                   "up: the publisher's calls cross the link; both: the "
                   "receivers' reads too (a second bucket)")
       ->capture_default_str();
+  cmd->add_option("--store", args->store,
+                  "dir: a directory store (objects written and fsynced as "
+                  "files); memory: objects in a map of this process (the "
+                  "protocol's own costs); ignored with --relay")
+      ->capture_default_str();
   cmd->add_option("--fixtures", args->fixtures,
                   "instead of a synthetic model: step0 -> step1 of this folder "
                   "(e.g. ../shared/fixtures/qwen2-tiny)");
@@ -819,6 +976,12 @@ std::function<int(bool, const std::string&)> RegisterBenchSync(
   cmd->add_option("--poll-ms", args->poll_ms,
                   "publisher and receiver poll interval")
       ->capture_default_str();
+  cmd->add_option("--full-base-check-every", args->full_base_check_every,
+                  "receivers hash their whole base every N-th version and "
+                  "check the others from the digests they kept (1: every "
+                  "version; ReceiverOptions::full_base_check_every)")
+      ->capture_default_str()
+      ->check(IntIn(0, 1 << 30));
   cmd->add_option("--full-measure-max-s", args->full_measure_max_s,
                   "send the full checkpoint through the link when that takes "
                   "at most this long; otherwise report the computed time")
