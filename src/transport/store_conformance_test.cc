@@ -14,12 +14,15 @@
 #include <random>
 #include <thread>
 
-#include "testing.h"
-#include "transport/moto_testing.h"
+#include "support/moto_testing.h"
+#include "support/status_matchers.h"
+#include "support/testing.h"
 #include "transport/object_store.h"
 
 namespace refit {
 namespace {
+
+using ::refit::testing::StatusIs;
 
 using ::refit::testing::MotoServer;
 using ::refit::testing::TempDir;
@@ -50,12 +53,12 @@ class StoreTest : public ::testing::TestWithParam<std::string> {
                           "S3 store is NOT tested. Install it with "
                           "`pip install 'moto[server]'`. ***\n";
         }
-        ASSERT_TRUE(started.ok()) << started.status().ToString();
+        ASSERT_OK(started);
         moto_ = std::move(*started);
       }
     }
     auto s = NewStore();
-    ASSERT_TRUE(s.ok()) << s.status().ToString();
+    ASSERT_OK(s);
     store_ = std::move(*s);
   }
 
@@ -101,12 +104,11 @@ TEST_P(StoreTest, PutGetOverwrite) {
 }
 
 TEST_P(StoreTest, MissingKey) {
-  EXPECT_EQ(store_->Get("nope").status().code(), StatusCode::kNotFound);
-  EXPECT_EQ(store_->Get("no/such/dir/key").status().code(),
-            StatusCode::kNotFound);
+  EXPECT_THAT(store_->Get("nope"), StatusIs(StatusCode::kNotFound));
+  EXPECT_THAT(store_->Get("no/such/dir/key"), StatusIs(StatusCode::kNotFound));
   ASSERT_OK(store_->Put("dir/x", Bytes("x")));
   // A prefix is not an object.
-  EXPECT_EQ(store_->Get("dir").status().code(), StatusCode::kNotFound);
+  EXPECT_THAT(store_->Get("dir"), StatusIs(StatusCode::kNotFound));
   auto listed = store_->List("absent/");
   ASSERT_OK(listed);
   EXPECT_TRUE(listed->empty());
@@ -180,7 +182,7 @@ TEST_P(StoreTest, Delete) {
   ASSERT_OK(store_->Put("d/one", Bytes("1")));
   ASSERT_OK(store_->Put("d/two", Bytes("2")));
   ASSERT_OK(store_->Delete("d/one"));
-  EXPECT_EQ(store_->Get("d/one").status().code(), StatusCode::kNotFound);
+  EXPECT_THAT(store_->Get("d/one"), StatusIs(StatusCode::kNotFound));
   EXPECT_EQ(*store_->Get("d/two"), Bytes("2"));
   auto listed = store_->List("d/");
   ASSERT_OK(listed);
@@ -230,10 +232,10 @@ TEST_P(StoreTest, BigObjectOverMultipartThreshold) {
   // Conditional create of a multipart object.
   const std::vector<uint8_t> other = RandomBytes(kPartSize + 1, 8);
   ASSERT_OK(store_->PutIfAbsent("big/two", other));
-  EXPECT_EQ(store_->PutIfAbsent("big/two", big).code(),
-            StatusCode::kAlreadyExists);
-  EXPECT_EQ(store_->PutIfAbsent("big/one", other).code(),
-            StatusCode::kAlreadyExists);
+  EXPECT_THAT(store_->PutIfAbsent("big/two", big),
+              StatusIs(StatusCode::kAlreadyExists));
+  EXPECT_THAT(store_->PutIfAbsent("big/one", other),
+              StatusIs(StatusCode::kAlreadyExists));
   EXPECT_TRUE(*store_->Get("big/two") == other);
   // Overwrite a big object with a small one.
   ASSERT_OK(store_->Put("big/one", Bytes("small")));
@@ -263,16 +265,16 @@ TEST_P(StoreTest, KeyValidation) {
                                         "a/" + std::string(256, 's')};
   for (const auto& k : bad) {
     SCOPED_TRACE("key: '" + k + "'");
-    EXPECT_EQ(ValidateKey(k).code(), StatusCode::kInvalidArgument);
-    EXPECT_EQ(store_->Put(k, Bytes("x")).code(), StatusCode::kInvalidArgument);
-    EXPECT_EQ(store_->PutIfAbsent(k, Bytes("x")).code(),
-              StatusCode::kInvalidArgument);
-    EXPECT_EQ(store_->Get(k).status().code(), StatusCode::kInvalidArgument);
-    EXPECT_EQ(store_->Delete(k).code(), StatusCode::kInvalidArgument);
+    EXPECT_THAT(ValidateKey(k), StatusIs(StatusCode::kInvalidArgument));
+    EXPECT_THAT(store_->Put(k, Bytes("x")),
+                StatusIs(StatusCode::kInvalidArgument));
+    EXPECT_THAT(store_->PutIfAbsent(k, Bytes("x")),
+                StatusIs(StatusCode::kInvalidArgument));
+    EXPECT_THAT(store_->Get(k), StatusIs(StatusCode::kInvalidArgument));
+    EXPECT_THAT(store_->Delete(k), StatusIs(StatusCode::kInvalidArgument));
   }
   for (const std::string p : {"../", "a//", "/", "a b", "x/../"}) {
-    EXPECT_EQ(store_->List(p).status().code(), StatusCode::kInvalidArgument)
-        << p;
+    EXPECT_THAT(store_->List(p), StatusIs(StatusCode::kInvalidArgument)) << p;
   }
   // The longest key, and every allowed character.
   const std::string seg(255, 's');
@@ -290,12 +292,12 @@ TEST_P(StoreTest, KeyValidation) {
 TEST_P(StoreTest, PutIfAbsentSemantics) {
   ASSERT_OK(store_->PutIfAbsent("decision/v1", Bytes("commit by A")));
   Status again = store_->PutIfAbsent("decision/v1", Bytes("abort by B"));
-  EXPECT_EQ(again.code(), StatusCode::kAlreadyExists) << again.ToString();
+  EXPECT_THAT(again, StatusIs(StatusCode::kAlreadyExists));
   EXPECT_EQ(*store_->Get("decision/v1"), Bytes("commit by A"));
   // Existing objects written by Put count as present too.
   ASSERT_OK(store_->Put("decision/v2", Bytes("p")));
-  EXPECT_EQ(store_->PutIfAbsent("decision/v2", Bytes("q")).code(),
-            StatusCode::kAlreadyExists);
+  EXPECT_THAT(store_->PutIfAbsent("decision/v2", Bytes("q")),
+              StatusIs(StatusCode::kAlreadyExists));
   // After a delete the key is free again; Put still replaces.
   ASSERT_OK(store_->Delete("decision/v1"));
   ASSERT_OK(store_->PutIfAbsent("decision/v1", Bytes("second")));
@@ -338,7 +340,7 @@ TEST_P(StoreTest, PutIfAbsentRace) {
         ++winners;
         winner = w;
       } else {
-        EXPECT_EQ(s.code(), StatusCode::kAlreadyExists) << s.ToString();
+        EXPECT_THAT(s, StatusIs(StatusCode::kAlreadyExists));
       }
     }
     ASSERT_EQ(winners, 1) << "round " << round;
@@ -370,8 +372,8 @@ TEST(DirStoreTest, TemporariesAndForeignFilesAreInvisible) {
   EXPECT_EQ((*listed)[0].key, "v/a");
   // No temporaries remain after successful writes.
   ASSERT_OK((*store)->PutIfAbsent("v/b", Bytes("b")));
-  EXPECT_EQ((*store)->PutIfAbsent("v/b", Bytes("c")).code(),
-            StatusCode::kAlreadyExists);
+  EXPECT_THAT((*store)->PutIfAbsent("v/b", Bytes("c")),
+              StatusIs(StatusCode::kAlreadyExists));
   int files = 0;
   for (const auto& e :
        std::filesystem::directory_iterator(dir.path() + "/s/v")) {
@@ -425,8 +427,8 @@ TEST(DirStoreTest, KeyCannotBeBothObjectAndDirectory) {
   auto store = OpenObjectStore(dir.path() + "/s");
   ASSERT_OK(store);
   ASSERT_OK((*store)->Put("a/b", Bytes("object")));
-  EXPECT_EQ((*store)->Put("a/b/c", Bytes("x")).code(),
-            StatusCode::kFailedPrecondition);
+  EXPECT_THAT((*store)->Put("a/b/c", Bytes("x")),
+              StatusIs(StatusCode::kFailedPrecondition));
   ASSERT_OK((*store)->Put("x/y/z", Bytes("object")));
   Status s = (*store)->Put("x/y", Bytes("x"));
   EXPECT_FALSE(s.ok());
@@ -439,11 +441,11 @@ TEST(DirStoreTest, CreatesRootAndRejectsFiles) {
   EXPECT_OK(OpenObjectStore(dir.path() + "/deep/er/root"));
   std::ofstream(dir.path() + "/file") << "x";
   EXPECT_FALSE(OpenObjectStore(dir.path() + "/file").ok());
-  EXPECT_EQ(OpenObjectStore("file://relative/x").status().code(),
-            StatusCode::kInvalidArgument);
-  EXPECT_EQ(OpenObjectStore("gs://bucket/x").status().code(),
-            StatusCode::kInvalidArgument);
-  EXPECT_EQ(OpenObjectStore("").status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(OpenObjectStore("file://relative/x"),
+              StatusIs(StatusCode::kInvalidArgument));
+  EXPECT_THAT(OpenObjectStore("gs://bucket/x"),
+              StatusIs(StatusCode::kInvalidArgument));
+  EXPECT_THAT(OpenObjectStore(""), StatusIs(StatusCode::kInvalidArgument));
 }
 
 // Readers must not create a store, so a mistyped path is an error rather
@@ -454,14 +456,12 @@ TEST(DirStoreTest, OpeningForReadingDoesNotCreate) {
   read_only.create_if_missing = false;
   auto missing = OpenObjectStore(dir.path() + "/typo/stor", read_only);
   ASSERT_FALSE(missing.ok());
-  EXPECT_EQ(missing.status().code(), StatusCode::kNotFound);
+  EXPECT_THAT(missing, StatusIs(StatusCode::kNotFound));
   EXPECT_NE(missing.status().message().find("no store at"), std::string::npos)
       << missing.status().ToString();
   EXPECT_FALSE(std::filesystem::exists(dir.path() + "/typo"));
-  EXPECT_EQ(OpenObjectStore("file://" + dir.path() + "/nope", read_only)
-                .status()
-                .code(),
-            StatusCode::kNotFound);
+  EXPECT_THAT(OpenObjectStore("file://" + dir.path() + "/nope", read_only),
+              StatusIs(StatusCode::kNotFound));
   ASSERT_OK(OpenObjectStore(dir.path() + "/s"));  // writers create it
   EXPECT_OK(OpenObjectStore(dir.path() + "/s", read_only));
 }
@@ -471,8 +471,7 @@ TEST(DirStoreTest, OverlongPathIsInvalidArgument) {
   TempDir dir;
   auto store = OpenObjectStore(dir.path() + "/" + std::string(300, 'a'));
   ASSERT_FALSE(store.ok());
-  EXPECT_EQ(store.status().code(), StatusCode::kInvalidArgument)
-      << store.status().ToString();
+  EXPECT_THAT(store, StatusIs(StatusCode::kInvalidArgument));
 }
 
 // A link inside the store (here planted where a receiver's vote goes) must

@@ -33,9 +33,9 @@
 #include <algorithm>
 #include <atomic>
 #include <charconv>
-#include <cstring>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -57,7 +57,7 @@
 #include "synth.h"
 #include "transport/object_store.h"
 #include "transport/relay_store.h"
-#include "transport/test_stores.h"
+#include "transport/throttled_store.h"
 
 namespace refit::cli {
 namespace {

@@ -1,12 +1,10 @@
-// Test doubles for ObjectStore, compiled into refit_transport so any test or
-// benchmark can wrap a real store (LevelDB's fault-injecting Env, applied to
-// the object-store seam).
-//
-// ThrottledStore emulates a link of fixed bandwidth; FaultyStore fails,
-// drops, corrupts and delays calls on demand. Both forward everything else
-// to the wrapped store, share ownership of it, and are thread-safe.
-#ifndef REFIT_TRANSPORT_TEST_STORES_H_
-#define REFIT_TRANSPORT_TEST_STORES_H_
+// Test support: FaultyStore, a test double for ObjectStore that wraps a real
+// store (LevelDB's fault-injecting Env, applied to the object-store seam).
+// It fails, drops, corrupts and delays calls on demand, forwards everything
+// else to the wrapped store, shares ownership of it, and is thread-safe.
+// Linked into test binaries only.
+#ifndef REFIT_TESTS_SUPPORT_FAULTY_STORE_H_
+#define REFIT_TESTS_SUPPORT_FAULTY_STORE_H_
 
 #include <chrono>
 #include <cstdint>
@@ -18,35 +16,6 @@
 #include "transport/object_store.h"
 
 namespace refit {
-
-// Charges the payload bytes of Put, PutIfAbsent (before forwarding) and Get
-// (after) to a token bucket filled at `bytes_per_second` and holding at most
-// `burst_bytes`; a call sleeps until its bytes are paid for. With the
-// default burst of 0 the store behaves like one serial link: concurrent
-// calls share the bandwidth, and 1 MB at 10 MB/s takes 100 ms.
-class ThrottledStore final : public ObjectStore {
- public:
-  ThrottledStore(std::shared_ptr<ObjectStore> inner, double bytes_per_second,
-                 uint64_t burst_bytes = 0);
-
-  std::string Describe() const override;
-  Status Put(std::string_view key, std::span<const uint8_t> data) override;
-  Status PutIfAbsent(std::string_view key,
-                     std::span<const uint8_t> data) override;
-  Result<std::vector<uint8_t>> Get(std::string_view key) override;
-  Result<std::vector<ObjectInfo>> List(std::string_view prefix) override;
-  Status Delete(std::string_view key) override;
-
- private:
-  void Charge(uint64_t bytes);
-
-  std::shared_ptr<ObjectStore> inner_;
-  const double rate_;
-  const double burst_;
-  std::mutex mu_;
-  double tokens_;  // may go negative: the debt later callers wait out
-  std::chrono::steady_clock::time_point last_;
-};
 
 // Injects faults, deterministically for a given seed. Knobs may be changed
 // while other threads use the store. "Calls" are all five operations;
@@ -112,4 +81,4 @@ class FaultyStore final : public ObjectStore {
 
 }  // namespace refit
 
-#endif  // REFIT_TRANSPORT_TEST_STORES_H_
+#endif  // REFIT_TESTS_SUPPORT_FAULTY_STORE_H_
