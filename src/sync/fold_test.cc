@@ -102,7 +102,7 @@ TEST(FoldJournalTest, FoldAppliedRecordsRoundTripInOrder) {
 
 // Every fold test runs against the directory store and against an
 // S3-compatible store (a moto_server the suite starts on 127.0.0.1).
-class FoldTest : public testing::StoreTest {
+class FoldTest : public testing::AnyStoreTest {
  protected:
   void SetUp() override {
     if (S3Missing()) GTEST_SKIP() << "moto_server is not on PATH: the S3 fold tests did not run";
@@ -226,7 +226,6 @@ class FoldTest : public testing::StoreTest {
   std::mt19937_64 rng_{12};
   uint64_t version_ = 0;
 };
-
 
 TEST_P(FoldTest, FoldsTwoToSixVersionsBitExact) {
   OpenPublisher(MakePublisher());

@@ -267,7 +267,7 @@ using Model = testing::TestModel;
 
 // Every protocol test runs against the directory store and against an
 // S3-compatible store (a moto_server the suite starts on 127.0.0.1).
-class SyncTest : public testing::StoreTest {
+class SyncTest : public testing::AnyStoreTest {
  protected:
   void SetUp() override {
     if (S3Missing()) {
@@ -278,7 +278,9 @@ class SyncTest : public testing::StoreTest {
     model_.Write(dir_.File("baseline.safetensors"));
   }
 
-  std::unique_ptr<ObjectStore> NewStore() { return StoreTest::NewStore("store"); }
+  std::unique_ptr<ObjectStore> NewStore() {
+    return AnyStoreTest::NewStore("store");
+  }
 
   // After an aborted version 1, receiver `r` (checkpoint at `checkpoint`)
   // follows version 2, published from the right baseline.

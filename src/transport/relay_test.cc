@@ -22,6 +22,7 @@
 
 #include "support/relay_testing.h"
 #include "support/status_matchers.h"
+#include "support/store_suite.h"
 #include "support/testing.h"
 #include "transport/relay_frame.h"
 #include "transport/relay_store.h"
@@ -30,6 +31,7 @@ namespace refit {
 namespace {
 
 using ::refit::testing::StatusIs;
+using ::refit::testing::StoreTest;
 
 using namespace relay_testing;  // NOLINT(build/namespaces)
 using internal::RelayFrameType;
@@ -615,116 +617,10 @@ TEST(RelayTreeTest, OldVersionsAreEvictedAndTheByteCapHolds) {
       << big.ToString();
 }
 
-// The ObjectStore contract (store_conformance_test.cc) where it applies to
-// an endpoint: Put / Get / List / Delete / PutIfAbsent on the local map.
-class RelayConformanceTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    auto root = RelayStore::Root("127.0.0.1:0", Fast());
-    ASSERT_OK(root);
-    store_ = std::move(*root);
-  }
-  std::unique_ptr<RelayStore> store_;
-};
-
-TEST_F(RelayConformanceTest, PutGetOverwriteAndMissing) {
-  ASSERT_OK(store_->Put("a/b/c", Bytes("first")));
-  EXPECT_EQ(*store_->Get("a/b/c"), Bytes("first"));
-  ASSERT_OK(store_->Put("a/b/c", Bytes("second, longer")));
-  EXPECT_EQ(*store_->Get("a/b/c"), Bytes("second, longer"));
-  EXPECT_THAT(store_->Get("nope"), StatusIs(StatusCode::kNotFound));
-  EXPECT_THAT(store_->Get("a/b"), StatusIs(StatusCode::kNotFound));
-  EXPECT_TRUE(store_->List("absent/")->empty());
-  EXPECT_FALSE(store_->Describe().empty());
-}
-
-TEST_F(RelayConformanceTest, ListPrefixes) {
-  const std::vector<std::string> keys = {"v1/a", "v1/b/c",   "v10/x",  "v2/a",
-                                         "top",  "v1/b/d.e", ".hidden"};
-  for (const auto& k : keys) ASSERT_OK(store_->Put(k, Bytes(k + "!")));
-  auto keys_of = [](const std::vector<ObjectInfo>& v) {
-    std::vector<std::string> out;
-    for (const auto& o : v) out.push_back(o.key);
-    return out;
-  };
-  std::vector<std::string> sorted = keys;
-  std::sort(sorted.begin(), sorted.end());
-  auto all = store_->List("");
-  ASSERT_OK(all);
-  EXPECT_EQ(keys_of(*all), sorted);
-  for (const auto& o : *all) EXPECT_EQ(o.size, o.key.size() + 1) << o.key;
-  EXPECT_EQ(keys_of(*store_->List("v1/")),
-            (std::vector<std::string>{"v1/a", "v1/b/c", "v1/b/d.e"}));
-  EXPECT_EQ(keys_of(*store_->List("v1")),
-            (std::vector<std::string>{"v1/a", "v1/b/c", "v1/b/d.e", "v10/x"}));
-  EXPECT_EQ(keys_of(*store_->List("v1/b/d")),
-            (std::vector<std::string>{"v1/b/d.e"}));
-  EXPECT_EQ(keys_of(*store_->List("top")), (std::vector<std::string>{"top"}));
-}
-
-TEST_F(RelayConformanceTest, DeleteBinaryAndEmpty) {
-  ASSERT_OK(store_->Put("d/one", Bytes("1")));
-  ASSERT_OK(store_->Put("d/two", Bytes("2")));
-  ASSERT_OK(store_->Delete("d/one"));
-  EXPECT_THAT(store_->Get("d/one"), StatusIs(StatusCode::kNotFound));
-  EXPECT_EQ(store_->List("d/")->size(), 1u);
-  ASSERT_OK(store_->Delete("never/was"));
-  std::vector<uint8_t> all(512);
-  for (size_t i = 0; i < all.size(); ++i) all[i] = static_cast<uint8_t>(i);
-  ASSERT_OK(store_->Put("bin", all));
-  EXPECT_EQ(*store_->Get("bin"), all);
-  ASSERT_OK(store_->Put("empty", {}));
-  EXPECT_TRUE(store_->Get("empty")->empty());
-  ASSERT_OK(store_->PutIfAbsent("empty2", {}));
-  EXPECT_EQ(store_->List("empty")->size(), 2u);
-}
-
-TEST_F(RelayConformanceTest, KeyValidation) {
-  for (const std::string k : {"", "/a", "a/", "a//b", "..", "a b", "a~tmp"}) {
-    EXPECT_THAT(store_->Put(k, Bytes("x")),
-                StatusIs(StatusCode::kInvalidArgument))
-        << k;
-    EXPECT_THAT(store_->PutIfAbsent(k, Bytes("x")),
-                StatusIs(StatusCode::kInvalidArgument))
-        << k;
-    EXPECT_THAT(store_->Get(k), StatusIs(StatusCode::kInvalidArgument)) << k;
-    EXPECT_THAT(store_->Delete(k), StatusIs(StatusCode::kInvalidArgument)) << k;
-  }
-  EXPECT_THAT(store_->List("../"), StatusIs(StatusCode::kInvalidArgument));
-  const std::string seg(255, 's');
-  const std::string longest =
-      seg + "/" + seg + "/" + seg + "/" + std::string(254, 't') + "/u";
-  ASSERT_EQ(longest.size(), 1024u);
-  ASSERT_OK(store_->Put(longest, Bytes("long")));
-  EXPECT_EQ(*store_->Get(longest), Bytes("long"));
-}
-
-TEST_F(RelayConformanceTest, PutIfAbsentSemanticsAndRace) {
-  ASSERT_OK(store_->PutIfAbsent("decision/v1", Bytes("commit by A")));
-  EXPECT_THAT(store_->PutIfAbsent("decision/v1", Bytes("abort by B")),
-              StatusIs(StatusCode::kAlreadyExists));
-  EXPECT_EQ(*store_->Get("decision/v1"), Bytes("commit by A"));
-  ASSERT_OK(store_->Put("decision/v2", Bytes("p")));
-  EXPECT_THAT(store_->PutIfAbsent("decision/v2", Bytes("q")),
-              StatusIs(StatusCode::kAlreadyExists));
-  ASSERT_OK(store_->Delete("decision/v1"));
-  ASSERT_OK(store_->PutIfAbsent("decision/v1", Bytes("second")));
-  ASSERT_OK(store_->Put("decision/v1", Bytes("replaced")));
-  EXPECT_EQ(*store_->Get("decision/v1"), Bytes("replaced"));
-  for (int round = 0; round < 20; ++round) {
-    const std::string key = "race/" + std::to_string(round);
-    std::atomic<int> wins{0};
-    std::vector<std::thread> threads;
-    for (int w = 0; w < 8; ++w) {
-      threads.emplace_back([&, w] {
-        if (store_->PutIfAbsent(key, Bytes("w" + std::to_string(w))).ok())
-          ++wins;
-      });
-    }
-    for (auto& t : threads) t.join();
-    EXPECT_EQ(wins.load(), 1) << key;
-  }
-}
+// The ObjectStore contract (tests/support/store_suite.h) at an endpoint:
+// Put / Get / List / Delete / PutIfAbsent on the root's local map.
+INSTANTIATE_TEST_SUITE_P(Endpoint, StoreTest, ::testing::Values("relay"),
+                         ::refit::testing::StoreBackendName);
 
 }  // namespace
 }  // namespace refit

@@ -16,7 +16,7 @@
 
 namespace refit::testing {
 
-class StoreTest : public ::testing::TestWithParam<std::string> {
+class AnyStoreTest : public ::testing::TestWithParam<std::string> {
  protected:
   static void SetUpTestSuite() {
     auto moto = MotoServer::Start();
