@@ -2,6 +2,10 @@
 
 #include <gtest/gtest.h>
 
+#include <string>
+#include <utility>
+#include <vector>
+
 #include "support/status_matchers.h"
 #include "support/testing.h"
 
@@ -60,20 +64,20 @@ TEST(FormatDTypeTest, UnknownDTypeNeedsDeclaredWidth) {
 
 TEST(FormatDTypeTest, RegisterRejectsBadDeclarations) {
   DTypeRegistry registry;
-  EXPECT_THAT(registry.Register("X", 3),
-              StatusIs(StatusCode::kInvalidArgument));
-  EXPECT_THAT(registry.Register("X", 16),
-              StatusIs(StatusCode::kInvalidArgument));
-  EXPECT_THAT(registry.Register("X", 0),
-              StatusIs(StatusCode::kInvalidArgument));
-  EXPECT_THAT(registry.Register("", 2), StatusIs(StatusCode::kInvalidArgument));
-  EXPECT_THAT(registry.Register("A=B", 2),
-              StatusIs(StatusCode::kInvalidArgument));
-  // Built-ins keep their widths; restating the same width is harmless.
-  EXPECT_THAT(registry.Register("BF16", 4),
-              StatusIs(StatusCode::kInvalidArgument));
-  EXPECT_THAT(registry.Register("C128", 8),
-              StatusIs(StatusCode::kInvalidArgument));
+  const std::vector<std::pair<std::string, int>> refused = {
+      {"X", 3},
+      {"X", 16},
+      {"X", 0},
+      {"", 2},
+      {"A=B", 2},
+      // Built-ins keep their widths; restating the same width is harmless.
+      {"BF16", 4},
+      {"C128", 8}};
+  for (const auto& [name, width] : refused) {
+    EXPECT_THAT(registry.Register(name, width),
+                StatusIs(StatusCode::kInvalidArgument))
+        << name << " " << width;
+  }
   EXPECT_OK(registry.Register("BF16", 2));
   for (const char* flag : {"X", "X=", "=2", "X=2x", "X=-1", "X=99999999999"}) {
     EXPECT_THAT(registry.RegisterFlag(flag),
