@@ -8,8 +8,11 @@ function(refit_module)
   cmake_parse_arguments(M "" "NAME" "SOURCES;DEPS;TESTS" ${ARGN})
   set(target refit_${M_NAME})
   add_library(${target} STATIC ${M_SOURCES})
+  # Both trees only while building: an installed program sees the public
+  # headers alone (refit::refit, cmake/install.cmake).
   target_include_directories(${target}
-    PUBLIC ${PROJECT_SOURCE_DIR}/include ${PROJECT_SOURCE_DIR}/src)
+    PUBLIC $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}/include>
+           $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}/src>)
   target_link_libraries(${target} PUBLIC ${M_DEPS})
   set_target_properties(${target} PROPERTIES POSITION_INDEPENDENT_CODE ON)
   if(REFIT_BUILD_TESTS AND M_TESTS)

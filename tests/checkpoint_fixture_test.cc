@@ -7,7 +7,7 @@
 #include <string>
 
 #include "refit/checkpoint.h"
-#include "testing.h"
+#include "support/testing.h"
 
 namespace refit {
 namespace {
@@ -18,7 +18,7 @@ constexpr uint64_t kParams = 3'198'144;
 
 Checkpoint OpenOrDie(const std::string& path) {
   Result<Checkpoint> c = Checkpoint::Open(path, Checkpoint::Mode::kReadOnly);
-  EXPECT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_OK(c);
   return std::move(c).value();
 }
 

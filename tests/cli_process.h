@@ -27,8 +27,9 @@
 
 #include "base/process.h"
 #include "refit/checkpoint.h"
+#include "support/safetensors_builder.h"
+#include "support/testing.h"
 #include "sync/auth.h"
-#include "testing.h"
 
 #ifndef REFIT_CLI_PATH
 #error "REFIT_CLI_PATH must name the refit binary"
@@ -159,40 +160,7 @@ inline int FreePort() {
   return ntohs(addr.sin_port);
 }
 
-struct Tensor {
-  std::string name;
-  std::string dtype;
-  int width;
-  std::vector<uint64_t> shape;
-  std::vector<uint8_t> data;
-};
-
-inline void WriteSafetensors(const std::string& path, const std::vector<Tensor>& ts) {
-  std::string header = "{";
-  uint64_t offset = 0;
-  for (size_t i = 0; i < ts.size(); ++i) {
-    std::string shape;
-    for (size_t d = 0; d < ts[i].shape.size(); ++d) {
-      shape += (d ? "," : "") + std::to_string(ts[i].shape[d]);
-    }
-    header += (i ? "," : "") + std::string("\"") + ts[i].name +
-              "\":{\"dtype\":\"" + ts[i].dtype + "\",\"shape\":[" + shape +
-              "],\"data_offsets\":[" + std::to_string(offset) + "," +
-              std::to_string(offset + ts[i].data.size()) + "]}";
-    offset += ts[i].data.size();
-  }
-  header += "}";
-  header.append((8 - header.size() % 8) % 8, ' ');
-  std::vector<uint8_t> file(8);
-  for (int i = 0; i < 8; ++i) {
-    file[static_cast<size_t>(i)] =
-        static_cast<uint8_t>(static_cast<uint64_t>(header.size()) >> (8 * i));
-  }
-  file.insert(file.end(), header.begin(), header.end());
-  for (const Tensor& t : ts)
-    file.insert(file.end(), t.data.begin(), t.data.end());
-  WriteBytes(path, file);
-}
+using Tensor = TestTensor;
 
 // About 1.3 MB times `scale`: sparse changes in the BF16 weights (sparse
 // XOR chunks), dense ones in the F32 scale (dense chunks).
@@ -200,7 +168,7 @@ inline std::vector<Tensor> BaseModel(uint64_t scale) {
   std::mt19937_64 rng(42);
   auto make = [&](std::string name, std::string dtype, int width,
                   std::vector<uint64_t> shape) {
-    Tensor t{std::move(name), std::move(dtype), width, std::move(shape), {}};
+    Tensor t{std::move(name), std::move(dtype), std::move(shape), {}};
     uint64_t n = 1;
     for (uint64_t d : t.shape) n *= d;
     t.data.resize(n * static_cast<uint64_t>(width));
@@ -217,8 +185,9 @@ inline std::vector<Tensor> NextVersion(std::vector<Tensor> m, uint64_t seed) {
   std::mt19937_64 rng(seed);
   std::uniform_real_distribution<double> u(0, 1);
   for (Tensor& t : m) {
-    double rate = t.dtype == "F32" ? 0.5 : 0.02;
-    for (size_t i = 0; i < t.data.size(); i += static_cast<size_t>(t.width)) {
+    const bool f32 = t.dtype == "F32";  // the other tensors are BF16
+    const double rate = f32 ? 0.5 : 0.02;
+    for (size_t i = 0; i < t.data.size(); i += f32 ? 4 : 2) {
       if (u(rng) < rate) t.data[i] ^= static_cast<uint8_t>(1 + rng() % 7);
     }
   }

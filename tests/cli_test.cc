@@ -21,8 +21,9 @@
 #include <vector>
 
 #include "refit/checkpoint.h"
-#include "testing.h"
-#include "transport/moto_testing.h"
+#include "support/moto_testing.h"
+#include "support/safetensors_builder.h"
+#include "support/testing.h"
 
 #ifndef REFIT_CLI_PATH
 #error "REFIT_CLI_PATH must name the refit binary"
@@ -34,7 +35,9 @@ namespace {
 using ::refit::testing::FixturesDir;
 using ::refit::testing::ReadBytes;
 using ::refit::testing::TempDir;
+using ::refit::testing::TestTensor;
 using ::refit::testing::WriteBytes;
+using ::refit::testing::WriteSafetensors;
 
 struct RunResult {
   int exit_code = -1;
@@ -92,48 +95,7 @@ bool IsJson(const TempDir& dir, const std::string& text) {
   return std::system(cmd.c_str()) == 0;
 }
 
-struct Tensor {
-  std::string name;
-  std::string dtype;
-  std::vector<uint64_t> shape;
-  std::vector<uint8_t> data;
-};
-
-// A minimal safetensors writer (huggingface/safetensors README, "Format"),
-// independent of refit's own writer. `metadata` is the JSON text of the
-// "__metadata__" object, or empty for none.
-void WriteSafetensors(const std::string& path, std::vector<Tensor> tensors,
-                      const std::string& metadata = "") {
-  std::string header = "{";
-  if (!metadata.empty()) {
-    header += "\"__metadata__\":" + metadata + (tensors.empty() ? "" : ",");
-  }
-  uint64_t offset = 0;
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    const Tensor& t = tensors[i];
-    std::string shape;
-    for (size_t d = 0; d < t.shape.size(); ++d) {
-      shape += (d ? "," : "") + std::to_string(t.shape[d]);
-    }
-    header += (i ? "," : "") + std::string("\"") + t.name + "\":{\"dtype\":\"" +
-              t.dtype + "\",\"shape\":[" + shape + "],\"data_offsets\":[" +
-              std::to_string(offset) + "," +
-              std::to_string(offset + t.data.size()) + "]}";
-    offset += t.data.size();
-  }
-  header += "}";
-  header.append((8 - header.size() % 8) % 8, ' ');
-  std::vector<uint8_t> file(8);
-  for (int i = 0; i < 8; ++i) {
-    file[static_cast<size_t>(i)] =
-        static_cast<uint8_t>(static_cast<uint64_t>(header.size()) >> (8 * i));
-  }
-  file.insert(file.end(), header.begin(), header.end());
-  for (const Tensor& t : tensors) {
-    file.insert(file.end(), t.data.begin(), t.data.end());
-  }
-  WriteBytes(path, file);
-}
+using Tensor = TestTensor;
 
 uint64_t Lcg(uint64_t* state) {
   *state = *state * 6364136223846793005ULL + 1442695040888963407ULL;
@@ -603,7 +565,7 @@ TEST_F(CliTest, MissingBucketHintFits) {
     GTEST_SKIP() << "\n*** SKIPPED: moto_server is not on PATH, so the S3 "
                     "CLI tests did not run ***\n";
   }
-  ASSERT_TRUE(moto.ok()) << moto.status().ToString();
+  ASSERT_OK(moto);
   RunResult r = Run(
       {"status", "--store", "s3://no-such-bucket/run1?endpoint=" + (*moto)->endpoint()},
       {"AWS_ACCESS_KEY_ID=testing", "AWS_SECRET_ACCESS_KEY=testing"});

@@ -7,10 +7,13 @@
 
 #include "refit/checkpoint.h"
 #include "refit/delta.h"
-#include "testing.h"
+#include "support/status_matchers.h"
+#include "support/testing.h"
 
 namespace refit {
 namespace {
+
+using ::refit::testing::StatusIs;
 
 using testing::FixturesDir;
 using testing::TempDir;
@@ -134,7 +137,7 @@ TEST(FixtureTest, WrongBaseLeavesCheckpointByteIdentical) {
   ASSERT_OK(CopyCheckpoint(dir + "/sharded_step3", tmp.File("work")));
   auto before = testing::ReadBytes(tmp.File("work/model-00001-of-00002.safetensors"));
   auto r = Apply(tmp.File("d.rfd"), tmp.File("work"), {});
-  EXPECT_EQ(r.status().code(), StatusCode::kFailedPrecondition) << r.status().ToString();
+  EXPECT_THAT(r, StatusIs(StatusCode::kFailedPrecondition));
   EXPECT_EQ(testing::ReadBytes(tmp.File("work/model-00001-of-00002.safetensors")), before);
 }
 

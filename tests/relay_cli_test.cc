@@ -36,12 +36,12 @@
 #include <thread>
 #include <vector>
 
-#include "refit/checkpoint.h"
-#include "sync/protocol.h"
 #include "cli_process.h"
-#include "testing.h"
+#include "refit/checkpoint.h"
+#include "support/testing.h"
+#include "support/tls_testing.h"
+#include "sync/protocol.h"
 #include "transport/relay_store.h"
-#include "transport/tls_testing.h"
 
 #ifndef REFIT_CLI_PATH
 #error "REFIT_CLI_PATH must name the refit binary"

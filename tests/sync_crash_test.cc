@@ -33,14 +33,14 @@
 #include <thread>
 #include <vector>
 
+#include "cli_process.h"
 #include "refit/checkpoint.h"
+#include "support/testing.h"
 #include "sync/auth.h"
 #include "sync/journal.h"
 #include "sync/protocol.h"
 #include "sync/publisher.h"
 #include "sync/receiver.h"
-#include "cli_process.h"
-#include "testing.h"
 #include "transport/object_store.h"
 
 #ifndef REFIT_CLI_PATH
@@ -225,7 +225,7 @@ class Cluster {
       // A journal may outlive its activation (a kill right after it); it
       // must never be in progress.
       auto journal = Journal::Load(State(i) + "/journal");
-      EXPECT_TRUE(journal.ok()) << journal.status().ToString();
+      EXPECT_OK(journal);
       if (journal.ok() && journal->has_value()) {
         EXPECT_LE((*journal)->version, Active(i))
             << Member(i) << " left a version in progress";

@@ -28,6 +28,7 @@
 #include "refit/delta.h"
 #include "refit/status.h"
 #include "sync/auth.h"
+#include "sync/follow.h"
 #include "sync/host_staged_target.h"
 #include "sync/protocol.h"
 #include "sync/publisher.h"
@@ -225,14 +226,7 @@ class PyPublisher {
     o.members = std::move(members);
     o.auth = MakeAuth(key, key_file, sign_key, sign_key_file, /*signing=*/true);
     o.vote_timeout_ms = Millis(vote_timeout);
-    if (policy == "abort") {
-      o.policy = DeadlinePolicy::kAbort;
-    } else if (policy == "drop") {
-      o.policy = DeadlinePolicy::kDrop;
-    } else {
-      throw StatusError(InvalidArgumentError("policy must be 'abort' or 'drop', not '" +
-                                             policy + "'"));
-    }
+    o.policy = Unwrap(ParseDeadlinePolicy(policy));
     o.diff.threads = threads;
     if (chunk_bytes != 0) o.diff.chunk_bytes = chunk_bytes;
     o.upload_threads = upload_threads;
@@ -508,28 +502,31 @@ class PyReceiver {
   std::vector<StepResult> Sync(uint64_t target, double timeout) {
     const int timeout_ms = Millis(timeout);
     std::vector<StepResult> steps;
-    auto start = std::chrono::steady_clock::now();
-    py::gil_scoped_release release;
-    while (true) {
-      // Folds stop at the target, so no version past it is activated.
-      StepResult r = Unwrap(rcv_->Step(target == 0 ? UINT64_MAX : target));
-      const bool idle = r.outcome == StepResult::Outcome::kIdle;
-      if (!idle) steps.push_back(std::move(r));
-      if (target == 0 ? idle : rcv_->active_version() >= target) break;
-      auto elapsed = std::chrono::duration_cast<std::chrono::milliseconds>(
-                         std::chrono::steady_clock::now() - start)
-                         .count();
-      if (elapsed > timeout_ms) {
-        throw StatusError(DeadlineExceededError(
-            "the receiver did not reach version " + std::to_string(target) + " within " +
-            std::to_string(timeout_ms) + " ms (active version " +
-            std::to_string(rcv_->active_version()) + ")"));
-      }
-      {
-        py::gil_scoped_acquire acquire;
-        if (PyErr_CheckSignals() != 0) throw py::error_already_set();
-      }
-      if (idle) std::this_thread::sleep_for(std::chrono::milliseconds(poll_ms_));
+    FollowOptions follow;
+    // Folds stop at the target, so no version past it is activated.
+    if (target != 0) follow.until = target;
+    follow.step_first = true;
+    follow.until_idle = target == 0;
+    follow.timeout_ms = timeout_ms;
+    follow.poll_ms = poll_ms_;
+    follow.on_step = [&](const StepResult& r) { steps.push_back(r); };
+    bool interrupted = false;
+    follow.stop = [&] {
+      py::gil_scoped_acquire acquire;
+      interrupted = PyErr_CheckSignals() != 0;
+      return interrupted;
+    };
+    FollowResult r;
+    {
+      py::gil_scoped_release release;
+      r = Unwrap(Follow(*rcv_, follow));
+    }
+    if (interrupted) throw py::error_already_set();
+    if (r.end == FollowEnd::kTimedOut) {
+      throw StatusError(DeadlineExceededError(
+          "the receiver did not reach version " + std::to_string(target) +
+          " within " + std::to_string(timeout_ms) + " ms (active version " +
+          std::to_string(rcv_->active_version()) + ")"));
     }
     return steps;
   }
@@ -540,19 +537,6 @@ class PyReceiver {
   std::shared_ptr<ObjectStore> store_;
   std::unique_ptr<Receiver> rcv_;
 };
-
-const char* OutcomeName(StepResult::Outcome o) {
-  switch (o) {
-    case StepResult::Outcome::kIdle: return "idle";
-    case StepResult::Outcome::kCommitted: return "committed";
-    case StepResult::Outcome::kAborted: return "aborted";
-    case StepResult::Outcome::kCaughtUp: return "caught_up";
-    case StepResult::Outcome::kSnapshot: return "snapshot";
-    case StepResult::Outcome::kPrepared:
-      return "prepared";
-  }
-  return "unknown";
-}
 
 double Percent(uint64_t part, uint64_t whole) {
   return whole == 0 ? 0.0 : 100.0 * static_cast<double>(part) / static_cast<double>(whole);
@@ -680,7 +664,8 @@ void BindReports(py::module_& m) {
 
   py::class_<StepResult>(m, "StepResult")
       .def_property_readonly(
-          "outcome", [](const StepResult& r) { return OutcomeName(r.outcome); })
+          "outcome",
+          [](const StepResult& r) { return OutcomeName(r.outcome, '_'); })
       .def_readonly("version", &StepResult::version)
       .def_readonly("chunks_applied", &StepResult::chunks_applied)
       .def_readonly("chunks_skipped", &StepResult::chunks_skipped)
@@ -700,9 +685,9 @@ void BindReports(py::module_& m) {
       .def_readonly("staged_device_bytes", &StepResult::staged_device_bytes)
       .def_readonly("changed_tensors", &StepResult::changed_tensors)
       .def("__repr__", [](const StepResult& r) {
-        return std::string("StepResult(") + OutcomeName(r.outcome) + " version " +
-               std::to_string(r.version) + ", " + std::to_string(r.changed_tensors.size()) +
-               " tensors changed)";
+        return std::string("StepResult(") + OutcomeName(r.outcome, '_') +
+               " version " + std::to_string(r.version) + ", " +
+               std::to_string(r.changed_tensors.size()) + " tensors changed)";
       });
 }
 

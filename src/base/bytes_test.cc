@@ -2,8 +2,12 @@
 
 #include <gtest/gtest.h>
 
+#include "support/status_matchers.h"
+
 namespace refit {
 namespace {
+
+using ::refit::testing::StatusIs;
 
 TEST(BytesTest, RoundTrip) {
   std::vector<uint8_t> buf;
@@ -33,7 +37,7 @@ TEST(BytesTest, TruncationLatches) {
   EXPECT_EQ(r.U32(), 0u);
   EXPECT_FALSE(r.ok());
   EXPECT_EQ(r.U8(), 0u);  // stays failed
-  EXPECT_EQ(r.status("header").code(), StatusCode::kDataLoss);
+  EXPECT_THAT(r.status("header"), StatusIs(StatusCode::kDataLoss));
 }
 
 TEST(BytesTest, VarintRejectsOverlong) {

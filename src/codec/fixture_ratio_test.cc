@@ -13,7 +13,7 @@
 
 #include "base/hash.h"
 #include "codec/payload.h"
-#include "testing.h"
+#include "support/testing.h"
 
 namespace refit::codec {
 namespace {

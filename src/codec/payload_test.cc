@@ -7,10 +7,13 @@
 #include <string>
 
 #include "base/hash.h"
-#include "testing.h"
+#include "support/status_matchers.h"
+#include "support/testing.h"
 
 namespace refit::codec {
 namespace {
+
+using ::refit::testing::StatusIs;
 
 // XOR values like an RL step's BF16 deltas: mostly a few low mantissa bits.
 uint64_t DrawXor(std::mt19937_64& rng, int w) {
@@ -63,7 +66,7 @@ std::vector<uint8_t> EncodeOk(const Sparse& s,
   std::vector<uint8_t> out;
   const Status st =
       EncodeSparse(kind, s.n, s.w, s.positions, s.values.data(), opt, &out);
-  EXPECT_TRUE(st.ok()) << st.ToString();
+  EXPECT_OK(st);
   return out;
 }
 
@@ -82,7 +85,7 @@ void ExpectRoundTrip(const Sparse& s, ChunkKind kind = ChunkKind::kSparseXor,
   const std::vector<uint8_t> payload = EncodeOk(s, kind, opt);
   Sparse got;
   const Status st = DecodeInto(s, payload, &got, kind);
-  ASSERT_TRUE(st.ok()) << st.ToString();
+  ASSERT_OK(st);
   EXPECT_EQ(got.positions, s.positions);
   EXPECT_EQ(got.values, s.values);
   std::vector<uint8_t> again;
@@ -219,10 +222,10 @@ TEST(SparseTest, RejectsBadArguments) {
 
   uint32_t p[2];
   uint8_t v[4];
-  EXPECT_EQ(DecodeSparse(out, ChunkKind::kSparseXor, 10, 2, 0, p, v).code(),
-            StatusCode::kInvalidArgument);
-  EXPECT_EQ(DecodeSparse(out, ChunkKind::kSparseXor, 10, 2, 11, p, v).code(),
-            StatusCode::kInvalidArgument);
+  EXPECT_THAT(DecodeSparse(out, ChunkKind::kSparseXor, 10, 2, 0, p, v),
+              StatusIs(StatusCode::kInvalidArgument));
+  EXPECT_THAT(DecodeSparse(out, ChunkKind::kSparseXor, 10, 2, 11, p, v),
+              StatusIs(StatusCode::kInvalidArgument));
 }
 
 void CheckCorruption(const Sparse& s, ChunkKind kind, uint64_t seed) {
@@ -230,7 +233,7 @@ void CheckCorruption(const Sparse& s, ChunkKind kind, uint64_t seed) {
   Sparse got;
   for (size_t cut = 0; cut < payload.size(); ++cut) {
     const Status st = DecodeInto(s, std::span(payload.data(), cut), &got, kind);
-    ASSERT_EQ(st.code(), StatusCode::kDataLoss) << "cut " << cut;
+    ASSERT_THAT(st, StatusIs(StatusCode::kDataLoss)) << "cut " << cut;
     ASSERT_FALSE(st.message().empty());
   }
   std::mt19937_64 rng(seed);
@@ -248,7 +251,7 @@ void CheckCorruption(const Sparse& s, ChunkKind kind, uint64_t seed) {
         }
       }
     } else {
-      ASSERT_EQ(st.code(), StatusCode::kDataLoss);
+      ASSERT_THAT(st, StatusIs(StatusCode::kDataLoss));
     }
     (void)DescribePayload(b, kind, s.n, s.w, s.k());
   }
@@ -273,8 +276,8 @@ TEST(SparseTest, CorruptPayloadsFailCleanly) {
                   .ok());
   Sparse got;
   for (size_t cut = 0; cut < payload.size(); ++cut) {
-    ASSERT_EQ(DecodeInto(s, std::span(payload.data(), cut), &got).code(),
-              StatusCode::kDataLoss);
+    ASSERT_THAT(DecodeInto(s, std::span(payload.data(), cut), &got),
+                StatusIs(StatusCode::kDataLoss));
   }
 }
 
@@ -285,10 +288,9 @@ TEST(SparseTest, DecoderChecksPositionsAgainstN) {
   std::vector<uint32_t> p(s.k());
   std::vector<uint8_t> v(s.values.size());
   const uint32_t small_n = std::max<uint32_t>(s.k(), s.positions.back() / 2);
-  EXPECT_EQ(DecodeSparse(payload, ChunkKind::kSparseXor, small_n, 2, s.k(),
-                         p.data(), v.data())
-                .code(),
-            StatusCode::kDataLoss);
+  EXPECT_THAT(DecodeSparse(payload, ChunkKind::kSparseXor, small_n, 2, s.k(),
+                           p.data(), v.data()),
+              StatusIs(StatusCode::kDataLoss));
 }
 
 std::vector<uint8_t> DenseXor(uint32_t n, int w, uint32_t per_mille,
@@ -311,7 +313,7 @@ std::vector<uint8_t> DenseRoundTrip(const std::vector<uint8_t>& data,
   EXPECT_TRUE(EncodeDense(n, w, data.data(), opt, &payload).ok());
   std::vector<uint8_t> back(data.size(), 0xEE);
   const Status st = DecodeDense(payload, n, w, back.data());
-  EXPECT_TRUE(st.ok()) << st.ToString();
+  EXPECT_OK(st);
   EXPECT_EQ(back, data);
   std::vector<uint8_t> again;
   EXPECT_TRUE(EncodeDense(n, w, data.data(), opt, &again).ok());
@@ -323,7 +325,7 @@ std::vector<std::string> DenseModels(std::span<const uint8_t> payload,
                                      uint32_t n, int w) {
   Result<PayloadInfo> info =
       DescribePayload(payload, ChunkKind::kDenseXor, n, w, 0);
-  EXPECT_TRUE(info.ok()) << info.status().ToString();
+  EXPECT_OK(info);
   std::vector<std::string> m;
   if (info.ok()) {
     for (const PlaneInfo& p : info->planes) m.push_back(p.model);
@@ -373,9 +375,8 @@ TEST(DenseTest, CorruptPayloadsFailCleanly) {
   ASSERT_TRUE(EncodeDense(n, 4, d.data(), EncodeOptions(), &payload).ok());
   std::vector<uint8_t> out(d.size());
   for (size_t cut = 0; cut < payload.size(); ++cut) {
-    ASSERT_EQ(
-        DecodeDense(std::span(payload.data(), cut), n, 4, out.data()).code(),
-        StatusCode::kDataLoss)
+    ASSERT_THAT(DecodeDense(std::span(payload.data(), cut), n, 4, out.data()),
+                StatusIs(StatusCode::kDataLoss))
         << cut;
   }
   for (int i = 0; i < 3000; ++i) {
@@ -383,12 +384,12 @@ TEST(DenseTest, CorruptPayloadsFailCleanly) {
     b[rng() % b.size()] ^= static_cast<uint8_t>(1u << (rng() % 8));
     const Status st = DecodeDense(b, n, 4, out.data());
     if (!st.ok()) {
-      ASSERT_EQ(st.code(), StatusCode::kDataLoss);
+      ASSERT_THAT(st, StatusIs(StatusCode::kDataLoss));
     }
     (void)DescribePayload(b, ChunkKind::kRaw, n, 4, 0);
   }
-  EXPECT_EQ(DecodeDense(payload, n, 3, out.data()).code(),
-            StatusCode::kInvalidArgument);
+  EXPECT_THAT(DecodeDense(payload, n, 3, out.data()),
+              StatusIs(StatusCode::kInvalidArgument));
 }
 
 TEST(DescribeTest, SparseSummary) {
@@ -396,7 +397,7 @@ TEST(DescribeTest, SparseSummary) {
   const std::vector<uint8_t> payload = EncodeOk(s);
   Result<PayloadInfo> info =
       DescribePayload(payload, ChunkKind::kSparseXor, s.n, 2, s.k());
-  ASSERT_TRUE(info.ok()) << info.status().ToString();
+  ASSERT_OK(info);
   EXPECT_EQ(info->gap_width, 2);
   EXPECT_EQ(info->lanes, static_cast<int>((s.k() + 1023) / 1024));
   ASSERT_EQ(info->planes.size(), 4u);

@@ -5,9 +5,13 @@
 #include <random>
 
 #include "base/bytes.h"
+#include "support/status_matchers.h"
 
 namespace refit::codec {
 namespace {
+
+using ::refit::testing::IsOk;
+using ::refit::testing::StatusIs;
 
 // Four planes covering every model mode: geometric, table, uniform,
 // constant. Symbols are drawn so each model can code them.
@@ -168,7 +172,7 @@ TEST(RansTest, RoundTripAllLaneCounts) {
       EXPECT_EQ(parsed, lanes);
       std::vector<std::array<uint8_t, Fixture::kPlanes>> got;
       const Status s = Decode(fx, buf, &got);
-      ASSERT_TRUE(s.ok()) << s.ToString() << " n=" << n << " L=" << lanes;
+      ASSERT_THAT(s, IsOk()) << " n=" << n << " L=" << lanes;
       ASSERT_EQ(got, fx.records) << "n=" << n << " L=" << lanes;
     }
   }
@@ -213,7 +217,7 @@ TEST(RansTest, CorruptStreamsFailCleanly) {
     std::vector<std::array<uint8_t, Fixture::kPlanes>> got;
     for (size_t cut = 0; cut < buf.size(); ++cut) {
       const Status s = Decode(fx, std::span(buf.data(), cut), &got);
-      ASSERT_EQ(s.code(), StatusCode::kDataLoss) << cut;
+      ASSERT_THAT(s, StatusIs(StatusCode::kDataLoss)) << cut;
     }
     std::vector<uint8_t> longer = buf;
     longer.push_back(0);

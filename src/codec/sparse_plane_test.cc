@@ -6,7 +6,7 @@
 #include <random>
 
 #include "codec/payload.h"
-#include "testing.h"
+#include "support/testing.h"
 
 namespace refit::codec {
 namespace {

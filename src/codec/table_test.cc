@@ -5,8 +5,12 @@
 #include <numeric>
 #include <random>
 
+#include "support/status_matchers.h"
+
 namespace refit::codec {
 namespace {
+
+using ::refit::testing::StatusIs;
 
 uint32_t Sum(const Freqs& f) { return std::accumulate(f.begin(), f.end(), 0u); }
 
@@ -99,7 +103,7 @@ TEST(TableTest, ReadTableRejectsBadTables) {
   Freqs f;
   size_t used;
   std::vector<uint8_t> bad_t = {0x0f, 0, 0};  // t - 1 = 15
-  EXPECT_EQ(ReadTable(bad_t, &t, &f, &used).code(), StatusCode::kDataLoss);
+  EXPECT_THAT(ReadTable(bad_t, &t, &f, &used), StatusIs(StatusCode::kDataLoss));
   // t = 1 with m = 3 symbols.
   std::vector<uint8_t> too_many = {0x20, 0x00, 0xff, 0xff};
   EXPECT_FALSE(ReadTable(too_many, &t, &f, &used).ok());

@@ -7,9 +7,13 @@
 #include "codec/payload.h"
 #include "delta/chunk.h"
 #include "delta/encoder.h"
+#include "support/status_matchers.h"
+#include "support/testing.h"
 
 namespace refit::cuda {
 namespace {
+
+using ::refit::testing::StatusIs;
 
 // Encodes one chunk of a random tensor with ~rate changed elements.
 std::vector<uint8_t> MakeChunk(int w, uint64_t count, double rate,
@@ -43,7 +47,7 @@ TEST(Batch, PreparesSparseChunkWithLanesAndTables) {
   std::vector<std::string> names = {"t"};
   ChunkSpan span{0, chunk.size()};
   auto p = PrepareBatches(chunk, std::span(&span, 1), names, plan, {});
-  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  ASSERT_OK(p);
   ASSERT_EQ(p->batches.size(), 1u);
   const HostBatch& b = p->batches[0];
   ASSERT_EQ(b.chunks.size(), 1u);
@@ -115,7 +119,7 @@ TEST(Batch, RefusesStridedRegions) {
   ChunkSpan span{0, r.chunk.size()};
   auto p = PrepareBatches(r.chunk, std::span(&span, 1), names, plan, {});
   ASSERT_FALSE(p.ok());
-  EXPECT_EQ(p.status().code(), StatusCode::kUnimplemented) << p.status().ToString();
+  EXPECT_THAT(p, StatusIs(StatusCode::kUnimplemented));
 }
 
 TEST(Batch, SplitsBatchesAtTheStagingLimit) {
@@ -133,7 +137,7 @@ TEST(Batch, SplitsBatchesAtTheStagingLimit) {
   PrepareOptions opt;
   opt.limits.payload_bytes = spans[0].size * 2 + 64;
   auto p = PrepareBatches(buf, spans, names, plan, opt);
-  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  ASSERT_OK(p);
   EXPECT_GE(p->batches.size(), 3u);
   for (const HostBatch& b : p->batches) {
     EXPECT_LE(b.device_bytes(), opt.limits.payload_bytes);
@@ -167,7 +171,7 @@ TEST(Batch, SplitsTheStagingBudgetIntoSlots) {
   opt.staging_total = 8 << 20;
   opt.slots = 8;
   auto p = PrepareBatches(buf, spans, names, plan, opt);
-  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  ASSERT_OK(p);
   EXPECT_EQ(p->slots, 8u);
   // About 1/8 of the payload a batch (at least 64 KiB), so copies overlap.
   EXPECT_GE(p->batches.size(), std::min<size_t>(8, buf.size() / (64 << 10)));
@@ -200,7 +204,7 @@ TEST(Batch, SplitsTheStagingBudgetIntoSlots) {
   ChunkSpan span{0, big.size()};
   opt.staging_total = 12 << 20;
   p = PrepareBatches(big, std::span(&span, 1), names, plan2, opt);
-  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  ASSERT_OK(p);
   EXPECT_LT(p->slots, 8u);
   EXPECT_GE(p->slots, 2u);
   EXPECT_LE(CarvedBytes(*p), opt.staging_total);
@@ -260,7 +264,7 @@ TEST(Batch, DensePlanesBecomeGpuJobsUnlessZstd) {
     EXPECT_EQ(zstd, target == &z) << "the encoder's plane choice changed";
     ChunkSpan span{0, chunk.size()};
     auto p = PrepareBatches(chunk, std::span(&span, 1), names, plan, {});
-    ASSERT_TRUE(p.ok()) << p.status().ToString();
+    ASSERT_OK(p);
     ASSERT_EQ(p->batches.size(), 1u);
     const HostBatch& hb = p->batches[0];
     ASSERT_EQ(hb.chunks.size(), 1u);

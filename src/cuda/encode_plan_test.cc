@@ -13,10 +13,13 @@
 #include "delta/chunk.h"
 #include "delta/encoder.h"
 #include "format/safetensors.h"
-#include "testing.h"
+#include "support/status_matchers.h"
+#include "support/testing.h"
 
 namespace refit::cuda::internal {
 namespace {
+
+using ::refit::testing::StatusIs;
 
 const void* FakeAddress(uint64_t a) {
   return reinterpret_cast<const void*>(static_cast<uintptr_t>(a));
@@ -80,12 +83,12 @@ TEST(EncodePlan, RangesAreCutAsTheCpuEncoderCutsThem) {
 
   DeviceTensorPair bad = pairs[0];
   bad.width = 3;
-  EXPECT_EQ(PlanRanges(std::span(&bad, 1), chunk_bytes).status().code(),
-            StatusCode::kInvalidArgument);
+  EXPECT_THAT(PlanRanges(std::span(&bad, 1), chunk_bytes),
+              StatusIs(StatusCode::kInvalidArgument));
   bad = pairs[0];
   bad.new_data = nullptr;
-  EXPECT_EQ(PlanRanges(std::span(&bad, 1), chunk_bytes).status().code(),
-            StatusCode::kInvalidArgument);
+  EXPECT_THAT(PlanRanges(std::span(&bad, 1), chunk_bytes),
+              StatusIs(StatusCode::kInvalidArgument));
   bad.elements = 0;  // no elements, no data needed
   EXPECT_OK(PlanRanges(std::span(&bad, 1), chunk_bytes).status());
 }

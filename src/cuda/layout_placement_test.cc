@@ -11,8 +11,8 @@
 #include <random>
 
 #include "layout/generate.h"
-#include "layout/test_layout.h"
-#include "testing.h"
+#include "support/test_layout.h"
+#include "support/testing.h"
 
 namespace refit::cuda {
 namespace {

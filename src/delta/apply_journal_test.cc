@@ -1,13 +1,14 @@
 // Applies into checkpoint files that are interrupted, torn, rolled back,
 // not quite the base, or on a full disk (apply_journal.h, api.cc).
+#include "delta/apply_journal.h"
+
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <sched.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
-
-#include <gtest/gtest.h>
 
 #include <algorithm>
 #include <atomic>
@@ -16,14 +17,16 @@
 #include <random>
 
 #include "base/file.h"
-#include "delta/apply_journal.h"
 #include "delta/delta_file.h"
 #include "format/safetensors.h"
 #include "refit/delta.h"
-#include "testing.h"
+#include "support/status_matchers.h"
+#include "support/testing.h"
 
 namespace refit {
 namespace {
+
+using ::refit::testing::StatusIs;
 
 using testing::ReadBytes;
 using testing::TempDir;
@@ -105,7 +108,7 @@ class ApplyJournalTest : public ::testing::Test {
 
 TEST_F(ApplyJournalTest, CancelledApplyIsCompletedByRunningItAgain) {
   Status s = ApplyCancelledAfter(5);
-  ASSERT_EQ(s.code(), StatusCode::kCancelled) << s.ToString();
+  ASSERT_THAT(s, StatusIs(StatusCode::kCancelled));
   EXPECT_NE(s.message().find("interrupted after 5 of 32 chunks"), std::string::npos)
       << s.ToString();
   EXPECT_TRUE(PathExists(journal_));
@@ -122,7 +125,7 @@ TEST_F(ApplyJournalTest, CancelledApplyIsCompletedByRunningItAgain) {
 }
 
 TEST_F(ApplyJournalTest, ChunkTornByAKillIsRestoredFromTheJournal) {
-  ASSERT_EQ(ApplyCancelledAfter(3).code(), StatusCode::kCancelled);
+  ASSERT_THAT(ApplyCancelledAfter(3), StatusIs(StatusCode::kCancelled));
   // A kill in the middle of chunk 1's stores (elements [32 Ki, 64 Ki) of
   // the first tensor) leaves some of them old and some new: put the base's
   // bytes back into the first half of that range.
@@ -145,7 +148,7 @@ TEST_F(ApplyJournalTest, ChunkTornByAKillIsRestoredFromTheJournal) {
 }
 
 TEST_F(ApplyJournalTest, RollbackRestoresTheBase) {
-  ASSERT_EQ(ApplyCancelledAfter(9).code(), StatusCode::kCancelled);
+  ASSERT_THAT(ApplyCancelledAfter(9), StatusIs(StatusCode::kCancelled));
   auto r = Rollback(delta_, ckpt_, {});
   ASSERT_OK(r.status());
   EXPECT_GE(r->chunks_restored, 9u);
@@ -154,13 +157,13 @@ TEST_F(ApplyJournalTest, RollbackRestoresTheBase) {
   // Nothing left to roll back: fine at the base, refused at the target.
   EXPECT_OK(Rollback(delta_, ckpt_, {}).status());
   ASSERT_OK(Apply(delta_, ckpt_, {}).status());
-  EXPECT_EQ(Rollback(delta_, ckpt_, {}).status().code(),
-            StatusCode::kFailedPrecondition);
+  EXPECT_THAT(Rollback(delta_, ckpt_, {}),
+              StatusIs(StatusCode::kFailedPrecondition));
   EXPECT_EQ(ReadBytes(ckpt_), ReadBytes(dir_.File("target.safetensors")));
 }
 
 TEST_F(ApplyJournalTest, JournalOfAnotherDeltaIsRefused) {
-  ASSERT_EQ(ApplyCancelledAfter(2).code(), StatusCode::kCancelled);
+  ASSERT_THAT(ApplyCancelledAfter(2), StatusIs(StatusCode::kCancelled));
   const auto partial = ReadBytes(ckpt_);
   // Another delta from the same base.
   std::mt19937_64 rng(99);
@@ -171,7 +174,7 @@ TEST_F(ApplyJournalTest, JournalOfAnotherDeltaIsRefused) {
                  dir_.File("other.rfd"), {})
                 .status());
   Status s = Apply(dir_.File("other.rfd"), ckpt_, {}).status();
-  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition);
+  EXPECT_THAT(s, StatusIs(StatusCode::kFailedPrecondition));
   EXPECT_NE(s.message().find("another delta"), std::string::npos) << s.ToString();
   EXPECT_EQ(ReadBytes(ckpt_), partial);
   ASSERT_OK(Apply(delta_, ckpt_, {}).status());
@@ -194,7 +197,7 @@ TEST_F(ApplyJournalTest, DifferenceOutsideTheChunksIsRefusedBeforeWriting) {
   ASSERT_OK(Write(ckpt_, almost));
   const auto before = ReadBytes(ckpt_);
   Status s = Apply(delta_, ckpt_, {}).status();
-  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s.ToString();
+  EXPECT_THAT(s, StatusIs(StatusCode::kFailedPrecondition));
   EXPECT_NE(s.message().find("nothing was written"), std::string::npos) << s.ToString();
   EXPECT_EQ(ReadBytes(ckpt_), before);
   EXPECT_FALSE(PathExists(journal_));

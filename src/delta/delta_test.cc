@@ -1,4 +1,6 @@
 // Round trips and hostile-input tests of the delta layer on generated data.
+#include "refit/delta.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -10,11 +12,13 @@
 #include "base/hash.h"
 #include "delta/chunk.h"
 #include "delta/delta_file.h"
-#include "refit/delta.h"
-#include "testing.h"
+#include "support/status_matchers.h"
+#include "support/testing.h"
 
 namespace refit {
 namespace {
+
+using ::refit::testing::StatusIs;
 
 using testing::TempDir;
 
@@ -79,23 +83,23 @@ DiffReport RoundTrip(const std::vector<Tensor>& base, const std::vector<Tensor>&
   TempDir dir;
   std::string path = dir.File("d.rfd");
   auto report = DiffTensors(Views(base), Views(target), path, opts);
-  EXPECT_TRUE(report.ok()) << report.status().ToString();
+  EXPECT_OK(report);
   if (!report.ok()) return {};
   std::vector<Tensor> work = base;
   auto applied = ApplyToTensors(path, MutViews(work), {});
-  EXPECT_TRUE(applied.ok()) << applied.status().ToString();
+  EXPECT_OK(applied);
   for (size_t i = 0; i < work.size(); ++i) {
     EXPECT_EQ(work[i].bytes, target[i].bytes) << work[i].name;
   }
   // A second apply is a no-op: every chunk is already at "after".
   auto again = ApplyToTensors(path, MutViews(work), {});
-  EXPECT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_OK(again);
   if (again.ok()) {
     EXPECT_EQ(again->chunks_applied, 0u);
   }
   for (size_t i = 0; i < work.size(); ++i) EXPECT_EQ(work[i].bytes, target[i].bytes);
   auto info = Inspect(path);
-  EXPECT_TRUE(info.ok()) << info.status().ToString();
+  EXPECT_OK(info);
   if (info.ok()) {
     EXPECT_EQ(info->changed_elements, report->changed_elements);
   }
@@ -286,7 +290,8 @@ TEST_F(BadDeltaTest, EveryTruncationFails) {
   for (size_t len = 0; len < good_.size(); len += 1 + len / 50) {
     std::vector<uint8_t> cut(good_.begin(), good_.begin() + static_cast<long>(len));
     Status s = TryApply(cut);
-    EXPECT_EQ(s.code(), StatusCode::kDataLoss) << len << ": " << s.ToString();
+    EXPECT_THAT(s, StatusIs(StatusCode::kDataLoss))
+        << len << ": " << s.ToString();
   }
 }
 
@@ -315,7 +320,7 @@ TEST_F(BadDeltaTest, ReorderedChunksAreRejected) {
              good_.begin() + static_cast<long>(a.offset + a.size));
   bad.insert(bad.end(), good_.begin() + static_cast<long>(b.offset + b.size), good_.end());
   Status s = TryApply(bad);
-  EXPECT_EQ(s.code(), StatusCode::kDataLoss) << s.ToString();
+  EXPECT_THAT(s, StatusIs(StatusCode::kDataLoss));
 }
 
 TEST_F(BadDeltaTest, WrongBaseFailsBeforeWriting) {
@@ -324,12 +329,12 @@ TEST_F(BadDeltaTest, WrongBaseFailsBeforeWriting) {
   testing::WriteBytes(dir_.File("x.rfd"), good_);
   auto work = other;
   auto r = ApplyToTensors(dir_.File("x.rfd"), MutViews(work), {});
-  EXPECT_EQ(r.status().code(), StatusCode::kFailedPrecondition) << r.status().ToString();
+  EXPECT_THAT(r, StatusIs(StatusCode::kFailedPrecondition));
   for (size_t i = 0; i < work.size(); ++i) EXPECT_EQ(work[i].bytes, other[i].bytes);
   // A tensor set with a missing tensor is refused too.
   std::vector<Tensor> missing = {base_[0]};
   auto r2 = ApplyToTensors(dir_.File("x.rfd"), MutViews(missing), {});
-  EXPECT_EQ(r2.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_THAT(r2, StatusIs(StatusCode::kFailedPrecondition));
 }
 
 TEST_F(BadDeltaTest, TargetIsNoOpAndVerifiedOk) {

@@ -20,10 +20,13 @@
 #include "format/safetensors.h"
 #include "refit/checkpoint.h"
 #include "refit/delta.h"
-#include "testing.h"
+#include "support/status_matchers.h"
+#include "support/testing.h"
 
 namespace refit {
 namespace {
+
+using ::refit::testing::StatusIs;
 
 using testing::ReadBytes;
 using testing::TempDir;
@@ -311,7 +314,7 @@ TEST_F(HeaderTest, JournalLeavesFilesItDidNotTear) {
   // A damaged journal is refused and kept.
   WriteBytes(HeaderJournalPath(work_), {'R', 'F', 'H', 'D', 'R', 'J', 'N', 'L',
                                         0, 0, 0, 0, 0, 0, 0, 0, 0});
-  EXPECT_EQ(RecoverHeaderJournal(work_).code(), StatusCode::kDataLoss);
+  EXPECT_THAT(RecoverHeaderJournal(work_), StatusIs(StatusCode::kDataLoss));
   EXPECT_TRUE(PathExists(HeaderJournalPath(work_)));
 }
 
@@ -354,7 +357,7 @@ TEST_F(HeaderTest, HostileHeaderSectionsAreRejected) {
 
   auto expect_refused = [&](std::vector<uint8_t> bad, const char* what) {
     auto r = DeltaReader::FromBytes(Resign(std::move(bad)));
-    EXPECT_EQ(r.status().code(), StatusCode::kDataLoss) << what;
+    EXPECT_THAT(r, StatusIs(StatusCode::kDataLoss)) << what;
   };
   std::vector<uint8_t> bad = good;
   bad[count_at] = 2;  // one more file than the trailer holds

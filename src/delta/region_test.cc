@@ -10,6 +10,7 @@
 #include "delta/apply.h"
 #include "delta/chunk.h"
 #include "delta/encoder.h"
+#include "support/testing.h"
 
 namespace refit {
 namespace {
@@ -79,7 +80,7 @@ TEST_P(RegionTest, ColumnBlockEncodesAppliesAndUndoes) {
                                 &result).ok());
   ASSERT_FALSE(result.chunk.empty());
   auto parsed = ParseChunk(result.chunk);
-  ASSERT_TRUE(parsed.ok()) << parsed.status().ToString();
+  ASSERT_OK(parsed);
   const ChunkHeader& h = parsed->header;
   EXPECT_TRUE(h.IsStrided());
   EXPECT_EQ(h.start, r0 * 200 + c0);

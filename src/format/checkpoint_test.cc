@@ -8,10 +8,13 @@
 
 #include "base/file.h"
 #include "format/safetensors.h"
-#include "testing.h"
+#include "support/status_matchers.h"
+#include "support/testing.h"
 
 namespace refit {
 namespace {
+
+using ::refit::testing::StatusIs;
 
 using refit::testing::TempDir;
 
@@ -151,8 +154,7 @@ TEST_F(FormatCheckpointShardedTest, RejectsShardPathsOutsideTheDirectory) {
     WriteIndex(std::string(R"({"a":")") + shard + "\"}");
     Result<Checkpoint> c =
         Checkpoint::Open(dir_.path(), Checkpoint::Mode::kReadOnly);
-    EXPECT_EQ(c.status().code(), StatusCode::kDataLoss)
-        << c.status().ToString();
+    EXPECT_THAT(c, StatusIs(StatusCode::kDataLoss));
     EXPECT_NE(c.status().message().find("relative path"),
               std::string_view::npos);
   }
@@ -187,9 +189,10 @@ TEST_F(FormatCheckpointShardedTest, CopyThenPatchInPlace) {
     ASSERT_OK(rw->SyncRange(b, 3, 1));
     ASSERT_OK(rw->SyncRange(b, 0, 5));
     ASSERT_OK(rw->SyncRange(b, 5, 0));
-    EXPECT_EQ(rw->SyncRange(b, 3, 3).code(), StatusCode::kOutOfRange);
-    EXPECT_EQ(rw->SyncRange(b, UINT64_MAX, 2).code(), StatusCode::kOutOfRange);
-    EXPECT_EQ(rw->SyncRange(99, 0, 0).code(), StatusCode::kOutOfRange);
+    EXPECT_THAT(rw->SyncRange(b, 3, 3), StatusIs(StatusCode::kOutOfRange));
+    EXPECT_THAT(rw->SyncRange(b, UINT64_MAX, 2),
+                StatusIs(StatusCode::kOutOfRange));
+    EXPECT_THAT(rw->SyncRange(99, 0, 0), StatusIs(StatusCode::kOutOfRange));
     ASSERT_OK(rw->Sync());
   }
   Result<Checkpoint> patched =
@@ -229,22 +232,19 @@ TEST(FormatCheckpointTest, SingleFileAndDirectory) {
   ASSERT_OK(CopyCheckpoint(dir.File("model.safetensors"), dir.File("copy")));
   EXPECT_EQ(refit::testing::ReadBytes(dir.File("copy")),
             refit::testing::ReadBytes(dir.File("model.safetensors")));
-  EXPECT_EQ(CopyCheckpoint(dir.File("model.safetensors"), dir.path()).code(),
-            StatusCode::kInvalidArgument);
-  EXPECT_EQ(CopyCheckpoint(dir.File("missing"), dir.File("x")).code(),
-            StatusCode::kNotFound);
+  EXPECT_THAT(CopyCheckpoint(dir.File("model.safetensors"), dir.path()),
+              StatusIs(StatusCode::kInvalidArgument));
+  EXPECT_THAT(CopyCheckpoint(dir.File("missing"), dir.File("x")),
+              StatusIs(StatusCode::kNotFound));
 }
 
 TEST(FormatCheckpointTest, NotFound) {
   TempDir dir;
-  EXPECT_EQ(
-      Checkpoint::Open(dir.path(), Checkpoint::Mode::kReadOnly).status().code(),
-      StatusCode::kNotFound);
-  EXPECT_EQ(Checkpoint::Open(dir.File("nope.safetensors"),
-                             Checkpoint::Mode::kReadOnly)
-                .status()
-                .code(),
-            StatusCode::kNotFound);
+  EXPECT_THAT(Checkpoint::Open(dir.path(), Checkpoint::Mode::kReadOnly),
+              StatusIs(StatusCode::kNotFound));
+  EXPECT_THAT(Checkpoint::Open(dir.File("nope.safetensors"),
+                               Checkpoint::Mode::kReadOnly),
+              StatusIs(StatusCode::kNotFound));
 }
 
 TEST(FormatCheckpointTest, UnknownDTypeNeedsRegistry) {
@@ -257,7 +257,7 @@ TEST(FormatCheckpointTest, UnknownDTypeNeedsRegistry) {
       std::vector<SafetensorsTensorView>{{"x", "MX9", {2}, x}}, registry));
   Result<Checkpoint> plain =
       Checkpoint::Open(dir.File("m.safetensors"), Checkpoint::Mode::kReadOnly);
-  EXPECT_EQ(plain.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(plain, StatusIs(StatusCode::kInvalidArgument));
   EXPECT_NE(plain.status().message().find("--dtype-width"),
             std::string_view::npos);
   Result<Checkpoint> declared = Checkpoint::Open(

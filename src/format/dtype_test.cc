@@ -2,10 +2,17 @@
 
 #include <gtest/gtest.h>
 
-#include "testing.h"
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "support/status_matchers.h"
+#include "support/testing.h"
 
 namespace refit {
 namespace {
+
+using ::refit::testing::StatusIs;
 
 TEST(FormatDTypeTest, SpecDTypesRoundTripWithWidths) {
   const std::pair<const char*, int> kExpected[] = {
@@ -36,7 +43,7 @@ TEST(FormatDTypeTest, BuiltinExtras) {
   EXPECT_EQ(*registry.ElementWidth("C64"), 8);
   for (const char* name : {"C128", "F4", "F6_E2M3", "F6_E3M2"}) {
     Result<int> w = registry.ElementWidth(name);
-    EXPECT_EQ(w.status().code(), StatusCode::kUnimplemented) << name;
+    EXPECT_THAT(w, StatusIs(StatusCode::kUnimplemented)) << name;
     EXPECT_NE(w.status().message().find(name), std::string_view::npos);
   }
 }
@@ -44,7 +51,7 @@ TEST(FormatDTypeTest, BuiltinExtras) {
 TEST(FormatDTypeTest, UnknownDTypeNeedsDeclaredWidth) {
   DTypeRegistry registry;
   Result<int> w = registry.ElementWidth("MY_F12");
-  ASSERT_EQ(w.status().code(), StatusCode::kInvalidArgument);
+  ASSERT_THAT(w, StatusIs(StatusCode::kInvalidArgument));
   EXPECT_NE(w.status().message().find("MY_F12"), std::string_view::npos);
   EXPECT_NE(w.status().message().find("--dtype-width MY_F12="),
             std::string_view::npos);
@@ -57,28 +64,35 @@ TEST(FormatDTypeTest, UnknownDTypeNeedsDeclaredWidth) {
 
 TEST(FormatDTypeTest, RegisterRejectsBadDeclarations) {
   DTypeRegistry registry;
-  EXPECT_EQ(registry.Register("X", 3).code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(registry.Register("X", 16).code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(registry.Register("X", 0).code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(registry.Register("", 2).code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(registry.Register("A=B", 2).code(), StatusCode::kInvalidArgument);
-  // Built-ins keep their widths; restating the same width is harmless.
-  EXPECT_EQ(registry.Register("BF16", 4).code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(registry.Register("C128", 8).code(), StatusCode::kInvalidArgument);
+  const std::vector<std::pair<std::string, int>> refused = {
+      {"X", 3},
+      {"X", 16},
+      {"X", 0},
+      {"", 2},
+      {"A=B", 2},
+      // Built-ins keep their widths; restating the same width is harmless.
+      {"BF16", 4},
+      {"C128", 8}};
+  for (const auto& [name, width] : refused) {
+    EXPECT_THAT(registry.Register(name, width),
+                StatusIs(StatusCode::kInvalidArgument))
+        << name << " " << width;
+  }
   EXPECT_OK(registry.Register("BF16", 2));
   for (const char* flag : {"X", "X=", "=2", "X=2x", "X=-1", "X=99999999999"}) {
-    EXPECT_EQ(registry.RegisterFlag(flag).code(), StatusCode::kInvalidArgument)
+    EXPECT_THAT(registry.RegisterFlag(flag),
+                StatusIs(StatusCode::kInvalidArgument))
         << flag;
   }
-  EXPECT_EQ(registry.ElementWidth("X").status().code(),
-            StatusCode::kInvalidArgument);
+  EXPECT_THAT(registry.ElementWidth("X"),
+              StatusIs(StatusCode::kInvalidArgument));
 }
 
 TEST(FormatDTypeTest, HugeUnknownNameGivesShortMessage) {
   DTypeRegistry registry;
   std::string name(1 << 20, 'Q');
   Result<int> w = registry.ElementWidth(name);
-  ASSERT_EQ(w.status().code(), StatusCode::kInvalidArgument);
+  ASSERT_THAT(w, StatusIs(StatusCode::kInvalidArgument));
   EXPECT_LT(w.status().message().size(), 1000u);
 }
 

@@ -5,10 +5,13 @@
 #include <ctime>
 #include <string>
 
-#include "testing.h"
+#include "support/status_matchers.h"
+#include "support/testing.h"
 
 namespace refit::internal {
 namespace {
+
+using ::refit::testing::StatusIs;
 
 Status Parse(std::string_view text, int max_depth = 8) {
   return ParseJsonStrict(text, max_depth, "test").status();
@@ -17,7 +20,7 @@ Status Parse(std::string_view text, int max_depth = 8) {
 void ExpectRejected(std::string_view text, std::string_view fragment,
                     int max_depth = 8) {
   Status s = Parse(text, max_depth);
-  EXPECT_EQ(s.code(), StatusCode::kDataLoss) << s.ToString();
+  EXPECT_THAT(s, StatusIs(StatusCode::kDataLoss));
   EXPECT_NE(s.message().find(fragment), std::string_view::npos)
       << "message: " << s.message() << "\nexpected fragment: " << fragment;
 }

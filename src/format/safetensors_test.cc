@@ -8,10 +8,13 @@
 #include <vector>
 
 #include "base/bytes.h"
-#include "testing.h"
+#include "support/status_matchers.h"
+#include "support/testing.h"
 
 namespace refit {
 namespace {
+
+using ::refit::testing::StatusIs;
 
 // A file made by hand: the length prefix, `json` verbatim, then
 // `data_size` bytes of data.
@@ -97,7 +100,7 @@ TEST(FormatSafetensorsTest, RejectsBadLengths) {
   auto file = RawFile("{}    ");
   Status s =
       ParseSafetensorsHeader(std::span(file).first(10), file.size()).status();
-  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
+  EXPECT_THAT(s, StatusIs(StatusCode::kInvalidArgument));
 }
 
 TEST(FormatSafetensorsTest, RejectsBadJson) {
@@ -308,7 +311,7 @@ TEST(FormatSafetensorsTest, UnknownDTypeWithAndWithoutRegistry) {
   auto file = RawFile(
       R"({"a":{"dtype":"MY_F24","shape":[2],"data_offsets":[0,8]}})", 8);
   Status s = Parse(file);
-  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
+  EXPECT_THAT(s, StatusIs(StatusCode::kInvalidArgument));
   EXPECT_NE(s.message().find("--dtype-width MY_F24="), std::string_view::npos);
   DTypeRegistry registry;
   ASSERT_OK(registry.Register("MY_F24", 4));
@@ -321,7 +324,7 @@ TEST(FormatSafetensorsTest, UnknownDTypeWithAndWithoutRegistry) {
   // Known but unsupported widths fail cleanly.
   auto c128 = RawFile(
       R"({"a":{"dtype":"C128","shape":[1],"data_offsets":[0,16]}})", 16);
-  EXPECT_EQ(Parse(c128).code(), StatusCode::kUnimplemented);
+  EXPECT_THAT(Parse(c128), StatusIs(StatusCode::kUnimplemented));
 }
 
 TEST(FormatSafetensorsTest, AllDTypesRoundTrip) {
@@ -405,20 +408,20 @@ TEST(FormatSafetensorsTest, WriterRejectsBadInput) {
   auto write = [&](std::vector<SafetensorsTensorView> views) {
     return WriteSafetensors(path, {}, views);
   };
-  EXPECT_EQ(write({{"a", "F32", {2}, four}}).code(),
-            StatusCode::kInvalidArgument);
-  EXPECT_EQ(write({{"a", "F32", {1}, four}, {"a", "F32", {1}, four}}).code(),
-            StatusCode::kInvalidArgument);
-  EXPECT_EQ(write({{"", "F32", {1}, four}}).code(),
-            StatusCode::kInvalidArgument);
-  EXPECT_EQ(write({{"__metadata__", "F32", {1}, four}}).code(),
-            StatusCode::kInvalidArgument);
-  EXPECT_EQ(write({{"a", "NOPE", {1}, four}}).code(),
-            StatusCode::kInvalidArgument);
-  EXPECT_EQ(write({{"\xff", "F32", {1}, four}}).code(),
-            StatusCode::kInvalidArgument);
-  EXPECT_EQ(write({{"a", "U8", {1ull << 32, 1ull << 32}, four}}).code(),
-            StatusCode::kInvalidArgument);
+  EXPECT_THAT(write({{"a", "F32", {2}, four}}),
+              StatusIs(StatusCode::kInvalidArgument));
+  EXPECT_THAT(write({{"a", "F32", {1}, four}, {"a", "F32", {1}, four}}),
+              StatusIs(StatusCode::kInvalidArgument));
+  EXPECT_THAT(write({{"", "F32", {1}, four}}),
+              StatusIs(StatusCode::kInvalidArgument));
+  EXPECT_THAT(write({{"__metadata__", "F32", {1}, four}}),
+              StatusIs(StatusCode::kInvalidArgument));
+  EXPECT_THAT(write({{"a", "NOPE", {1}, four}}),
+              StatusIs(StatusCode::kInvalidArgument));
+  EXPECT_THAT(write({{"\xff", "F32", {1}, four}}),
+              StatusIs(StatusCode::kInvalidArgument));
+  EXPECT_THAT(write({{"a", "U8", {1ull << 32, 1ull << 32}, four}}),
+              StatusIs(StatusCode::kInvalidArgument));
   EXPECT_FALSE(PathExists(path));
   // No tensors and no metadata: still a valid file.
   ASSERT_OK(write({}));
@@ -465,19 +468,15 @@ TEST(FormatSafetensorsTest, OpenReportsPathOnCorruptFile) {
   refit::testing::WriteBytes(path, RawFile("{]"));
   Result<SafetensorsFile> f =
       SafetensorsFile::Open(path, MappedFile::Mode::kReadOnly);
-  EXPECT_EQ(f.status().code(), StatusCode::kDataLoss);
+  EXPECT_THAT(f, StatusIs(StatusCode::kDataLoss));
   EXPECT_NE(f.status().message().find(path), std::string_view::npos);
-  EXPECT_EQ(
-      SafetensorsFile::Open(dir.File("missing"), MappedFile::Mode::kReadOnly)
-          .status()
-          .code(),
-      StatusCode::kNotFound);
+  EXPECT_THAT(
+      SafetensorsFile::Open(dir.File("missing"), MappedFile::Mode::kReadOnly),
+      StatusIs(StatusCode::kNotFound));
   refit::testing::WriteBytes(dir.File("empty"), {});
-  EXPECT_EQ(
-      SafetensorsFile::Open(dir.File("empty"), MappedFile::Mode::kReadOnly)
-          .status()
-          .code(),
-      StatusCode::kDataLoss);
+  EXPECT_THAT(
+      SafetensorsFile::Open(dir.File("empty"), MappedFile::Mode::kReadOnly),
+      StatusIs(StatusCode::kDataLoss));
 }
 
 }  // namespace

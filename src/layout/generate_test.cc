@@ -14,9 +14,9 @@
 #include <vector>
 
 #include "layout/layout.h"
-#include "layout/test_layout.h"
 #include "refit/checkpoint.h"
-#include "testing.h"
+#include "support/test_layout.h"
+#include "support/testing.h"
 
 namespace refit::layout {
 namespace {
@@ -83,7 +83,7 @@ Layout CheckGenerated(const ModelConfig& m, const Parallelism& p, uint64_t seed,
                       bool bytes = true) {
   SCOPED_TRACE(Describe(p));
   Result<Layout> l = GenerateLayout(m, p);
-  EXPECT_TRUE(l.ok()) << l.status().ToString();
+  EXPECT_OK(l);
   if (!l.ok()) return {};
   EXPECT_EQ(l->ranks.size(), uint64_t{p.tp} * p.pp * p.dp * p.cp);
   EXPECT_OK(ValidateLayout(*l));

@@ -12,11 +12,14 @@
 #include <string>
 #include <vector>
 
-#include "layout/test_layout.h"
-#include "testing.h"
+#include "support/status_matchers.h"
+#include "support/test_layout.h"
+#include "support/testing.h"
 
 namespace refit::layout {
 namespace {
+
+using ::refit::testing::StatusIs;
 
 using testing::AssembleCanonical;
 using testing::ScatterToRanks;
@@ -47,7 +50,7 @@ Layout Small() {
 void ExpectError(const Layout& l, const std::string& needle) {
   Status s = ValidateLayout(l);
   ASSERT_FALSE(s.ok()) << "accepted a bad layout; expected: " << needle;
-  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(s, StatusIs(StatusCode::kInvalidArgument));
   EXPECT_NE(s.message().find(needle), std::string_view::npos) << s.ToString();
   // Nothing downstream works on it either.
   EXPECT_FALSE(AssignOwnership(l).ok());
@@ -426,7 +429,7 @@ TEST(Layout, QuantizedReplicasThatOverlapInPartAreRefused) {
   ASSERT_OK(ValidateLayout(l));
   Result<Ownership> o = AssignOwnership(l);
   ASSERT_FALSE(o.ok());
-  EXPECT_EQ(o.status().code(), StatusCode::kUnimplemented);
+  EXPECT_THAT(o, StatusIs(StatusCode::kUnimplemented));
   EXPECT_NE(o.status().message().find("replicas overlap only in part"),
             std::string_view::npos)
       << o.status().ToString();

@@ -12,12 +12,15 @@
 
 #include "format/safetensors.h"
 #include "layout/generate.h"
-#include "layout/test_layout.h"
+#include "support/status_matchers.h"
+#include "support/test_layout.h"
+#include "support/testing.h"
 #include "sync/receiver.h"
-#include "testing.h"
 
 namespace refit::ranks {
 namespace {
+
+using ::refit::testing::StatusIs;
 
 using layout::Layout;
 using layout::testing::TensorBytes;
@@ -46,7 +49,7 @@ Layout SmallLayout() {
   p.gate_up = layout::GateUp::kInterleaved;
   p.gate_up_group = 8;
   auto l = layout::GenerateLayout(m, p);
-  EXPECT_TRUE(l.ok()) << l.status().ToString();
+  EXPECT_OK(l);
   return *l;
 }
 
@@ -103,7 +106,7 @@ class PartsTest : public ::testing::Test {
     po.vote_timeout_ms = 20000;
     po.diff.chunk_bytes = 64 * 1024;
     auto pub = Publisher::Open(store_.get(), dir_.File("baseline.safetensors"), po);
-    ASSERT_TRUE(pub.ok()) << pub.status().ToString();
+    ASSERT_OK(pub);
     publisher_ = std::move(*pub);
     CoordinatorOptions co;
     for (const auto& r : layout_.ranks) co.ranks.push_back(r.rank);
@@ -113,14 +116,14 @@ class PartsTest : public ::testing::Test {
     auto c = PartsCoordinator::Open(parts_.get(), publisher_.get(),
                                     dir_.File("baseline.safetensors"),
                                     dir_.File("staging.safetensors"), co);
-    ASSERT_TRUE(c.ok()) << c.status().ToString();
+    ASSERT_OK(c);
     coordinator_ = std::move(*c);
     auto local = layout::testing::ScatterToRanks(layout_, canon_);
     ASSERT_TRUE(local.ok());
     local_ = *local;
     for (size_t ri = 0; ri < layout_.ranks.size(); ++ri) {
       auto e = trainer::RankEncoder::Create(layout_, layout_.ranks[ri].rank, {});
-      ASSERT_TRUE(e.ok()) << e.status().ToString();
+      ASSERT_OK(e);
       ASSERT_TRUE((*e)->SetBaselineFromLocal(LocalViews(layout_, ri, local_[ri])).ok());
       RankPublisherOptions ro;
       ro.auth = Key();
@@ -167,7 +170,7 @@ class PartsTest : public ::testing::Test {
       });
     }
     for (auto& t : threads) t.join();
-    for (const Status& s : results) ASSERT_TRUE(s.ok()) << s.ToString();
+    for (const Status& s : results) ASSERT_OK(s);
   }
 
   TempDir dir_;
@@ -189,9 +192,9 @@ TEST_F(PartsTest, RanksPartsBecomeVersionsEveryReceiverHolds) {
     for (int i = 0; i < 2; ++i) {
       receivers.emplace_back([&, i] {
         auto r = Receiver::Open(store_.get(), MakeReceiver(i));
-        ASSERT_TRUE(r.ok()) << r.status().ToString();
+        ASSERT_OK(r);
         auto s = (*r)->SyncTo(version, 30000);
-        EXPECT_TRUE(s.ok()) << s.status().ToString();
+        EXPECT_OK(s);
       });
     }
     // The coordinator starts first and waits for the parts.
@@ -200,7 +203,7 @@ TEST_F(PartsTest, RanksPartsBecomeVersionsEveryReceiverHolds) {
     PublishParts(version);
     coord.join();
     for (auto& t : receivers) t.join();
-    ASSERT_TRUE(report.ok()) << report.status().ToString();
+    ASSERT_OK(report);
     EXPECT_TRUE(report->publish.committed);
     EXPECT_GT(report->part_chunks, 0u);
     EXPECT_GT(report->changed_elements, 0u);
@@ -211,7 +214,7 @@ TEST_F(PartsTest, RanksPartsBecomeVersionsEveryReceiverHolds) {
     }
     for (auto& r : ranks_) {
       auto d = r->AwaitDecision(10000);
-      ASSERT_TRUE(d.ok()) << d.status().ToString();
+      ASSERT_OK(d);
       EXPECT_TRUE(*d);
       EXPECT_EQ(r->committed_version(), version);
     }
@@ -235,7 +238,7 @@ TEST_F(PartsTest, MissingPartPublishesNothingAndAbortedVersionsKeepBaselines) {
     ASSERT_TRUE(ranks_[ri]->Publish(1, LocalViews(layout_, ri, local_[ri])).ok());
   }
   auto missing = (*c)->Publish(1);
-  ASSERT_EQ(missing.status().code(), StatusCode::kDeadlineExceeded) << missing.status().ToString();
+  ASSERT_THAT(missing, StatusIs(StatusCode::kDeadlineExceeded));
   EXPECT_NE(missing.status().message().find("rank(s) 3"), std::string::npos);
   auto listed = store_->List("");
   ASSERT_TRUE(listed.ok());
@@ -259,7 +262,7 @@ TEST_F(PartsTest, MissingPartPublishesNothingAndAbortedVersionsKeepBaselines) {
                              dir_.File("staging.safetensors"), co);
   ASSERT_TRUE(c.ok());
   auto aborted = (*c)->Publish(1);
-  ASSERT_TRUE(aborted.ok()) << aborted.status().ToString();
+  ASSERT_OK(aborted);
   EXPECT_FALSE(aborted->publish.committed);
   for (auto& r : ranks_) {
     auto d = r->AwaitDecision(5000);
@@ -282,7 +285,7 @@ TEST_F(PartsTest, MissingPartPublishesNothingAndAbortedVersionsKeepBaselines) {
       auto r = Receiver::Open(store_.get(), MakeReceiver(i));
       ASSERT_TRUE(r.ok());
       auto s = (*r)->SyncTo(2, 30000);
-      EXPECT_TRUE(s.ok()) << s.status().ToString();
+      EXPECT_OK(s);
     });
   }
   Result<CoordinatedReport> report = InternalError("not run");
@@ -290,7 +293,7 @@ TEST_F(PartsTest, MissingPartPublishesNothingAndAbortedVersionsKeepBaselines) {
   PublishParts(2);
   coord.join();
   for (auto& t : receivers) t.join();
-  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  ASSERT_OK(report);
   EXPECT_TRUE(report->publish.committed);
   for (int i = 0; i < 2; ++i) {
     EXPECT_TRUE(Matches(dir_.File("r" + std::to_string(i) + "/model.safetensors"), canon_));
@@ -309,7 +312,7 @@ TEST_F(PartsTest, TamperedOrForeignPartsAreRefused) {
   ASSERT_TRUE(parts_->Put(key, *bytes).ok());
   auto bad = coordinator_->Publish(1);
   ASSERT_FALSE(bad.ok());
-  EXPECT_EQ(bad.status().code(), StatusCode::kDataLoss) << bad.status().ToString();
+  EXPECT_THAT(bad, StatusIs(StatusCode::kDataLoss));
   // The staging copy was rolled back: the coordinator reopens on it as is.
   CoordinatorOptions co;
   co.ranks = {0};
@@ -327,7 +330,7 @@ TEST_F(PartsTest, TamperedOrForeignPartsAreRefused) {
   ASSERT_TRUE(parts_->Put(PartListKey(1, 0), other->Seal(EncodePartList(forged))).ok());
   auto refused = (*again)->Publish(1);
   ASSERT_FALSE(refused.ok());
-  EXPECT_EQ(refused.status().code(), StatusCode::kUnauthenticated) << refused.status().ToString();
+  EXPECT_THAT(refused, StatusIs(StatusCode::kUnauthenticated));
 }
 
 TEST(PartListTest, RoundTripAndCorruption) {

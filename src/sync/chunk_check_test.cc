@@ -9,10 +9,13 @@
 #include <vector>
 
 #include "delta/chunk.h"
-#include "testing.h"
+#include "support/status_matchers.h"
+#include "support/testing.h"
 
 namespace refit::internal {
 namespace {
+
+using ::refit::testing::StatusIs;
 
 Authenticator Key() { return *Authenticator::Hmac(std::vector<uint8_t>(32, 7)); }
 
@@ -149,10 +152,10 @@ TEST(ChunkCheckTest, EachCheckNamesTheChunkAndWhatFails) {
   auto forged = object;
   forged[forged.size() / 2] ^= 1;
   auto c = CheckChunk(forged, ChunkSpec{&a, 0, nullptr, false}, Key());
-  EXPECT_EQ(c.status().code(), StatusCode::kUnauthenticated) << c.status().ToString();
+  EXPECT_THAT(c, StatusIs(StatusCode::kUnauthenticated));
   EXPECT_TRUE(FailsItsChecks(c.status()));
-  EXPECT_EQ(CheckChunk(forged, ChunkSpec{&a, 0, &m, false}, Key()).status().code(),
-            StatusCode::kDataLoss);
+  EXPECT_THAT(CheckChunk(forged, ChunkSpec{&a, 0, &m, false}, Key()),
+              StatusIs(StatusCode::kDataLoss));
 }
 
 TEST(ChunkCheckTest, AResendIsAnOverwriteOfTheChunksRange) {

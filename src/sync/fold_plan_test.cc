@@ -7,10 +7,13 @@
 #include <string>
 #include <vector>
 
-#include "testing.h"
+#include "support/status_matchers.h"
+#include "support/testing.h"
 
 namespace refit::internal {
 namespace {
+
+using ::refit::testing::StatusIs;
 
 TensorEntry Tensor(const std::string& name, uint64_t elements) {
   TensorEntry e;
@@ -132,16 +135,17 @@ TEST(FoldPlanTest, ManifestsThatContradictThemselvesAreDataLoss) {
     Chain c(1, 2);
     c.Add(0, 0, 0, 2048).Add(1, 0, 0, 2048).Add(1, 0, 0, 2048);
     auto plan = c.Plan();
-    EXPECT_EQ(plan.status().code(), StatusCode::kDataLoss);
+    EXPECT_THAT(plan, StatusIs(StatusCode::kDataLoss));
     EXPECT_EQ(plan.status().message(), "the manifest of version 2 lists one range twice");
   }
   {
     Chain c(1, 2);
     c.Add(1, 1, 500, 501);  // past the end of "b"
     auto plan = c.Plan();
-    EXPECT_EQ(plan.status().code(), StatusCode::kDataLoss);
+    EXPECT_THAT(plan, StatusIs(StatusCode::kDataLoss));
     EXPECT_EQ(plan.status().message(), "the manifest of version 2 does not match its announcement");
-    EXPECT_EQ(CheckFoldManifest(c.versions[1], c.manifests[1]).code(), StatusCode::kDataLoss);
+    EXPECT_THAT(CheckFoldManifest(c.versions[1], c.manifests[1]),
+                StatusIs(StatusCode::kDataLoss));
     EXPECT_OK(CheckFoldManifest(c.versions[0], c.manifests[0]));
   }
   {
@@ -153,8 +157,8 @@ TEST(FoldPlanTest, ManifestsThatContradictThemselvesAreDataLoss) {
   {
     Chain c(1, 2);
     c.manifests.pop_back();
-    EXPECT_EQ(c.Plan().status().code(), StatusCode::kInvalidArgument);
-    EXPECT_EQ(PlanFold({}, {}).status().code(), StatusCode::kInvalidArgument);
+    EXPECT_THAT(c.Plan(), StatusIs(StatusCode::kInvalidArgument));
+    EXPECT_THAT(PlanFold({}, {}), StatusIs(StatusCode::kInvalidArgument));
   }
 }
 

@@ -5,7 +5,6 @@
 // version, and falls back to one version at a time when the versions do
 // not fold.
 #include <gtest/gtest.h>
-
 #include <unistd.h>
 
 #include <atomic>
@@ -16,18 +15,21 @@
 
 #include "base/file.h"
 #include "refit/checkpoint.h"
+#include "support/moto_testing.h"
+#include "support/status_matchers.h"
+#include "support/store_test_fixture.h"
+#include "support/test_model.h"
+#include "support/testing.h"
 #include "sync/journal.h"
 #include "sync/protocol.h"
 #include "sync/publisher.h"
 #include "sync/receiver.h"
-#include "sync/store_test_fixture.h"
-#include "sync/test_model.h"
-#include "testing.h"
-#include "transport/moto_testing.h"
 #include "transport/object_store.h"
 
 namespace refit {
 namespace {
+
+using ::refit::testing::StatusIs;
 
 using testing::TempDir;
 using Model = testing::TestModel;
@@ -89,18 +91,18 @@ TEST(FoldJournalTest, FoldAppliedRecordsRoundTripInOrder) {
   // A position past the chain is a corrupt journal.
   ASSERT_OK(journal->FoldApplied(2, 0, UndoRecord{}));
   ASSERT_OK(journal->Sync());
-  EXPECT_EQ(Journal::Load(path).status().code(), StatusCode::kDataLoss);
+  EXPECT_THAT(Journal::Load(path), StatusIs(StatusCode::kDataLoss));
   // A version's journal holds no fold records.
   auto single = Journal::Begin(path, 5, 4, shas[0]);
   ASSERT_OK(single);
   ASSERT_OK(single->FoldApplied(0, 0, UndoRecord{}));
   ASSERT_OK(single->Sync());
-  EXPECT_EQ(Journal::Load(path).status().code(), StatusCode::kDataLoss);
+  EXPECT_THAT(Journal::Load(path), StatusIs(StatusCode::kDataLoss));
 }
 
 // Every fold test runs against the directory store and against an
 // S3-compatible store (a moto_server the suite starts on 127.0.0.1).
-class FoldTest : public testing::StoreTest {
+class FoldTest : public testing::AnyStoreTest {
  protected:
   void SetUp() override {
     if (S3Missing()) GTEST_SKIP() << "moto_server is not on PATH: the S3 fold tests did not run";
@@ -224,7 +226,6 @@ class FoldTest : public testing::StoreTest {
   std::mt19937_64 rng_{12};
   uint64_t version_ = 0;
 };
-
 
 TEST_P(FoldTest, FoldsTwoToSixVersionsBitExact) {
   OpenPublisher(MakePublisher());
@@ -412,7 +413,7 @@ TEST_P(FoldTest, TamperedIntermediateChunkRollsTheFoldBackAndTheFoldCompletesOnc
   auto r = Receiver::Open(store_.get(), opts);
   ASSERT_OK(r);
   auto s = (*r)->Step();
-  EXPECT_EQ(s.status().code(), StatusCode::kDataLoss) << s.status().ToString();
+  EXPECT_THAT(s, StatusIs(StatusCode::kDataLoss));
   EXPECT_NE(s.status().message().find("rolled back to version 0"), std::string::npos)
       << s.status().ToString();
   EXPECT_EQ((*r)->active_version(), 0u);
@@ -433,7 +434,7 @@ TEST_P(FoldTest, TamperedIntermediateChunkRollsTheFoldBackAndTheFoldCompletesOnc
   // anything is written.
   ASSERT_OK(store_->Put(key, *store_->Get(listed->front().key)));
   s = (*r)->Step();
-  EXPECT_EQ(s.status().code(), StatusCode::kDataLoss) << s.status().ToString();
+  EXPECT_THAT(s, StatusIs(StatusCode::kDataLoss));
   EXPECT_NE(s.status().message().find("was written"), std::string::npos)
       << s.status().ToString();
   EXPECT_EQ((*r)->chunks_applied_total(), applied);
@@ -446,7 +447,7 @@ TEST_P(FoldTest, TamperedIntermediateChunkRollsTheFoldBackAndTheFoldCompletesOnc
   auto rm = Receiver::Open(store_.get(), m);
   ASSERT_OK(rm);
   auto sm = (*rm)->Step();
-  EXPECT_EQ(sm.status().code(), StatusCode::kDataLoss) << sm.status().ToString();
+  EXPECT_THAT(sm, StatusIs(StatusCode::kDataLoss));
   EXPECT_GT((*rm)->chunks_applied_total(), 0u);
   EXPECT_EQ(memory.data, model_.data);
   EXPECT_EQ((*rm)->active_version(), 0u);
@@ -502,7 +503,7 @@ TEST_P(FoldTest, ChunkDamagedOnTheWayIsReplacedByItsResend) {
   auto r = Receiver::Open(&damaged, opts);
   ASSERT_OK(r);
   auto s = (*r)->Step();
-  EXPECT_EQ(s.status().code(), StatusCode::kDataLoss) << s.status().ToString();
+  EXPECT_THAT(s, StatusIs(StatusCode::kDataLoss));
   EXPECT_EQ((*r)->active_version(), 0u);
   EXPECT_GT((*r)->chunks_applied_total(), 0u);
   EXPECT_TRUE(At(0).Matches(opts.checkpoint));
@@ -626,7 +627,7 @@ TEST_P(FoldTest, TornRangeOfAFoldBelowHeadIsRefused) {
   auto s = (*r)->Step();
   done = true;
   serve.join();
-  EXPECT_EQ(s.status().code(), StatusCode::kDataLoss) << s.status().ToString();
+  EXPECT_THAT(s, StatusIs(StatusCode::kDataLoss));
   EXPECT_NE(s.status().message().find("snapshot"), std::string::npos) << s.status().ToString();
   EXPECT_EQ((*r)->active_version(), 0u);
   auto ck = Checkpoint::Open(opts.checkpoint, Checkpoint::Mode::kReadOnly);
@@ -680,7 +681,7 @@ TEST_P(FoldTest, TornRangeNobodyResendsIsResyncedFromASnapshot) {
   auto rm = Receiver::Open(store_.get(), m);
   ASSERT_OK(rm);
   auto sm = (*rm)->Step();
-  EXPECT_EQ(sm.status().code(), StatusCode::kDeadlineExceeded) << sm.status().ToString();
+  EXPECT_THAT(sm, StatusIs(StatusCode::kDeadlineExceeded));
   EXPECT_EQ((*rm)->active_version(), 0u);
 }
 
@@ -694,7 +695,7 @@ TEST_P(FoldTest, ChangedLocalModelIsRefusedBeforeAnythingIsWritten) {
   auto r = Receiver::Open(store_.get(), opts);
   ASSERT_OK(r);
   auto s = (*r)->Step();
-  EXPECT_EQ(s.status().code(), StatusCode::kDataLoss) << s.status().ToString();
+  EXPECT_THAT(s, StatusIs(StatusCode::kDataLoss));
   EXPECT_EQ((*r)->active_version(), 0u);
   // Tensors before the changed one were applied; the changed one was not
   // written.

@@ -7,8 +7,12 @@
 #include <string>
 #include <vector>
 
+#include "support/status_matchers.h"
+
 namespace refit {
 namespace {
+
+using ::refit::testing::StatusIs;
 
 constexpr char kV7[] = "00000000000000000007";
 
@@ -146,7 +150,8 @@ TEST(KeysTest, MemberNames) {
        {std::string(""), std::string(65, 'a'), std::string("."),
         std::string(".."), std::string("../x"), std::string("a b"),
         std::string("r0/done")}) {
-    EXPECT_EQ(ValidateMember(bad).code(), StatusCode::kInvalidArgument) << bad;
+    EXPECT_THAT(ValidateMember(bad), StatusIs(StatusCode::kInvalidArgument))
+        << bad;
   }
 }
 

@@ -5,11 +5,14 @@
 
 #include <gtest/gtest.h>
 
+#include "support/status_matchers.h"
+#include "support/testing.h"
 #include "sync/keys.h"
-#include "testing.h"
 
 namespace refit {
 namespace {
+
+using ::refit::testing::StatusIs;
 
 using testing::TempDir;
 
@@ -73,7 +76,7 @@ TEST_F(ObjectReaderTest, ReadsWhatThePublisherAndMembersWrote) {
   EXPECT_TRUE((*vote)->ready);
   EXPECT_FALSE(reader.ReadVote(3, "r1")->has_value());
   // An announcement is read because it was listed: absent is an error.
-  EXPECT_EQ(reader.ReadAnnouncement(4).status().code(), StatusCode::kNotFound);
+  EXPECT_THAT(reader.ReadAnnouncement(4), StatusIs(StatusCode::kNotFound));
 }
 
 TEST_F(ObjectReaderTest, AnObjectNamingAnotherVersionIsRefused) {
@@ -82,10 +85,10 @@ TEST_F(ObjectReaderTest, AnObjectNamingAnotherVersionIsRefused) {
       auth_.Seal(EncodeAnnouncement(Announcement{3, 2, {"r0"}, {}})));
   Put(DecisionKey(4), auth_.Seal(EncodeDecision(Decision{3, true, {}, ""})));
   auto a = reader.ReadAnnouncement(4);
-  EXPECT_EQ(a.status().code(), StatusCode::kDataLoss);
+  EXPECT_THAT(a, StatusIs(StatusCode::kDataLoss));
   EXPECT_NE(a.status().message().find("announcement names another version"),
             std::string::npos);
-  EXPECT_EQ(reader.ReadDecision(4).status().code(), StatusCode::kDataLoss);
+  EXPECT_THAT(reader.ReadDecision(4), StatusIs(StatusCode::kDataLoss));
 }
 
 TEST_F(ObjectReaderTest, StepSaysWhetherTheKeyOrTheObjectIsWrong) {
@@ -94,14 +97,14 @@ TEST_F(ObjectReaderTest, StepSaysWhetherTheKeyOrTheObjectIsWrong) {
   Put(kHeadKey, auth_.Seal(EncodeHead(5)));
   ObjectReader::Step step = ObjectReader::Step::kFetch;
   auto head = other_key.ReadHead(&step);
-  EXPECT_EQ(head.status().code(), StatusCode::kUnauthenticated);
+  EXPECT_THAT(head, StatusIs(StatusCode::kUnauthenticated));
   EXPECT_EQ(step, ObjectReader::Step::kOpen);
 
   // A sealed vote whose body is not a vote.
   const std::vector<uint8_t> not_a_vote = {'n', 'o', 'p', 'e'};
   Put(VoteKey(1, "r0"), auth_.SealMember(not_a_vote));
   auto vote = reader.ReadVote(1, "r0", &step);
-  EXPECT_EQ(vote.status().code(), StatusCode::kDataLoss);
+  EXPECT_THAT(vote, StatusIs(StatusCode::kDataLoss));
   EXPECT_EQ(step, ObjectReader::Step::kDecode);
 
   auto fine = reader.ReadHead(&step);

@@ -17,6 +17,18 @@
 #include "transport/once_uploader.h"
 
 namespace refit {
+
+std::string_view DeadlinePolicyName(DeadlinePolicy policy) {
+  return policy == DeadlinePolicy::kDrop ? "drop" : "abort";
+}
+
+Result<DeadlinePolicy> ParseDeadlinePolicy(std::string_view name) {
+  for (DeadlinePolicy p : {DeadlinePolicy::kAbort, DeadlinePolicy::kDrop}) {
+    if (name == DeadlinePolicyName(p)) return p;
+  }
+  return InvalidArgumentError("policy must be 'abort' or 'drop', not '" +
+                              std::string(name) + "'");
+}
 namespace {
 
 using Clock = std::chrono::steady_clock;

@@ -13,10 +13,11 @@
 #define REFIT_SYNC_PUBLISHER_H_
 
 #include <cstdint>
-#include <memory>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
@@ -34,6 +35,13 @@ enum class DeadlinePolicy {
   kAbort,  // a member that misses the vote deadline aborts the version
   kDrop,   // commit with the members that voted; the others must resync
 };
+
+// The policy's name as `refit publish --policy` and the Python module take
+// it: "abort" or "drop".
+std::string_view DeadlinePolicyName(DeadlinePolicy policy);
+// The policy named `name` (DeadlinePolicyName); kInvalidArgument for any
+// other name.
+Result<DeadlinePolicy> ParseDeadlinePolicy(std::string_view name);
 
 struct PublisherOptions {
   std::vector<std::string> members;

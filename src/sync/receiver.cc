@@ -15,6 +15,7 @@
 #include "refit/checkpoint.h"
 #include "sync/crash_point.h"
 #include "sync/fold_apply.h"
+#include "sync/follow.h"
 #include "sync/journal.h"
 #include "sync/staged_apply.h"
 #include "sync/version_apply.h"
@@ -24,9 +25,11 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-int ElapsedMs(Clock::time_point since) {
-  return static_cast<int>(
-      std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - since).count());
+// A step or SyncTo ended by options.stop while waiting for `waiting_for`.
+Status StoppedError(const std::string& waiting_for) {
+  return CancelledError(
+      "stopped while waiting for " + waiting_for +
+      "; what was done is journaled and resumes on the next step");
 }
 
 std::string StatePath(const ReceiverOptions& o, const char* name) {
@@ -448,38 +451,32 @@ Result<StepResult> Receiver::OrSnapshot(Result<StepResult> step) {
 }
 
 Result<StepResult> Receiver::SyncTo(uint64_t version, int timeout_ms) {
-  auto start = Clock::now();
-  StepResult last;
-  while (active_ < version) {
-    const uint64_t since = store_->ChangeCount();
-    REFIT_ASSIGN_OR_RETURN(last, Step(/*fold_limit=*/version));
-    if (active_ >= version) break;
-    if (ElapsedMs(start) > timeout_ms) {
-      return DeadlineExceededError("receiver '" + opt_.member + "' did not reach version " +
-                                   std::to_string(version) + " within " +
-                                   std::to_string(timeout_ms) + " ms (active " +
-                                   std::to_string(active_) + ")");
-    }
-    if (last.outcome == StepResult::Outcome::kIdle) {
-      REFIT_RETURN_IF_ERROR(Pause("version " + std::to_string(version), since));
-    }
+  FollowOptions follow;
+  follow.until = version;
+  follow.timeout_ms = timeout_ms;
+  follow.poll_ms = opt_.poll_ms;
+  follow.stop = opt_.stop;
+  REFIT_ASSIGN_OR_RETURN(FollowResult r, Follow(*this, follow));
+  if (r.end == FollowEnd::kTimedOut) {
+    return DeadlineExceededError(
+        "receiver '" + opt_.member + "' did not reach version " +
+        std::to_string(version) + " within " + std::to_string(timeout_ms) +
+        " ms (active " + std::to_string(active_) + ")");
   }
-  return last;
+  if (r.end == FollowEnd::kStopped)
+    return StoppedError("version " + std::to_string(version));
+  return r.last;
 }
 
 Status Receiver::Pause(const std::string& waiting_for,
                        std::optional<uint64_t> since) {
-  auto stopped = [&] {
-    return CancelledError("stopped while waiting for " + waiting_for +
-                          "; what was done is journaled and resumes on the next step");
-  };
-  if (opt_.stop && opt_.stop()) return stopped();
+  if (opt_.stop && opt_.stop()) return StoppedError(waiting_for);
   if (since) {
     store_->AwaitChange(*since, opt_.poll_ms);
   } else {
     std::this_thread::sleep_for(std::chrono::milliseconds(opt_.poll_ms));
   }
-  if (opt_.stop && opt_.stop()) return stopped();
+  if (opt_.stop && opt_.stop()) return StoppedError(waiting_for);
   return Status();
 }
 

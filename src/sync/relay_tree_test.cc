@@ -14,12 +14,15 @@
 #include <thread>
 #include <vector>
 
+#include "support/status_matchers.h"
+#include "support/testing.h"
 #include "sync/keys.h"
-#include "testing.h"
 #include "transport/object_store.h"
 
 namespace refit {
 namespace {
+
+using ::refit::testing::StatusIs;
 
 using testing::TempDir;
 
@@ -159,7 +162,7 @@ TEST(RelayRootStoreTest, TheDurableStoreDecidesOnceOnlyObjects) {
 
   ASSERT_OK(durable->PutIfAbsent(DecisionKey(1), Bytes("earlier writer")));
   Status lost = (*root)->PutIfAbsent(DecisionKey(1), Bytes("this writer"));
-  EXPECT_EQ(lost.code(), StatusCode::kAlreadyExists) << lost.ToString();
+  EXPECT_THAT(lost, StatusIs(StatusCode::kAlreadyExists));
   EXPECT_EQ(*(*root)->root()->Get(DecisionKey(1)), Bytes("earlier writer"));
   ASSERT_OK((*root)->PutIfAbsent(DecisionKey(2), Bytes("first")));
   EXPECT_EQ(*durable->Get(DecisionKey(2)), Bytes("first"));
@@ -184,8 +187,8 @@ TEST(RelayRootStoreTest, MirrorUpwardCopiesVotesAndRequests) {
   ASSERT_OK((*node)->Put(RequestKey(5, "r0"), Bytes("chunks")));
   ASSERT_OK((*node)->Put(DoneKey(5, "r0"), Bytes("done")));
   // Nodes write members' keys only.
-  EXPECT_EQ((*node)->Put(DecisionKey(5), Bytes("x")).code(),
-            StatusCode::kFailedPrecondition);
+  EXPECT_THAT((*node)->Put(DecisionKey(5), Bytes("x")),
+              StatusIs(StatusCode::kFailedPrecondition));
   ASSERT_TRUE(WaitFor([&] { return (*root)->Get(DoneKey(5, "r0")).ok(); }));
   ASSERT_TRUE(WaitFor([&] { return (*root)->Get(RequestKey(5, "r0")).ok(); }));
   ObjectStore* durable = (*root)->durable();
@@ -205,7 +208,7 @@ TEST(RelayRootStoreTest, RootAloneWithoutADurableStore) {
   ASSERT_OK((*root)->Seed(4));  // nothing to seed from
   ASSERT_OK((*root)->Put(kHeadKey, Bytes("h")));
   EXPECT_EQ(*(*root)->Get(kHeadKey), Bytes("h"));
-  EXPECT_EQ((*root)->Get(IndexKey(1)).status().code(), StatusCode::kNotFound);
+  EXPECT_THAT((*root)->Get(IndexKey(1)), StatusIs(StatusCode::kNotFound));
   ASSERT_OK((*root)->MirrorUpward(1));
 }
 

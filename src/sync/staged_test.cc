@@ -13,8 +13,8 @@
 #include "sync/keys.h"
 #include "sync/publisher.h"
 #include "sync/receiver.h"
-#include "sync/test_model.h"
-#include "testing.h"
+#include "support/test_model.h"
+#include "support/testing.h"
 #include "transport/object_store.h"
 
 namespace refit {

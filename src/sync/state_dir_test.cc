@@ -5,10 +5,13 @@
 #include <gtest/gtest.h>
 
 #include "base/file.h"
-#include "testing.h"
+#include "support/status_matchers.h"
+#include "support/testing.h"
 
 namespace refit {
 namespace {
+
+using ::refit::testing::StatusIs;
 
 using testing::TempDir;
 
@@ -42,7 +45,7 @@ TEST(StateDirTest, CorruptActivePointerIsDataLoss) {
   StateDir s(dir.path());
   testing::WriteBytes(s.active_path(), {'x', '\n'});
   auto bad = s.ReadActive();
-  EXPECT_EQ(bad.status().code(), StatusCode::kDataLoss);
+  EXPECT_THAT(bad, StatusIs(StatusCode::kDataLoss));
   EXPECT_NE(bad.status().message().find("active pointer '" + s.active_path() +
                                         "' is corrupt"),
             std::string::npos)

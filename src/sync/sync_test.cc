@@ -3,8 +3,8 @@
 // deadlines, drops, torn chunks and tampering. Process-kill tests live in
 // tests/sync_crash_test.cc.
 #include <gtest/gtest.h>
-
 #include <unistd.h>
+#include <xxhash.h>
 
 #include <atomic>
 #include <condition_variable>
@@ -14,26 +14,27 @@
 #include <random>
 #include <thread>
 
-#include <xxhash.h>
-
 #include "base/bytes.h"
 #include "base/file.h"
 #include "base/hash.h"
 #include "format/safetensors.h"
 #include "refit/checkpoint.h"
+#include "support/moto_testing.h"
+#include "support/status_matchers.h"
+#include "support/store_test_fixture.h"
+#include "support/test_model.h"
+#include "support/testing.h"
 #include "sync/auth.h"
 #include "sync/journal.h"
 #include "sync/protocol.h"
-#include "sync/store_test_fixture.h"
-#include "sync/test_model.h"
 #include "sync/publisher.h"
 #include "sync/receiver.h"
-#include "testing.h"
-#include "transport/moto_testing.h"
 #include "transport/object_store.h"
 
 namespace refit {
 namespace {
+
+using ::refit::testing::StatusIs;
 
 using testing::TempDir;
 
@@ -66,10 +67,11 @@ TEST(AuthTest, SealOpenAndTamper) {
     EXPECT_FALSE(a.Open(bad).ok()) << i;
   }
   auto other = *Authenticator::Hmac(std::vector<uint8_t>(32, 8));
-  EXPECT_EQ(other.Open(env).status().code(), StatusCode::kUnauthenticated);
-  EXPECT_EQ(Authenticator::None().Open(env).status().code(), StatusCode::kUnauthenticated);
-  EXPECT_EQ(a.Open(Authenticator::None().Seal(body)).status().code(),
-            StatusCode::kUnauthenticated);
+  EXPECT_THAT(other.Open(env), StatusIs(StatusCode::kUnauthenticated));
+  EXPECT_THAT(Authenticator::None().Open(env),
+              StatusIs(StatusCode::kUnauthenticated));
+  EXPECT_THAT(a.Open(Authenticator::None().Seal(body)),
+              StatusIs(StatusCode::kUnauthenticated));
   EXPECT_FALSE(Authenticator::Hmac({1, 2}).ok());
 }
 
@@ -98,20 +100,22 @@ TEST(AuthTest, Ed25519SignaturesTamperingAndWrongKeys) {
   // Another publisher's key, and nodes without a verify key.
   auto wrong = Key().WithVerifyKey(other->second);
   ASSERT_OK(wrong);
-  EXPECT_EQ(wrong->Open(env).status().code(), StatusCode::kUnauthenticated);
-  EXPECT_EQ(Key().Open(env).status().code(), StatusCode::kUnauthenticated);
-  EXPECT_EQ(Authenticator::None().Open(env).status().code(), StatusCode::kUnauthenticated);
+  EXPECT_THAT(wrong->Open(env), StatusIs(StatusCode::kUnauthenticated));
+  EXPECT_THAT(Key().Open(env), StatusIs(StatusCode::kUnauthenticated));
+  EXPECT_THAT(Authenticator::None().Open(env),
+              StatusIs(StatusCode::kUnauthenticated));
   // A holder of the shared key (any member) cannot pass off a publisher
   // object: a verifier takes only signed ones.
-  EXPECT_EQ(verifier->Open(Key().Seal(body)).status().code(), StatusCode::kUnauthenticated);
-  EXPECT_EQ(verifier->Open(Authenticator::None().Seal(body)).status().code(),
-            StatusCode::kUnauthenticated);
+  EXPECT_THAT(verifier->Open(Key().Seal(body)),
+              StatusIs(StatusCode::kUnauthenticated));
+  EXPECT_THAT(verifier->Open(Authenticator::None().Seal(body)),
+              StatusIs(StatusCode::kUnauthenticated));
   // Member objects (votes, requests) use the shared key, never a signature.
   auto vote = verifier->SealMember(body);
   EXPECT_EQ(vote[4], 1);
   ASSERT_OK(signer->OpenMember(vote));
   EXPECT_EQ(signer->SealMember(body)[4], 1);
-  EXPECT_EQ(signer->OpenMember(env).status().code(), StatusCode::kUnauthenticated);
+  EXPECT_THAT(signer->OpenMember(env), StatusIs(StatusCode::kUnauthenticated));
   // Without a shared key, member objects carry no tag.
   auto bare = Authenticator::None().WithVerifyKey(pair->second);
   ASSERT_OK(bare);
@@ -129,8 +133,8 @@ TEST(AuthTest, Ed25519KeyFiles) {
   EXPECT_EQ(std::filesystem::status(priv).permissions() & std::filesystem::perms::others_read,
             std::filesystem::perms::none);
   // Never overwrites a key.
-  EXPECT_EQ(Authenticator::WriteEd25519KeyFiles(priv, dir.File("x.pem")).code(),
-            StatusCode::kFailedPrecondition);
+  EXPECT_THAT(Authenticator::WriteEd25519KeyFiles(priv, dir.File("x.pem")),
+              StatusIs(StatusCode::kFailedPrecondition));
   auto signer = Authenticator::None().WithSigningKeyFile(priv);
   ASSERT_OK(signer);
   auto verifier = Authenticator::None().WithVerifyKeyFile(pub);
@@ -138,11 +142,11 @@ TEST(AuthTest, Ed25519KeyFiles) {
   std::vector<uint8_t> body = {1, 2, 3};
   ASSERT_OK(verifier->Open(signer->Seal(body)));
   // The public key is not a private key, and an HMAC key file is neither.
-  EXPECT_EQ(Authenticator::None().WithSigningKeyFile(pub).status().code(),
-            StatusCode::kInvalidArgument);
+  EXPECT_THAT(Authenticator::None().WithSigningKeyFile(pub),
+              StatusIs(StatusCode::kInvalidArgument));
   testing::WriteBytes(dir.File("hmac.key"), std::vector<uint8_t>(40, 'k'));
   auto refused = Authenticator::None().WithVerifyKeyFile(dir.File("hmac.key"));
-  EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(refused, StatusIs(StatusCode::kInvalidArgument));
   EXPECT_NE(refused.status().message().find("hmac.key"), std::string::npos);
 }
 
@@ -191,7 +195,7 @@ TEST(ProtocolTest, ObjectsRoundTripAndRejectGarbage) {
 TEST(ProtocolTest, DecisionRefusesMalformedDroppedNames) {
   for (const char* bad : {"../x", "", "a b", "r0/done", "."}) {
     auto refused = DecodeDecision(EncodeDecision(Decision{5, true, {"r0", bad}, "dropped"}));
-    EXPECT_EQ(refused.status().code(), StatusCode::kDataLoss) << bad;
+    EXPECT_THAT(refused, StatusIs(StatusCode::kDataLoss)) << bad;
     EXPECT_NE(refused.status().message().find("malformed member name"), std::string::npos)
         << bad << ": " << refused.status().ToString();
   }
@@ -219,7 +223,7 @@ TEST(ProtocolTest, AnnouncementRefusesAnAfterHash) {
   bytes.back() ^= 1;
   ByteWriter(&bytes).U64(XXH3_64bits(bytes.data(), bytes.size()));
   auto refused = DecodeAnnouncement(bytes);
-  EXPECT_EQ(refused.status().code(), StatusCode::kDataLoss);
+  EXPECT_THAT(refused, StatusIs(StatusCode::kDataLoss));
   EXPECT_NE(refused.status().message().find("after hash"), std::string::npos);
 }
 
@@ -263,7 +267,7 @@ using Model = testing::TestModel;
 
 // Every protocol test runs against the directory store and against an
 // S3-compatible store (a moto_server the suite starts on 127.0.0.1).
-class SyncTest : public testing::StoreTest {
+class SyncTest : public testing::AnyStoreTest {
  protected:
   void SetUp() override {
     if (S3Missing()) {
@@ -274,7 +278,9 @@ class SyncTest : public testing::StoreTest {
     model_.Write(dir_.File("baseline.safetensors"));
   }
 
-  std::unique_ptr<ObjectStore> NewStore() { return StoreTest::NewStore("store"); }
+  std::unique_ptr<ObjectStore> NewStore() {
+    return AnyStoreTest::NewStore("store");
+  }
 
   // After an aborted version 1, receiver `r` (checkpoint at `checkpoint`)
   // follows version 2, published from the right baseline.
@@ -488,7 +494,7 @@ TEST_P(SyncTest, TamperedChunkIsRefusedBeforeUse) {
   auto before = testing::ReadBytes(dir_.File("r0/model.safetensors"));
   auto s = (*r0)->Step();
   pub_thread.join();
-  EXPECT_EQ(s.status().code(), StatusCode::kDataLoss) << s.status().ToString();
+  EXPECT_THAT(s, StatusIs(StatusCode::kDataLoss));
   // Chunks before the tampered one may have been applied; none after it.
   // The receiver never activated, and the journal keeps its place.
   EXPECT_EQ((*r0)->active_version(), 0u);
@@ -514,7 +520,7 @@ TEST_P(SyncTest, ReplayedManifestOfAnotherVersionIsRefused) {
   auto r0 = Receiver::Open(store_.get(), MakeReceiver(0));
   ASSERT_OK(r0);
   auto s = (*r0)->Step();
-  EXPECT_EQ(s.status().code(), StatusCode::kDataLoss) << s.status().ToString();
+  EXPECT_THAT(s, StatusIs(StatusCode::kDataLoss));
 }
 
 }  // namespace
@@ -756,7 +762,7 @@ void PublishFollowed(Publisher* pub, Receiver* r0, Model* trainer, std::mt19937_
 
 std::vector<std::string> Keys(ObjectStore* store, const std::string& prefix) {
   auto list = store->List(prefix);
-  EXPECT_TRUE(list.ok()) << list.status().ToString();
+  EXPECT_OK(list);
   std::vector<std::string> out;
   if (list.ok()) {
     for (const ObjectInfo& o : *list) out.push_back(o.key);
@@ -962,7 +968,7 @@ TEST_P(SyncTest, SignedVersionsAndForgedChunks) {
   auto r1 = Receiver::Open(store_.get(), wopts);
   ASSERT_OK(r1);
   auto refused = (*r1)->Step();
-  EXPECT_EQ(refused.status().code(), StatusCode::kUnauthenticated) << refused.status().ToString();
+  EXPECT_THAT(refused, StatusIs(StatusCode::kUnauthenticated));
   EXPECT_TRUE(model_.Matches(wopts.checkpoint));
 
   // A member (it has the shared key, not the private one) plants a forged
@@ -980,7 +986,7 @@ TEST_P(SyncTest, SignedVersionsAndForgedChunks) {
   ASSERT_OK(store_->Put(IndexKey(2), Key().Seal(EncodeAnnouncement(*ann))));
   auto before = testing::ReadBytes(ropts.checkpoint);
   auto s = (*r0)->Step();
-  EXPECT_EQ(s.status().code(), StatusCode::kUnauthenticated) << s.status().ToString();
+  EXPECT_THAT(s, StatusIs(StatusCode::kUnauthenticated));
   EXPECT_EQ(testing::ReadBytes(ropts.checkpoint), before);
   ASSERT_OK(store_->Delete(IndexKey(2)));
   // Forged chunk while the real version 2 streams: chunk 0 re-sealed with
@@ -1003,7 +1009,7 @@ TEST_P(SyncTest, SignedVersionsAndForgedChunks) {
   ASSERT_OK(store_->Put(ChunkKey(2, 0), Key().Seal(evil)));
   before = testing::ReadBytes(ropts.checkpoint);
   s = (*r0)->Step();
-  EXPECT_EQ(s.status().code(), StatusCode::kUnauthenticated) << s.status().ToString();
+  EXPECT_THAT(s, StatusIs(StatusCode::kUnauthenticated));
   EXPECT_EQ(testing::ReadBytes(ropts.checkpoint), before);
   EXPECT_EQ((*r0)->active_version(), 1u);
   gate.Release();
@@ -1070,7 +1076,7 @@ TEST_P(SyncTest, VersionWithoutManifestIsAbortedAndRolledBack) {
   ASSERT_OK(chunks);
   ASSERT_GT(chunks->size(), 2u);
   auto step = (*r0)->Step();
-  EXPECT_EQ(step.status().code(), StatusCode::kDeadlineExceeded) << step.status().ToString();
+  EXPECT_THAT(step, StatusIs(StatusCode::kDeadlineExceeded));
   EXPECT_NE(step.status().message().find("manifest"), std::string::npos);
   EXPECT_EQ((*r0)->chunks_applied_total(), chunks->size());
   EXPECT_FALSE(model_.Matches(opts.checkpoint));  // partly applied
@@ -1095,7 +1101,7 @@ TEST_P(SyncTest, VersionWithoutManifestIsAbortedAndRolledBack) {
       auto s = (*r0)->Step();
       if (s.ok() && s->outcome != StepResult::Outcome::kIdle) outcomes.push_back(*s);
       if (!s.ok()) {
-        EXPECT_EQ(s.status().code(), StatusCode::kDeadlineExceeded) << s.status().ToString();
+        EXPECT_THAT(s, StatusIs(StatusCode::kDeadlineExceeded));
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(2));
     }
@@ -1153,7 +1159,7 @@ TEST_P(SyncTest, ChangedLocalModelIsRefusedBeforeItsChunksApply) {
   t.join();
   ASSERT_OK(report);
   EXPECT_FALSE(report->committed);
-  EXPECT_EQ(step.status().code(), StatusCode::kDataLoss) << step.status().ToString();
+  EXPECT_THAT(step, StatusIs(StatusCode::kDataLoss));
   EXPECT_NE(step.status().message().find("c.bias"), std::string::npos);
   auto ck = Checkpoint::Open(opts.checkpoint, Checkpoint::Mode::kReadOnly);
   ASSERT_OK(ck);
@@ -1239,7 +1245,7 @@ TEST_P(SyncTest, AnnouncedChunksNeverChange) {
   auto pub2 = Publisher::Open(store_.get(), dir_.File("baseline.safetensors"), MakePublisher(1));
   ASSERT_OK(pub2);
   auto r = (*pub2)->Publish(1, b.Views());
-  EXPECT_EQ(r.status().code(), StatusCode::kFailedPrecondition) << r.status().ToString();
+  EXPECT_THAT(r, StatusIs(StatusCode::kFailedPrecondition));
   auto after = store_->Get(ChunkKey(1, 0));
   ASSERT_OK(after);
   EXPECT_EQ(*before, *after);
@@ -1292,7 +1298,8 @@ TEST_P(SyncTest, InMemoryReceiverFollowsVersions) {
   // A receiver needs one model: a path or tensors.
   auto both = mem_opts("r0");
   both.checkpoint = dir_.File("r0/model.safetensors");
-  EXPECT_EQ(Receiver::Open(store_.get(), both).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(Receiver::Open(store_.get(), both),
+              StatusIs(StatusCode::kInvalidArgument));
   // Tensors that are not the model are refused before anything is written.
   auto wrong = mem_opts("r0");
   wrong.tensors[0].shape = {1};
@@ -1306,8 +1313,7 @@ TEST_P(SyncTest, InMemoryReceiverFollowsVersions) {
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
   }
   pw.join();
-  EXPECT_EQ(refused.status().code(), StatusCode::kFailedPrecondition)
-      << refused.status().ToString();
+  EXPECT_THAT(refused, StatusIs(StatusCode::kFailedPrecondition));
   EXPECT_EQ(memory.data, at3.data);
 }
 
@@ -1346,8 +1352,7 @@ TEST_P(SyncTest, PublisherWithAnotherBaselineIsRefusedBeforeItWritesAnything) {
   Model next = trainer;
   next.Step(rng, 0.03);
   auto refused = (*stale)->Publish(3, next.Views());
-  EXPECT_EQ(refused.status().code(), StatusCode::kFailedPrecondition)
-      << refused.status().ToString();
+  EXPECT_THAT(refused, StatusIs(StatusCode::kFailedPrecondition));
   EXPECT_NE(refused.status().message().find("version 2"), std::string::npos)
       << refused.status().ToString();
   EXPECT_NE(refused.status().message().find("a.weight"), std::string::npos)
@@ -1431,7 +1436,7 @@ TEST_P(SyncTest, AnnouncementOnAnotherBaselineIsVotedFailedBeforeAnythingIsWritt
   ASSERT_OK(store_->Put(IndexKey(2), Key().Seal(EncodeAnnouncement(*a))));
   auto before = testing::ReadBytes(opts.checkpoint);
   auto s = rcv[0]->Step();
-  EXPECT_EQ(s.status().code(), StatusCode::kFailedPrecondition) << s.status().ToString();
+  EXPECT_THAT(s, StatusIs(StatusCode::kFailedPrecondition));
   EXPECT_NE(s.status().message().find("version 1"), std::string::npos) << s.status().ToString();
   auto vote = VoteOf(store_.get(), 2, "r0");
   ASSERT_TRUE(vote.has_value());
@@ -1485,7 +1490,7 @@ TEST_P(SyncTest, CorruptChunkIsVotedFailedRolledBackAndTheNextVersionFollowed) {
   // damaged on the way; then the receiver votes failed.
   for (int n = 0; n < 10 && !(*r0)->failed_vote(); ++n) {
     auto s = (*r0)->Step();
-    EXPECT_EQ(s.status().code(), StatusCode::kDataLoss) << s.status().ToString();
+    EXPECT_THAT(s, StatusIs(StatusCode::kDataLoss));
   }
   pt.join();
   EXPECT_EQ((*r0)->failed_vote(), std::optional<uint64_t>(1));
@@ -1527,10 +1532,11 @@ TEST_P(SyncTest, ReusedVersionNumberWithOtherWeightsIsRefused) {
   EXPECT_OK((*pub)->CheckPublished(2, trainer.Views()));
   EXPECT_OK((*pub)->CheckPublished(1, v1.Views()));
   Status s = (*pub)->CheckPublished(2, model_.Views());
-  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s.ToString();
+  EXPECT_THAT(s, StatusIs(StatusCode::kFailedPrecondition));
   EXPECT_NE(s.message().find("head"), std::string::npos) << s.ToString();
   EXPECT_NE(s.message().find("version 2"), std::string::npos) << s.ToString();
-  EXPECT_EQ((*pub)->CheckPublished(7, trainer.Views()).code(), StatusCode::kNotFound);
+  EXPECT_THAT((*pub)->CheckPublished(7, trainer.Views()),
+              StatusIs(StatusCode::kNotFound));
 }
 
 INSTANTIATE_TEST_SUITE_P(Stores, SyncTest, ::testing::Values("dir", "s3"),

@@ -10,7 +10,7 @@
 #include <limits>
 
 #include "refit/checkpoint.h"
-#include "testing.h"
+#include "support/testing.h"
 
 namespace refit::trainer {
 namespace {

@@ -9,7 +9,8 @@
 
 #include "delta/apply.h"
 #include "layout/generate.h"
-#include "layout/test_layout.h"
+#include "support/test_layout.h"
+#include "support/testing.h"
 #include "trainer/rank_encoder.h"
 
 namespace refit::trainer {
@@ -82,7 +83,7 @@ TEST_P(ProjectionTest, UnionOfRankDeltasEqualsAssembledTarget) {
   ModelConfig config = SmallModel(rng, moe);
   Parallelism par = RandomParallelism(rng, moe);
   auto generated = layout::GenerateLayout(config, par);
-  ASSERT_TRUE(generated.ok()) << generated.status().ToString();
+  ASSERT_OK(generated);
   const Layout& l = *generated;
   SCOPED_TRACE("tp " + std::to_string(par.tp) + " pp " + std::to_string(par.pp) + " dp " +
                std::to_string(par.dp) + " ep " + std::to_string(par.ep) + " ranks " +
@@ -110,7 +111,7 @@ TEST_P(ProjectionTest, UnionOfRankDeltasEqualsAssembledTarget) {
   std::vector<std::string> names;
   for (size_t ri = 0; ri < l.ranks.size(); ++ri) {
     auto enc = RankEncoder::Create(l, l.ranks[ri].rank, opt);
-    ASSERT_TRUE(enc.ok()) << enc.status().ToString();
+    ASSERT_OK(enc);
     // Each rank starts from its own local state (no canonical copy).
     ASSERT_TRUE((*enc)->SetBaselineFromLocal(LocalViews(l, ri, (*local_base)[ri])).ok());
     owned += (*enc)->owned_bytes();
@@ -119,7 +120,7 @@ TEST_P(ProjectionTest, UnionOfRankDeltasEqualsAssembledTarget) {
                                    chunks.emplace_back(c.begin(), c.end());
                                    return Status();
                                  });
-    ASSERT_TRUE(report.ok()) << report.status().ToString();
+    ASSERT_OK(report);
     EXPECT_EQ(report->changed_residual, 0u);
     if (names.empty()) {
       for (const auto& c : (*enc)->canonical_tensors()) names.push_back(c.name);
@@ -140,7 +141,7 @@ TEST_P(ProjectionTest, UnionOfRankDeltasEqualsAssembledTarget) {
     ASSERT_TRUE(ApplyChunkInPlace(*parsed, t.data(), &scratch, nullptr, nullptr).ok());
   }
   auto assembled = layout::testing::AssembleCanonical(l, *local_target);
-  ASSERT_TRUE(assembled.ok()) << assembled.status().ToString();
+  ASSERT_OK(assembled);
   EXPECT_EQ(*assembled, target);
   EXPECT_TRUE(applied == target);
 }

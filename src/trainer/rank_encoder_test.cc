@@ -13,11 +13,14 @@
 #include "base/bytes.h"
 #include "delta/apply.h"
 #include "refit/checkpoint.h"
-#include "testing.h"
+#include "support/status_matchers.h"
+#include "support/testing.h"
 #include "trainer/convert.h"
 
 namespace refit::trainer {
 namespace {
+
+using ::refit::testing::StatusIs;
 
 using layout::CanonicalTensor;
 using layout::Layout;
@@ -253,7 +256,7 @@ void ApplyAll(const std::vector<Bytes>& chunks, const RankEncoder& enc, Named* c
   ApplyScratch scratch;
   for (const Bytes& c : chunks) {
     auto parsed = ParseChunk(c);
-    ASSERT_TRUE(parsed.ok()) << parsed.status().ToString();
+    ASSERT_OK(parsed);
     const std::string& name = enc.canonical_tensors()[parsed->header.tensor_id].name;
     Bytes& t = (*canon)[name];
     ASSERT_LE(parsed->header.End() * parsed->header.width, t.size());
@@ -261,7 +264,7 @@ void ApplyAll(const std::vector<Bytes>& chunks, const RankEncoder& enc, Named* c
               RangeState::kBefore)
         << name;
     Status st = ApplyChunkInPlace(*parsed, t.data(), &scratch, nullptr, nullptr);
-    ASSERT_TRUE(st.ok()) << st.ToString();
+    ASSERT_OK(st);
   }
 }
 
@@ -277,7 +280,7 @@ TEST_P(RankEncoderTest, UnionOfRanksEqualsAssembledTarget) {
   std::vector<std::unique_ptr<RankEncoder>> enc;
   for (uint32_t r = 0; r < 2; ++r) {
     auto e = RankEncoder::Create(world.layout, r, opt);
-    ASSERT_TRUE(e.ok()) << e.status().ToString();
+    ASSERT_OK(e);
     ASSERT_TRUE((*e)->SetBaseline(Views(base, world.layout)).ok());
     enc.push_back(std::move(*e));
   }
@@ -301,7 +304,7 @@ TEST_P(RankEncoderTest, UnionOfRanksEqualsAssembledTarget) {
                                      chunks.emplace_back(c.begin(), c.end());
                                      return Status();
                                    });
-      ASSERT_TRUE(report.ok()) << report.status().ToString();
+      ASSERT_OK(report);
       total.changed_direct += report->changed_direct;
       total.changed_residual += report->changed_residual;
     }
@@ -377,7 +380,7 @@ TEST(RankEncoderTest, BadInputsAreRefused) {
   auto none = (*enc)->Encode(1, 0, LocalViews(world, 0), [](auto, const ChunkHeader&) {
     return Status();
   });
-  EXPECT_EQ(none.status().code(), StatusCode::kFailedPrecondition);  // no baseline
+  EXPECT_THAT(none, StatusIs(StatusCode::kFailedPrecondition));  // no baseline
   ASSERT_TRUE((*enc)->SetBaselineFromLocal(LocalViews(world, 0)).ok());
   auto views = LocalViews(world, 0);
   views.pop_back();
@@ -531,13 +534,13 @@ TEST(RankEncoderTest, PerBlockFp8ScalesFollowOwnedBlocks) {
   uint64_t residual = 0;
   for (uint32_t r = 0; r < 2; ++r) {
     auto enc = RankEncoder::Create(l, r, {});
-    ASSERT_TRUE(enc.ok()) << enc.status().ToString();
+    ASSERT_OK(enc);
     ASSERT_TRUE((*enc)->SetBaseline(Views(base, l)).ok());
     auto report = (*enc)->Encode(1, 0, views(locals[r], r), [&](auto c, const ChunkHeader&) {
       chunks.emplace_back(c.begin(), c.end());
       return Status();
     });
-    ASSERT_TRUE(report.ok()) << report.status().ToString();
+    ASSERT_OK(report);
     residual += report->changed_residual;
     if (!first) first = std::move(*enc);
   }
@@ -606,7 +609,7 @@ TEST_P(FixtureResidualTest, MastersOfStep2PatchStep1IntoStep2) {
   }
   l.ranks = {r0};
   auto enc = RankEncoder::Create(l, 0, {});
-  ASSERT_TRUE(enc.ok()) << enc.status().ToString();
+  ASSERT_OK(enc);
   std::vector<TensorView> base_views;
   Named work;
   for (size_t i = 0; i < c1->tensors().size(); ++i) {
@@ -621,7 +624,7 @@ TEST_P(FixtureResidualTest, MastersOfStep2PatchStep1IntoStep2) {
     chunks.emplace_back(c.begin(), c.end());
     return Status();
   });
-  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  ASSERT_OK(report);
   EXPECT_GT(report->changed_residual, 0u);
   EXPECT_GT(report->changed_direct, 0u);  // embeddings and lm_head
   ApplyAll(chunks, **enc, &work);

@@ -13,12 +13,12 @@
 #include "base/file.h"
 #include "format/safetensors.h"
 #include "refit/checkpoint.h"
+#include "support/test_model.h"
+#include "support/testing.h"
 #include "sync/auth.h"
 #include "sync/publisher.h"
 #include "sync/receiver.h"
 #include "sync/relay_tree.h"
-#include "sync/test_model.h"
-#include "testing.h"
 #include "transport/relay_store.h"
 
 namespace refit {
@@ -61,7 +61,7 @@ TEST(RelaySyncTest, PublisherAndReceiversOverTheTreeBitExact) {
               : nodes[static_cast<size_t>(p)]->listen_address();
     auto node = RelayStore::Node("r" + std::to_string(i), parent, "127.0.0.1:0",
                                  Fast());
-    EXPECT_TRUE(node.ok()) << node.status().ToString();
+    EXPECT_OK(node);
     nodes.push_back(std::move(*node));
   };
   auto receiver_options = [&](int i) {

@@ -20,13 +20,18 @@
 #include <random>
 #include <thread>
 
-#include "testing.h"
+#include "support/relay_testing.h"
+#include "support/status_matchers.h"
+#include "support/store_suite.h"
+#include "support/testing.h"
 #include "transport/relay_frame.h"
 #include "transport/relay_store.h"
-#include "transport/relay_testing.h"
 
 namespace refit {
 namespace {
+
+using ::refit::testing::StatusIs;
+using ::refit::testing::StoreTest;
 
 using namespace relay_testing;  // NOLINT(build/namespaces)
 using internal::RelayFrameType;
@@ -38,7 +43,7 @@ class Tree {
   Tree(int n, int f, RelayOptions options = Fast())
       : options_(std::move(options)) {
     auto root = RelayStore::Root("127.0.0.1:0", options_);
-    EXPECT_TRUE(root.ok()) << root.status().ToString();
+    EXPECT_OK(root);
     root_ = std::move(*root);
     parents_ = *RelayTreeParents(n, f);
     arrivals_.resize(static_cast<size_t>(n));
@@ -66,7 +71,7 @@ class Tree {
               : nodes_[static_cast<size_t>(p)]->listen_address();
     auto node = RelayStore::Node("n" + std::to_string(i), parent, addresses_[k],
                                  options);
-    ASSERT_TRUE(node.ok()) << node.status().ToString();
+    ASSERT_OK(node);
     nodes_[k] = std::move(*node);
     addresses_[k] = nodes_[k]->listen_address();
   }
@@ -159,11 +164,11 @@ TEST(RelayFrameTest, HeaderChecksComeBeforeAllocation) {
             internal::LoadLe32(frame.data() + frame.size() - 4));
   uint8_t hdr[internal::kRelayHeaderBytes];
   internal::EncodeRelayHeader(RelayFrameType::kPut, 1025, 0, hdr);
-  EXPECT_EQ(internal::ParseRelayHeader(hdr, 100).status().code(),
-            StatusCode::kDataLoss);
+  EXPECT_THAT(internal::ParseRelayHeader(hdr, 100),
+              StatusIs(StatusCode::kDataLoss));
   internal::EncodeRelayHeader(RelayFrameType::kPut, 1, 101, hdr);
-  EXPECT_EQ(internal::ParseRelayHeader(hdr, 100).status().code(),
-            StatusCode::kDataLoss);
+  EXPECT_THAT(internal::ParseRelayHeader(hdr, 100),
+              StatusIs(StatusCode::kDataLoss));
   internal::EncodeRelayHeader(RelayFrameType::kPut, 1, ~uint64_t{0}, hdr);
   EXPECT_FALSE(internal::ParseRelayHeader(hdr, uint64_t{1} << 30).ok());
   internal::EncodeRelayHeader(RelayFrameType::kPut, 1, 1, hdr);
@@ -187,24 +192,23 @@ TEST(RelayTreeTest, ParentsAreBreadthFirst) {
 TEST(RelayTreeTest, BadOptionsAndAddressesAreRefused) {
   RelayOptions o = Fast();
   o.dead_after_ms = o.heartbeat_ms;
-  EXPECT_EQ(RelayStore::Root("127.0.0.1:0", o).status().code(),
-            StatusCode::kInvalidArgument);
+  EXPECT_THAT(RelayStore::Root("127.0.0.1:0", o),
+              StatusIs(StatusCode::kInvalidArgument));
   RelayOptions no_keys = Fast();
   no_keys.keys = nullptr;
-  EXPECT_EQ(RelayStore::Root("127.0.0.1:0", no_keys).status().code(),
-            StatusCode::kInvalidArgument);
-  EXPECT_EQ(RelayStore::Root("nohost", Fast()).status().code(),
-            StatusCode::kInvalidArgument);
-  EXPECT_EQ(RelayStore::Root("example.com:1", Fast()).status().code(),
-            StatusCode::kInvalidArgument);
-  EXPECT_EQ(
-      RelayStore::Node("bad name", "127.0.0.1:1", "", Fast()).status().code(),
-      StatusCode::kInvalidArgument);
+  EXPECT_THAT(RelayStore::Root("127.0.0.1:0", no_keys),
+              StatusIs(StatusCode::kInvalidArgument));
+  EXPECT_THAT(RelayStore::Root("nohost", Fast()),
+              StatusIs(StatusCode::kInvalidArgument));
+  EXPECT_THAT(RelayStore::Root("example.com:1", Fast()),
+              StatusIs(StatusCode::kInvalidArgument));
+  EXPECT_THAT(RelayStore::Node("bad name", "127.0.0.1:1", "", Fast()),
+              StatusIs(StatusCode::kInvalidArgument));
   auto root = RelayStore::Root("127.0.0.1:0", Fast());
   ASSERT_OK(root);
   // The port is taken.
-  EXPECT_EQ(RelayStore::Root((*root)->listen_address(), Fast()).status().code(),
-            StatusCode::kUnavailable);
+  EXPECT_THAT(RelayStore::Root((*root)->listen_address(), Fast()),
+              StatusIs(StatusCode::kUnavailable));
 }
 
 TEST(RelayTreeTest, ObjectsReachEveryNodeInOrderByteExact) {
@@ -247,15 +251,15 @@ TEST(RelayTreeTest, ObjectsReachEveryNodeInOrderByteExact) {
     EXPECT_EQ(listed->size(), 20u);
     RelayStatus s = tree.node(i).status();
     EXPECT_TRUE(s.parent_connected);
-    EXPECT_TRUE(s.last_error.ok()) << s.last_error.ToString();
+    EXPECT_OK(s.last_error);
   }
   EXPECT_EQ(tree.root().status().children, 2);
   EXPECT_EQ(tree.node(0).status().children, 2);
   EXPECT_EQ(tree.node(2).status().children, 1);  // n6
   EXPECT_EQ(tree.node(6).status().children, 0);
   // A key that has not arrived is kNotFound, as in every store.
-  EXPECT_EQ(tree.node(3).Get(Key(3, "manifest")).status().code(),
-            StatusCode::kNotFound);
+  EXPECT_THAT(tree.node(3).Get(Key(3, "manifest")),
+              StatusIs(StatusCode::kNotFound));
 }
 
 TEST(RelayTreeTest, VotesFromLeavesReachTheRoot) {
@@ -283,13 +287,13 @@ TEST(RelayTreeTest, VotesFromLeavesReachTheRoot) {
     return *tree.root().Get(Key(1, "request/n5")) == Bytes("chunks 3");
   }));
   // Up objects do not flow down to siblings.
-  EXPECT_EQ(tree.node(6).Get(Key(1, "vote/n5")).status().code(),
-            StatusCode::kNotFound);
+  EXPECT_THAT(tree.node(6).Get(Key(1, "vote/n5")),
+              StatusIs(StatusCode::kNotFound));
   // Nodes write only upward keys.
-  EXPECT_EQ(tree.node(3).Put(Key(1, "decision"), Bytes("x")).code(),
-            StatusCode::kFailedPrecondition);
-  EXPECT_EQ(tree.node(3).Put("head", Bytes("x")).code(),
-            StatusCode::kFailedPrecondition);
+  EXPECT_THAT(tree.node(3).Put(Key(1, "decision"), Bytes("x")),
+              StatusIs(StatusCode::kFailedPrecondition));
+  EXPECT_THAT(tree.node(3).Put("head", Bytes("x")),
+              StatusIs(StatusCode::kFailedPrecondition));
 }
 
 TEST(RelayTreeTest, DecisionIsOnceOnlyAtTheRootAndReachesEveryNode) {
@@ -305,7 +309,7 @@ TEST(RelayTreeTest, DecisionIsOnceOnlyAtTheRootAndReachesEveryNode) {
       if (s.ok()) {
         ++wins;
       } else {
-        EXPECT_EQ(s.code(), StatusCode::kAlreadyExists) << s.ToString();
+        EXPECT_THAT(s, StatusIs(StatusCode::kAlreadyExists));
       }
     });
   }
@@ -327,8 +331,8 @@ TEST(RelayTreeTest, DecisionIsOnceOnlyAtTheRootAndReachesEveryNode) {
             std::string_view::npos);
   // PutIfAbsent at a node is honoured there (for its own upward keys).
   ASSERT_OK(tree.node(4).PutIfAbsent(Key(1, "vote/n4"), Bytes("ready")));
-  EXPECT_EQ(tree.node(4).PutIfAbsent(Key(1, "vote/n4"), Bytes("failed")).code(),
-            StatusCode::kAlreadyExists);
+  EXPECT_THAT(tree.node(4).PutIfAbsent(Key(1, "vote/n4"), Bytes("failed")),
+              StatusIs(StatusCode::kAlreadyExists));
 }
 
 TEST(RelayTreeTest, RestartedNodeGetsAReplayAndItsChildrenReconnect) {
@@ -415,8 +419,7 @@ TEST(RelayTreeTest, SlowChildDoesNotStallItsSiblingWithinTheBound) {
   EXPECT_GE(slow_ms,
             (kObjects - 1) * 25);  // a delay after each frame but the last
   EXPECT_LT(quick_ms * 3, slow_ms);
-  EXPECT_TRUE((*slow)->status().last_error.ok())
-      << (*slow)->status().last_error.ToString();
+  EXPECT_OK((*slow)->status().last_error);
 }
 
 TEST(RelayTreeTest, SlowChildQueueStaysWithinTheBound) {
@@ -598,132 +601,26 @@ TEST(RelayTreeTest, OldVersionsAreEvictedAndTheByteCapHolds) {
     ASSERT_TRUE(WaitFor([&] { return tree.AllHold(IndexKeyOf(v), {}); }));
   }
   for (RelayStore* s : {&tree.root(), &tree.node(0), &tree.node(2)}) {
-    EXPECT_EQ(s->Get(Key(1, "chunk/0")).status().code(), StatusCode::kNotFound);
-    EXPECT_EQ(s->Get(IndexKeyOf(1)).status().code(), StatusCode::kNotFound);
+    EXPECT_THAT(s->Get(Key(1, "chunk/0")), StatusIs(StatusCode::kNotFound));
+    EXPECT_THAT(s->Get(IndexKeyOf(1)), StatusIs(StatusCode::kNotFound));
     EXPECT_OK(s->Get(Key(2, "chunk/0")));
     EXPECT_OK(s->Get("head"));
     EXPECT_EQ(s->status().evicted, 2u);
   }
   // A version below the window is refused at the root.
-  EXPECT_EQ(tree.root().Put(Key(1, "chunk/0"), Bytes("x")).code(),
-            StatusCode::kFailedPrecondition);
+  EXPECT_THAT(tree.root().Put(Key(1, "chunk/0"), Bytes("x")),
+              StatusIs(StatusCode::kFailedPrecondition));
   // Beyond max_store_bytes a Put fails clearly.
   Status big = tree.root().Put(Key(3, "chunk/1"), RandomBytes(1 << 20, 1));
-  EXPECT_EQ(big.code(), StatusCode::kResourceExhausted);
+  EXPECT_THAT(big, StatusIs(StatusCode::kResourceExhausted));
   EXPECT_NE(big.message().find("max_store_bytes"), std::string_view::npos)
       << big.ToString();
 }
 
-// The ObjectStore contract (store_conformance_test.cc) where it applies to
-// an endpoint: Put / Get / List / Delete / PutIfAbsent on the local map.
-class RelayConformanceTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    auto root = RelayStore::Root("127.0.0.1:0", Fast());
-    ASSERT_OK(root);
-    store_ = std::move(*root);
-  }
-  std::unique_ptr<RelayStore> store_;
-};
-
-TEST_F(RelayConformanceTest, PutGetOverwriteAndMissing) {
-  ASSERT_OK(store_->Put("a/b/c", Bytes("first")));
-  EXPECT_EQ(*store_->Get("a/b/c"), Bytes("first"));
-  ASSERT_OK(store_->Put("a/b/c", Bytes("second, longer")));
-  EXPECT_EQ(*store_->Get("a/b/c"), Bytes("second, longer"));
-  EXPECT_EQ(store_->Get("nope").status().code(), StatusCode::kNotFound);
-  EXPECT_EQ(store_->Get("a/b").status().code(), StatusCode::kNotFound);
-  EXPECT_TRUE(store_->List("absent/")->empty());
-  EXPECT_FALSE(store_->Describe().empty());
-}
-
-TEST_F(RelayConformanceTest, ListPrefixes) {
-  const std::vector<std::string> keys = {"v1/a", "v1/b/c",   "v10/x",  "v2/a",
-                                         "top",  "v1/b/d.e", ".hidden"};
-  for (const auto& k : keys) ASSERT_OK(store_->Put(k, Bytes(k + "!")));
-  auto keys_of = [](const std::vector<ObjectInfo>& v) {
-    std::vector<std::string> out;
-    for (const auto& o : v) out.push_back(o.key);
-    return out;
-  };
-  std::vector<std::string> sorted = keys;
-  std::sort(sorted.begin(), sorted.end());
-  auto all = store_->List("");
-  ASSERT_OK(all);
-  EXPECT_EQ(keys_of(*all), sorted);
-  for (const auto& o : *all) EXPECT_EQ(o.size, o.key.size() + 1) << o.key;
-  EXPECT_EQ(keys_of(*store_->List("v1/")),
-            (std::vector<std::string>{"v1/a", "v1/b/c", "v1/b/d.e"}));
-  EXPECT_EQ(keys_of(*store_->List("v1")),
-            (std::vector<std::string>{"v1/a", "v1/b/c", "v1/b/d.e", "v10/x"}));
-  EXPECT_EQ(keys_of(*store_->List("v1/b/d")),
-            (std::vector<std::string>{"v1/b/d.e"}));
-  EXPECT_EQ(keys_of(*store_->List("top")), (std::vector<std::string>{"top"}));
-}
-
-TEST_F(RelayConformanceTest, DeleteBinaryAndEmpty) {
-  ASSERT_OK(store_->Put("d/one", Bytes("1")));
-  ASSERT_OK(store_->Put("d/two", Bytes("2")));
-  ASSERT_OK(store_->Delete("d/one"));
-  EXPECT_EQ(store_->Get("d/one").status().code(), StatusCode::kNotFound);
-  EXPECT_EQ(store_->List("d/")->size(), 1u);
-  ASSERT_OK(store_->Delete("never/was"));
-  std::vector<uint8_t> all(512);
-  for (size_t i = 0; i < all.size(); ++i) all[i] = static_cast<uint8_t>(i);
-  ASSERT_OK(store_->Put("bin", all));
-  EXPECT_EQ(*store_->Get("bin"), all);
-  ASSERT_OK(store_->Put("empty", {}));
-  EXPECT_TRUE(store_->Get("empty")->empty());
-  ASSERT_OK(store_->PutIfAbsent("empty2", {}));
-  EXPECT_EQ(store_->List("empty")->size(), 2u);
-}
-
-TEST_F(RelayConformanceTest, KeyValidation) {
-  for (const std::string k : {"", "/a", "a/", "a//b", "..", "a b", "a~tmp"}) {
-    EXPECT_EQ(store_->Put(k, Bytes("x")).code(), StatusCode::kInvalidArgument)
-        << k;
-    EXPECT_EQ(store_->PutIfAbsent(k, Bytes("x")).code(),
-              StatusCode::kInvalidArgument)
-        << k;
-    EXPECT_EQ(store_->Get(k).status().code(), StatusCode::kInvalidArgument)
-        << k;
-    EXPECT_EQ(store_->Delete(k).code(), StatusCode::kInvalidArgument) << k;
-  }
-  EXPECT_EQ(store_->List("../").status().code(), StatusCode::kInvalidArgument);
-  const std::string seg(255, 's');
-  const std::string longest =
-      seg + "/" + seg + "/" + seg + "/" + std::string(254, 't') + "/u";
-  ASSERT_EQ(longest.size(), 1024u);
-  ASSERT_OK(store_->Put(longest, Bytes("long")));
-  EXPECT_EQ(*store_->Get(longest), Bytes("long"));
-}
-
-TEST_F(RelayConformanceTest, PutIfAbsentSemanticsAndRace) {
-  ASSERT_OK(store_->PutIfAbsent("decision/v1", Bytes("commit by A")));
-  EXPECT_EQ(store_->PutIfAbsent("decision/v1", Bytes("abort by B")).code(),
-            StatusCode::kAlreadyExists);
-  EXPECT_EQ(*store_->Get("decision/v1"), Bytes("commit by A"));
-  ASSERT_OK(store_->Put("decision/v2", Bytes("p")));
-  EXPECT_EQ(store_->PutIfAbsent("decision/v2", Bytes("q")).code(),
-            StatusCode::kAlreadyExists);
-  ASSERT_OK(store_->Delete("decision/v1"));
-  ASSERT_OK(store_->PutIfAbsent("decision/v1", Bytes("second")));
-  ASSERT_OK(store_->Put("decision/v1", Bytes("replaced")));
-  EXPECT_EQ(*store_->Get("decision/v1"), Bytes("replaced"));
-  for (int round = 0; round < 20; ++round) {
-    const std::string key = "race/" + std::to_string(round);
-    std::atomic<int> wins{0};
-    std::vector<std::thread> threads;
-    for (int w = 0; w < 8; ++w) {
-      threads.emplace_back([&, w] {
-        if (store_->PutIfAbsent(key, Bytes("w" + std::to_string(w))).ok())
-          ++wins;
-      });
-    }
-    for (auto& t : threads) t.join();
-    EXPECT_EQ(wins.load(), 1) << key;
-  }
-}
+// The ObjectStore contract (tests/support/store_suite.h) at an endpoint:
+// Put / Get / List / Delete / PutIfAbsent on the root's local map.
+INSTANTIATE_TEST_SUITE_P(Endpoint, StoreTest, ::testing::Values("relay"),
+                         ::refit::testing::StoreBackendName);
 
 }  // namespace
 }  // namespace refit

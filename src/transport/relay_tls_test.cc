@@ -29,14 +29,17 @@
 #include <random>
 #include <thread>
 
-#include "testing.h"
+#include "support/relay_testing.h"
+#include "support/status_matchers.h"
+#include "support/testing.h"
+#include "support/tls_testing.h"
 #include "transport/relay_frame.h"
 #include "transport/relay_store.h"
-#include "transport/relay_testing.h"
-#include "transport/tls_testing.h"
 
 namespace refit {
 namespace {
+
+using ::refit::testing::StatusIs;
 
 using namespace relay_testing;  // NOLINT(build/namespaces)
 using namespace tls_testing;  // NOLINT(build/namespaces)
@@ -249,7 +252,7 @@ TEST_F(RelayTlsTest, TreeDeliversObjectsAndVotesBitExactly) {
     RelayStatus s = nodes[static_cast<size_t>(i)]->status();
     EXPECT_TRUE(s.tls);
     EXPECT_TRUE(s.parent_connected);
-    EXPECT_TRUE(s.last_error.ok()) << s.last_error.ToString();
+    EXPECT_OK(s.last_error);
   }
   ASSERT_TRUE(WaitFor([&] {
     auto listed = (*root)->List(Key(1, "vote/"));
@@ -261,7 +264,7 @@ TEST_F(RelayTlsTest, TreeDeliversObjectsAndVotesBitExactly) {
               Bytes("ready " + member));
   }
   EXPECT_TRUE((*root)->status().tls);
-  EXPECT_TRUE((*root)->last_error().ok()) << (*root)->last_error().ToString();
+  EXPECT_OK((*root)->last_error());
   EXPECT_NE((*root)->Describe().find("TLS"), std::string::npos);
 }
 
@@ -493,7 +496,7 @@ TEST_F(RelayTlsTest, SlowChildQueueStaysWithinTheBoundOverTls) {
       [&](const std::string& name) { return FastTls(ca_.Issue(name, "")); }, 256 << 10,
       64 << 10, &tree));
   for (const auto& s : tree) {
-    EXPECT_TRUE(s->last_error().ok()) << s->last_error().ToString();
+    EXPECT_OK(s->last_error());
   }
 }
 
@@ -544,23 +547,22 @@ TEST_F(RelayTlsTest, BadTlsOptionsAreRefusedAtStart) {
   RelayTlsOptions t = good;
   t.ca_file.clear();
   Status s = RelayStore::Root("127.0.0.1:0", FastTls(t)).status();
-  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(s, StatusIs(StatusCode::kInvalidArgument));
   EXPECT_TRUE(Contains(s, "all three")) << s.ToString();
   t = good;
   t.cert_file = dir_.File("missing.crt");
   s = RelayStore::Root("127.0.0.1:0", FastTls(t)).status();
-  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(s, StatusIs(StatusCode::kInvalidArgument));
   EXPECT_TRUE(Contains(s, "missing.crt")) << s.ToString();
   t = good;
   t.key_file = ca_.Issue("other", "").key_file;
   s = RelayStore::Root("127.0.0.1:0", FastTls(t)).status();
-  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(s, StatusIs(StatusCode::kInvalidArgument));
   EXPECT_TRUE(Contains(s, "private key")) << s.ToString();
   RelayOptions names_only = Fast();
   names_only.tls.parent_name = "root";
-  EXPECT_EQ(
-      RelayStore::Node("n0", "127.0.0.1:1", "", names_only).status().code(),
-      StatusCode::kInvalidArgument);
+  EXPECT_THAT(RelayStore::Node("n0", "127.0.0.1:1", "", names_only),
+              StatusIs(StatusCode::kInvalidArgument));
 }
 
 // Root -> one node over loopback, TLS and plaintext in the same run:
@@ -614,7 +616,7 @@ TEST_F(RelayTlsTest, ThroughputAgainstPlaintext) {
     auto got =
         (*node)->Get(Key(1 + last / 8, "chunk/" + std::to_string(last % 8)));
     EXPECT_TRUE(got.ok() && *got == bodies[last]);
-    EXPECT_TRUE((*node)->last_error().ok()) << (*node)->last_error().ToString();
+    EXPECT_OK((*node)->last_error());
     EXPECT_EQ((*node)->status().tls, tls);
     return {static_cast<double>(objects * kObject) / (1 << 20) / seconds, cpu};
   };

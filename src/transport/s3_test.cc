@@ -13,12 +13,15 @@
 #include <mutex>
 #include <thread>
 
-#include "testing.h"
+#include "support/status_matchers.h"
+#include "support/testing.h"
 #include "transport/object_store.h"
 #include "transport/s3_xml.h"
 
 namespace refit {
 namespace {
+
+using ::refit::testing::StatusIs;
 
 using internal::ParseListObjectsV2;
 using internal::XmlUnescape;
@@ -34,7 +37,7 @@ TEST(S3XmlTest, Unescape) {
   for (const char* bad :
        {"&", "&amp", "&bogus;", "&#;", "&#x;", "&#0;", "&#xD800;", "&#x110000;",
         "&#12a;", "&aaaaaaaaaaaaaaaaaaaaaaaaaaaaa;"}) {
-    EXPECT_EQ(XmlUnescape(bad).status().code(), StatusCode::kDataLoss) << bad;
+    EXPECT_THAT(XmlUnescape(bad), StatusIs(StatusCode::kDataLoss)) << bad;
   }
   EXPECT_EQ(internal::XmlEscape("<a&'\">"), "&lt;a&amp;&apos;&quot;&gt;");
 }
@@ -85,7 +88,7 @@ TEST(S3XmlTest, ListObjectsV2RejectsMalformed) {
            "ListBucketResult>",
            "<ListBucketResult><IsTruncated>false</IsTruncated><Contents><Key>k",
        }) {
-    EXPECT_EQ(ParseListObjectsV2(bad).status().code(), StatusCode::kDataLoss)
+    EXPECT_THAT(ParseListObjectsV2(bad), StatusIs(StatusCode::kDataLoss))
         << bad;
   }
 }
@@ -110,8 +113,7 @@ TEST(S3UrlTest, BadUrlsAndOptions) {
   for (const char* bad : {"s3://", "s3:///x", "s3://bu/cket/../x", "s3://b c/x",
                           "s3://b/x?colour=red", "s3://b/x?region=EU%20West",
                           "s3://b/x?endpoint=%zz"}) {
-    EXPECT_EQ(OpenObjectStore(bad, o).status().code(),
-              StatusCode::kInvalidArgument)
+    EXPECT_THAT(OpenObjectStore(bad, o), StatusIs(StatusCode::kInvalidArgument))
         << bad;
   }
   StoreOptions no_endpoint = o;
@@ -123,8 +125,8 @@ TEST(S3UrlTest, BadUrlsAndOptions) {
   EXPECT_EQ((*via_url)->Describe(), "s3://b/p at http://127.0.0.1:9");
   StoreOptions bad_endpoint = o;
   bad_endpoint.endpoint = "ftp://x";
-  EXPECT_EQ(OpenObjectStore("s3://b", bad_endpoint).status().code(),
-            StatusCode::kInvalidArgument);
+  EXPECT_THAT(OpenObjectStore("s3://b", bad_endpoint),
+              StatusIs(StatusCode::kInvalidArgument));
 }
 
 // A one-connection-at-a-time HTTP/1.1 server that answers each request with
@@ -253,7 +255,7 @@ class CannedServer {
 
 std::unique_ptr<ObjectStore> Open(const StoreOptions& o) {
   auto s = OpenObjectStore("s3://bkt/pre", o);
-  EXPECT_TRUE(s.ok()) << s.status().ToString();
+  EXPECT_OK(s);
   return std::move(*s);
 }
 
@@ -296,7 +298,7 @@ TEST(S3RetryTest, GivesUpWithUnavailableNamingStoreAndStatus) {
   auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
                 std::chrono::steady_clock::now() - start)
                 .count();
-  EXPECT_EQ(got.status().code(), StatusCode::kUnavailable);
+  EXPECT_THAT(got, StatusIs(StatusCode::kUnavailable));
   std::string msg(got.status().message());
   EXPECT_NE(msg.find("s3://bkt/pre"), std::string::npos) << msg;
   EXPECT_NE(msg.find("3 attempts"), std::string::npos) << msg;
@@ -321,7 +323,7 @@ TEST(S3RetryTest, ConnectionErrorsAreRetriedThenUnavailable) {
   auto store = OpenObjectStore("s3://bkt", o);
   ASSERT_OK(store);
   Status s = (*store)->Put("k", Bytes("x"));
-  EXPECT_EQ(s.code(), StatusCode::kUnavailable);
+  EXPECT_THAT(s, StatusIs(StatusCode::kUnavailable));
   EXPECT_NE(s.message().find("curl error"), std::string_view::npos)
       << s.ToString();
   EXPECT_NE(s.message().find("2 attempts"), std::string_view::npos)
@@ -340,8 +342,7 @@ TEST(S3RetryTest, PerRequestTimeout) {
   auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
                 std::chrono::steady_clock::now() - start)
                 .count();
-  EXPECT_EQ(got.status().code(), StatusCode::kUnavailable)
-      << got.status().ToString();
+  EXPECT_THAT(got, StatusIs(StatusCode::kUnavailable));
   EXPECT_GE(ms, 550);
   EXPECT_LT(ms, 5000);
 }
@@ -359,15 +360,15 @@ TEST(S3ErrorTest, StatusMapping) {
   });
   auto store = Open(server.Options());
   Status denied = store->Get("a").status();
-  EXPECT_EQ(denied.code(), StatusCode::kPermissionDenied) << denied.ToString();
+  EXPECT_THAT(denied, StatusIs(StatusCode::kPermissionDenied));
   EXPECT_NE(denied.message().find("AccessDenied"), std::string_view::npos);
-  EXPECT_EQ(store->Get("a").status().code(), StatusCode::kNotFound);
+  EXPECT_THAT(store->Get("a"), StatusIs(StatusCode::kNotFound));
   Status no_bucket = store->Get("a").status();
-  EXPECT_EQ(no_bucket.code(), StatusCode::kNotFound);
+  EXPECT_THAT(no_bucket, StatusIs(StatusCode::kNotFound));
   EXPECT_NE(no_bucket.message().find("bucket 'bkt' does not exist"),
             std::string_view::npos)
       << no_bucket.ToString();
-  EXPECT_EQ(store->Get("a").status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(store->Get("a"), StatusIs(StatusCode::kInvalidArgument));
   EXPECT_OK(store->Delete("a"));
   EXPECT_OK(store->Delete("a"));
   EXPECT_EQ(server.seen().size(), 6u);  // none of these is retried
@@ -379,8 +380,8 @@ TEST(S3ConditionalTest, SendsIfNoneMatchAndMaps412) {
                  {412, "<Error><Code>PreconditionFailed</Code></Error>", ""}});
   auto store = Open(server.Options());
   EXPECT_OK(store->PutIfAbsent("d", Bytes("mine")));
-  EXPECT_EQ(store->PutIfAbsent("d", Bytes("mine")).code(),
-            StatusCode::kAlreadyExists);
+  EXPECT_THAT(store->PutIfAbsent("d", Bytes("mine")),
+              StatusIs(StatusCode::kAlreadyExists));
   auto seen = server.seen();
   ASSERT_EQ(seen.size(), 2u);
   EXPECT_NE(seen[0].head.find("If-None-Match: *"), std::string::npos);
@@ -394,8 +395,8 @@ TEST(S3ConditionalTest, ConflictIsRetried) {
       {{409, "<Error><Code>ConditionalRequestConflict</Code></Error>", ""},
        {412, "<Error><Code>PreconditionFailed</Code></Error>", ""}});
   auto store = Open(server.Options());
-  EXPECT_EQ(store->PutIfAbsent("d", Bytes("mine")).code(),
-            StatusCode::kAlreadyExists);
+  EXPECT_THAT(store->PutIfAbsent("d", Bytes("mine")),
+              StatusIs(StatusCode::kAlreadyExists));
   EXPECT_EQ(server.seen().size(), 2u);  // 409 is not ambiguous: no read-back
 }
 
@@ -412,8 +413,8 @@ TEST(S3ConditionalTest, LostResponseIsResolvedByReadingBack) {
                  {200, "theirs", ""}});
   auto store = Open(server.Options());
   EXPECT_OK(store->PutIfAbsent("d", Bytes("mine")));
-  EXPECT_EQ(store->PutIfAbsent("d", Bytes("mine")).code(),
-            StatusCode::kAlreadyExists);
+  EXPECT_THAT(store->PutIfAbsent("d", Bytes("mine")),
+              StatusIs(StatusCode::kAlreadyExists));
   EXPECT_EQ(server.seen().size(), 6u);
 }
 
@@ -454,7 +455,7 @@ TEST(S3ListTest, FollowsContinuationTokens) {
       "/bkt?continuation-token=t%2B%2F%3D%261&list-type=2&prefix=pre%2Fv%2F "))
       << seen[1].head;
   // A listing that strays outside the store's prefix is corrupt.
-  EXPECT_EQ(store->List("").status().code(), StatusCode::kDataLoss);
+  EXPECT_THAT(store->List(""), StatusIs(StatusCode::kDataLoss));
 }
 
 }  // namespace

@@ -1,6 +1,6 @@
 // Internal to the transport layer: the concrete stores behind
 // OpenObjectStore and helpers they share. Callers outside src/transport use
-// object_store.h (and test_stores.h in tests).
+// object_store.h.
 #ifndef REFIT_TRANSPORT_STORES_H_
 #define REFIT_TRANSPORT_STORES_H_
 

@@ -1,15 +1,19 @@
 // The test doubles and the retrying wrapper, over a directory store.
-#include "transport/test_stores.h"
-
 #include <gtest/gtest.h>
 
 #include <chrono>
 #include <thread>
 
-#include "testing.h"
+#include "support/faulty_store.h"
+#include "support/status_matchers.h"
+#include "support/testing.h"
+#include "transport/memory_store.h"
+#include "transport/throttled_store.h"
 
 namespace refit {
 namespace {
+
+using ::refit::testing::StatusIs;
 
 using ::refit::testing::TempDir;
 using Clock = std::chrono::steady_clock;
@@ -20,7 +24,7 @@ std::vector<uint8_t> Bytes(std::string_view s) {
 
 std::shared_ptr<ObjectStore> DirStore(const TempDir& dir) {
   auto s = OpenObjectStore(dir.path() + "/store");
-  EXPECT_TRUE(s.ok()) << s.status().ToString();
+  EXPECT_OK(s);
   return std::shared_ptr<ObjectStore>(std::move(*s));
 }
 
@@ -128,12 +132,12 @@ TEST(FaultyStoreTest, FailNext) {
   TempDir dir;
   FaultyStore store(DirStore(dir), 1);
   store.FailNext(2);
-  EXPECT_EQ(store.Put("k", Bytes("v")).code(), StatusCode::kUnavailable);
-  EXPECT_EQ(store.Get("k").status().code(), StatusCode::kUnavailable);
+  EXPECT_THAT(store.Put("k", Bytes("v")), StatusIs(StatusCode::kUnavailable));
+  EXPECT_THAT(store.Get("k"), StatusIs(StatusCode::kUnavailable));
   ASSERT_OK(store.Put("k", Bytes("v")));
   EXPECT_EQ(*store.Get("k"), Bytes("v"));
   store.FailNext(1, StatusCode::kPermissionDenied);
-  EXPECT_EQ(store.Delete("k").code(), StatusCode::kPermissionDenied);
+  EXPECT_THAT(store.Delete("k"), StatusIs(StatusCode::kPermissionDenied));
   EXPECT_EQ(store.calls(), 5);
   EXPECT_EQ(store.injected_failures(), 3);
 }
@@ -146,13 +150,13 @@ TEST(FaultyStoreTest, DropPuts) {
   ASSERT_OK(store.Put("v1/chunk-7", Bytes("lost")));
   ASSERT_OK(store.PutIfAbsent("v1/chunk-7b", Bytes("lost too")));
   ASSERT_OK(store.Put("v1/chunk-8", Bytes("kept")));
-  EXPECT_EQ(inner->Get("v1/chunk-7").status().code(), StatusCode::kNotFound);
-  EXPECT_EQ(inner->Get("v1/chunk-7b").status().code(), StatusCode::kNotFound);
+  EXPECT_THAT(inner->Get("v1/chunk-7"), StatusIs(StatusCode::kNotFound));
+  EXPECT_THAT(inner->Get("v1/chunk-7b"), StatusIs(StatusCode::kNotFound));
   EXPECT_EQ(*inner->Get("v1/chunk-8"), Bytes("kept"));
   EXPECT_EQ(store.dropped_puts(), 2);
   // Dropping still validates keys, as a real store would.
-  EXPECT_EQ(store.Put("chunk-7/../x", Bytes("x")).code(),
-            StatusCode::kInvalidArgument);
+  EXPECT_THAT(store.Put("chunk-7/../x", Bytes("x")),
+              StatusIs(StatusCode::kInvalidArgument));
 }
 
 TEST(FaultyStoreTest, CorruptGetsFlipOneBit) {
@@ -235,11 +239,11 @@ TEST(RetryingStoreTest, GivesUpAfterMaxAttempts) {
   auto store = NewRetryingStore(faulty, FastRetries(3));
   faulty->FailNext(10);
   Status s = store->Put("k", Bytes("v"));
-  EXPECT_EQ(s.code(), StatusCode::kUnavailable);
+  EXPECT_THAT(s, StatusIs(StatusCode::kUnavailable));
   EXPECT_NE(s.message().find("after 3 attempts"), std::string_view::npos)
       << s.ToString();
   EXPECT_EQ(faulty->calls(), 3);
-  EXPECT_EQ(store->Get("k").status().code(), StatusCode::kUnavailable);
+  EXPECT_THAT(store->Get("k"), StatusIs(StatusCode::kUnavailable));
   EXPECT_EQ(faulty->calls(), 6);
 }
 
@@ -248,9 +252,9 @@ TEST(RetryingStoreTest, OtherErrorsAreNotRetried) {
   auto faulty = std::make_shared<FaultyStore>(DirStore(dir), 3);
   auto store = NewRetryingStore(faulty, FastRetries(5));
   faulty->FailNext(3, StatusCode::kPermissionDenied);
-  EXPECT_EQ(store->Put("k", Bytes("v")).code(), StatusCode::kPermissionDenied);
-  EXPECT_EQ(store->Get("absent").status().code(),
-            StatusCode::kPermissionDenied);
+  EXPECT_THAT(store->Put("k", Bytes("v")),
+              StatusIs(StatusCode::kPermissionDenied));
+  EXPECT_THAT(store->Get("absent"), StatusIs(StatusCode::kPermissionDenied));
   EXPECT_EQ(faulty->calls(), 2);
 }
 
@@ -265,11 +269,11 @@ TEST(RetryingStoreTest, LostPutIfAbsentResponseIsResolved) {
   // A lost answer while someone else holds the key: still lost.
   ASSERT_OK(inner->Put("decision2", Bytes("theirs")));
   faulty->LoseNextResponses(1);
-  EXPECT_EQ(store->PutIfAbsent("decision2", Bytes("mine")).code(),
-            StatusCode::kAlreadyExists);
+  EXPECT_THAT(store->PutIfAbsent("decision2", Bytes("mine")),
+              StatusIs(StatusCode::kAlreadyExists));
   // Without ambiguity a plain loser is told so.
-  EXPECT_EQ(store->PutIfAbsent("decision", Bytes("mine")).code(),
-            StatusCode::kAlreadyExists);
+  EXPECT_THAT(store->PutIfAbsent("decision", Bytes("mine")),
+              StatusIs(StatusCode::kAlreadyExists));
 }
 
 }  // namespace

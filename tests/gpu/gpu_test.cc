@@ -19,9 +19,13 @@
 #include "delta/apply.h"
 #include "delta/encoder.h"
 #include "format/safetensors.h"
+#include "support/status_matchers.h"
+#include "support/testing.h"
 
 namespace refit::cuda {
 namespace {
+
+using ::refit::testing::StatusIs;
 
 struct DeviceMem {
   void* p = nullptr;
@@ -125,7 +129,7 @@ TEST(GpuHash, Xxh3EqualsLibxxhashForEveryLength) {
     }
   }
   auto got = HashSpansDevice(d.p, off, len);
-  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  ASSERT_OK(got);
   size_t bad = 0;
   for (size_t i = 0; i < off.size(); ++i) {
     const XXH128_hash_t want = XXH3_128bits(data.data() + off[i], len[i]);
@@ -176,12 +180,12 @@ void CheckWholeTensor(int w, double rate, bool allow_xor, uint64_t seed) {
   auto rx = Receiver::Create(std::move(plan), {"t"}, opt);
   ASSERT_TRUE(rx.ok());
   auto prep = (*rx)->Prepare(e.buf, e.spans);
-  ASSERT_TRUE(prep.ok()) << prep.status().ToString();
+  ASSERT_OK(prep);
   auto states = (*rx)->Classify(e.buf, *prep);
   ASSERT_TRUE(states.ok());
   for (uint8_t s : *states) ASSERT_EQ(s, 0);
   auto rep = (*rx)->Apply(e.buf, *prep, &*states);
-  ASSERT_TRUE(rep.ok()) << rep.status().ToString();
+  ASSERT_OK(rep);
   EXPECT_EQ(rep->chunks_applied, e.spans.size());
   EXPECT_EQ(Download(d, a.size()), b) << "w=" << w << " rate=" << rate;
   // At most once: a second apply finds every range at "after".
@@ -199,7 +203,7 @@ TEST(GpuApply, RandomWidthsRatesAndKinds) {
   for (int w : {1, 2, 4, 8}) {
     for (double rate : {0.0005, 0.01, 0.03, 0.2, 0.8}) {
       for (bool allow_xor : {true, false}) {
-        SCOPED_TRACE(testing::Message() << "w=" << w << " rate=" << rate
+        SCOPED_TRACE(::testing::Message() << "w=" << w << " rate=" << rate
                                         << " xor=" << allow_xor);
         CheckWholeTensor(w, rate, allow_xor, seed += 10);
       }
@@ -232,14 +236,14 @@ TEST(GpuApply, ConcurrentBatchesAndDevicePayload) {
   auto rx = Receiver::Create(std::move(plan), {"t"}, opt);
   ASSERT_TRUE(rx.ok());
   auto prep = (*rx)->Prepare(e.buf, e.spans);
-  ASSERT_TRUE(prep.ok()) << prep.status().ToString();
+  ASSERT_OK(prep);
   EXPECT_EQ(prep->slots, 8u);
   EXPECT_GE(prep->batches.size(), 8u);
   auto states = (*rx)->Classify(on_device, *prep);
   ASSERT_TRUE(states.ok());
   for (uint8_t s : *states) ASSERT_EQ(s, 0);
   auto rep = (*rx)->Apply(on_device, *prep, &*states);
-  ASSERT_TRUE(rep.ok()) << rep.status().ToString();
+  ASSERT_OK(rep);
   EXPECT_EQ(rep->chunks_applied, e.spans.size());
   // Staging within the budget; besides it, the plan and the status and
   // state words.
@@ -307,7 +311,7 @@ TEST(GpuApply, PlacementsMatchCpuReference) {
   uint64_t seed = 900;
   for (size_t li = 0; li < layouts.size(); ++li) {
     for (bool allow_xor : {true, false}) {
-      SCOPED_TRACE(testing::Message() << "layout " << li << " xor " << allow_xor);
+      SCOPED_TRACE(::testing::Message() << "layout " << li << " xor " << allow_xor);
       auto a = RandomBytes(rows * cols * w, ++seed);
       auto b = Perturb(a, w, 0.02, ++seed);
       Encoded e = EncodeTensor(a, b, w, 128 << 10, allow_xor);
@@ -347,9 +351,9 @@ TEST(GpuApply, PlacementsMatchCpuReference) {
       auto rx = Receiver::Create(std::move(plan), {"t"}, opt);
       ASSERT_TRUE(rx.ok());
       auto prep = (*rx)->Prepare(e.buf, e.spans);
-      ASSERT_TRUE(prep.ok()) << prep.status().ToString();
+      ASSERT_OK(prep);
       auto rep = (*rx)->Apply(e.buf, *prep);
-      ASSERT_TRUE(rep.ok()) << rep.status().ToString();
+      ASSERT_OK(rep);
       EXPECT_EQ(Download(d, dst0.size()), cpu);
     }
   }
@@ -540,12 +544,12 @@ TEST(GpuApply, DensePlanesMatchCpu) {
   auto rx = Receiver::Create(std::move(plan), {"t"}, {});
   ASSERT_TRUE(rx.ok());
   auto prep = (*rx)->Prepare(e.buf, e.spans);
-  ASSERT_TRUE(prep.ok()) << prep.status().ToString();
+  ASSERT_OK(prep);
   uint64_t gpu_planes = 0;
   for (const HostBatch& hb : prep->batches) gpu_planes += hb.planes.size();
   EXPECT_EQ(gpu_planes, 4u);  // regions 0 and 2
   auto rep = (*rx)->Apply(e.buf, *prep);
-  ASSERT_TRUE(rep.ok()) << rep.status().ToString();
+  ASSERT_OK(rep);
   EXPECT_EQ(rep->chunks_applied, 3u);
   EXPECT_EQ(Download(d, a.size()), b);
 
@@ -633,9 +637,9 @@ TEST(GpuApply, FixtureStepsMatchCpu) {
     auto rx = Receiver::Create(std::move(plan), names, {});
     ASSERT_TRUE(rx.ok());
     auto prep = (*rx)->Prepare(e.buf, e.spans);
-    ASSERT_TRUE(prep.ok()) << prep.status().ToString();
+    ASSERT_OK(prep);
     auto rep = (*rx)->Apply(e.buf, *prep);
-    ASSERT_TRUE(rep.ok()) << rep.status().ToString();
+    ASSERT_OK(rep);
     for (size_t t = 0; t < mem.size(); ++t) {
       EXPECT_EQ(Download(*mem[t], want[t].size()), want[t]) << names[t];
     }
@@ -704,7 +708,7 @@ void CheckGpuEncode(const std::vector<std::vector<uint8_t>>& olds,
   if (mask_bytes != 0) eo.mask_bytes = mask_bytes;
   std::vector<GpuEncodedChunk> got;
   auto rep = EncodeOnDevice(pairs, eo, &got);
-  ASSERT_TRUE(rep.ok()) << rep.status().ToString();
+  ASSERT_OK(rep);
   ASSERT_EQ(got.size(), want.size());
   size_t bad = 0;
   for (size_t i = 0; i < want.size(); ++i) {
@@ -811,7 +815,7 @@ TEST(GpuEncode, SinkErrorStopsTheCall) {
     return Status::Ok();
   });
   ASSERT_FALSE(rep.ok());
-  EXPECT_EQ(rep.status().code(), StatusCode::kDataLoss);
+  EXPECT_THAT(rep, StatusIs(StatusCode::kDataLoss));
   EXPECT_NE(rep.status().ToString().find("store full"), std::string::npos);
   ASSERT_EQ(starts.size(), 10u);
   for (size_t i = 0; i < starts.size(); ++i) EXPECT_EQ(starts[i], i * (32 << 10));

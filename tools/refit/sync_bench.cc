@@ -59,9 +59,10 @@
 #include "sync/receiver.h"
 #include "sync/relay_tree.h"
 #include "synth.h"
+#include "transport/memory_store.h"
 #include "transport/object_store.h"
 #include "transport/relay_store.h"
-#include "transport/test_stores.h"
+#include "transport/throttled_store.h"
 
 namespace refit::cli {
 namespace {

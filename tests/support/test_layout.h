@@ -2,8 +2,8 @@
 // every rank's local tensors the slow, obvious way (one element at a time,
 // straight from the Piece definition in layout.h), so that faster code can be
 // checked against them. Header-only; for tests, not for production paths.
-#ifndef REFIT_LAYOUT_TEST_LAYOUT_H_
-#define REFIT_LAYOUT_TEST_LAYOUT_H_
+#ifndef REFIT_TESTS_SUPPORT_TEST_LAYOUT_H_
+#define REFIT_TESTS_SUPPORT_TEST_LAYOUT_H_
 
 #include <algorithm>
 #include <cstdint>
@@ -26,7 +26,8 @@ namespace detail {
 inline Result<uint64_t> Elements(const std::vector<uint64_t>& shape) {
   uint64_t n = 1;
   for (uint64_t d : shape) {
-    if (__builtin_mul_overflow(n, d, &n)) return InvalidArgumentError("shape overflows");
+    if (__builtin_mul_overflow(n, d, &n))
+      return InvalidArgumentError("shape overflows");
   }
   return n;
 }
@@ -38,14 +39,16 @@ inline Result<int> CopyWidth(const LocalTensor& t, const CanonicalTensor& c) {
   REFIT_ASSIGN_OR_RETURN(int lw, dtypes.ElementWidth(t.dtype));
   REFIT_ASSIGN_OR_RETURN(int cw, dtypes.ElementWidth(c.dtype));
   if (lw != cw) {
-    return UnimplementedError("local tensor '" + t.name + "' (" + t.dtype +
-                              ") and canonical '" + c.name + "' (" + c.dtype +
-                              ") differ in width; the test helpers copy bits only");
+    return UnimplementedError(
+        "local tensor '" + t.name + "' (" + t.dtype + ") and canonical '" +
+        c.name + "' (" + c.dtype +
+        ") differ in width; the test helpers copy bits only");
   }
   return lw;
 }
 
-inline const CanonicalTensor* FindCanonical(const Layout& l, const std::string& name) {
+inline const CanonicalTensor* FindCanonical(const Layout& l,
+                                            const std::string& name) {
   for (const CanonicalTensor& c : l.canonical) {
     if (c.name == name) return &c;
   }
@@ -58,9 +61,8 @@ inline const CanonicalTensor* FindCanonical(const Layout& l, const std::string& 
 // canonical tensors' bytes; local elements that no piece maps (padding) are
 // `pad` bytes. Validates the layout first; kInvalidArgument when a mapped
 // canonical tensor is missing from `canonical` or has the wrong size.
-inline Result<std::vector<TensorBytes>> ScatterToRanks(const Layout& layout,
-                                                       const TensorBytes& canonical,
-                                                       uint8_t pad = 0xA5) {
+inline Result<std::vector<TensorBytes>> ScatterToRanks(
+    const Layout& layout, const TensorBytes& canonical, uint8_t pad = 0xA5) {
   REFIT_RETURN_IF_ERROR(ValidateLayout(layout));
   std::vector<TensorBytes> out(layout.ranks.size());
   for (size_t ri = 0; ri < layout.ranks.size(); ++ri) {
@@ -104,13 +106,13 @@ inline Result<std::vector<TensorBytes>> ScatterToRanks(const Layout& layout,
 // tensor is missing or of the wrong size, when replicas disagree on an
 // element (named), or when an element is mapped by nothing. Scale tensors
 // (derived) are left out.
-inline Result<TensorBytes> AssembleCanonical(const Layout& layout,
-                                             const std::vector<TensorBytes>& local) {
+inline Result<TensorBytes> AssembleCanonical(
+    const Layout& layout, const std::vector<TensorBytes>& local) {
   REFIT_RETURN_IF_ERROR(ValidateLayout(layout));
   if (local.size() != layout.ranks.size()) {
-    return InvalidArgumentError("local bytes for " + std::to_string(local.size()) +
-                                " ranks, layout has " +
-                                std::to_string(layout.ranks.size()));
+    return InvalidArgumentError(
+        "local bytes for " + std::to_string(local.size()) +
+        " ranks, layout has " + std::to_string(layout.ranks.size()));
   }
   TensorBytes out;
   std::map<std::string, std::vector<bool>> seen;
@@ -126,10 +128,11 @@ inline Result<TensorBytes> AssembleCanonical(const Layout& layout,
       DTypeRegistry dtypes;
       REFIT_ASSIGN_OR_RETURN(int lw, dtypes.ElementWidth(t.dtype));
       REFIT_ASSIGN_OR_RETURN(uint64_t n, detail::Elements(t.shape));
-      if (src == local[ri].end() || src->second.size() != n * static_cast<uint64_t>(lw)) {
-        return InvalidArgumentError("rank " + std::to_string(layout.ranks[ri].rank) +
-                                    ": local tensor '" + t.name +
-                                    "' is missing or of the wrong size");
+      if (src == local[ri].end() ||
+          src->second.size() != n * static_cast<uint64_t>(lw)) {
+        return InvalidArgumentError(
+            "rank " + std::to_string(layout.ranks[ri].rank) +
+            ": local tensor '" + t.name + "' is missing or of the wrong size");
       }
       for (const Piece& p : t.pieces) {
         const CanonicalTensor* c = detail::FindCanonical(layout, p.canonical);
@@ -157,9 +160,10 @@ inline Result<TensorBytes> AssembleCanonical(const Layout& layout,
             const uint8_t* from = &src->second[li * uw];
             if (have[ci] && std::memcmp(&dst[ci * uw], from, uw) != 0) {
               return InvalidArgumentError(
-                  "replicas disagree on element " + std::to_string(ci) + " of '" +
-                  c->name + "' (rank " + std::to_string(layout.ranks[ri].rank) +
-                  ", local tensor '" + t.name + "')");
+                  "replicas disagree on element " + std::to_string(ci) +
+                  " of '" + c->name + "' (rank " +
+                  std::to_string(layout.ranks[ri].rank) + ", local tensor '" +
+                  t.name + "')");
             }
             std::memcpy(&dst[ci * uw], from, uw);
             have[ci] = true;
@@ -171,12 +175,13 @@ inline Result<TensorBytes> AssembleCanonical(const Layout& layout,
   for (const CanonicalTensor& c : layout.canonical) {
     auto it = seen.find(c.name);
     if (it == seen.end()) {
-      return InvalidArgumentError("canonical '" + c.name + "' is mapped by nothing");
+      return InvalidArgumentError("canonical '" + c.name +
+                                  "' is mapped by nothing");
     }
     for (size_t i = 0; i < it->second.size(); ++i) {
       if (!it->second[i]) {
-        return InvalidArgumentError("element " + std::to_string(i) + " of '" + c.name +
-                                    "' is mapped by nothing");
+        return InvalidArgumentError("element " + std::to_string(i) + " of '" +
+                                    c.name + "' is mapped by nothing");
       }
     }
   }
@@ -185,4 +190,4 @@ inline Result<TensorBytes> AssembleCanonical(const Layout& layout,
 
 }  // namespace refit::layout::testing
 
-#endif  // REFIT_LAYOUT_TEST_LAYOUT_H_
+#endif  // REFIT_TESTS_SUPPORT_TEST_LAYOUT_H_

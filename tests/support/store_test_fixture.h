@@ -1,8 +1,8 @@
 // A test fixture parameterized over the two kinds of object store the
 // protocol runs on: "dir" (a directory) and "s3" (an S3-compatible store: a
 // moto_server the suite starts on 127.0.0.1). Test-only.
-#ifndef REFIT_SYNC_STORE_TEST_FIXTURE_H_
-#define REFIT_SYNC_STORE_TEST_FIXTURE_H_
+#ifndef REFIT_TESTS_SUPPORT_STORE_TEST_FIXTURE_H_
+#define REFIT_TESTS_SUPPORT_STORE_TEST_FIXTURE_H_
 
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -10,13 +10,13 @@
 #include <memory>
 #include <string>
 
-#include "testing.h"
-#include "transport/moto_testing.h"
+#include "support/moto_testing.h"
+#include "support/testing.h"
 #include "transport/object_store.h"
 
 namespace refit::testing {
 
-class StoreTest : public ::testing::TestWithParam<std::string> {
+class AnyStoreTest : public ::testing::TestWithParam<std::string> {
  protected:
   static void SetUpTestSuite() {
     auto moto = MotoServer::Start();
@@ -34,11 +34,12 @@ class StoreTest : public ::testing::TestWithParam<std::string> {
   std::unique_ptr<ObjectStore> NewStore(const std::string& tag) {
     static int counter = 0;
     const std::string name = tag + std::to_string(++counter);
-    auto s = GetParam() == "s3"
-                 ? OpenObjectStore(std::string("s3://") + MotoServer::kBucket + "/" +
-                                       std::to_string(getpid()) + "-" + name,
-                                   moto_->Options())
-                 : OpenObjectStore(dir_.File(name));
+    auto s =
+        GetParam() == "s3"
+            ? OpenObjectStore(std::string("s3://") + MotoServer::kBucket + "/" +
+                                  std::to_string(getpid()) + "-" + name,
+                              moto_->Options())
+            : OpenObjectStore(dir_.File(name));
     EXPECT_TRUE(s.ok()) << s.status().ToString();
     return s.ok() ? std::move(*s) : nullptr;
   }
@@ -50,4 +51,4 @@ class StoreTest : public ::testing::TestWithParam<std::string> {
 
 }  // namespace refit::testing
 
-#endif  // REFIT_SYNC_STORE_TEST_FIXTURE_H_
+#endif  // REFIT_TESTS_SUPPORT_STORE_TEST_FIXTURE_H_

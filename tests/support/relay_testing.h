@@ -1,10 +1,11 @@
 // Helpers shared by the relay tree tests (plaintext and TLS): payloads,
 // bounded waits, the protocol's keys, fast liveness options, and raw
 // sockets to play a misbehaving peer. Test-only, so everything is inline.
-#ifndef REFIT_TRANSPORT_RELAY_TESTING_H_
-#define REFIT_TRANSPORT_RELAY_TESTING_H_
+#ifndef REFIT_TESTS_SUPPORT_RELAY_TESTING_H_
+#define REFIT_TESTS_SUPPORT_RELAY_TESTING_H_
 
 #include <arpa/inet.h>
+#include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
@@ -15,6 +16,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <random>
 #include <string>
@@ -22,11 +24,7 @@
 #include <thread>
 #include <vector>
 
-#include <gtest/gtest.h>
-
-#include <memory>
-
-#include "testing.h"
+#include "support/testing.h"
 #include "transport/relay_store.h"
 
 namespace refit::relay_testing {
@@ -45,7 +43,8 @@ inline std::vector<uint8_t> RandomBytes(size_t n, uint64_t seed) {
 }
 
 inline int64_t MsSince(Clock::time_point t) {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t).count();
+  return std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t)
+      .count();
 }
 
 // Polls `pred` every 2 ms for up to `ms`.
@@ -61,13 +60,15 @@ inline bool WaitFor(const std::function<bool()>& pred, int ms = 10000) {
 // v/<V>/<rest>, as the protocol names a version's objects.
 inline std::string Key(uint64_t version, const std::string& rest) {
   char buf[64];
-  std::snprintf(buf, sizeof buf, "v/%020llu/", static_cast<unsigned long long>(version));
+  std::snprintf(buf, sizeof buf, "v/%020llu/",
+                static_cast<unsigned long long>(version));
   return buf + rest;
 }
 
 inline std::string IndexKeyOf(uint64_t version) {
   char buf[64];
-  std::snprintf(buf, sizeof buf, "index/%020llu", static_cast<unsigned long long>(version));
+  std::snprintf(buf, sizeof buf, "index/%020llu",
+                static_cast<unsigned long long>(version));
   return buf;
 }
 
@@ -120,7 +121,8 @@ inline RelayOptions Fast() {
 }
 
 inline uint16_t PortOf(const std::string& address) {
-  return static_cast<uint16_t>(std::stoi(address.substr(address.rfind(':') + 1)));
+  return static_cast<uint16_t>(
+      std::stoi(address.substr(address.rfind(':') + 1)));
 }
 
 // A TCP connection to 127.0.0.1:<port of address>; -1 when refused.
@@ -140,7 +142,8 @@ inline int ConnectRaw(const std::string& address) {
 inline void SendRaw(int fd, const std::vector<uint8_t>& bytes) {
   size_t done = 0;
   while (done < bytes.size()) {
-    ssize_t n = ::send(fd, bytes.data() + done, bytes.size() - done, MSG_NOSIGNAL);
+    ssize_t n =
+        ::send(fd, bytes.data() + done, bytes.size() - done, MSG_NOSIGNAL);
     if (n <= 0) return;  // the peer closed: the test checks that separately
     done += static_cast<size_t>(n);
   }
@@ -176,22 +179,26 @@ inline void CheckSlowChildQueueBound(
   };
   auto root = RelayStore::Root("127.0.0.1:0", options("root"));
   ASSERT_OK(root);
-  auto mid = RelayStore::Node("mid", (*root)->listen_address(), "127.0.0.1:0", options("mid"));
+  auto mid = RelayStore::Node("mid", (*root)->listen_address(), "127.0.0.1:0",
+                              options("mid"));
   ASSERT_OK(mid);
   RelayOptions slow_opts = options("slow");
   slow_opts.test_read_delay_ms = 5;
   auto slow = RelayStore::Node("slow", (*mid)->listen_address(), "", slow_opts);
-  auto quick = RelayStore::Node("quick", (*mid)->listen_address(), "", options("quick"));
+  auto quick =
+      RelayStore::Node("quick", (*mid)->listen_address(), "", options("quick"));
   ASSERT_OK(slow);
   ASSERT_OK(quick);
   ASSERT_TRUE(WaitFor([&] { return (*mid)->status().children == 2; }));
   constexpr int kObjects = 200;
   for (int i = 0; i < kObjects; ++i) {
-    ASSERT_OK((*root)->Put(Key(1, "chunk/" + std::to_string(i)), RandomBytes(object, 3)));
+    ASSERT_OK((*root)->Put(Key(1, "chunk/" + std::to_string(i)),
+                           RandomBytes(object, 3)));
   }
   const std::string last = Key(1, "chunk/" + std::to_string(kObjects - 1));
-  ASSERT_TRUE(
-      WaitFor([&] { return (*quick)->Get(last).ok() && (*slow)->Get(last).ok(); }, 30000));
+  ASSERT_TRUE(WaitFor(
+      [&] { return (*quick)->Get(last).ok() && (*slow)->Get(last).ok(); },
+      30000));
   EXPECT_LE((*mid)->status().max_child_queue_bytes, bound + object);
   EXPECT_LE((*root)->status().max_child_queue_bytes, bound + object);
   EXPECT_TRUE(*(*slow)->Get(Key(1, "chunk/17")) == RandomBytes(object, 3));
@@ -205,4 +212,4 @@ inline void CheckSlowChildQueueBound(
 
 }  // namespace refit::relay_testing
 
-#endif  // REFIT_TRANSPORT_RELAY_TESTING_H_
+#endif  // REFIT_TESTS_SUPPORT_RELAY_TESTING_H_

@@ -1,6 +1,6 @@
 // Helpers for tests: fixture lookup and scratch directories.
-#ifndef REFIT_TESTS_TESTING_H_
-#define REFIT_TESTS_TESTING_H_
+#ifndef REFIT_TESTS_SUPPORT_TESTING_H_
+#define REFIT_TESTS_SUPPORT_TESTING_H_
 
 #include <gtest/gtest.h>
 
@@ -15,10 +15,10 @@ namespace refit::testing {
 std::string FixturesDir();
 
 // Skips the calling test, loudly, when the fixtures are absent.
-#define REFIT_REQUIRE_FIXTURES()                                      \
-  do {                                                                \
-    if (::refit::testing::FixturesDir().empty())                      \
-      GTEST_SKIP() << "fixtures not found: set REFIT_FIXTURES_DIR";   \
+#define REFIT_REQUIRE_FIXTURES()                                    \
+  do {                                                              \
+    if (::refit::testing::FixturesDir().empty())                    \
+      GTEST_SKIP() << "fixtures not found: set REFIT_FIXTURES_DIR"; \
   } while (0)
 
 // A fresh directory under $TMPDIR, removed with its contents on destruction.
@@ -40,15 +40,15 @@ std::vector<uint8_t> ReadBytes(const std::string& path);
 
 }  // namespace refit::testing
 
-#define ASSERT_OK(expr)                                          \
-  do {                                                           \
-    ::refit::Status s_ = ::refit::internal::ToStatus(expr);      \
-    ASSERT_TRUE(s_.ok()) << s_.ToString();                       \
+#define ASSERT_OK(expr)                                     \
+  do {                                                      \
+    ::refit::Status s_ = ::refit::internal::ToStatus(expr); \
+    ASSERT_TRUE(s_.ok()) << s_.ToString();                  \
   } while (0)
-#define EXPECT_OK(expr)                                          \
-  do {                                                           \
-    ::refit::Status s_ = ::refit::internal::ToStatus(expr);      \
-    EXPECT_TRUE(s_.ok()) << s_.ToString();                       \
+#define EXPECT_OK(expr)                                     \
+  do {                                                      \
+    ::refit::Status s_ = ::refit::internal::ToStatus(expr); \
+    EXPECT_TRUE(s_.ok()) << s_.ToString();                  \
   } while (0)
 
-#endif  // REFIT_TESTS_TESTING_H_
+#endif  // REFIT_TESTS_SUPPORT_TESTING_H_

@@ -1,4 +1,4 @@
-#include "transport/moto_testing.h"
+#include "support/moto_testing.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>

@@ -1,8 +1,8 @@
 // A throwaway PKI for relay TLS tests: EC P-256 keys and X.509
 // certificates made with OpenSSL's C API at test time, written as PEM files
 // into a temporary directory (no key file is ever committed). Test-only.
-#ifndef REFIT_TRANSPORT_TLS_TESTING_H_
-#define REFIT_TRANSPORT_TLS_TESTING_H_
+#ifndef REFIT_TESTS_SUPPORT_TLS_TESTING_H_
+#define REFIT_TESTS_SUPPORT_TLS_TESTING_H_
 
 #include <gtest/gtest.h>
 #include <openssl/evp.h>
@@ -15,7 +15,7 @@
 #include <memory>
 #include <string>
 
-#include "testing.h"
+#include "support/testing.h"
 #include "transport/relay_store.h"
 
 namespace refit::tls_testing {
@@ -33,7 +33,8 @@ inline KeyPtr NewKey() {
   return KeyPtr(EVP_PKEY_Q_keygen(nullptr, nullptr, "EC", "P-256"));
 }
 
-inline void AddExt(X509* cert, X509V3_CTX* ctx, int nid, const std::string& value) {
+inline void AddExt(X509* cert, X509V3_CTX* ctx, int nid,
+                   const std::string& value) {
   X509_EXTENSION* ext = X509V3_EXT_conf_nid(nullptr, ctx, nid, value.c_str());
   ASSERT_NE(ext, nullptr) << "extension " << nid << " = " << value;
   ASSERT_EQ(X509_add_ext(cert, ext, -1), 1);
@@ -118,4 +119,4 @@ class TestCa {
 
 }  // namespace refit::tls_testing
 
-#endif  // REFIT_TRANSPORT_TLS_TESTING_H_
+#endif  // REFIT_TESTS_SUPPORT_TLS_TESTING_H_

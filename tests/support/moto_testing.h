@@ -4,8 +4,8 @@
 // The server runs in its own process group, is killed with that group when
 // the MotoServer is destroyed, and dies with the test process
 // (PR_SET_PDEATHSIG) even when the test crashes, so no server outlives it.
-#ifndef REFIT_TRANSPORT_MOTO_TESTING_H_
-#define REFIT_TRANSPORT_MOTO_TESTING_H_
+#ifndef REFIT_TESTS_SUPPORT_MOTO_TESTING_H_
+#define REFIT_TESTS_SUPPORT_MOTO_TESTING_H_
 
 #include <sys/types.h>
 
@@ -43,4 +43,4 @@ class MotoServer {
 
 }  // namespace refit::testing
 
-#endif  // REFIT_TRANSPORT_MOTO_TESTING_H_
+#endif  // REFIT_TESTS_SUPPORT_MOTO_TESTING_H_

@@ -1,4 +1,4 @@
-#include "testing.h"
+#include "support/testing.h"
 
 #include <stdlib.h>
 

@@ -1,7 +1,7 @@
 // A small BF16 model for protocol tests: three tensors of random bits that
 // step by ulp-sized XORs, written as one safetensors file. Test-only.
-#ifndef REFIT_SYNC_TEST_MODEL_H_
-#define REFIT_SYNC_TEST_MODEL_H_
+#ifndef REFIT_TESTS_SUPPORT_TEST_MODEL_H_
+#define REFIT_TESTS_SUPPORT_TEST_MODEL_H_
 
 #include <gtest/gtest.h>
 
@@ -40,7 +40,8 @@ struct TestModel {
     std::uniform_real_distribution<double> u(0, 1);
     for (auto& d : data) {
       for (size_t i = 0; i < d.size(); i += 2) {
-        if (u(rng) < rate) d[i] ^= static_cast<uint8_t>((2u << (rng() % 3)) - 1);
+        if (u(rng) < rate)
+          d[i] ^= static_cast<uint8_t>((2u << (rng() % 3)) - 1);
       }
     }
   }
@@ -75,7 +76,8 @@ struct TestModel {
       auto idx = ck->IndexOf(names[i]);
       if (!idx) return false;
       auto d = ck->Data(*idx);
-      if (!std::equal(d.begin(), d.end(), data[i].begin(), data[i].end())) return false;
+      if (!std::equal(d.begin(), d.end(), data[i].begin(), data[i].end()))
+        return false;
     }
     return true;
   }
@@ -84,8 +86,9 @@ struct TestModel {
 // Publishes `model` as `version` while every receiver syncs to it on a
 // thread of its own (up to `timeout_ms`); a receiver that fails adds a test
 // failure. Checks that the version committed and every receiver holds it.
-inline void PublishToAll(Publisher& pub, const std::vector<std::unique_ptr<Receiver>>& receivers,
-                         uint64_t version, const TestModel& model, int timeout_ms) {
+inline void PublishToAll(
+    Publisher& pub, const std::vector<std::unique_ptr<Receiver>>& receivers,
+    uint64_t version, const TestModel& model, int timeout_ms) {
   std::vector<std::thread> threads;
   std::atomic<int> failures{0};
   for (const auto& r : receivers) {
@@ -107,4 +110,4 @@ inline void PublishToAll(Publisher& pub, const std::vector<std::unique_ptr<Recei
 
 }  // namespace refit::testing
 
-#endif  // REFIT_SYNC_TEST_MODEL_H_
+#endif  // REFIT_TESTS_SUPPORT_TEST_MODEL_H_
