@@ -292,17 +292,17 @@ Result<StepResult> Receiver::Next(uint64_t fold_limit) {
         shas.push_back(next_sha);
       }
       if (chain.size() >= 2 && opt_.staged)
-        return OrSnapshot(PrepareChain(chain, shas, false));
+        return OrSnapshot(PrepareChain(chain, /*vote=*/false));
       if (chain.size() >= 2) {
         auto folded = Fold(chain, shas, /*resume=*/false);
         if (!folded.ok()) return OrSnapshot(folded.status());
         if (*folded) return std::move(**folded);
       }
     }
-    Result<StepResult> step =
-        opt_.staged ? PrepareChain({a}, {sha}, member && !decision)
-                    : ProcessVersion(a, sha, member && !decision,
-                                     /*resume=*/false);
+    Result<StepResult> step = opt_.staged
+                                  ? PrepareChain({a}, member && !decision)
+                                  : ProcessVersion(a, sha, member && !decision,
+                                                   /*resume=*/false);
     return decision ? OrSnapshot(std::move(step)) : step;
   }
   return StepResult{};

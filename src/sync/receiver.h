@@ -244,7 +244,7 @@ class Receiver {
   // Two-phase receivers: stages the chain (one version, voting when
   // `vote`, or committed versions to fold), or the snapshot `version`.
   Result<StepResult> PrepareChain(const std::vector<Announcement>& chain,
-                                  const std::vector<Sha256>& shas, bool vote);
+                                  bool vote);
   Result<StepResult> PrepareSnapshot(uint64_t version);
   // Stores this member's vote that `version` failed for `why`; then
   // VotedFailed() records it and says so, with what happens `then`.

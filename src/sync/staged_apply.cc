@@ -304,9 +304,7 @@ Result<StepResult> StagedPrepare::Snapshot(uint64_t version) {
 namespace refit {
 
 Result<StepResult> Receiver::PrepareChain(
-    const std::vector<Announcement>& chain, const std::vector<Sha256>& shas,
-    bool vote) {
-  (void)shas;  // nothing is journaled: the staging dies with the process
+    const std::vector<Announcement>& chain, bool vote) {
   auto p = std::make_unique<internal::PreparedVersions>();
   p->chain = chain;
   bool fault = false;
