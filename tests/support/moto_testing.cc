@@ -15,6 +15,7 @@
 #include <fstream>
 #include <sstream>
 #include <thread>
+#include <vector>
 
 #include "transport/stores.h"
 
@@ -59,6 +60,24 @@ std::string Tail(const std::string& path) {
   return all.size() > 2000 ? all.substr(all.size() - 2000) : all;
 }
 
+// moto answers a conditional PUT (If-None-Match: *) by looking the key up
+// and then writing it, two steps that concurrent requests interleave, so
+// two racing creators could both be told they won. A real S3 makes the
+// create atomic. This launcher runs moto's own application behind one lock,
+// serving a request at a time, so the test server keeps S3's contract.
+constexpr const char* kSerialLauncher = R"py(
+import sys, threading
+from werkzeug.serving import run_simple
+from moto.moto_server.werkzeug_app import (DomainDispatcherApplication,
+                                           create_backend_app)
+app = DomainDispatcherApplication(create_backend_app)
+lock = threading.Lock()
+def serial(environ, start_response):
+    with lock:
+        return list(app(environ, start_response))
+run_simple(sys.argv[1], int(sys.argv[2]), serial, threaded=True)
+)py";
+
 }  // namespace
 
 StoreOptions MotoServer::Options() const {
@@ -80,8 +99,23 @@ std::string MotoServer::Log() const {
 }
 
 Result<std::unique_ptr<MotoServer>> MotoServer::Start() {
-  std::string exe = FindOnPath("moto_server");
-  if (exe.empty()) return NotFoundError("moto_server is not on PATH");
+  std::string moto = FindOnPath("moto_server");
+  if (moto.empty()) return NotFoundError("moto_server is not on PATH");
+  // The serial launcher needs the Python that has moto; where "python3"
+  // is not that one, moto_server itself serves (without atomic creates).
+  std::string python = FindOnPath("python3");
+  if (!python.empty()) {
+    auto serial = Launch({python, "-c", kSerialLauncher});
+    if (serial.ok()) {
+      (*serial)->atomic_creates_ = true;
+      return serial;
+    }
+  }
+  return Launch({moto});
+}
+
+Result<std::unique_ptr<MotoServer>> MotoServer::Launch(
+    std::vector<std::string> argv) {
   int port = FreePort();
   if (port < 0) return UnavailableError("no free TCP port on 127.0.0.1");
   std::unique_ptr<MotoServer> server(new MotoServer());
@@ -90,7 +124,16 @@ Result<std::unique_ptr<MotoServer>> MotoServer::Start() {
   server->log_path_ = std::string(tmp != nullptr ? tmp : "/tmp") +
                       "/refit-moto-" + std::to_string(getpid()) + "-" +
                       std::to_string(port) + ".log";
-  std::string port_str = std::to_string(port);
+  // moto_server takes -H/-p; the launcher takes host and port in order.
+  if (argv.size() == 1) {
+    argv.insert(argv.end(), {"-H", "127.0.0.1", "-p"});
+  } else {
+    argv.push_back("127.0.0.1");
+  }
+  argv.push_back(std::to_string(port));
+  std::vector<char*> args;
+  for (std::string& a : argv) args.push_back(a.data());
+  args.push_back(nullptr);
   pid_t parent = getpid();
   pid_t pid = fork();
   if (pid < 0) return UnavailableError("fork failed");
@@ -104,8 +147,7 @@ Result<std::unique_ptr<MotoServer>> MotoServer::Start() {
       dup2(log, 1);
       dup2(log, 2);
     }
-    execl(exe.c_str(), "moto_server", "-H", "127.0.0.1", "-p", port_str.c_str(),
-          static_cast<char*>(nullptr));
+    execv(args[0], args.data());
     _exit(127);
   }
   setpgid(pid, pid);  // also here, so the group exists before we kill it

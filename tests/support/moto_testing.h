@@ -11,6 +11,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "transport/object_store.h"
 
@@ -31,14 +32,22 @@ class MotoServer {
   StoreOptions Options() const;
   // The server's output so far, one line per request served.
   std::string Log() const;
+  // Whether conditional creates (PutIfAbsent) are atomic, as on S3: true
+  // when the server runs behind the serial launcher, false when plain
+  // moto_server serves (its check and write can interleave).
+  bool atomic_creates() const { return atomic_creates_; }
 
  private:
   MotoServer() = default;
+  // Starts argv (moto_server, or python3 -c launcher) on a free port.
+  static Result<std::unique_ptr<MotoServer>> Launch(
+      std::vector<std::string> argv);
   void Stop();
 
   pid_t pid_ = -1;
   std::string endpoint_;
   std::string log_path_;
+  bool atomic_creates_ = false;
 };
 
 }  // namespace refit::testing

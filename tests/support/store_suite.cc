@@ -300,6 +300,11 @@ TEST_P(StoreTest, PutIfAbsentSemantics) {
 // processes would be), create the same key; exactly one may win, and every
 // reader must see the winner's bytes.
 TEST_P(StoreTest, PutIfAbsentRace) {
+  if (GetParam() == "s3" && !moto_->atomic_creates()) {
+    GTEST_SKIP() << "\n*** SKIPPED: moto_server serves without the serial "
+                    "launcher (python3 on PATH cannot import moto), and its "
+                    "conditional creates are not atomic. ***\n";
+  }
   constexpr int kWriters = 8;
   constexpr int kRounds = 50;
   std::vector<std::unique_ptr<ObjectStore>> stores;
