@@ -8,6 +8,7 @@ PACKAGES=(
   build-essential cmake ninja-build pkg-config git
   libxxhash-dev        # XXH3-128 range hashes
   libzstd-dev          # zstd planes in dense chunks, baselines
+  liblz4-dev           # the LZ4 baseline of `refit bench peers`
   nlohmann-json3-dev   # safetensors headers, --json output
   libcli11-dev         # command line parsing
   libfmt-dev           # formatting

@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <regex>
 #include <string>
@@ -451,6 +452,31 @@ TEST_F(CliTest, BenchRunsSmall) {
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_TRUE(IsJson(dir_, r.out)) << r.out;
   EXPECT_NE(r.out.find("zstd3_dense_xor_bytes"), std::string::npos);
+}
+
+// Every scheme of `refit bench peers` round-trips bit-exact on the real
+// fixture steps, and refit's payload is the smallest of them.
+TEST_F(CliTest, BenchPeersRoundTripsEverySchemeOnTheFixtures) {
+  REFIT_REQUIRE_FIXTURES();
+  RunResult r = Run({"bench", "peers", "--fixtures", FixturesDir(), "--json"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  nlohmann::json j = nlohmann::json::parse(r.out);
+  EXPECT_TRUE(j["ok"].get<bool>()) << r.out;
+  ASSERT_EQ(j["cases"].size(), 3u) << r.out;
+  for (const auto& c : j["cases"]) {
+    std::map<std::string, uint64_t> payload;
+    for (const auto& s : c["schemes"]) {
+      EXPECT_TRUE(s["exact"].get<bool>()) << s;
+      payload[s["scheme"].get<std::string>()] = s["payload_bytes"].get<uint64_t>();
+    }
+    ASSERT_EQ(payload.size(), 5u) << c;
+    for (const auto& [name, bytes] : payload) {
+      if (name != "refit") {
+        EXPECT_LT(payload["refit"], bytes) << name;
+      }
+    }
+    EXPECT_EQ(payload["full"], 2 * c["elements"].get<uint64_t>());
+  }
 }
 
 // A checkpoint where a delta belongs, or the reverse, is named as the

@@ -86,6 +86,11 @@ int RunBench(const BenchArgs& args);
 std::function<int(bool json, const std::string& command_line)>
 RegisterBenchSync(CLI::App* bench_cmd);
 
+// `refit bench peers` (peers_bench.cc): the same, for refit next to the
+// delta schemes in use elsewhere.
+std::function<int(bool json, const std::string& command_line)>
+RegisterBenchPeers(CLI::App* bench_cmd);
+
 }  // namespace refit::cli
 
 #endif  // REFIT_TOOLS_REFIT_COMMANDS_H_

@@ -245,6 +245,7 @@ int Main(int argc, char** argv) {
       "and the zstd and overwrite baselines");
   AddJson(bench_cmd, &bench.json);
   auto run_bench_sync = RegisterBenchSync(bench_cmd);
+  auto run_bench_peers = RegisterBenchPeers(bench_cmd);
   RegisterSyncCommands(&app, &sync);
   auto run_layout = RegisterLayoutCommand(&app);
   // Set after the subcommands are added: they keep the footer above, and
@@ -297,6 +298,9 @@ int Main(int argc, char** argv) {
     }
     if (bench_cmd->got_subcommand("sync")) {
       return run_bench_sync(bench.json, bench.command_line);
+    }
+    if (bench_cmd->got_subcommand("peers")) {
+      return run_bench_peers(bench.json, bench.command_line);
     }
     return RunBench(bench);
   }
