@@ -63,8 +63,9 @@ std::string Tail(const std::string& path) {
 // moto answers a conditional PUT (If-None-Match: *) by looking the key up
 // and then writing it, two steps that concurrent requests interleave, so
 // two racing creators could both be told they won. A real S3 makes the
-// create atomic. This launcher runs moto's own application behind one lock,
-// serving a request at a time, so the test server keeps S3's contract.
+// create atomic. This launcher runs moto's own application and serves the
+// requests that carry If-None-Match one at a time (the others as moto
+// does, concurrently), so the test server keeps S3's contract.
 constexpr const char* kSerialLauncher = R"py(
 import sys, threading
 from werkzeug.serving import run_simple
@@ -73,6 +74,8 @@ from moto.moto_server.werkzeug_app import (DomainDispatcherApplication,
 app = DomainDispatcherApplication(create_backend_app)
 lock = threading.Lock()
 def serial(environ, start_response):
+    if "HTTP_IF_NONE_MATCH" not in environ:
+        return app(environ, start_response)
     with lock:
         return list(app(environ, start_response))
 run_simple(sys.argv[1], int(sys.argv[2]), serial, threaded=True)
@@ -105,17 +108,17 @@ Result<std::unique_ptr<MotoServer>> MotoServer::Start() {
   // is not that one, moto_server itself serves (without atomic creates).
   std::string python = FindOnPath("python3");
   if (!python.empty()) {
-    auto serial = Launch({python, "-c", kSerialLauncher});
-    if (serial.ok()) {
-      (*serial)->atomic_creates_ = true;
-      return serial;
-    }
+    bool exited = false;
+    auto serial = Launch({python, "-c", kSerialLauncher}, &exited);
+    if (serial.ok()) (*serial)->atomic_creates_ = true;
+    if (serial.ok() || !exited) return serial;
   }
-  return Launch({moto});
+  bool exited = false;
+  return Launch({moto}, &exited);
 }
 
 Result<std::unique_ptr<MotoServer>> MotoServer::Launch(
-    std::vector<std::string> argv) {
+    std::vector<std::string> argv, bool* exited) {
   int port = FreePort();
   if (port < 0) return UnavailableError("no free TCP port on 127.0.0.1");
   std::unique_ptr<MotoServer> server(new MotoServer());
@@ -156,19 +159,21 @@ Result<std::unique_ptr<MotoServer>> MotoServer::Launch(
   StoreOptions o = server->Options();
   o.max_attempts = 1;
   o.timeout_ms = 2000;
-  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  // Generous: on a loaded machine moto's imports alone take seconds.
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
   Status last;
   for (;;) {
     int wstatus = 0;
     if (waitpid(pid, &wstatus, WNOHANG) == pid) {
       server->pid_ = -1;
+      *exited = true;
       return UnavailableError("moto_server exited during start-up; log:\n" +
                               Tail(server->log_path_));
     }
     last = internal::CreateS3Bucket(kBucket, o);
     if (last.ok()) return server;
     if (std::chrono::steady_clock::now() > deadline) {
-      return UnavailableError("moto_server did not answer within 20 s (" +
+      return UnavailableError("moto_server did not answer within 60 s (" +
                               last.ToString() + "); log:\n" +
                               Tail(server->log_path_));
     }

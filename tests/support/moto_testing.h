@@ -22,7 +22,7 @@ class MotoServer {
   // The bucket Start() creates.
   static constexpr const char* kBucket = "refit-test";
 
-  // Starts moto_server on a free port, waits (at most ~20 s) until it
+  // Starts moto_server on a free port, waits (at most ~60 s) until it
   // answers and creates kBucket. kNotFound when moto_server is not on PATH.
   static Result<std::unique_ptr<MotoServer>> Start();
   ~MotoServer();
@@ -39,9 +39,10 @@ class MotoServer {
 
  private:
   MotoServer() = default;
-  // Starts argv (moto_server, or python3 -c launcher) on a free port.
+  // Starts argv (moto_server, or python3 -c launcher) on a free port;
+  // *exited tells a server that quit during start-up from a slow one.
   static Result<std::unique_ptr<MotoServer>> Launch(
-      std::vector<std::string> argv);
+      std::vector<std::string> argv, bool* exited);
   void Stop();
 
   pid_t pid_ = -1;
