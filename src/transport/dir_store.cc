@@ -36,6 +36,7 @@
 #include <utility>
 
 #include "transport/stores.h"
+#include "transport/tree_watch.h"
 
 namespace refit::internal {
 namespace {
@@ -165,12 +166,17 @@ class DirStore final : public ObjectStore {
     return Write(key, data, /*replace=*/false);
   }
 
+  // Every writer's objects count where the tree can be watched
+  // (tree_watch.h); otherwise this object's own, and other writers' are
+  // found by the waiter's next poll.
   uint64_t ChangeCount() override {
+    if (TreeWatch* w = Watch()) return w->Count();
     std::lock_guard<std::mutex> lock(change_mu_);
     return changes_;
   }
 
   void AwaitChange(uint64_t since, int timeout_ms) override {
+    if (TreeWatch* w = Watch()) return w->Await(since, timeout_ms);
     std::unique_lock<std::mutex> lock(change_mu_);
     changed_.wait_for(lock, std::chrono::milliseconds(std::max(0, timeout_ms)),
                       [&] { return changes_ != since; });
@@ -454,8 +460,14 @@ class DirStore final : public ObjectStore {
     return s;
   }
 
-  // Objects stored through this object (other processes' are not seen:
-  // their waiters poll).
+  // Started by the first waiter, so that writers that never wait hold no
+  // watch; null where the tree cannot be watched.
+  TreeWatch* Watch() {
+    std::call_once(watch_once_, [&] { watch_ = TreeWatch::For(root_); });
+    return watch_.get();
+  }
+
+  // Objects stored through this object, for waiters without a watch.
   void Changed() {
     {
       std::lock_guard<std::mutex> lock(change_mu_);
@@ -468,6 +480,8 @@ class DirStore final : public ObjectStore {
   std::mutex change_mu_;
   std::condition_variable changed_;
   uint64_t changes_ = 0;  // guarded by change_mu_
+  std::once_flag watch_once_;
+  std::shared_ptr<TreeWatch> watch_;
 };
 
 }  // namespace

@@ -1,5 +1,7 @@
 // The test doubles and the retrying wrapper, over a directory store.
 #include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <thread>
@@ -83,6 +85,40 @@ TEST(MemoryStoreTest, AwaitChangeWakesOnAPut) {
   start = Clock::now();
   link.AwaitChange(since, 10000);
   EXPECT_LT(MsSince(start), 1000);
+}
+
+// A directory store's waiter wakes for objects that another process
+// stores, in directories that did not exist when it began to wait and in
+// ones that did; a wait with nothing stored lasts its timeout.
+TEST(DirStoreTest, AwaitChangeWakesForAnotherProcessesObjects) {
+  TempDir dir;
+  std::shared_ptr<ObjectStore> waiter = DirStore(dir);
+  auto put_from_child = [&](const std::string& key) {
+    const pid_t pid = fork();
+    if (pid == 0) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      auto s = OpenObjectStore(dir.path() + "/store");
+      _exit(s.ok() && (*s)->Put(key, Bytes("x")).ok() ? 0 : 1);
+    }
+    return pid;
+  };
+  for (const std::string key : {"v/00000000000000000001/chunk/0",
+                                "v/00000000000000000001/chunk/1", "head"}) {
+    const uint64_t since = waiter->ChangeCount();
+    const pid_t pid = put_from_child(key);
+    ASSERT_GT(pid, 0);
+    const auto start = Clock::now();
+    waiter->AwaitChange(since, 20000);
+    EXPECT_LT(MsSince(start), 5000) << key;
+    int status = 0;
+    ASSERT_EQ(waitpid(pid, &status, 0), pid);
+    ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << key;
+    EXPECT_OK(waiter->Get(key));
+  }
+  const uint64_t since = waiter->ChangeCount();
+  const auto start = Clock::now();
+  waiter->AwaitChange(since, 60);
+  EXPECT_GE(MsSince(start), 50);
 }
 
 TEST(ThrottledStoreTest, PutAndGetTakeSizeOverRate) {
