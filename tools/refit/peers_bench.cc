@@ -16,12 +16,13 @@
 //   refit      refit's chunks (EncodeChunkRange, ApplyChunkInPlace): the
 //              range hashes before and after each chunk included.
 //
-// Every scheme runs on one core at each end, encode and decode + apply
+// Every scheme runs on --threads cores at each end (each thread on its
+// share of the tensors, with its own scratch), encode and decode + apply
 // timed separately on in-memory weights; decode + apply writes into a copy
 // of the base, which must then equal the target bit for bit. End to end at
 // a link rate is encode + payload / link + decode + apply, one after the
-// other (no overlap, no threads, the same for every scheme); refit's own
-// pipelined, multi-threaded path is what `refit bench sync` measures.
+// other (no overlap, the same for every scheme); refit's own pipelined path
+// through a store is what `refit bench sync` measures.
 #include <fmt/format.h>
 #include <lz4.h>
 #include <CLI/CLI.hpp>
@@ -53,6 +54,7 @@ struct PeersArgs {
   std::string fixtures;
   uint64_t seed = 1;
   double chunk_mib = 8;
+  int threads = 1;
   bool json = false;
 };
 
@@ -61,6 +63,37 @@ struct Flat {
   std::vector<uint16_t> bits;
   std::vector<std::pair<uint64_t, uint64_t>> tensors;  // (offset, count)
 };
+
+// A scheme's share of the model: whole tensors, contiguous in the flat
+// arrays; a, b and w are the base, the target and the copy being applied.
+struct Part {
+  std::span<const uint16_t> a, b;
+  std::span<uint16_t> w;
+  std::vector<std::pair<uint64_t, uint64_t>> tensors;  // relative to the part
+};
+
+// Splits the model into `n` parts of about equal elements.
+std::vector<Part> Split(const Flat& base, const Flat& target, Flat* work, int n) {
+  std::vector<Part> parts;
+  const uint64_t total = base.bits.size();
+  size_t t = 0;
+  for (int i = 0; i < n && t < base.tensors.size(); ++i) {
+    const uint64_t begin = base.tensors[t].first;
+    const uint64_t goal = total * static_cast<uint64_t>(i + 1) / static_cast<uint64_t>(n);
+    Part part;
+    while (t < base.tensors.size() &&
+           (part.tensors.empty() || base.tensors[t].first < goal || i == n - 1)) {
+      part.tensors.emplace_back(base.tensors[t].first - begin, base.tensors[t].second);
+      ++t;
+    }
+    const uint64_t end = t < base.tensors.size() ? base.tensors[t].first : total;
+    part.a = std::span<const uint16_t>(base.bits).subspan(begin, end - begin);
+    part.b = std::span<const uint16_t>(target.bits).subspan(begin, end - begin);
+    part.w = std::span<uint16_t>(work->bits).subspan(begin, end - begin);
+    parts.push_back(std::move(part));
+  }
+  return parts;
+}
 
 Flat Flatten(const SynthModel& m) {
   Flat f;
@@ -124,10 +157,8 @@ class Buffer {
 struct Scheme {
   std::string name;
   std::string what;
-  std::function<Result<std::span<const uint8_t>>(const Flat& base,
-                                                 const Flat& target)>
-      encode;
-  std::function<Status(std::span<const uint8_t> payload, Flat* work)> apply;
+  std::function<Result<std::span<const uint8_t>>(const Part& part)> encode;
+  std::function<Status(std::span<const uint8_t> payload, const Part& part)> apply;
 };
 
 // Payloads of the bucketed schemes: per bucket, u64 compressed size, then
@@ -196,15 +227,15 @@ Scheme NemoDcr() {
   auto st = std::make_shared<State>();
   Scheme s{"nemo-dcr", "16/32-bit gaps + 16-bit XOR values, zstd -1, 512 MiB buckets",
            nullptr, nullptr};
-  s.encode = [st](const Flat& a, const Flat& b) -> Result<std::span<const uint8_t>> {
+  s.encode = [st](const Part& p) -> Result<std::span<const uint8_t>> {
     st->out.Clear();
-    REFIT_RETURN_IF_ERROR(ForBuckets(a.bits.size(), [&](uint64_t lo, uint64_t hi) {
+    REFIT_RETURN_IF_ERROR(ForBuckets(p.a.size(), [&](uint64_t lo, uint64_t hi) {
       st->gaps.clear();
       st->values.clear();
       uint64_t last = lo;
       uint32_t widest = 0;
       for (uint64_t i = lo; i < hi; ++i) {
-        const uint16_t x = a.bits[i] ^ b.bits[i];
+        const uint16_t x = p.a[i] ^ p.b[i];
         if (x == 0) continue;
         const uint32_t gap = static_cast<uint32_t>(i - last);
         widest = std::max(widest, gap);
@@ -227,17 +258,17 @@ Scheme NemoDcr() {
     }));
     return st->out.span();
   };
-  s.apply = [st](std::span<const uint8_t> in, Flat* w) -> Status {
+  s.apply = [st](std::span<const uint8_t> in, const Part& p) -> Status {
     size_t at = 0;
-    return ForBuckets(w->bits.size(), [&](uint64_t lo, uint64_t hi) -> Status {
+    return ForBuckets(p.w.size(), [&](uint64_t lo, uint64_t hi) -> Status {
       REFIT_RETURN_IF_ERROR(TakeZstd(in, &at, &st->raw));
       std::span<const uint8_t> raw = st->raw.span();
-      size_t p = 1;
+      size_t head = 1;
       if (raw.empty()) return DataLossError("empty bucket");
       const uint64_t width = raw[0];
-      REFIT_ASSIGN_OR_RETURN(uint64_t k, GetU64(raw, &p));
-      if (raw.size() != p + k * (width + 2)) return DataLossError("bad bucket");
-      const uint8_t* g = raw.data() + p;
+      REFIT_ASSIGN_OR_RETURN(uint64_t k, GetU64(raw, &head));
+      if (raw.size() != head + k * (width + 2)) return DataLossError("bad bucket");
+      const uint8_t* g = raw.data() + head;
       const uint8_t* v = g + k * width;
       uint64_t pos = lo;
       for (uint64_t j = 0; j < k; ++j) {
@@ -247,7 +278,7 @@ Scheme NemoDcr() {
         std::memcpy(&x, v + 2 * j, 2);
         pos += gap;
         if (pos >= hi) return DataLossError("gap past the bucket");
-        w->bits[pos] ^= x;
+        p.w[pos] ^= x;
       }
       return Status();
     });
@@ -259,10 +290,10 @@ Scheme Overwrite() {
   auto st = std::make_shared<State>();
   Scheme s{"overwrite", "new values, unchanged masked by a NaN, zstd -3, 512 MiB buckets",
            nullptr, nullptr};
-  s.encode = [st](const Flat& a, const Flat& b) -> Result<std::span<const uint8_t>> {
+  s.encode = [st](const Part& p) -> Result<std::span<const uint8_t>> {
     // A NaN pattern the target does not hold marks "unchanged".
     std::vector<bool> used(0x80);
-    for (uint16_t v : b.bits) {
+    for (uint16_t v : p.b) {
       if ((v & 0xFF80) == 0x7F80 && (v & 0x7F) != 0) used[v & 0x7F] = true;
     }
     auto free_nan = std::find(used.begin() + 1, used.end(), false);
@@ -272,10 +303,10 @@ Scheme Overwrite() {
     const uint16_t mask = static_cast<uint16_t>(0x7F80 | (free_nan - used.begin()));
     st->out.Clear();
     PutU64(&st->out, mask);
-    REFIT_RETURN_IF_ERROR(ForBuckets(a.bits.size(), [&](uint64_t lo, uint64_t hi) {
+    REFIT_RETURN_IF_ERROR(ForBuckets(p.a.size(), [&](uint64_t lo, uint64_t hi) {
       st->dense.assign(hi - lo, mask);
       for (uint64_t i = lo; i < hi; ++i) {
-        if (a.bits[i] != b.bits[i]) st->dense[i - lo] = b.bits[i];
+        if (p.a[i] != p.b[i]) st->dense[i - lo] = p.b[i];
       }
       return AppendZstd({reinterpret_cast<const uint8_t*>(st->dense.data()),
                          2 * st->dense.size()},
@@ -283,17 +314,17 @@ Scheme Overwrite() {
     }));
     return st->out.span();
   };
-  s.apply = [st](std::span<const uint8_t> in, Flat* w) -> Status {
+  s.apply = [st](std::span<const uint8_t> in, const Part& p) -> Status {
     size_t at = 0;
     REFIT_ASSIGN_OR_RETURN(uint64_t mask, GetU64(in, &at));
-    return ForBuckets(w->bits.size(), [&](uint64_t lo, uint64_t hi) -> Status {
+    return ForBuckets(p.w.size(), [&](uint64_t lo, uint64_t hi) -> Status {
       REFIT_RETURN_IF_ERROR(TakeZstd(in, &at, &st->raw));
       if (st->raw.size() != 2 * (hi - lo)) return DataLossError("bad bucket");
       const uint8_t* raw = st->raw.data();
       for (uint64_t i = lo; i < hi; ++i) {
         uint16_t v;
         std::memcpy(&v, raw + 2 * (i - lo), 2);
-        if (v != mask) w->bits[i] = v;
+        if (v != mask) p.w[i] = v;
       }
       return Status();
     });
@@ -305,12 +336,12 @@ Scheme XorLz4() {
   auto st = std::make_shared<State>();
   Scheme s{"xor-lz4", "dense XOR plane, LZ4, then zstd -3, 512 MiB buckets", nullptr,
            nullptr};
-  s.encode = [st](const Flat& a, const Flat& b) -> Result<std::span<const uint8_t>> {
+  s.encode = [st](const Part& p) -> Result<std::span<const uint8_t>> {
     st->out.Clear();
-    REFIT_RETURN_IF_ERROR(ForBuckets(a.bits.size(), [&](uint64_t lo, uint64_t hi) {
+    REFIT_RETURN_IF_ERROR(ForBuckets(p.a.size(), [&](uint64_t lo, uint64_t hi) {
       std::vector<uint16_t>& x = st->dense;
       x.resize(hi - lo);
-      for (uint64_t i = lo; i < hi; ++i) x[i - lo] = a.bits[i] ^ b.bits[i];
+      for (uint64_t i = lo; i < hi; ++i) x[i - lo] = p.a[i] ^ p.b[i];
       const int src = static_cast<int>(2 * x.size());
       const int bound = LZ4_compressBound(src);
       st->lz.Clear();
@@ -324,9 +355,9 @@ Scheme XorLz4() {
     }));
     return st->out.span();
   };
-  s.apply = [st](std::span<const uint8_t> in, Flat* w) -> Status {
+  s.apply = [st](std::span<const uint8_t> in, const Part& p) -> Status {
     size_t at = 0;
-    return ForBuckets(w->bits.size(), [&](uint64_t lo, uint64_t hi) -> Status {
+    return ForBuckets(p.w.size(), [&](uint64_t lo, uint64_t hi) -> Status {
       REFIT_ASSIGN_OR_RETURN(uint64_t src, GetU64(in, &at));
       if (src != 2 * (hi - lo)) return DataLossError("bad bucket");
       REFIT_RETURN_IF_ERROR(TakeZstd(in, &at, &st->lz));
@@ -337,7 +368,7 @@ Scheme XorLz4() {
                                           static_cast<int>(st->lz.size()),
                                           static_cast<int>(src));
       if (got != static_cast<int>(src)) return DataLossError("bad LZ4 block");
-      for (uint64_t i = lo; i < hi; ++i) w->bits[i] ^= x[i - lo];
+      for (uint64_t i = lo; i < hi; ++i) p.w[i] ^= x[i - lo];
       return Status();
     });
   };
@@ -348,13 +379,13 @@ Scheme XorLz4() {
 // lie); applying is copying the received bytes into place.
 Scheme Full() {
   Scheme s{"full", "the weights, uncompressed", nullptr, nullptr};
-  s.encode = [](const Flat&, const Flat& b) -> Result<std::span<const uint8_t>> {
-    return std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(b.bits.data()),
-                                    2 * b.bits.size());
+  s.encode = [](const Part& p) -> Result<std::span<const uint8_t>> {
+    return std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(p.b.data()),
+                                    2 * p.b.size());
   };
-  s.apply = [](std::span<const uint8_t> in, Flat* w) -> Status {
-    if (in.size() != 2 * w->bits.size()) return DataLossError("wrong size");
-    std::memcpy(w->bits.data(), in.data(), in.size());
+  s.apply = [](std::span<const uint8_t> in, const Part& p) -> Status {
+    if (in.size() != 2 * p.w.size()) return DataLossError("wrong size");
+    std::memcpy(p.w.data(), in.data(), in.size());
     return Status();
   };
   return s;
@@ -371,19 +402,18 @@ Scheme Refit(uint64_t chunk_elements) {
   auto st = std::make_shared<RefitState>();
   Scheme s{"refit", "refit chunks, range hashes before and after included", nullptr,
            nullptr};
-  s.encode = [st, chunk_elements](const Flat& a,
-                                  const Flat& b) -> Result<std::span<const uint8_t>> {
+  s.encode = [st, chunk_elements](const Part& p) -> Result<std::span<const uint8_t>> {
     st->out.Clear();
     ChunkResult& r = st->chunk;
-    for (size_t t = 0; t < a.tensors.size(); ++t) {
-      const auto [offset, count] = a.tensors[t];
+    for (size_t t = 0; t < p.tensors.size(); ++t) {
+      const auto [offset, count] = p.tensors[t];
       ChunkHeader ids;
       ids.version = 1;
       ids.base_version = 0;
       ids.tensor_id = t;
       ids.width = 2;
-      const auto* old_data = reinterpret_cast<const uint8_t*>(a.bits.data() + offset);
-      const auto* new_data = reinterpret_cast<const uint8_t*>(b.bits.data() + offset);
+      const auto* old_data = reinterpret_cast<const uint8_t*>(p.a.data() + offset);
+      const auto* new_data = reinterpret_cast<const uint8_t*>(p.b.data() + offset);
       for (uint64_t start = 0; start < count; start += chunk_elements) {
         REFIT_RETURN_IF_ERROR(EncodeChunkRange(ids, old_data, new_data, start,
                                                std::min(chunk_elements, count - start),
@@ -395,7 +425,7 @@ Scheme Refit(uint64_t chunk_elements) {
     }
     return st->out.span();
   };
-  s.apply = [st](std::span<const uint8_t> in, Flat* w) -> Status {
+  s.apply = [st](std::span<const uint8_t> in, const Part& p) -> Status {
     size_t at = 0;
     while (at < in.size()) {
       REFIT_ASSIGN_OR_RETURN(uint64_t n, GetU64(in, &at));
@@ -403,8 +433,8 @@ Scheme Refit(uint64_t chunk_elements) {
       REFIT_ASSIGN_OR_RETURN(ParsedChunk c, ParseChunk(in.subspan(at, n)));
       at += n;
       const uint64_t t = c.header.tensor_id;
-      if (t >= w->tensors.size()) return DataLossError("no such tensor");
-      auto* data = reinterpret_cast<uint8_t*>(w->bits.data() + w->tensors[t].first);
+      if (t >= p.tensors.size()) return DataLossError("no such tensor");
+      auto* data = reinterpret_cast<uint8_t*>(p.w.data() + p.tensors[t].first);
       REFIT_RETURN_IF_ERROR(
           ApplyChunkInPlace(c, data, &st->apply, nullptr, nullptr, nullptr));
     }
@@ -429,8 +459,22 @@ struct Case {
   std::vector<Row> rows;
 };
 
+std::vector<Scheme> MakeSchemes(uint64_t chunk_elements) {
+  return {Refit(chunk_elements), NemoDcr(), Overwrite(), XorLz4(), Full()};
+}
+
+// Runs fn(i) for i in [0, n) on n threads; the first error.
+Status OnThreads(size_t n, const std::function<Status(size_t)>& fn) {
+  std::vector<Status> st(n);
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < n; ++i) threads.emplace_back([&, i] { st[i] = fn(i); });
+  for (std::thread& t : threads) t.join();
+  for (const Status& s : st) REFIT_RETURN_IF_ERROR(s);
+  return Status();
+}
+
 Result<Case> RunCase(std::string input, const Flat& base, const Flat& target,
-                     const std::vector<Scheme>& schemes) {
+                     int threads, uint64_t chunk_elements) {
   Case c;
   c.input = std::move(input);
   c.elements = base.bits.size();
@@ -438,20 +482,31 @@ Result<Case> RunCase(std::string input, const Flat& base, const Flat& target,
   for (size_t i = 0; i < base.bits.size(); ++i) changed += base.bits[i] != target.bits[i];
   c.rate = c.elements ? static_cast<double>(changed) / static_cast<double>(c.elements) : 0;
   Flat work = base;
-  for (const Scheme& s : schemes) {
+  // Each thread runs every scheme on its own part, with its own scratch.
+  const std::vector<Part> parts = Split(base, target, &work, threads);
+  std::vector<std::vector<Scheme>> schemes;
+  for (size_t i = 0; i < parts.size(); ++i) schemes.push_back(MakeSchemes(chunk_elements));
+  std::vector<std::span<const uint8_t>> payload(parts.size());
+  for (size_t k = 0; k < schemes[0].size(); ++k) {
     // The fastest of three runs: the first also pays for first touches of
     // the scheme's scratch memory.
     Row r;
-    r.scheme = s.name;
+    r.scheme = schemes[0][k].name;
     r.encode_s = r.apply_s = 1e300;
     for (int rep = 0; rep < kRuns; ++rep) {
       Stopwatch enc;
-      REFIT_ASSIGN_OR_RETURN(std::span<const uint8_t> payload, s.encode(base, target));
+      REFIT_RETURN_IF_ERROR(OnThreads(parts.size(), [&](size_t i) -> Status {
+        REFIT_ASSIGN_OR_RETURN(payload[i], schemes[i][k].encode(parts[i]));
+        return Status();
+      }));
       r.encode_s = std::min(r.encode_s, enc.Seconds());
-      r.payload = payload.size();
+      r.payload = 0;
+      for (const auto& one : payload) r.payload += one.size();
       std::memcpy(work.bits.data(), base.bits.data(), 2 * base.bits.size());
       Stopwatch app;
-      REFIT_RETURN_IF_ERROR(s.apply(payload, &work).WithContext(s.name));
+      REFIT_RETURN_IF_ERROR(OnThreads(parts.size(), [&](size_t i) {
+        return schemes[i][k].apply(payload[i], parts[i]);
+      }).WithContext(r.scheme));
       r.apply_s = std::min(r.apply_s, app.Seconds());
       r.exact = work.bits == target.bits;
       if (!r.exact) break;
@@ -469,8 +524,6 @@ int RunPeers(const PeersArgs& args, const std::string& command_line) {
     return Fail(kCmd, InvalidArgumentError("--chunk-mib must be at least 64 KiB"),
                 args.json);
   }
-  const std::vector<Scheme> schemes = {Refit(chunk_elements), NemoDcr(), Overwrite(),
-                                       XorLz4(), Full()};
   std::vector<Case> cases;
   if (!args.fixtures.empty()) {
     auto names = [&]() -> Result<std::vector<std::string>> {
@@ -488,7 +541,7 @@ int RunPeers(const PeersArgs& args, const std::string& command_line) {
       auto b = FlattenCheckpoint(
           fmt::format("{}/step{}.safetensors", args.fixtures, from + 1), *names);
       if (!a.ok() || !b.ok()) return Fail(kCmd, a.ok() ? b.status() : a.status(), args.json);
-      auto c = RunCase(fmt::format("step{}->step{}", from, from + 1), *a, *b, schemes);
+      auto c = RunCase(fmt::format("step{}->step{}", from, from + 1), *a, *b, args.threads, chunk_elements);
       if (!c.ok()) return Fail(kCmd, c.status(), args.json);
       cases.push_back(std::move(*c));
     }
@@ -508,7 +561,7 @@ int RunPeers(const PeersArgs& args, const std::string& command_line) {
       next = SynthModel{};
       auto c = RunCase(fmt::format("synthetic {} at {}", HumanBytes(2.0 * static_cast<double>(base.bits.size())),
                                    Percent(*rate, 1)),
-                       base, target, schemes);
+                       base, target, args.threads, chunk_elements);
       if (!c.ok()) return Fail(kCmd, c.status(), args.json);
       cases.push_back(std::move(*c));
     }
@@ -524,9 +577,10 @@ int RunPeers(const PeersArgs& args, const std::string& command_line) {
     j["command_line"] = command_line;
     j["machine"] = {{"cpu", CpuModel()},
                     {"hardware_threads", std::thread::hardware_concurrency()},
-                    {"threads", 1}};
+                    {"threads", args.threads}};
     Json out = Json::array();
     for (const Case& c : cases) {
+      auto per_core = [&](double s) { return c.bytes() / s / 1e9 / args.threads; };
       Json rows = Json::array();
       for (const Row& r : c.rows) {
         all_exact = all_exact && r.exact;
@@ -537,8 +591,8 @@ int RunPeers(const PeersArgs& args, const std::string& command_line) {
                         {"encode_seconds", r.encode_s},
                         {"apply_seconds", r.apply_s},
                         {"encode_gbps_per_core",
-                         r.scheme == "full" ? Json() : Json(c.bytes() / r.encode_s / 1e9)},
-                        {"apply_gbps_per_core", c.bytes() / r.apply_s / 1e9},
+                         r.scheme == "full" ? Json() : Json(per_core(r.encode_s))},
+                        {"apply_gbps_per_core", per_core(r.apply_s)},
                         {"end_to_end_seconds_by_gbit", e},
                         {"exact", r.exact}});
       }
@@ -550,11 +604,14 @@ int RunPeers(const PeersArgs& args, const std::string& command_line) {
     PrintJson(j);
   } else {
     fmt::print("refit bench peers: {}\n", command_line);
-    fmt::print("machine: {}, one core per side; end to end = encode + payload / link + "
-               "decode and apply, one after the other\n",
-               CpuModel());
-    for (const Scheme& s : schemes) fmt::print("  {:<10} {}\n", s.name, s.what);
+    fmt::print("machine: {}; {} core{} per side; GB/s per core; end to end = encode + "
+               "payload / link + decode and apply, one after the other\n",
+               CpuModel(), args.threads, args.threads == 1 ? "" : "s");
+    for (const Scheme& s : MakeSchemes(chunk_elements)) {
+      fmt::print("  {:<10} {}\n", s.name, s.what);
+    }
     for (const Case& c : cases) {
+      auto per_core = [&](double s) { return c.bytes() / s / 1e9 / args.threads; };
       fmt::print("\n{} ({} elements, {:.2f}% changed)\n", c.input, WithCommas(c.elements),
                  100 * c.rate);
       std::string head = fmt::format("{:<10} {:>12} {:>9} {:>14} {:>14}", "scheme",
@@ -566,12 +623,12 @@ int RunPeers(const PeersArgs& args, const std::string& command_line) {
         all_exact = all_exact && r.exact;
         // "full" sends the weights from where they lie: nothing to encode.
         const std::string encode =
-            r.scheme == "full" ? "-" : fmt::format("{:.2f}", c.bytes() / r.encode_s / 1e9);
+            r.scheme == "full" ? "-" : fmt::format("{:.2f}", per_core(r.encode_s));
         std::string line = fmt::format(
             "{:<10} {:>12} {:>9.2f} {:>14} {:>14.2f}", r.scheme,
             HumanBytes(static_cast<double>(r.payload)),
             static_cast<double>(r.payload) / refit_payload, encode,
-            c.bytes() / r.apply_s / 1e9);
+            per_core(r.apply_s));
         for (double g : args.link_gbit) line += fmt::format(" {:>13}", HumanSeconds(e2e(r, g)));
         fmt::print("{} {:>6}\n", line, r.exact ? "yes" : "NO");
       }
@@ -608,6 +665,11 @@ std::function<int(bool, const std::string&)> RegisterBenchPeers(CLI::App* bench_
   cmd->add_option("--chunk-mib", args->chunk_mib, "refit's bytes of a tensor per chunk")
       ->capture_default_str();
   cmd->add_option("--seed", args->seed, "generator seed")->capture_default_str();
+  cmd->add_option("-j,--threads", args->threads,
+                  "cores per side: every scheme runs on this many threads, each "
+                  "on its share of the tensors")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1024));
   cmd->add_flag("--json", args->json, "print a JSON object on stdout");
   return [args](bool json, const std::string& command_line) {
     PeersArgs a = *args;
