@@ -4,6 +4,7 @@
 #include <array>
 #include <tuple>
 #include <map>
+#include <set>
 #include <nlohmann/json.hpp>
 #include <utility>
 
@@ -50,10 +51,10 @@ class RankBuilder {
   // A local tensor whose logical (untransposed) shape is [rows, cols]; cols
   // == 0 for 1-D tensors. Transposed when `transposable` and par.transposed.
   LocalTensor* Add(std::string name, uint64_t rows, uint64_t cols,
-                   bool transposable = true) {
+                   bool transposable = true, const char* dtype = nullptr) {
     LocalTensor t;
     t.name = std::move(name);
-    t.dtype = dtype_;
+    t.dtype = dtype ? dtype : dtype_;
     bool tr = cols > 0 && transposable && par_.transposed;
     if (cols == 0) {
       t.shape = {rows};
@@ -122,6 +123,26 @@ class RankBuilder {
     }
   }
 
+  // One piece of the last tensor, given in stored (not logical) local
+  // coordinates.
+  void Raw(const std::string& canonical, uint64_t rows, uint64_t cols,
+           uint64_t local_offset, uint64_t local_row_stride, uint64_t canon_offset,
+           uint64_t canon_row_stride, uint64_t canon_col_stride) {
+    Piece p;
+    p.canonical = canonical;
+    p.rows = rows;
+    p.cols = cols;
+    p.local_offset = local_offset;
+    p.local_row_stride = local_row_stride;
+    p.local_col_stride = 1;
+    p.canon_offset = canon_offset;
+    p.canon_row_stride = canon_row_stride;
+    p.canon_col_stride = canon_col_stride;
+    tensors.back().pieces.push_back(p);
+  }
+
+  bool transposed() const { return transposed_.back(); }
+
   std::vector<LocalTensor> tensors;
 
  private:
@@ -166,6 +187,145 @@ Result<AttentionShard> ShardAttention(const ModelConfig& m, uint64_t tp,
 
 }  // namespace
 
+namespace {
+
+// Fields of a config.json that change the set or shapes of the checkpoint's
+// tensors beyond the common ones. A config that sets one of them to a value
+// other than its neutral one (absent, null, 0, false, empty, or the value
+// given here) is refused unless its architecture's generator reads it.
+struct TensorSetField {
+  const char* name;
+  int64_t neutral;  // besides null / false / 0 / empty
+};
+constexpr TensorSetField kTensorSetFields[] = {
+    {"q_lora_rank", 0},          {"kv_lora_rank", 0},
+    {"qk_nope_head_dim", 0},     {"qk_rope_head_dim", 0},
+    {"v_head_dim", 0},           {"n_routed_experts", 0},
+    {"n_shared_experts", 0},     {"num_experts", 0},
+    {"num_local_experts", 0},    {"first_k_dense_replace", 0},
+    {"moe_layer_freq", 1},       {"num_nextn_predict_layers", 0},
+    {"shared_expert_intermediate_size", 0},
+    {"decoder_sparse_step", 1},  {"mlp_only_layers", 0},
+    {"mlp_bias", 0},             {"quantization_config", 0},
+};
+
+// The fields of kTensorSetFields each architecture's generator reads.
+const std::map<std::string, std::set<std::string>>& ReadFields() {
+  static const auto* kRead = new std::map<std::string, std::set<std::string>>{
+      {"llama", {}},
+      {"mistral", {}},
+      {"qwen2", {}},
+      {"qwen3", {}},
+      {"mixtral", {"num_local_experts"}},
+      {"qwen2_moe",
+       {"num_experts", "shared_expert_intermediate_size", "decoder_sparse_step",
+        "mlp_only_layers"}},
+      {"qwen3_moe", {"num_experts", "decoder_sparse_step", "mlp_only_layers"}},
+      {"deepseek_v3",
+       {"q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim",
+        "v_head_dim", "n_routed_experts", "n_shared_experts", "first_k_dense_replace",
+        "moe_layer_freq", "num_nextn_predict_layers", "quantization_config"}},
+      {"gpt_oss", {"num_local_experts", "num_experts", "quantization_config"}},
+  };
+  return *kRead;
+}
+
+bool IsNeutral(const Json& v, int64_t neutral) {
+  if (v.is_null()) return true;
+  if (v.is_boolean()) return !v.get<bool>();
+  if (v.is_number_integer()) {
+    int64_t x = v.get<int64_t>();
+    return x == 0 || x == neutral;
+  }
+  if (v.is_array() || v.is_object()) return v.empty();
+  return false;
+}
+
+std::string SupportedList() {
+  std::string out;
+  for (const char* t : kSupportedModelTypes) {
+    if (!out.empty()) out += ", ";
+    out += t;
+  }
+  return out;
+}
+
+// quantization_config: FP8 E4M3 with block scales only.
+Status ParseQuantization(const Json& q, ModelConfig* m) {
+  if (!q.is_object()) return InvalidArgumentError("config.json: quantization_config is not an object");
+  std::string method;
+  if (auto it = q.find("quant_method"); it != q.end() && it->is_string()) {
+    method = it->get<std::string>();
+  }
+  if (method != "fp8") {
+    return UnimplementedError(
+        "config.json: quantization_config quant_method \"" + method +
+        "\" is not modelled (the generator writes FP8 E4M3 checkpoints with "
+        "block scales, quant_method \"fp8\"); remove quantization_config to "
+        "generate the unquantized checkpoint's layout");
+  }
+  if (auto it = q.find("fmt"); it != q.end() && !(it->is_string() && *it == "e4m3")) {
+    return UnimplementedError("config.json: quantization_config fmt " + it->dump() +
+                              " is not \"e4m3\"");
+  }
+  for (const char* key : {"modules_to_not_convert", "ignored_layers"}) {
+    if (auto it = q.find(key); it != q.end() && !IsNeutral(*it, 0)) {
+      return UnimplementedError(std::string("config.json: quantization_config \"") + key +
+                                "\" is not modelled (the generator quantizes every "
+                                "linear weight of the layers but the router)");
+    }
+  }
+  auto it = q.find("weight_block_size");
+  if (it == q.end() || !it->is_array() || it->size() != 2 ||
+      !(*it)[0].is_number_integer() || !(*it)[1].is_number_integer() ||
+      (*it)[0].get<int64_t>() <= 0 || (*it)[1].get<int64_t>() <= 0) {
+    return UnimplementedError(
+        "config.json: quantization_config fp8 without a weight_block_size [rows, cols] "
+        "(per-tensor FP8 checkpoints are not generated)");
+  }
+  m->fp8_block_rows = static_cast<uint64_t>((*it)[0].get<int64_t>());
+  m->fp8_block_cols = static_cast<uint64_t>((*it)[1].get<int64_t>());
+  return Status();
+}
+
+// Dense-layer schedules of MoE models.
+Status ParseDenseLayers(const Json& j, ModelConfig* m) {
+  const uint64_t L = m->num_hidden_layers + m->num_nextn_predict_layers;
+  if (m->mla) {
+    // DeepSeek: layer i is MoE iff i >= first_k_dense_replace and
+    // i % moe_layer_freq == 0 (MTP layers included).
+    REFIT_ASSIGN_OR_RETURN(uint64_t k, ConfigInt(j, "first_k_dense_replace", false));
+    REFIT_ASSIGN_OR_RETURN(uint64_t freq, ConfigInt(j, "moe_layer_freq", false, 1));
+    if (freq == 0) return InvalidArgumentError("config.json: moe_layer_freq is 0");
+    for (uint64_t i = 0; i < L; ++i) {
+      if (i < k || i % freq != 0) m->dense_layers.push_back(i);
+    }
+    return Status();
+  }
+  // Qwen-MoE: layer i is MoE iff it is not in mlp_only_layers and
+  // (i + 1) % decoder_sparse_step == 0.
+  REFIT_ASSIGN_OR_RETURN(uint64_t step, ConfigInt(j, "decoder_sparse_step", false, 1));
+  if (step == 0) return InvalidArgumentError("config.json: decoder_sparse_step is 0");
+  std::set<uint64_t> only;
+  if (auto it = j.find("mlp_only_layers"); it != j.end() && !it->is_null()) {
+    if (!it->is_array()) {
+      return InvalidArgumentError("config.json: mlp_only_layers is not a list");
+    }
+    for (const Json& v : *it) {
+      if (!v.is_number_integer() || v.get<int64_t>() < 0) {
+        return InvalidArgumentError("config.json: mlp_only_layers holds " + v.dump());
+      }
+      only.insert(static_cast<uint64_t>(v.get<int64_t>()));
+    }
+  }
+  for (uint64_t i = 0; i < L; ++i) {
+    if (only.count(i) || (i + 1) % step != 0) m->dense_layers.push_back(i);
+  }
+  return Status();
+}
+
+}  // namespace
+
 Result<ModelConfig> ParseModelConfig(std::string_view json) {
   REFIT_ASSIGN_OR_RETURN(Json j, internal::ParseJsonStrict(json, 64, "config.json"));
   if (!j.is_object()) return InvalidArgumentError("config.json: not an object");
@@ -173,6 +333,25 @@ Result<ModelConfig> ParseModelConfig(std::string_view json) {
   try {
     if (auto it = j.find("model_type"); it != j.end() && it->is_string()) {
       m.model_type = it->get<std::string>();
+    }
+    if (m.model_type.empty()) {
+      return UnimplementedError("config.json: no \"model_type\"; the generator models " +
+                                SupportedList());
+    }
+    // Kimi-K2 is DeepSeek-V3's architecture under another name.
+    const std::string arch = m.model_type == "kimi_k2" ? "deepseek_v3" : m.model_type;
+    auto read = ReadFields().find(arch);
+    if (read == ReadFields().end()) {
+      return UnimplementedError("config.json: model_type \"" + m.model_type +
+                                "\" is not an architecture the generator models (it "
+                                "models " + SupportedList() + ")");
+    }
+    for (const TensorSetField& f : kTensorSetFields) {
+      auto it = j.find(f.name);
+      if (it == j.end() || read->second.count(f.name) || IsNeutral(*it, f.neutral)) continue;
+      return UnimplementedError("config.json: \"" + std::string(f.name) + "\": " +
+                                it->dump() + " changes the tensor set, and the " +
+                                m.model_type + " generator does not model it");
     }
     for (const char* key : {"torch_dtype", "dtype"}) {
       auto it = j.find(key);
@@ -205,17 +384,58 @@ Result<ModelConfig> ParseModelConfig(std::string_view json) {
                            ConfigBool(j, "tie_word_embeddings", false));
     bool qwen2 = m.model_type.rfind("qwen2", 0) == 0;
     bool qwen3 = m.model_type.rfind("qwen3", 0) == 0;
-    REFIT_ASSIGN_OR_RETURN(m.attention_bias, ConfigBool(j, "attention_bias", qwen2));
+    m.gpt_oss = arch == "gpt_oss";
+    m.mla = arch == "deepseek_v3";
+    REFIT_ASSIGN_OR_RETURN(m.attention_bias,
+                           ConfigBool(j, "attention_bias", qwen2 || m.gpt_oss));
     m.qk_norm = qwen3;
-    REFIT_ASSIGN_OR_RETURN(uint64_t e1, ConfigInt(j, "num_experts", false));
-    REFIT_ASSIGN_OR_RETURN(uint64_t e2, ConfigInt(j, "num_local_experts", false));
-    m.num_experts = e1 ? e1 : e2;
+    if (m.gpt_oss && !m.attention_bias) {
+      return UnimplementedError("config.json: gpt_oss with attention_bias false is not "
+                                "modelled (its attention has q/k/v/o biases)");
+    }
+    if (m.mla) {
+      if (m.attention_bias) {
+        return UnimplementedError("config.json: attention_bias with MLA is not modelled");
+      }
+      REFIT_ASSIGN_OR_RETURN(m.q_lora_rank, ConfigInt(j, "q_lora_rank", false));
+      REFIT_ASSIGN_OR_RETURN(m.kv_lora_rank, ConfigInt(j, "kv_lora_rank", true));
+      REFIT_ASSIGN_OR_RETURN(m.qk_nope_head_dim, ConfigInt(j, "qk_nope_head_dim", true));
+      REFIT_ASSIGN_OR_RETURN(m.qk_rope_head_dim, ConfigInt(j, "qk_rope_head_dim", true));
+      REFIT_ASSIGN_OR_RETURN(m.v_head_dim, ConfigInt(j, "v_head_dim", true));
+      REFIT_ASSIGN_OR_RETURN(m.num_experts, ConfigInt(j, "n_routed_experts", false));
+      REFIT_ASSIGN_OR_RETURN(m.n_shared_experts, ConfigInt(j, "n_shared_experts", false));
+      REFIT_ASSIGN_OR_RETURN(m.num_nextn_predict_layers,
+                             ConfigInt(j, "num_nextn_predict_layers", false));
+      // MLA has one latent KV; every head reads it.
+      m.num_key_value_heads = m.num_attention_heads;
+      m.head_dim = m.qk_nope_head_dim + m.qk_rope_head_dim;
+      // DeepSeek's router adds e_score_correction_bias to the scores with
+      // topk_method "noaux_tc" (DeepSeek-V3, Kimi-K2) and has none otherwise.
+      std::string topk = "noaux_tc";
+      if (auto it = j.find("topk_method"); it != j.end() && it->is_string()) {
+        topk = it->get<std::string>();
+      }
+      m.e_score_correction_bias = topk == "noaux_tc";
+    } else {
+      REFIT_ASSIGN_OR_RETURN(uint64_t e1, ConfigInt(j, "num_experts", false));
+      REFIT_ASSIGN_OR_RETURN(uint64_t e2, ConfigInt(j, "num_local_experts", false));
+      m.num_experts = e1 ? e1 : e2;
+      REFIT_ASSIGN_OR_RETURN(m.shared_expert_intermediate_size,
+                             ConfigInt(j, "shared_expert_intermediate_size", false));
+    }
+    if (m.gpt_oss && m.num_experts == 0) {
+      return InvalidArgumentError("config.json: gpt_oss without num_local_experts");
+    }
     REFIT_ASSIGN_OR_RETURN(m.moe_intermediate_size,
                            ConfigInt(j, "moe_intermediate_size", false,
                                      m.intermediate_size));
-    REFIT_ASSIGN_OR_RETURN(m.shared_expert_intermediate_size,
-                           ConfigInt(j, "shared_expert_intermediate_size", false));
     m.mixtral_names = m.model_type == "mixtral";
+    if (m.num_experts > 0 && !m.gpt_oss && !m.mixtral_names) {
+      REFIT_RETURN_IF_ERROR(ParseDenseLayers(j, &m));
+    }
+    if (auto it = j.find("quantization_config"); it != j.end() && !it->is_null()) {
+      REFIT_RETURN_IF_ERROR(ParseQuantization(*it, &m));
+    }
   } catch (const nlohmann::json::exception& e) {
     return InvalidArgumentError(std::string("config.json: ") + e.what());
   }
@@ -234,6 +454,7 @@ Result<Layout> GenerateLayout(const ModelConfig& m, const Parallelism& par) {
   const uint64_t H = m.hidden_size, hd = m.head_dim, L = m.num_hidden_layers;
   const uint64_t nh = m.num_attention_heads, nkv = m.num_key_value_heads;
   const uint64_t tp = par.tp, pp = par.pp, dp = par.dp, cp = par.cp, ep = par.ep;
+  const uint64_t mtp = m.num_nextn_predict_layers;
   if (tp == 0 || pp == 0 || dp == 0 || cp == 0 || ep == 0) {
     return InvalidArgumentError("tp, pp, ep, dp and cp must be at least 1");
   }
@@ -262,10 +483,34 @@ Result<Layout> GenerateLayout(const ModelConfig& m, const Parallelism& par) {
     return InvalidArgumentError("ep " + std::to_string(ep) + " exceeds the " +
                                 std::to_string(m.num_experts) + " experts");
   }
+  if (m.gpt_oss && (!moe || par.gate_up != GateUp::kInterleaved || par.gate_up_group != 1)) {
+    return InvalidArgumentError(
+        "gpt-oss's gate_up_proj interleaves gate and up one by one: its experts' "
+        "linear_fc1 rows must too (gate up interleaved with groups of 1)");
+  }
+  const uint64_t nope = m.qk_nope_head_dim, rope = m.qk_rope_head_dim, vd = m.v_head_dim;
+  const uint64_t qlr = m.q_lora_rank, kvl = m.kv_lora_rank, qkh = nope + rope;
+  if (m.mla) {
+    if (kvl == 0 || qkh == 0 || vd == 0) {
+      return InvalidArgumentError("MLA needs kv_lora_rank, qk head dims and v_head_dim > 0");
+    }
+    if (tp > nh) {
+      return InvalidArgumentError("tp " + std::to_string(tp) + " exceeds the " +
+                                  std::to_string(nh) + " attention heads");
+    }
+  }
+  // Layer i (MTP layers after the last) has a dense MLP.
+  std::vector<bool> dense(L + mtp, !moe);
+  for (uint64_t i : m.dense_layers) {
+    if (i < dense.size()) dense[i] = true;
+  }
+  const bool any_dense = std::find(dense.begin(), dense.end(), true) != dense.end();
   const uint64_t I = m.intermediate_size;
   const uint64_t Im = moe ? m.moe_intermediate_size : 0;
-  const uint64_t Is = moe ? m.shared_expert_intermediate_size : 0;
-  for (uint64_t n : {moe ? Im : I, Is}) {
+  const uint64_t Is = !moe ? 0
+                      : m.mla ? m.n_shared_experts * Im
+                              : m.shared_expert_intermediate_size;
+  for (uint64_t n : {any_dense ? I : 0, Im, Is}) {
     if (n != 0 && n < tp) {
       return InvalidArgumentError("tp " + std::to_string(tp) + " exceeds an "
                                   "intermediate size of " + std::to_string(n));
@@ -274,10 +519,22 @@ Result<Layout> GenerateLayout(const ModelConfig& m, const Parallelism& par) {
   const uint64_t vmul = std::max<uint64_t>(1, par.vocab_multiple) * tp;
   const uint64_t Vp = (m.vocab_size + vmul - 1) / vmul * vmul;
   const std::string local_dtype = par.local_dtype.empty() ? m.dtype : par.local_dtype;
+  const bool fp8 = m.fp8_block_rows > 0 && m.fp8_block_cols > 0;
 
   Layout layout;
-  auto canon = [&](std::string name, std::vector<uint64_t> shape) {
-    layout.canonical.push_back({std::move(name), m.dtype, std::move(shape), "", "", 0, 0});
+  auto canon = [&](std::string name, std::vector<uint64_t> shape,
+                   const std::string& dtype = "") {
+    layout.canonical.push_back(
+        {std::move(name), dtype.empty() ? m.dtype : dtype, std::move(shape), "", "", 0, 0});
+  };
+  // A linear weight of a layer: FP8 with its weight_scale_inv when the
+  // checkpoint is block-quantized.
+  auto linear = [&](const std::string& name, uint64_t rows, uint64_t cols) {
+    if (!fp8) return canon(name, {rows, cols});
+    const uint64_t br = m.fp8_block_rows, bc = m.fp8_block_cols;
+    layout.canonical.push_back({name, "F8_E4M3", {rows, cols}, name + "_scale_inv",
+                                "per_block", br, bc});
+    canon(name + "_scale_inv", {(rows + br - 1) / br, (cols + bc - 1) / bc}, "F32");
   };
   // Canonical names.
   const std::string embed = "model.embed_tokens.weight";
@@ -292,44 +549,79 @@ Result<Layout> GenerateLayout(const ModelConfig& m, const Parallelism& par) {
                                                 prefix + "down_proj.weight"};
   };
   const std::string moe_block = m.mixtral_names ? "block_sparse_moe." : "mlp.";
-  for (uint64_t i = 0; i < L; ++i) {
+  const std::string shared_block = m.mla ? "mlp.shared_experts." : "mlp.shared_expert.";
+  auto canon_mlp = [&](const std::array<std::string, 3>& n, uint64_t inter) {
+    linear(n[0], inter, H);
+    linear(n[1], inter, H);
+    linear(n[2], H, inter);
+  };
+  for (uint64_t i = 0; i < L + mtp; ++i) {
     std::string p = "model.layers." + std::to_string(i) + ".";
     canon(p + "input_layernorm.weight", {H});
     canon(p + "post_attention_layernorm.weight", {H});
-    canon(p + "self_attn.q_proj.weight", {nh * hd, H});
-    canon(p + "self_attn.k_proj.weight", {nkv * hd, H});
-    canon(p + "self_attn.v_proj.weight", {nkv * hd, H});
-    canon(p + "self_attn.o_proj.weight", {H, nh * hd});
+    if (m.mla) {
+      if (qlr) {
+        linear(p + "self_attn.q_a_proj.weight", qlr, H);
+        canon(p + "self_attn.q_a_layernorm.weight", {qlr});
+        linear(p + "self_attn.q_b_proj.weight", nh * qkh, qlr);
+      } else {
+        linear(p + "self_attn.q_proj.weight", nh * qkh, H);
+      }
+      linear(p + "self_attn.kv_a_proj_with_mqa.weight", kvl + rope, H);
+      canon(p + "self_attn.kv_a_layernorm.weight", {kvl});
+      linear(p + "self_attn.kv_b_proj.weight", nh * (nope + vd), kvl);
+      linear(p + "self_attn.o_proj.weight", H, nh * vd);
+    } else {
+      linear(p + "self_attn.q_proj.weight", nh * hd, H);
+      linear(p + "self_attn.k_proj.weight", nkv * hd, H);
+      linear(p + "self_attn.v_proj.weight", nkv * hd, H);
+      linear(p + "self_attn.o_proj.weight", H, nh * hd);
+    }
     if (m.attention_bias) {
       canon(p + "self_attn.q_proj.bias", {nh * hd});
       canon(p + "self_attn.k_proj.bias", {nkv * hd});
       canon(p + "self_attn.v_proj.bias", {nkv * hd});
     }
+    if (m.gpt_oss) {
+      canon(p + "self_attn.o_proj.bias", {H});
+      canon(p + "self_attn.sinks", {nh});
+    }
     if (m.qk_norm) {
       canon(p + "self_attn.q_norm.weight", {hd});
       canon(p + "self_attn.k_norm.weight", {hd});
     }
-    if (!moe) {
-      auto n = mlp_names(p + "mlp.", false);
-      canon(n[0], {I, H});
-      canon(n[1], {I, H});
-      canon(n[2], {H, I});
+    if (i >= L) {  // multi-token prediction
+      canon(p + "embed_tokens.weight", {m.vocab_size, H});
+      canon(p + "enorm.weight", {H});
+      canon(p + "hnorm.weight", {H});
+      canon(p + "eh_proj.weight", {H, 2 * H});
+      canon(p + "shared_head.norm.weight", {H});
+      canon(p + "shared_head.head.weight", {m.vocab_size, H});
+    }
+    if (dense[i]) {
+      canon_mlp(mlp_names(p + "mlp.", false), I);
       continue;
     }
-    canon(p + moe_block + "gate.weight", {m.num_experts, H});
-    for (uint64_t e = 0; e < m.num_experts; ++e) {
-      auto n = mlp_names(p + moe_block + "experts." + std::to_string(e) + ".",
-                         m.mixtral_names);
-      canon(n[0], {Im, H});
-      canon(n[1], {Im, H});
-      canon(n[2], {H, Im});
+    const uint64_t E = m.num_experts;
+    if (m.gpt_oss) {
+      canon(p + "mlp.router.weight", {E, H});
+      canon(p + "mlp.router.bias", {E});
+      canon(p + "mlp.experts.gate_up_proj", {E, H, 2 * Im});
+      canon(p + "mlp.experts.gate_up_proj_bias", {E, 2 * Im});
+      canon(p + "mlp.experts.down_proj", {E, Im, H});
+      canon(p + "mlp.experts.down_proj_bias", {E, H});
+      continue;
+    }
+    canon(p + moe_block + "gate.weight", {E, H});
+    if (m.e_score_correction_bias) canon(p + "mlp.gate.e_score_correction_bias", {E}, "F32");
+    for (uint64_t e = 0; e < E; ++e) {
+      canon_mlp(mlp_names(p + moe_block + "experts." + std::to_string(e) + ".",
+                          m.mixtral_names),
+                Im);
     }
     if (Is) {
-      auto n = mlp_names(p + "mlp.shared_expert.", false);
-      canon(n[0], {Is, H});
-      canon(n[1], {Is, H});
-      canon(n[2], {H, Is});
-      canon(p + "mlp.shared_expert_gate.weight", {1, H});
+      canon_mlp(mlp_names(p + shared_block, false), Is);
+      if (!m.mla) canon(p + "mlp.shared_expert_gate.weight", {1, H});
     }
   }
   std::sort(layout.canonical.begin(), layout.canonical.end(),
@@ -380,71 +672,149 @@ Result<Layout> GenerateLayout(const ModelConfig& m, const Parallelism& par) {
             b.Add(local + "linear_fc2.weight", H, n);
             b.Rect(hf[2], 1, H, n, 0, 0, 0, 0, 0, i0, inter);
           };
-          for (uint64_t i = l0; i < l1; ++i) {
-            std::string lp = "decoder.layers." + std::to_string(i - l0) + ".";
+          // A replicated 1-D tensor.
+          auto norm = [&](const std::string& local, const std::string& hf, uint64_t n,
+                          const char* dtype = nullptr) {
+            b.Add(local, n, 0, true, dtype);
+            b.Rect(hf, 1, n, 1, 0, 0, 0, 0, 0, 0, 1);
+          };
+          // Multi-head latent attention: heads split over TP; the down
+          // projections and their norms replicated.
+          auto mla = [&](const std::string& sa, const std::string& hsa) {
+            auto [h0, h1] = SplitRange(nh, tp, t);
+            const uint64_t k = h1 - h0;
+            if (qlr) {
+              b.Add(sa + "linear_q_down_proj.weight", qlr, H);
+              b.Rect(hsa + "q_a_proj.weight", 1, qlr, H, 0, 0, 0, 0, 0, 0, H);
+              norm(sa + "q_layernorm.weight", hsa + "q_a_layernorm.weight", qlr);
+              b.Add(sa + "linear_q_up_proj.weight", k * qkh, qlr);
+              b.Rect(hsa + "q_b_proj.weight", 1, k * qkh, qlr, 0, 0, 0, h0 * qkh, 0, 0, qlr);
+            } else {
+              b.Add(sa + "linear_q_proj.weight", k * qkh, H);
+              b.Rect(hsa + "q_proj.weight", 1, k * qkh, H, 0, 0, 0, h0 * qkh, 0, 0, H);
+            }
+            b.Add(sa + "linear_kv_down_proj.weight", kvl + rope, H);
+            b.Rect(hsa + "kv_a_proj_with_mqa.weight", 1, kvl + rope, H, 0, 0, 0, 0, 0, 0, H);
+            norm(sa + "kv_layernorm.weight", hsa + "kv_a_layernorm.weight", kvl);
+            b.Add(sa + "linear_kv_up_proj.weight", k * (nope + vd), kvl);
+            b.Rect(hsa + "kv_b_proj.weight", 1, k * (nope + vd), kvl, 0, 0, 0,
+                   h0 * (nope + vd), 0, 0, kvl);
+            b.Add(sa + "linear_proj.weight", H, k * vd);
+            b.Rect(hsa + "o_proj.weight", 1, H, k * vd, 0, 0, 0, 0, 0, h0 * vd, nh * vd);
+          };
+          // gpt-oss experts: linear_fc1 rows alternate gate and up, as the
+          // columns of gate_up_proj [E, H, 2I] do, so one piece maps it (its
+          // canonical runs go down the columns).
+          auto gpt_oss_expert = [&](const std::string& local, const std::string& hp,
+                                    uint64_t e) {
+            auto [i0, i1] = SplitRange(Im, tp, t);
+            const uint64_t n = i1 - i0;
+            const std::string x = hp + "mlp.experts.";
+            b.Add(local + "linear_fc1.weight", 2 * n, H);
+            const uint64_t gu = e * H * 2 * Im + 2 * i0;
+            if (b.transposed()) {
+              b.Raw(x + "gate_up_proj", H, 2 * n, 0, 2 * n, gu, 2 * Im, 1);
+            } else {
+              b.Raw(x + "gate_up_proj", 2 * n, H, 0, H, gu, 1, 2 * Im);
+            }
+            b.Add(local + "linear_fc1.bias", 2 * n, 0);
+            b.Rect(x + "gate_up_proj_bias", 1, 2 * n, 1, 0, 0, 0, e * 2 * Im + 2 * i0, 0, 0, 1);
+            b.Add(local + "linear_fc2.weight", H, n);
+            const uint64_t dn = e * Im * H + i0 * H;
+            if (b.transposed()) {
+              b.Raw(x + "down_proj", n, H, 0, H, dn, H, 1);
+            } else {
+              b.Raw(x + "down_proj", H, n, 0, n, dn, 1, H);
+            }
+            // Row parallel: the bias is added once, replicated over TP.
+            b.Add(local + "linear_fc2.bias", H, 0);
+            b.Rect(x + "down_proj_bias", 1, H, 1, 0, 0, 0, e * H, 0, 0, 1);
+          };
+          // One decoder layer: model layer i, local prefix lp.
+          auto layer = [&](const std::string& lp, uint64_t i) {
             std::string hp = "model.layers." + std::to_string(i) + ".";
-            b.Add(lp + "input_layernorm.weight", H, 0);
-            b.Rect(hp + "input_layernorm.weight", 1, H, 1, 0, 0, 0, 0, 0, 0, 1);
-            b.Add(lp + "pre_mlp_layernorm.weight", H, 0);
-            b.Rect(hp + "post_attention_layernorm.weight", 1, H, 1, 0, 0, 0, 0, 0, 0, 1);
+            norm(lp + "input_layernorm.weight", hp + "input_layernorm.weight", H);
+            norm(lp + "pre_mlp_layernorm.weight", hp + "post_attention_layernorm.weight", H);
             // Attention.
             const std::string sa = lp + "self_attention.", hsa = hp + "self_attn.";
-            for (bool bias : {false, true}) {
-              if (bias && !m.attention_bias) continue;
-              const std::string suffix = bias ? "bias" : "weight";
-              const uint64_t W = bias ? 1 : H;
-              const uint64_t ccols = bias ? 1 : H;
-              uint64_t cols = bias ? 0 : H;
-              if (par.fused_qkv) {
-                uint64_t per = (nqg + 2) * hd;
-                b.Add(sa + "linear_qkv." + suffix, ng * per, cols);
-                b.Rect(hsa + "q_proj." + suffix, ng, nqg * hd, W, 0, per, 0, q0 * hd,
-                       hpg * hd, 0, ccols);
-                b.Rect(hsa + "k_proj." + suffix, ng, hd, W, nqg * hd, per, 0, a.g0 * hd,
-                       hd, 0, ccols);
-                b.Rect(hsa + "v_proj." + suffix, ng, hd, W, (nqg + 1) * hd, per, 0,
-                       a.g0 * hd, hd, 0, ccols);
-              } else {
-                b.Add(sa + "linear_q." + suffix, nq * hd, cols);
-                b.Rect(hsa + "q_proj." + suffix, 1, nq * hd, W, 0, 0, 0, q0 * hd, 0, 0,
-                       ccols);
-                b.Add(sa + "linear_k." + suffix, ng * hd, cols);
-                b.Rect(hsa + "k_proj." + suffix, 1, ng * hd, W, 0, 0, 0, a.g0 * hd, 0, 0,
-                       ccols);
-                b.Add(sa + "linear_v." + suffix, ng * hd, cols);
-                b.Rect(hsa + "v_proj." + suffix, 1, ng * hd, W, 0, 0, 0, a.g0 * hd, 0, 0,
-                       ccols);
+            if (m.mla) {
+              mla(sa, hsa);
+            } else {
+              for (bool bias : {false, true}) {
+                if (bias && !m.attention_bias) continue;
+                const std::string suffix = bias ? "bias" : "weight";
+                const uint64_t W = bias ? 1 : H;
+                const uint64_t ccols = bias ? 1 : H;
+                uint64_t cols = bias ? 0 : H;
+                if (par.fused_qkv) {
+                  uint64_t per = (nqg + 2) * hd;
+                  b.Add(sa + "linear_qkv." + suffix, ng * per, cols);
+                  b.Rect(hsa + "q_proj." + suffix, ng, nqg * hd, W, 0, per, 0, q0 * hd,
+                         hpg * hd, 0, ccols);
+                  b.Rect(hsa + "k_proj." + suffix, ng, hd, W, nqg * hd, per, 0, a.g0 * hd,
+                         hd, 0, ccols);
+                  b.Rect(hsa + "v_proj." + suffix, ng, hd, W, (nqg + 1) * hd, per, 0,
+                         a.g0 * hd, hd, 0, ccols);
+                } else {
+                  b.Add(sa + "linear_q." + suffix, nq * hd, cols);
+                  b.Rect(hsa + "q_proj." + suffix, 1, nq * hd, W, 0, 0, 0, q0 * hd, 0, 0,
+                         ccols);
+                  b.Add(sa + "linear_k." + suffix, ng * hd, cols);
+                  b.Rect(hsa + "k_proj." + suffix, 1, ng * hd, W, 0, 0, 0, a.g0 * hd, 0, 0,
+                         ccols);
+                  b.Add(sa + "linear_v." + suffix, ng * hd, cols);
+                  b.Rect(hsa + "v_proj." + suffix, 1, ng * hd, W, 0, 0, 0, a.g0 * hd, 0, 0,
+                         ccols);
+                }
+              }
+              if (m.qk_norm) {
+                norm(sa + "q_layernorm.weight", hsa + "q_norm.weight", hd);
+                norm(sa + "k_layernorm.weight", hsa + "k_norm.weight", hd);
+              }
+              b.Add(sa + "linear_proj.weight", H, nq * hd);
+              b.Rect(hsa + "o_proj.weight", 1, H, nq * hd, 0, 0, 0, 0, 0, q0 * hd, nh * hd);
+              if (m.gpt_oss) {
+                norm(sa + "linear_proj.bias", hsa + "o_proj.bias", H);
+                b.Add(sa + "core_attention.softmax_offset", nq, 0);
+                b.Rect(hsa + "sinks", 1, nq, 1, 0, 0, 0, q0, 0, 0, 1);
               }
             }
-            if (m.qk_norm) {
-              b.Add(sa + "q_layernorm.weight", hd, 0);
-              b.Rect(hsa + "q_norm.weight", 1, hd, 1, 0, 0, 0, 0, 0, 0, 1);
-              b.Add(sa + "k_layernorm.weight", hd, 0);
-              b.Rect(hsa + "k_norm.weight", 1, hd, 1, 0, 0, 0, 0, 0, 0, 1);
-            }
-            b.Add(sa + "linear_proj.weight", H, nq * hd);
-            b.Rect(hsa + "o_proj.weight", 1, H, nq * hd, 0, 0, 0, 0, 0, q0 * hd, nh * hd);
             // MLP.
-            if (!moe) {
+            if (dense[i]) {
               mlp(lp + "mlp.", mlp_names(hp + "mlp.", false), I);
-              continue;
+              return;
             }
-            b.Add(lp + "mlp.router.weight", m.num_experts, H);
-            b.Rect(hp + moe_block + "gate.weight", 1, m.num_experts, H, 0, 0, 0, 0, 0, 0,
-                   H);
-            auto [e0, e1] = SplitRange(m.num_experts, ep, e_idx);
+            const uint64_t E = m.num_experts;
+            const std::string router = m.gpt_oss ? hp + "mlp.router." : hp + moe_block + "gate.";
+            b.Add(lp + "mlp.router.weight", E, H);
+            b.Rect(router + "weight", 1, E, H, 0, 0, 0, 0, 0, 0, H);
+            if (m.gpt_oss) norm(lp + "mlp.router.bias", router + "bias", E);
+            if (m.e_score_correction_bias) {
+              norm(lp + "mlp.router.expert_bias", router + "e_score_correction_bias", E, "F32");
+            }
+            auto [e0, e1] = SplitRange(E, ep, e_idx);
             for (uint64_t e = e0; e < e1; ++e) {
-              mlp(lp + "mlp.experts.local_experts." + std::to_string(e - e0) + ".",
+              const std::string local =
+                  lp + "mlp.experts.local_experts." + std::to_string(e - e0) + ".";
+              if (m.gpt_oss) {
+                gpt_oss_expert(local, hp, e);
+                continue;
+              }
+              mlp(local,
                   mlp_names(hp + moe_block + "experts." + std::to_string(e) + ".",
                             m.mixtral_names),
                   Im);
             }
             if (Is) {
-              mlp(lp + "mlp.shared_experts.", mlp_names(hp + "mlp.shared_expert.", false),
-                  Is);
-              b.Add(lp + "mlp.shared_experts.gate_weight", 1, H);
-              b.Rect(hp + "mlp.shared_expert_gate.weight", 1, 1, H, 0, 0, 0, 0, 0, 0, H);
+              mlp(lp + "mlp.shared_experts.", mlp_names(hp + shared_block, false), Is);
+              if (!m.mla) {
+                b.Add(lp + "mlp.shared_experts.gate_weight", 1, H);
+                b.Rect(hp + "mlp.shared_expert_gate.weight", 1, 1, H, 0, 0, 0, 0, 0, 0, H);
+              }
             }
+          };
+          for (uint64_t i = l0; i < l1; ++i) {
+            layer("decoder.layers." + std::to_string(i - l0) + ".", i);
           }
           if (stage == pp - 1) {
             b.Add("decoder.final_layernorm.weight", H, 0);
@@ -453,6 +823,25 @@ Result<Layout> GenerateLayout(const ModelConfig& m, const Parallelism& par) {
               b.Add("output_layer.weight", vrows, H, false);
               b.Rect(m.tie_word_embeddings ? embed : "lm_head.weight", 1, vreal, H, 0, 0,
                      0, v0, 0, 0, H);
+            }
+            // Multi-token prediction modules on the last stage, each with its
+            // own embedding and output head (the checkpoint stores them per
+            // module; a trainer sharing them with the main ones holds the
+            // same bits under these names).
+            for (uint64_t k = 0; k < mtp; ++k) {
+              const std::string mp = "mtp.layers." + std::to_string(k) + ".";
+              const std::string hp = "model.layers." + std::to_string(L + k) + ".";
+              b.Add(mp + "embed_tokens.weight", vrows, H, false);
+              b.Rect(hp + "embed_tokens.weight", 1, vreal, H, 0, 0, 0, v0, 0, 0, H);
+              norm(mp + "enorm.weight", hp + "enorm.weight", H);
+              norm(mp + "hnorm.weight", hp + "hnorm.weight", H);
+              auto [r0, r1] = SplitRange(H, tp, t);
+              b.Add(mp + "eh_proj.weight", r1 - r0, 2 * H);
+              b.Rect(hp + "eh_proj.weight", 1, r1 - r0, 2 * H, 0, 0, 0, r0, 0, 0, 2 * H);
+              layer(mp + "transformer_layer.", L + k);
+              norm(mp + "final_layernorm.weight", hp + "shared_head.norm.weight", H);
+              b.Add(mp + "output_layer.weight", vrows, H, false);
+              b.Rect(hp + "shared_head.head.weight", 1, vreal, H, 0, 0, 0, v0, 0, 0, H);
             }
           }
           RankLayout r;

@@ -3,7 +3,13 @@
 //
 // Local tensors get Megatron-core names on every rank (per pipeline stage the
 // layers are renumbered from 0); canonical tensors get the Hugging Face names
-// of Llama/Qwen2/Qwen3 dense models and of Mixtral / Qwen-MoE expert models.
+// of the architectures the generator models (kSupportedModelTypes): Llama,
+// Mistral, Qwen2/Qwen3 dense, Mixtral, Qwen2-MoE/Qwen3-MoE, DeepSeek-V3 and
+// Kimi-K2 (MLA attention, dense first layers, routed and shared experts,
+// MTP layers, FP8 block-quantized checkpoints) and gpt-oss (attention sinks,
+// fused expert tensors with biases). A config.json of any other architecture,
+// or one with a field that changes the tensor set in a way the generator
+// does not model, is refused by name (docs/layout.md, "Generated layouts").
 // Pure and thread-safe.
 #ifndef REFIT_LAYOUT_GENERATE_H_
 #define REFIT_LAYOUT_GENERATE_H_
@@ -11,6 +17,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "layout/layout.h"
 #include "refit/status.h"
@@ -37,10 +44,49 @@ struct ModelConfig {
   uint64_t moe_intermediate_size = 0;  // defaults to intermediate_size
   uint64_t shared_expert_intermediate_size = 0;  // 0 = no shared expert
   bool mixtral_names = false;  // block_sparse_moe.experts.{e}.w1/w2/w3
+  // Layers of an MoE model whose MLP is dense (intermediate_size), ascending:
+  // DeepSeek's first_k_dense_replace / moe_layer_freq, Qwen-MoE's
+  // mlp_only_layers / decoder_sparse_step. Empty: every layer is MoE.
+  std::vector<uint64_t> dense_layers;
+
+  // Multi-head latent attention (deepseek_v3, kimi_k2). q_lora_rank 0: a
+  // plain q_proj instead of q_a_proj / q_a_layernorm / q_b_proj.
+  bool mla = false;
+  uint64_t q_lora_rank = 0;
+  uint64_t kv_lora_rank = 0;
+  uint64_t qk_nope_head_dim = 0;
+  uint64_t qk_rope_head_dim = 0;
+  uint64_t v_head_dim = 0;
+  // DeepSeek-style MoE: mlp.shared_experts.* of n_shared_experts x
+  // moe_intermediate_size rows (no shared gate), and the router's FP32
+  // mlp.gate.e_score_correction_bias.
+  uint64_t n_shared_experts = 0;
+  bool e_score_correction_bias = false;
+  // Multi-token prediction layers after the last layer (model.layers.{L+k}).
+  uint64_t num_nextn_predict_layers = 0;
+
+  // gpt-oss: o_proj bias, attention sinks, router bias, fused expert tensors
+  // mlp.experts.gate_up_proj [E, H, 2I] (gate and up columns interleaved)
+  // and down_proj [E, I, H], with biases.
+  bool gpt_oss = false;
+
+  // quantization_config {"quant_method": "fp8", "weight_block_size": [r, c]}:
+  // the layers' linear weights are F8_E4M3 with an FP32 `weight_scale_inv`
+  // per r x c block (the DeepSeek-V3 checkpoint convention). 0: not quantized.
+  uint64_t fp8_block_rows = 0, fp8_block_cols = 0;
 };
 
+// The model_type values GenerateLayout models.
+inline constexpr const char* kSupportedModelTypes[] = {
+    "llama", "mistral",   "qwen2",       "qwen3",   "mixtral",
+    "qwen2_moe", "qwen3_moe", "deepseek_v3", "kimi_k2", "gpt_oss"};
+
 // Reads a config.json. Fails with kInvalidArgument naming the missing or
-// mistyped field.
+// mistyped field; with kUnimplemented naming the model_type when it is not
+// in kSupportedModelTypes, and naming the field when the config sets one
+// that changes the tensor set (MLA ranks, expert counts, dense-layer
+// schedules, MTP layers, mlp_bias, a quantization_config) in a way its
+// architecture's generator does not model.
 Result<ModelConfig> ParseModelConfig(std::string_view json);
 Result<ModelConfig> LoadModelConfig(const std::string& path);
 

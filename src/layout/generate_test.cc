@@ -129,7 +129,7 @@ TEST(Generate, ParsesConfig) {
   EXPECT_EQ(mix->num_key_value_heads, 4u);
   EXPECT_EQ(mix->dtype, "F32");
   EXPECT_TRUE(mix->mixtral_names);
-  Result<ModelConfig> bad = ParseModelConfig(R"({"hidden_size": 64})");
+  Result<ModelConfig> bad = ParseModelConfig(R"({"model_type": "llama", "hidden_size": 64})");
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("missing \"intermediate_size\""),
             std::string_view::npos)
