@@ -93,7 +93,9 @@ Result<std::optional<StepResult>> StagedPrepare::StageVersion(
             " that this receiver staged is not the one its manifest lists");
       }
     }
-    if (got->direct) {
+    bool parts = got->direct;
+    for (const ManifestChunk& c : got->chunks) parts = parts || c.run != 0 || c.in_part;
+    if (parts) {
       return FailedPreconditionError(
           "version " + V + " was published by several trainer ranks (strided regions, "
           "chunks in the ranks' parts), which two-phase receivers (host staging and the GPU "
