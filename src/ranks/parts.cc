@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <map>
+#include <optional>
 #include <cstdio>
 #include <thread>
 
@@ -17,17 +19,11 @@ namespace refit::ranks {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-constexpr char kPartMagic[8] = {'R', 'F', 'P', 'A', 'R', 'T', '0', '1'};
+constexpr char kPartMagic[8] = {'R', 'F', 'P', 'A', 'R', 'T', '0', '2'};
 constexpr uint64_t kMaxPartChunks = uint64_t{1} << 24;
 
 double Since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
-}
-
-std::string Digits(uint64_t v, int width) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%0*llu", width, static_cast<unsigned long long>(v));
-  return buf;
 }
 
 // Parts are written once; a rank re-running its part writes the same bytes.
@@ -36,13 +32,6 @@ constexpr char kPartConflict[] =
     "higher version";
 
 }  // namespace
-
-std::string PartChunkKey(uint64_t version, uint32_t rank, uint64_t k) {
-  return "parts/" + Digits(version, 20) + "/" + Digits(rank, 10) + "/chunk/" + Digits(k, 10);
-}
-std::string PartListKey(uint64_t version, uint32_t rank) {
-  return "parts/" + Digits(version, 20) + "/" + Digits(rank, 10) + "/list";
-}
 
 uint64_t HashTensorNames(std::vector<std::string> names) {
   std::sort(names.begin(), names.end());
@@ -67,6 +56,13 @@ std::vector<uint8_t> EncodePartList(const PartList& l) {
   for (const PartEntry& e : l.chunks) {
     w.Varint(e.size);
     w.Bytes(e.sha256.data(), e.sha256.size());
+    w.Varint(e.tensor_id);
+    w.Varint(e.start);
+    w.Varint(e.count);
+    w.Varint(e.run);
+    w.Varint(e.run != 0 ? e.stride : 0);
+    w.Varint(e.changed);
+    w.U8(e.kind);
   }
   w.U64(XXH3_64bits(out.data(), out.size()));
   return out;
@@ -90,15 +86,31 @@ Result<PartList> DecodePartList(std::span<const uint8_t> body) {
   l.names_hash = r.U64();
   uint64_t n = r.Varint();
   REFIT_RETURN_IF_ERROR(r.status("part list"));
-  if (n > kMaxPartChunks || n > r.remaining()) {
+  if (n > kMaxPartChunks || n > r.remaining() / 40) {
     return DataLossError("part list names " + std::to_string(n) + " chunks");
   }
   for (uint64_t i = 0; i < n; ++i) {
     PartEntry e;
     e.size = r.Varint();
     auto sha = r.Bytes(32);
+    e.tensor_id = r.Varint();
+    e.start = r.Varint();
+    e.count = r.Varint();
+    e.run = r.Varint();
+    e.stride = r.Varint();
+    e.changed = r.Varint();
+    e.kind = r.U8();
     REFIT_RETURN_IF_ERROR(r.status("part list"));
     std::copy(sha.begin(), sha.end(), e.sha256.begin());
+    // The region's form (docs/format.md §3); bounds are the reader's to
+    // check against its tensor table.
+    const bool form = e.count > 0 && e.count <= kMaxChunkElements && e.kind >= 1 &&
+                      e.kind <= 4 &&
+                      (e.run == 0 ? e.stride == 0
+                                  : e.run < e.count && e.count % e.run == 0 &&
+                                        e.stride > e.run &&
+                                        e.count / e.run - 1 <= (uint64_t{1} << 62) / e.stride);
+    if (!form) return DataLossError("part list entry " + std::to_string(i) + " is malformed");
     l.chunks.push_back(e);
   }
   if (r.remaining() != 0) return DataLossError("part list has trailing bytes");
@@ -154,9 +166,19 @@ Result<RankPartReport> RankPublisher::Publish(uint64_t version,
   list.names_hash = names_hash_;
   OnceUploader up(parts_, opt_.upload_threads, kPartConflict);
   auto encoded = encoder_->Encode(
-      version, committed_, local, [&](std::span<const uint8_t> chunk, const ChunkHeader&) {
+      version, committed_, local, [&](std::span<const uint8_t> chunk, const ChunkHeader& h) {
         std::vector<uint8_t> sealed = opt_.auth.Seal(chunk);
-        list.chunks.push_back({sealed.size(), ComputeSha256(sealed)});
+        PartEntry e;
+        e.size = sealed.size();
+        e.sha256 = ComputeSha256(sealed);
+        e.tensor_id = h.tensor_id;
+        e.start = h.start;
+        e.count = h.count;
+        e.run = h.run;
+        e.stride = h.stride;
+        e.changed = h.changed;
+        e.kind = static_cast<uint8_t>(h.kind);
+        list.chunks.push_back(e);
         return up.Add(PartChunkKey(version, rank_, list.chunks.size() - 1), std::move(sealed));
       });
   Status finished = up.Finish();
@@ -401,6 +423,351 @@ Result<CoordinatedReport> PartsCoordinator::Publish(uint64_t version) {
   }
   if (!published->committed) roll_back();
   report.publish = std::move(*published);
+  return report;
+}
+
+}  // namespace refit::ranks
+
+// ---------------------------------------------------------------------------
+// DirectCoordinator
+
+namespace refit::ranks {
+namespace {
+
+int MsSince(Clock::time_point t0) {
+  return static_cast<int>(
+      std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0).count());
+}
+
+Result<std::optional<std::vector<uint8_t>>> GetIfStored(ObjectStore* store,
+                                                        const std::string& key) {
+  auto got = store->Get(key);
+  if (got.ok()) return std::optional<std::vector<uint8_t>>(std::move(*got));
+  if (got.status().code() == StatusCode::kNotFound) {
+    return std::optional<std::vector<uint8_t>>();
+  }
+  return got.status();
+}
+
+}  // namespace
+
+std::vector<TensorEntry> TensorTableOf(const Checkpoint& ck) {
+  std::vector<TensorEntry> out;
+  for (size_t i = 0; i < ck.tensors().size(); ++i) {
+    const TensorInfo& t = ck.tensors()[i];
+    TensorEntry e;
+    e.name = t.name;
+    e.dtype = t.dtype;
+    e.width = static_cast<uint8_t>(t.element_width);
+    e.shape = t.shape;
+    e.num_elements = t.num_elements;
+    auto d = ck.Data(i);
+    e.before = e.after = RangeHash(d.data(), d.size());
+    out.push_back(std::move(e));
+  }
+  std::sort(out.begin(), out.end(),
+            [](const TensorEntry& a, const TensorEntry& b) { return a.name < b.name; });
+  return out;
+}
+
+Result<std::unique_ptr<DirectCoordinator>> DirectCoordinator::Open(
+    ObjectStore* store, DirectCoordinatorOptions options) {
+  if (store == nullptr) return InvalidArgumentError("DirectCoordinator needs a store");
+  if (options.ranks.empty()) return InvalidArgumentError("the coordinator needs the ranks");
+  if (options.members.empty()) return InvalidArgumentError("the coordinator needs the members");
+  for (const std::string& m : options.members) REFIT_RETURN_IF_ERROR(ValidateMember(m));
+  std::sort(options.initial.begin(), options.initial.end(),
+            [](const TensorEntry& a, const TensorEntry& b) { return a.name < b.name; });
+  std::unique_ptr<DirectCoordinator> c(new DirectCoordinator());
+  c->store_ = store;
+  c->opt_ = std::move(options);
+  REFIT_ASSIGN_OR_RETURN(auto head, GetIfStored(store, kHeadKey));
+  if (head) {
+    REFIT_ASSIGN_OR_RETURN(auto body, c->opt_.auth.Open(*head));
+    REFIT_ASSIGN_OR_RETURN(c->committed_, DecodeHead(body));
+  }
+  return c;
+}
+
+Result<std::vector<TensorEntry>> DirectCoordinator::TableOf(uint64_t v) {
+  REFIT_ASSIGN_OR_RETURN(auto manifest, GetIfStored(store_, ManifestKey(v)));
+  if (manifest) {
+    REFIT_ASSIGN_OR_RETURN(auto body, opt_.auth.Open(*manifest));
+    REFIT_ASSIGN_OR_RETURN(Manifest m, DecodeManifest(body));
+    if (m.direct) {
+      REFIT_ASSIGN_OR_RETURN(auto bytes, store_->Get(DecisionKey(v)));
+      REFIT_ASSIGN_OR_RETURN(auto dbody, opt_.auth.Open(bytes));
+      REFIT_ASSIGN_OR_RETURN(Decision d, DecodeDecision(dbody));
+      if (!d.commit || d.tensors.size() != m.tensors.size()) {
+        return DataLossError("head names version " + std::to_string(v) +
+                             ", whose decision records no tensor hashes");
+      }
+      for (size_t t = 0; t < m.tensors.size(); ++t) m.tensors[t].after = d.tensors[t];
+    }
+    // Version v's hashes are the base of the next version.
+    for (TensorEntry& e : m.tensors) e.before = e.after;
+    return std::move(m.tensors);
+  }
+  REFIT_ASSIGN_OR_RETURN(auto snap, GetIfStored(store_, SnapshotIndexKey(v)));
+  if (snap) {
+    REFIT_ASSIGN_OR_RETURN(auto body, opt_.auth.Open(*snap));
+    REFIT_ASSIGN_OR_RETURN(SnapshotIndex s, DecodeSnapshotIndex(body));
+    return std::move(s.tensors);
+  }
+  if (opt_.initial.empty()) {
+    return FailedPreconditionError("the store records no tensor table for version " +
+                                   std::to_string(v) +
+                                   " (no manifest, no snapshot); give the coordinator the "
+                                   "table of that version (TensorTableOf)");
+  }
+  return opt_.initial;
+}
+
+Status DirectCoordinator::AbortSuperseded(uint64_t version) {
+  REFIT_ASSIGN_OR_RETURN(auto indexes, store_->List(kIndexPrefix));
+  for (const uint64_t w : VersionsOf(indexes)) {
+    if (w <= committed_ || w >= version) continue;
+    Decision d;
+    d.version = w;
+    d.commit = false;
+    d.reason = "superseded by version " + std::to_string(version) +
+               " before it was decided (its coordinator stopped)";
+    Status s = store_->PutIfAbsent(DecisionKey(w), opt_.auth.Seal(EncodeDecision(d)));
+    if (!s.ok() && s.code() != StatusCode::kAlreadyExists) return s;
+  }
+  return Status();
+}
+
+Result<std::vector<uint32_t>> DirectCoordinator::PartsStored(uint64_t version) {
+  std::vector<uint32_t> out;
+  for (uint32_t rank : opt_.ranks) {
+    REFIT_ASSIGN_OR_RETURN(auto got, GetIfStored(store_, PartListKey(version, rank)));
+    if (got) out.push_back(rank);
+  }
+  return out;
+}
+
+// Votes until every member voted, one voted failed, or the deadline; then
+// the one decision (docs/protocol.md, "Versions from many ranks").
+Result<Decision> DirectCoordinator::VoteAndDecide(const Manifest& m, std::vector<bool> touched,
+                                                  DirectReport* report) {
+  const uint64_t version = m.version;
+  auto start = Clock::now();
+  std::map<std::string, Vote> votes;
+  bool any_failed = false;
+  while (votes.size() < opt_.members.size() && !any_failed &&
+         MsSince(start) <= opt_.vote_timeout_ms) {
+    const uint64_t since = store_->ChangeCount();
+    for (const std::string& member : opt_.members) {
+      if (votes.count(member)) continue;
+      REFIT_ASSIGN_OR_RETURN(auto v, GetIfStored(store_, VoteKey(version, member)));
+      if (!v) continue;
+      auto body = opt_.auth.OpenMember(*v);
+      if (!body.ok()) continue;  // forged or damaged: not a vote
+      auto vote = DecodeVote(*body);
+      if (!vote.ok()) continue;
+      votes[member] = *vote;
+      any_failed = any_failed || !vote->ready;
+    }
+    if (votes.size() < opt_.members.size() && !any_failed) {
+      store_->AwaitChange(since, opt_.poll_ms);
+    }
+  }
+  report->vote_seconds = Since(start);
+  Decision d;
+  d.version = version;
+  std::string why;
+  const std::vector<Hash128>* agreed = nullptr;
+  for (const std::string& member : opt_.members) {
+    auto it = votes.find(member);
+    if (it == votes.end()) {
+      if (why.empty()) why = "no vote from '" + member + "' by the deadline";
+      continue;
+    }
+    const Vote& v = it->second;
+    if (!v.ready) {
+      why = "member failed: " + member + ": " + v.message;
+      break;
+    }
+    if (v.tensors.size() != m.tensors.size()) {
+      if (why.empty()) why = "'" + member + "' voted ready without the tensors' hashes";
+      continue;
+    }
+    for (size_t t = 0; t < m.tensors.size() && why.empty(); ++t) {
+      // A tensor without chunks is the base's; one with chunks must hash
+      // alike on every member.
+      if (!touched[t] && v.tensors[t] != m.tensors[t].before) {
+        why = "'" + member + "' holds tensor '" + m.tensors[t].name +
+              "' off its base after the version";
+      } else if (agreed != nullptr && v.tensors[t] != (*agreed)[t]) {
+        why = "members disagree on tensor '" + m.tensors[t].name +
+              "' after the version (first: '" + member + "')";
+      }
+    }
+    if (agreed == nullptr) agreed = &v.tensors;
+  }
+  if (why.empty() && agreed != nullptr) {
+    d.commit = true;
+    d.tensors = *agreed;
+  } else {
+    d.commit = false;
+    d.reason = why.empty() ? "no vote" : why;
+  }
+  Status put = store_->PutIfAbsent(DecisionKey(version), opt_.auth.Seal(EncodeDecision(d)));
+  if (put.code() == StatusCode::kAlreadyExists) {
+    REFIT_ASSIGN_OR_RETURN(auto bytes, store_->Get(DecisionKey(version)));
+    REFIT_ASSIGN_OR_RETURN(auto body, opt_.auth.Open(bytes));
+    REFIT_ASSIGN_OR_RETURN(d, DecodeDecision(body));
+  } else {
+    REFIT_RETURN_IF_ERROR(put);
+  }
+  return d;
+}
+
+Result<DirectReport> DirectCoordinator::Publish(uint64_t version) {
+  auto t0 = Clock::now();
+  DirectReport report;
+  report.version = version;
+  report.base_version = committed_;
+  const uint64_t base = committed_;
+  if (version <= base) {
+    return InvalidArgumentError("version " + std::to_string(version) +
+                                " is not above the committed version " + std::to_string(base));
+  }
+  const std::string V = std::to_string(version);
+  // A decision from an earlier run is final.
+  REFIT_ASSIGN_OR_RETURN(auto decided, GetIfStored(store_, DecisionKey(version)));
+  std::optional<Decision> decision;
+  if (decided) {
+    REFIT_ASSIGN_OR_RETURN(auto body, opt_.auth.Open(*decided));
+    REFIT_ASSIGN_OR_RETURN(decision, DecodeDecision(body));
+  } else {
+    // 1. Every rank's part list, up to the deadline. Nothing is written
+    // before all are in, so a version with a missing part is never
+    // announced.
+    REFIT_ASSIGN_OR_RETURN(std::vector<TensorEntry> table, TableOf(base));
+    std::vector<std::string> names;
+    for (const TensorEntry& e : table) names.push_back(e.name);
+    const uint64_t names_hash = HashTensorNames(names);
+    const auto deadline = t0 + std::chrono::milliseconds(opt_.parts_timeout_ms);
+    std::vector<std::optional<PartList>> lists(opt_.ranks.size());
+    size_t missing = opt_.ranks.size();
+    for (;;) {
+      const uint64_t since = store_->ChangeCount();
+      for (size_t i = 0; i < opt_.ranks.size(); ++i) {
+        if (lists[i]) continue;
+        const uint32_t rank = opt_.ranks[i];
+        REFIT_ASSIGN_OR_RETURN(auto got, GetIfStored(store_, PartListKey(version, rank)));
+        if (!got) continue;
+        REFIT_ASSIGN_OR_RETURN(std::span<const uint8_t> body, opt_.auth.Open(*got));
+        REFIT_ASSIGN_OR_RETURN(PartList l, DecodePartList(body));
+        const std::string who = "rank " + std::to_string(rank) + "'s part of version " + V;
+        if (l.version != version || l.rank != rank) {
+          return DataLossError(who + " names version " + std::to_string(l.version) +
+                               ", rank " + std::to_string(l.rank));
+        }
+        if (l.base_version != base) {
+          return FailedPreconditionError(who + " was encoded against version " +
+                                         std::to_string(l.base_version) +
+                                         "; the committed version is " + std::to_string(base));
+        }
+        if (l.tensor_count != table.size() || l.names_hash != names_hash) {
+          return FailedPreconditionError(who + " indexes another set of canonical tensors "
+                                         "than the version's table");
+        }
+        for (size_t k = 0; k < l.chunks.size(); ++k) {
+          const PartEntry& e = l.chunks[k];
+          const uint64_t span = e.run == 0 ? e.count : (e.count / e.run - 1) * e.stride + e.run;
+          if (e.tensor_id >= table.size() || e.start > table[e.tensor_id].num_elements ||
+              span > table[e.tensor_id].num_elements - e.start) {
+            return DataLossError(who + " lists chunk " + std::to_string(k) +
+                                 " outside its tensor");
+          }
+        }
+        lists[i] = std::move(l);
+        --missing;
+      }
+      if (missing == 0) break;
+      if (Clock::now() >= deadline) {
+        std::string absent;
+        for (size_t i = 0; i < opt_.ranks.size(); ++i) {
+          if (!lists[i]) absent += (absent.empty() ? "" : ", ") + std::to_string(opt_.ranks[i]);
+        }
+        return DeadlineExceededError("version " + V + ": no part from rank(s) " + absent +
+                                     " within " + std::to_string(opt_.parts_timeout_ms) +
+                                     " ms; nothing was published");
+      }
+      store_->AwaitChange(since, opt_.poll_ms);
+    }
+    report.wait_seconds = Since(t0);
+
+    // 2. The announcement and the manifest, from the lists alone.
+    auto t1 = Clock::now();
+    REFIT_RETURN_IF_ERROR(AbortSuperseded(version));
+    Manifest m;
+    m.version = version;
+    m.base_version = base;
+    m.members = opt_.members;
+    m.direct = true;
+    m.tensors = table;
+    std::vector<bool> touched(table.size(), false);
+    for (size_t i = 0; i < lists.size(); ++i) {
+      for (size_t k = 0; k < lists[i]->chunks.size(); ++k) {
+        const PartEntry& e = lists[i]->chunks[k];
+        ManifestChunk c;
+        c.size = e.size;
+        c.sha256 = e.sha256;
+        c.tensor_id = e.tensor_id;
+        c.start = e.start;
+        c.count = e.count;
+        c.run = e.run;
+        c.stride = e.stride;
+        c.changed = e.changed;
+        c.kind = e.kind;
+        c.in_part = true;
+        c.rank = opt_.ranks[i];
+        c.part_index = k;
+        m.chunks.push_back(c);
+        touched[e.tensor_id] = true;
+        report.part_bytes += e.size;
+        report.changed_elements += e.changed;
+      }
+    }
+    // Tensor order, as receivers check the base tensor by tensor.
+    std::stable_sort(m.chunks.begin(), m.chunks.end(),
+                     [](const ManifestChunk& a, const ManifestChunk& b) {
+                       return a.tensor_id != b.tensor_id ? a.tensor_id < b.tensor_id
+                                                         : a.start < b.start;
+                     });
+    report.part_chunks = m.chunks.size();
+    Announcement a;
+    a.version = version;
+    a.base_version = base;
+    a.members = opt_.members;
+    a.tensors = table;
+    for (size_t t = 0; t < table.size(); ++t) {
+      a.tensors[t].after = Hash128{};
+      m.tensors[t].after = touched[t] ? Hash128{} : table[t].before;
+    }
+    constexpr char kConflict[] =
+        "this version was announced with other parts or members; publish a higher version";
+    REFIT_RETURN_IF_ERROR(
+        PutOnce(store_, IndexKey(version), opt_.auth.Seal(EncodeAnnouncement(a)), kConflict));
+    REFIT_RETURN_IF_ERROR(
+        PutOnce(store_, ManifestKey(version), opt_.auth.Seal(EncodeManifest(m)), kConflict));
+    report.manifest_seconds = Since(t1);
+
+    // 3. Votes and the one decision.
+    REFIT_ASSIGN_OR_RETURN(Decision d, VoteAndDecide(m, std::move(touched), &report));
+    decision = d;
+  }
+  report.committed = decision->commit;
+  report.reason = decision->reason;
+  if (decision->commit) {
+    committed_ = version;
+    REFIT_RETURN_IF_ERROR(store_->Put(kHeadKey, opt_.auth.Seal(EncodeHead(version))));
+  }
+  report.seconds = Since(t0);
   return report;
 }
 

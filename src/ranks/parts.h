@@ -4,7 +4,9 @@
 // Every rank encodes the canonical regions it owns (trainer/RankEncoder)
 // and uploads them, concurrently with the other ranks, as its **part** of
 // a version: sealed chunk objects and, last, a sealed part list naming
-// each chunk's size and SHA-256. The coordinator waits until every rank's
+// each chunk's size, SHA-256 and region. Two coordinators turn parts into
+// versions. The DirectCoordinator (below) only decides: receivers apply
+// the ranks' chunks where they lie. The PartsCoordinator waits until every rank's
 // part is stored (a deadline; a version is complete only with every
 // owner's part), checks and applies all parts to its staging copy of the
 // canonical checkpoint (each chunk at most once, by its region hashes),
@@ -36,12 +38,24 @@
 
 namespace refit::ranks {
 
-std::string PartChunkKey(uint64_t version, uint32_t rank, uint64_t k);
-std::string PartListKey(uint64_t version, uint32_t rank);
+// The part keys are the protocol's (sync/keys.h): receivers read the
+// ranks' chunks there when a version is published directly.
+using ::refit::PartChunkKey;
+using ::refit::PartListKey;
 
+// One chunk of a part: its stored object (size, SHA-256) and its header's
+// metadata, so that a coordinator lists it in a manifest without reading
+// its payload.
 struct PartEntry {
   uint64_t size = 0;
   Sha256 sha256{};
+  uint64_t tensor_id = 0;
+  uint64_t start = 0;
+  uint64_t count = 0;
+  uint64_t run = 0;  // 0: contiguous; else a strided region (docs/format.md §3)
+  uint64_t stride = 0;
+  uint64_t changed = 0;
+  uint8_t kind = 0;
 };
 
 // The part list: which version and base it belongs to, the canonical
@@ -148,6 +162,80 @@ class PartsCoordinator {
   std::unique_ptr<Checkpoint> staging_;
   CoordinatorOptions opt_;
   uint64_t names_hash_ = 0;
+};
+
+// ---------------------------------------------------------------------------
+// The direct path (docs/protocol.md, "Versions from many ranks"): the ranks
+// upload their parts to the protocol store itself (RankPublisher with
+// `parts` == `store`), and the coordinator only decides. It waits for every
+// rank's part list, checks the lists (authentication, version, base, the
+// canonical tensor table, every entry's region inside its tensor), and
+// writes the announcement and a manifest (format 2, `direct`) that lists
+// the ranks' chunk objects where they are; receivers fetch and apply them.
+// It then collects the votes: a ready vote carries the member's tensor
+// hashes after the version; it commits only when every member voted ready
+// with the same hashes, and records them in the decision, which makes them
+// the version's "after" hashes. It never reads a chunk, holds no tensor
+// and no file: its memory is the part lists and the tensor table.
+struct DirectCoordinatorOptions {
+  std::vector<uint32_t> ranks;         // every rank that owns canonical elements
+  std::vector<std::string> members;    // the receivers that vote
+  Authenticator auth = Authenticator::None();
+  int parts_timeout_ms = 600000;
+  int vote_timeout_ms = 600000;
+  int poll_ms = 20;
+  // The tensor table (names, dtypes, shapes, tensor hashes) of the version
+  // the store's head names, needed only when the store records none for
+  // it (version 0 without a snapshot). TensorTableOf() makes it from a
+  // checkpoint at that version, once, on any machine that has one.
+  std::vector<TensorEntry> initial;
+};
+
+struct DirectReport {
+  uint64_t version = 0;
+  uint64_t base_version = 0;
+  bool committed = false;
+  std::string reason;             // of an abort
+  uint64_t part_chunks = 0;       // chunks the manifest lists
+  uint64_t part_bytes = 0;        // their stored sizes, as the part lists state
+  uint64_t changed_elements = 0;  // over all parts
+  double wait_seconds = 0;        // until every part list was stored
+  double manifest_seconds = 0;    // checking the lists, announcement and manifest
+  double vote_seconds = 0;        // until every vote (or the deadline)
+  double seconds = 0;
+};
+
+// The tensor table of a checkpoint: every tensor's name, dtype, shape and
+// hash, as a coordinator's `initial`.
+std::vector<TensorEntry> TensorTableOf(const Checkpoint& checkpoint);
+
+class DirectCoordinator {
+ public:
+  static Result<std::unique_ptr<DirectCoordinator>> Open(ObjectStore* store,
+                                                         DirectCoordinatorOptions options);
+
+  uint64_t committed_version() const { return committed_; }
+
+  // Decides version `version` (above the store's head): as above. A
+  // version some coordinator already decided reports that decision. The
+  // abort of a version whose parts did not all arrive is DEADLINE_EXCEEDED
+  // naming the missing ranks, with nothing announced. Not thread-safe.
+  Result<DirectReport> Publish(uint64_t version);
+
+  // Which ranks' part lists of `version` are stored (for `refit status`).
+  Result<std::vector<uint32_t>> PartsStored(uint64_t version);
+
+ private:
+  DirectCoordinator() = default;
+  // The tensor table of committed version v as the store records it.
+  Result<std::vector<TensorEntry>> TableOf(uint64_t v);
+  Status AbortSuperseded(uint64_t version);
+  Result<Decision> VoteAndDecide(const Manifest& m, std::vector<bool> touched,
+                                 DirectReport* report);
+
+  ObjectStore* store_ = nullptr;
+  DirectCoordinatorOptions opt_;
+  uint64_t committed_ = 0;
 };
 
 }  // namespace refit::ranks

@@ -340,13 +340,34 @@ TEST(PartListTest, RoundTripAndCorruption) {
   l.rank = 3;
   l.tensor_count = 51;
   l.names_hash = 0x1234;
-  l.chunks = {{100, {}}, {200, {}}};
+  l.chunks.resize(2);
+  l.chunks[0].size = 100;
+  l.chunks[0].count = 64;
+  l.chunks[0].changed = 3;
+  l.chunks[0].kind = 1;
+  l.chunks[1].size = 200;
+  l.chunks[1].tensor_id = 4;
+  l.chunks[1].start = 10;
+  l.chunks[1].count = 24;
+  l.chunks[1].run = 8;
+  l.chunks[1].stride = 40;
+  l.chunks[1].changed = 2;
+  l.chunks[1].kind = 2;
   l.chunks[1].sha256[5] = 7;
   auto bytes = EncodePartList(l);
   auto back = DecodePartList(bytes);
   ASSERT_TRUE(back.ok());
   EXPECT_EQ(back->chunks.size(), 2u);
   EXPECT_EQ(back->chunks[1].sha256[5], 7);
+  EXPECT_EQ(back->chunks[1].tensor_id, 4u);
+  EXPECT_EQ(back->chunks[1].start, 10u);
+  EXPECT_EQ(back->chunks[1].run, 8u);
+  EXPECT_EQ(back->chunks[1].stride, 40u);
+  EXPECT_EQ(back->chunks[1].kind, 2);
+  // A region not in canonical form is refused.
+  PartList bad = l;
+  bad.chunks[1].stride = 8;
+  EXPECT_THAT(DecodePartList(EncodePartList(bad)), StatusIs(StatusCode::kDataLoss));
   EXPECT_EQ(back->names_hash, 0x1234u);
   for (size_t i = 0; i < bytes.size(); ++i) {
     auto c = bytes;

@@ -45,12 +45,13 @@ Result<ParsedChunk> CheckChunk(std::span<const uint8_t> object,
   REFIT_ASSIGN_OR_RETURN(auto body, auth.Open(object));
   REFIT_ASSIGN_OR_RETURN(ParsedChunk c, ParseChunk(body));
   const ChunkHeader& h = c.header;
-  if (h.IsStrided()) {
-    // Versions carry contiguous ranges (ranks' strided regions are
-    // assembled by the coordinator, docs/trainer.md).
-    return DataLossError(name + " is a strided region, which versions do not carry");
+  if (h.IsStrided() && (entry == nullptr || entry->run == 0)) {
+    // A strided region (a rank's block of a matrix) is taken only where
+    // the manifest lists one: receivers fetch those chunks after it.
+    return DataLossError(name + " is a strided region its manifest does not list");
   }
-  if (!RangeInside(a.tensors, h.tensor_id, h.start, h.count) ||
+  // ParseChunk checked the region's form; End() is its last element + 1.
+  if (!RangeInside(a.tensors, h.tensor_id, h.start, h.End() - h.start) ||
       h.width != a.tensors[h.tensor_id].width) {
     return DataLossError(name + " names a range outside the announced tensors");
   }
@@ -59,6 +60,7 @@ Result<ParsedChunk> CheckChunk(std::span<const uint8_t> object,
   }
   if (entry != nullptr &&
       (h.tensor_id != entry->tensor_id || h.start != entry->start || h.count != entry->count ||
+       h.run != entry->run || (h.run != 0 && h.stride != entry->stride) ||
        (!spec.resend && h.kind != static_cast<codec::ChunkKind>(entry->kind)))) {
     return DataLossError(name + " does not match its manifest entry");
   }

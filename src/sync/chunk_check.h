@@ -64,11 +64,12 @@ struct ChunkSpec {
 //   1. a stored chunk's size or SHA-256 is not the manifest's entry
 //      <i>'s, or the manifest has no entry <i> (checked before the
 //      envelope is opened);
-//   2. it is a strided region (versions carry contiguous ranges);
+//   2. it is a strided region that the manifest (seen) does not list as
+//      one (only versions published by several ranks carry them);
 //   3. its range is empty, outside the announced tensors, or of another
 //      element width;
 //   4. it names another version or base;
-//   5. with the manifest seen, its tensor or range (a stored chunk: or
+//   5. with the manifest seen, its tensor or region (a stored chunk: or
 //      its kind) is not entry <i>'s;
 //   6. a re-send is not an overwrite (sparse-overwrite or raw).
 Result<ParsedChunk> CheckChunk(std::span<const uint8_t> object,

@@ -120,7 +120,23 @@ TEST(ChunkCheckTest, EachCheckNamesTheChunkAndWhatFails) {
   strided.run = 2;
   strided.stride = 16;
   EXPECT_EQ(Check(Object(strided), a, 0, nullptr),
-            "chunk 0 of version 7 is a strided region, which versions do not carry");
+            "chunk 0 of version 7 is a strided region its manifest does not list");
+  {
+    // Listed as a strided region, it passes; as a range, or with another
+    // stride, it does not.
+    const auto so = Object(strided);
+    ManifestChunk e = Entry(so, strided);
+    const Manifest as_range = ManifestOf(a, {e});
+    EXPECT_EQ(Check(so, a, 0, &as_range),
+              "chunk 0 of version 7 is a strided region its manifest does not list");
+    e.run = 2;
+    e.stride = 16;
+    const Manifest listed = ManifestOf(a, {e});
+    EXPECT_EQ(Check(so, a, 0, &listed), "ok");
+    e.stride = 32;
+    const Manifest other = ManifestOf(a, {e});
+    EXPECT_EQ(Check(so, a, 0, &other), "chunk 0 of version 7 does not match its manifest entry");
+  }
   // 3. Ranges outside the announced tensors, or of another width.
   EXPECT_EQ(Check(Object(Header(1, 900, 101)), a, 0, nullptr),
             "chunk 0 of version 7 names a range outside the announced tensors");

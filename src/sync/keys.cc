@@ -120,6 +120,13 @@ std::string ManifestKey(uint64_t v) { return VersionPrefix(v) + "manifest"; }
 std::string ChunkKey(uint64_t v, uint64_t i) {
   return VersionPrefix(v) + "chunk/" + Padded(i, 8);
 }
+std::string PartChunkKey(uint64_t v, uint32_t rank, uint64_t k) {
+  return "parts/" + Padded(v, kVersionDigits) + "/" + Padded(rank, 10) + "/chunk/" +
+         Padded(k, 10);
+}
+std::string PartListKey(uint64_t v, uint32_t rank) {
+  return "parts/" + Padded(v, kVersionDigits) + "/" + Padded(rank, 10) + "/list";
+}
 std::string VotePrefix(uint64_t v) { return VersionPrefix(v) + "vote/"; }
 std::string VoteKey(uint64_t v, const std::string& m) {
   return VotePrefix(v) + m;

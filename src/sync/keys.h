@@ -17,6 +17,8 @@
 //   v/<V>/request/<member>           chunks a member needs re-sent
 //   v/<V>/resend/<member>/<i>-<a|b>  overwrite re-send of chunk i's range at
 //                                    V ("a"fter) or at its base ("b"efore)
+//   parts/<V>/<rank>/chunk/<k>       chunk k of trainer rank <rank>'s part
+//   parts/<V>/<rank>/list            that rank's part list (written last)
 //   snap/<V>/index                   snapshot index of committed V
 //   snap/<V>/file/<i>                file i of that snapshot, raw
 //
@@ -56,6 +58,12 @@ std::string RequestKey(uint64_t version, const std::string& member);
 std::string ResendPrefix(uint64_t version);  // "v/<V>/resend/"
 std::string ResendKey(uint64_t version, const std::string& member,
                       uint64_t index, bool after);
+// The parts of a version published by several trainer ranks
+// (docs/trainer.md, "Versions from many ranks"): each rank's sealed chunks
+// and, last, its sealed part list. A version published this way names
+// these chunk objects in its manifest, and receivers read them there.
+std::string PartChunkKey(uint64_t version, uint32_t rank, uint64_t k);
+std::string PartListKey(uint64_t version, uint32_t rank);
 std::string SnapshotPrefix(uint64_t version);  // "snap/<V>/"
 std::string SnapshotIndexKey(uint64_t version);
 std::string SnapshotFileKey(uint64_t version, uint64_t index);

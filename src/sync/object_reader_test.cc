@@ -52,8 +52,8 @@ TEST_F(ObjectReaderTest, ReadsWhatThePublisherAndMembersWrote) {
   Put(IndexKey(1),
       auth_.Seal(EncodeAnnouncement(Announcement{1, 0, {"r0"}, {}})));
   Put("index/junk", {1});
-  Put(DecisionKey(3), auth_.Seal(EncodeDecision(Decision{3, false, {}, "no"})));
-  Put(VoteKey(3, "r0"), auth_.SealMember(EncodeVote(Vote{true, ""})));
+  Put(DecisionKey(3), auth_.Seal(EncodeDecision(Decision{3, false, {}, "no", {}})));
+  Put(VoteKey(3, "r0"), auth_.SealMember(EncodeVote(Vote{true, "", {}})));
 
   EXPECT_EQ(**reader.ReadHead(), 2u);
   EXPECT_EQ(*reader.ListVersions(), (std::vector<uint64_t>{1, 3}));
@@ -83,7 +83,7 @@ TEST_F(ObjectReaderTest, AnObjectNamingAnotherVersionIsRefused) {
   ObjectReader reader(store_.get(), auth_);
   Put(IndexKey(4),
       auth_.Seal(EncodeAnnouncement(Announcement{3, 2, {"r0"}, {}})));
-  Put(DecisionKey(4), auth_.Seal(EncodeDecision(Decision{3, true, {}, ""})));
+  Put(DecisionKey(4), auth_.Seal(EncodeDecision(Decision{3, true, {}, "", {}})));
   auto a = reader.ReadAnnouncement(4);
   EXPECT_THAT(a, StatusIs(StatusCode::kDataLoss));
   EXPECT_NE(a.status().message().find("announcement names another version"),

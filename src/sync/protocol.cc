@@ -6,11 +6,16 @@
 #include <xxhash.h>
 
 #include "base/bytes.h"
+#include "delta/chunk.h"
 
 namespace refit {
 namespace {
 
 constexpr char kManifestMagic[8] = {'R', 'F', 'M', 'A', 'N', 'I', 'F', '1'};
+constexpr char kManifestMagic2[8] = {'R', 'F', 'M', 'A', 'N', 'I', 'F', '2'};
+constexpr char kVoteMagic2[4] = {'R', 'F', 'V', '2'};
+constexpr char kDecisionMagic2[4] = {'R', 'F', 'D', '2'};
+constexpr uint64_t kMaxTensorHashes = uint64_t{1} << 24;
 constexpr char kAnnounceMagic[8] = {'R', 'F', 'A', 'N', 'N', 'O', 'U', '1'};
 constexpr char kVoteMagic[4] = {'R', 'F', 'V', '1'};
 constexpr char kDecisionMagic[4] = {'R', 'F', 'D', '1'};
@@ -83,13 +88,38 @@ Status CheckVersionTail(const ByteReader& r, const std::string& what, uint64_t v
   return Status();
 }
 
+void WriteHashes(ByteWriter& w, const std::vector<Hash128>& hashes) {
+  w.Varint(hashes.size());
+  for (const Hash128& h : hashes) PutHash(w, h);
+}
+
+Status ReadHashes(ByteReader& r, const char* what, std::vector<Hash128>* out) {
+  uint64_t n = r.Varint();
+  if (n > kMaxTensorHashes || n > r.remaining() / 16) {
+    REFIT_RETURN_IF_ERROR(r.status(what));
+    return DataLossError(std::string(what) + " lists an implausible number of tensor hashes");
+  }
+  out->resize(n);
+  for (uint64_t i = 0; i < n; ++i) (*out)[i] = GetHash(r);
+  return r.status(what);
+}
+
 }  // namespace
 
+std::string ManifestChunkKey(const Manifest& m, uint64_t i) {
+  const ManifestChunk& c = m.chunks[i];
+  return c.in_part ? PartChunkKey(m.version, c.rank, c.part_index) : ChunkKey(m.version, i);
+}
+
 std::vector<uint8_t> EncodeManifest(const Manifest& m) {
+  bool v2 = m.direct;
+  for (const ManifestChunk& c : m.chunks) v2 = v2 || c.run != 0 || c.in_part;
   std::vector<uint8_t> out;
   ByteWriter w(&out);
-  WriteVersionHead(w, kManifestMagic, m.version, m.base_version, m.members);
+  WriteVersionHead(w, v2 ? kManifestMagic2 : kManifestMagic, m.version, m.base_version,
+                   m.members);
   WriteTensorTable(m.tensors, &out);
+  if (v2) w.U8(m.direct ? 1 : 0);
   w.Varint(m.chunks.size());
   for (const ManifestChunk& c : m.chunks) {
     w.Varint(c.size);
@@ -99,6 +129,16 @@ std::vector<uint8_t> EncodeManifest(const Manifest& m) {
     w.Varint(c.count);
     w.Varint(c.changed);
     w.U8(c.kind);
+    if (!v2) continue;
+    w.U8((c.run != 0 ? 1 : 0) | (c.in_part ? 2 : 0));
+    if (c.run != 0) {
+      w.Varint(c.run);
+      w.Varint(c.stride);
+    }
+    if (c.in_part) {
+      w.Varint(c.rank);
+      w.Varint(c.part_index);
+    }
   }
   return Sealed(std::move(out));
 }
@@ -107,9 +147,15 @@ Result<Manifest> DecodeManifest(std::span<const uint8_t> body) {
   REFIT_ASSIGN_OR_RETURN(auto checked, Checked(body, "manifest"));
   ByteReader r(checked);
   Manifest m;
-  REFIT_RETURN_IF_ERROR(
-      ReadVersionHead(r, kManifestMagic, "manifest", &m.version, &m.base_version, &m.members));
+  const bool v2 = checked.size() >= 8 && std::memcmp(checked.data(), kManifestMagic2, 8) == 0;
+  REFIT_RETURN_IF_ERROR(ReadVersionHead(r, v2 ? kManifestMagic2 : kManifestMagic, "manifest",
+                                        &m.version, &m.base_version, &m.members));
   REFIT_RETURN_IF_ERROR(ReadTensorTable(&r, &m.tensors));
+  if (v2) {
+    const uint8_t flags = r.U8();
+    if (r.ok() && flags > 1) return DataLossError("manifest has unknown flags");
+    m.direct = flags == 1;
+  }
   uint64_t chunks = r.Varint();
   if (chunks > r.remaining() / 38) {
     REFIT_RETURN_IF_ERROR(r.status("manifest"));
@@ -126,9 +172,33 @@ Result<Manifest> DecodeManifest(std::span<const uint8_t> body) {
     c.count = r.Varint();
     c.changed = r.Varint();
     c.kind = r.U8();
+    uint8_t flags = 0;
+    if (v2) {
+      flags = r.U8();
+      if (flags & 1) {
+        c.run = r.Varint();
+        c.stride = r.Varint();
+      }
+      if (flags & 2) {
+        c.in_part = true;
+        const uint64_t rank = r.Varint();
+        c.part_index = r.Varint();
+        if (rank > UINT32_MAX) flags = 0xff;
+        c.rank = static_cast<uint32_t>(rank);
+      }
+    }
     if (!r.ok()) break;
-    if (c.tensor_id >= m.tensors.size() || c.count == 0 ||
-        !AddWithin(c.start, c.count, m.tensors[c.tensor_id].num_elements) ||
+    // The region's last element: a strided region in canonical form
+    // (docs/format.md §3), whose rows end inside the tensor.
+    uint64_t span = c.count;
+    bool region_ok = flags <= 3;
+    if (c.run != 0) {
+      region_ok = region_ok && c.run < c.count && c.count % c.run == 0 && c.stride > c.run &&
+                  c.count / c.run - 1 <= (uint64_t{1} << 62) / c.stride;
+      if (region_ok) span = (c.count / c.run - 1) * c.stride + c.run;
+    }
+    if (!region_ok || c.tensor_id >= m.tensors.size() || c.count == 0 ||
+        !AddWithin(c.start, span, m.tensors[c.tensor_id].num_elements) ||
         c.kind < 1 || c.kind > 4) {
       return DataLossError("manifest chunk " + std::to_string(i) + " is malformed");
     }
@@ -168,20 +238,24 @@ Result<Announcement> DecodeAnnouncement(std::span<const uint8_t> body) {
 std::vector<uint8_t> EncodeVote(const Vote& v) {
   std::vector<uint8_t> out;
   ByteWriter w(&out);
-  w.Bytes(kVoteMagic, 4);
+  w.Bytes(v.tensors.empty() ? kVoteMagic : kVoteMagic2, 4);
   w.U8(v.ready ? 1 : 2);
   w.String(v.message.substr(0, kMaxMessage));
+  if (!v.tensors.empty()) WriteHashes(w, v.tensors);
   return Sealed(std::move(out));
 }
 
 Result<Vote> DecodeVote(std::span<const uint8_t> body) {
   REFIT_ASSIGN_OR_RETURN(auto checked, Checked(body, "vote"));
   ByteReader r(checked);
-  if (!Magic(r, kVoteMagic, 4)) return DataLossError("not a refit vote");
+  const bool v2 = checked.size() >= 4 && std::memcmp(checked.data(), kVoteMagic2, 4) == 0;
+  if (!Magic(r, v2 ? kVoteMagic2 : kVoteMagic, 4)) return DataLossError("not a refit vote");
   Vote v;
   uint8_t s = r.U8();
   v.message = r.String(kMaxMessage);
+  if (v2) REFIT_RETURN_IF_ERROR(ReadHashes(r, "vote", &v.tensors));
   REFIT_RETURN_IF_ERROR(r.status("vote"));
+  if (v2 && r.remaining() != 0) return DataLossError("vote has trailing bytes");
   if (s != 1 && s != 2) return DataLossError("vote has unknown state");
   v.ready = s == 1;
   return v;
@@ -190,19 +264,23 @@ Result<Vote> DecodeVote(std::span<const uint8_t> body) {
 std::vector<uint8_t> EncodeDecision(const Decision& d) {
   std::vector<uint8_t> out;
   ByteWriter w(&out);
-  w.Bytes(kDecisionMagic, 4);
+  w.Bytes(d.tensors.empty() ? kDecisionMagic : kDecisionMagic2, 4);
   w.U64(d.version);
   w.U8(d.commit ? 1 : 2);
   w.Varint(d.dropped.size());
   for (const auto& m : d.dropped) w.String(m);
   w.String(d.reason.substr(0, kMaxMessage));
+  if (!d.tensors.empty()) WriteHashes(w, d.tensors);
   return Sealed(std::move(out));
 }
 
 Result<Decision> DecodeDecision(std::span<const uint8_t> body) {
   REFIT_ASSIGN_OR_RETURN(auto checked, Checked(body, "decision"));
   ByteReader r(checked);
-  if (!Magic(r, kDecisionMagic, 4)) return DataLossError("not a refit decision");
+  const bool v2 = checked.size() >= 4 && std::memcmp(checked.data(), kDecisionMagic2, 4) == 0;
+  if (!Magic(r, v2 ? kDecisionMagic2 : kDecisionMagic, 4)) {
+    return DataLossError("not a refit decision");
+  }
   Decision d;
   d.version = r.U64();
   uint8_t s = r.U8();
@@ -216,7 +294,9 @@ Result<Decision> DecodeDecision(std::span<const uint8_t> body) {
     }
   }
   d.reason = r.String(kMaxMessage);
+  if (v2) REFIT_RETURN_IF_ERROR(ReadHashes(r, "decision", &d.tensors));
   REFIT_RETURN_IF_ERROR(r.status("decision"));
+  if (v2 && s != 1) return DataLossError("an abort decision carries tensor hashes");
   if (s != 1 && s != 2) return DataLossError("decision has unknown outcome");
   d.commit = s == 1;
   return d;

@@ -29,6 +29,15 @@ struct ManifestChunk {
   uint64_t count = 0;
   uint64_t changed = 0;
   uint8_t kind = 0;
+  // A strided region (docs/format.md §3): count / run rows of `run`
+  // elements, `stride` apart. run == 0: the contiguous range.
+  uint64_t run = 0;
+  uint64_t stride = 0;
+  // Versions published by several trainer ranks: the chunk is object k =
+  // `part_index` of rank `rank`'s part (PartChunkKey), not v/<V>/chunk/<i>.
+  bool in_part = false;
+  uint32_t rank = 0;
+  uint64_t part_index = 0;
 };
 
 // The opening of a version, stored at index/<V> before its first chunk
@@ -45,13 +54,25 @@ struct Announcement {
 std::vector<uint8_t> EncodeAnnouncement(const Announcement& a);
 Result<Announcement> DecodeAnnouncement(std::span<const uint8_t> body);
 
+// `direct`: the version was published by several trainer ranks and its
+// chunks are theirs (docs/protocol.md, "Versions from many ranks"): the
+// coordinator that wrote the manifest never held the tensors, so a tensor
+// with chunks has a zero "after" hash here (tensors without chunks have
+// after == before), and the hashes the members voted, all equal, are
+// recorded in the commit decision. Manifests with direct set, or with a
+// strided or part chunk, are encoded as format 2 ("RFMANIF2"); others as
+// format 1, which every decoder reads as before.
 struct Manifest {
   uint64_t version = 0;
   uint64_t base_version = 0;
   std::vector<std::string> members;
   std::vector<TensorEntry> tensors;
   std::vector<ManifestChunk> chunks;
+  bool direct = false;
 };
+
+// The key of manifest chunk i of version V.
+std::string ManifestChunkKey(const Manifest& m, uint64_t i);
 
 std::vector<uint8_t> EncodeManifest(const Manifest& m);
 Result<Manifest> DecodeManifest(std::span<const uint8_t> body);
@@ -59,6 +80,10 @@ Result<Manifest> DecodeManifest(std::span<const uint8_t> body);
 struct Vote {
   bool ready = false;
   std::string message;  // why not ready
+  // A ready vote on a direct version: the hash of every tensor of the
+  // table after applying it (docs/protocol.md, "Versions from many
+  // ranks"); empty otherwise. Encoded as vote format 2 when not empty.
+  std::vector<Hash128> tensors;
 };
 std::vector<uint8_t> EncodeVote(const Vote& v);
 Result<Vote> DecodeVote(std::span<const uint8_t> body);
@@ -68,6 +93,10 @@ struct Decision {
   bool commit = false;
   std::vector<std::string> dropped;  // members left out of a commit
   std::string reason;
+  // A commit of a direct version: every tensor's hash after it, as every
+  // member voted (the manifest's "after" hashes of its tensors with
+  // chunks are zero). Empty otherwise; decision format 2 when not empty.
+  std::vector<Hash128> tensors;
 };
 std::vector<uint8_t> EncodeDecision(const Decision& d);
 // kDataLoss for a damaged or truncated decision, an unknown outcome, more

@@ -152,6 +152,18 @@ Result<Manifest> Receiver::ReadManifest(uint64_t version, Sha256* sha) {
   REFIT_ASSIGN_OR_RETURN(auto body, opt_.auth.Open(bytes));
   REFIT_ASSIGN_OR_RETURN(Manifest m, DecodeManifest(body));
   if (m.version != version) return DataLossError("manifest names another version");
+  if (m.direct) {
+    // The tensor hashes after a version published by several ranks are
+    // those its members voted, recorded in the commit decision.
+    REFIT_ASSIGN_OR_RETURN(auto d, ReadDecision(version));
+    if (d && d->commit) {
+      if (d->tensors.size() != m.tensors.size()) {
+        return DataLossError("the commit of version " + std::to_string(version) +
+                             " does not record its tensors' hashes");
+      }
+      for (size_t t = 0; t < m.tensors.size(); ++t) m.tensors[t].after = d->tensors[t];
+    }
+  }
   return m;
 }
 
@@ -522,7 +534,7 @@ Result<StepResult> Receiver::ProcessVersion(const Announcement& a,
 Status Receiver::PutFailedVote(uint64_t version, const Status& why) {
   Status put = store_->Put(
       VoteKey(version, opt_.member),
-      opt_.auth.SealMember(EncodeVote(Vote{false, why.ToString()})));
+      opt_.auth.SealMember(EncodeVote(Vote{false, why.ToString(), {}})));
   if (!put.ok()) {
     return put.WithContext(why.ToString() + "; voting failed on version " +
                            std::to_string(version));

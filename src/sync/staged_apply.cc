@@ -93,6 +93,14 @@ Result<std::optional<StepResult>> StagedPrepare::StageVersion(
             " that this receiver staged is not the one its manifest lists");
       }
     }
+    bool parts = got->direct;
+    for (const ManifestChunk& c : got->chunks) parts = parts || c.run != 0 || c.in_part;
+    if (parts) {
+      return FailedPreconditionError(
+          "version " + V + " was published by several trainer ranks (strided regions, "
+          "chunks in the ranks' parts), which two-phase receivers (host staging and the GPU "
+          "target) do not apply yet; use a receiver that applies in place");
+    }
     m = std::move(*got);
     return Status();
   };
@@ -211,7 +219,7 @@ Result<StepResult> StagedPrepare::Chain(bool vote, bool* version_fault) {
   if (vote) {
     REFIT_RETURN_IF_ERROR(
         r_.store_->Put(VoteKey(v, opt_.member),
-                       opt_.auth.SealMember(EncodeVote(Vote{true, ""}))));
+                       opt_.auth.SealMember(EncodeVote(Vote{true, "", {}}))));
     std::optional<Decision> decision;
     REFIT_ASSIGN_OR_RETURN(decision, r_.ReadDecision(v));
     REFIT_RETURN_IF_ERROR(WaitForDecision(v, &decision));

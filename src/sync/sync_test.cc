@@ -177,12 +177,12 @@ TEST(ProtocolTest, ObjectsRoundTripAndRejectGarbage) {
   for (size_t n = 0; n < bytes.size(); ++n) {
     EXPECT_FALSE(DecodeManifest(std::span<const uint8_t>(bytes.data(), n)).ok()) << n;
   }
-  Decision d{5, true, {"r9"}, "dropped"};
+  Decision d{5, true, {"r9"}, "dropped", {}};
   auto dd = DecodeDecision(EncodeDecision(d));
   ASSERT_OK(dd);
   EXPECT_TRUE(dd->commit);
   EXPECT_EQ(dd->dropped, d.dropped);
-  auto v = DecodeVote(EncodeVote(Vote{false, "disk full"}));
+  auto v = DecodeVote(EncodeVote(Vote{false, "disk full", {}}));
   ASSERT_OK(v);
   EXPECT_FALSE(v->ready);
   EXPECT_EQ(v->message, "disk full");
@@ -190,16 +190,91 @@ TEST(ProtocolTest, ObjectsRoundTripAndRejectGarbage) {
   EXPECT_EQ(ChunkKey(7, 3), "v/00000000000000000007/chunk/00000003");
 }
 
+// Versions published by several ranks (docs/protocol.md, "Versions from
+// many ranks"): a manifest of format 2 lists strided regions and the ranks'
+// part objects, votes and commit decisions carry tensor hashes; objects
+// without them keep format 1, byte for byte as before.
+TEST(ProtocolTest, DirectVersionObjectsRoundTrip) {
+  Manifest m;
+  m.version = 5;
+  m.base_version = 3;
+  m.members = {"r0"};
+  TensorEntry e;
+  e.name = "w";
+  e.dtype = "BF16";
+  e.width = 2;
+  e.shape = {4, 8};
+  e.num_elements = 32;
+  m.tensors = {e};
+  ManifestChunk c;
+  c.size = 100;
+  c.count = 32;
+  c.changed = 3;
+  c.kind = 1;
+  m.chunks = {c};
+  const auto v1 = EncodeManifest(m);
+  EXPECT_EQ(std::string(v1.begin(), v1.begin() + 8), "RFMANIF1");
+  EXPECT_EQ(ManifestChunkKey(m, 0), ChunkKey(5, 0));
+  m.direct = true;
+  c.start = 2;
+  c.count = 12;  // rows 0..3, columns 2..4 of the 4 x 8 matrix
+  c.run = 3;
+  c.stride = 8;
+  c.in_part = true;
+  c.rank = 7;
+  c.part_index = 9;
+  m.chunks = {c};
+  const auto v2 = EncodeManifest(m);
+  EXPECT_EQ(std::string(v2.begin(), v2.begin() + 8), "RFMANIF2");
+  auto back = DecodeManifest(v2);
+  ASSERT_OK(back);
+  EXPECT_TRUE(back->direct);
+  ASSERT_EQ(back->chunks.size(), 1u);
+  EXPECT_EQ(back->chunks[0].run, 3u);
+  EXPECT_EQ(back->chunks[0].stride, 8u);
+  EXPECT_TRUE(back->chunks[0].in_part);
+  EXPECT_EQ(back->chunks[0].rank, 7u);
+  EXPECT_EQ(back->chunks[0].part_index, 9u);
+  EXPECT_EQ(ManifestChunkKey(*back, 0), PartChunkKey(5, 7, 9));
+  EXPECT_EQ(PartChunkKey(5, 7, 9),
+            "parts/00000000000000000005/0000000007/chunk/0000000009");
+  for (size_t n = 0; n < v2.size(); ++n) {
+    EXPECT_FALSE(DecodeManifest(std::span<const uint8_t>(v2.data(), n)).ok()) << n;
+  }
+  // A region whose last row ends past its tensor, or not in canonical form.
+  for (auto [start, stride] : {std::pair<uint64_t, uint64_t>{6, 8}, {2, 3}}) {
+    Manifest bad = m;
+    bad.chunks[0].start = start;
+    bad.chunks[0].stride = stride;
+    EXPECT_THAT(DecodeManifest(EncodeManifest(bad)), StatusIs(StatusCode::kDataLoss))
+        << start << " " << stride;
+  }
+  Vote ready{true, "", {Hash128{1, 2}, Hash128{3, 4}}};
+  auto vb = EncodeVote(ready);
+  EXPECT_EQ(std::string(vb.begin(), vb.begin() + 4), "RFV2");
+  auto v = DecodeVote(vb);
+  ASSERT_OK(v);
+  EXPECT_TRUE(v->ready);
+  EXPECT_EQ(v->tensors, ready.tensors);
+  Decision d{5, true, {}, "", {Hash128{5, 6}}};
+  auto dd = DecodeDecision(EncodeDecision(d));
+  ASSERT_OK(dd);
+  EXPECT_EQ(dd->tensors, d.tensors);
+  // Only a commit records hashes.
+  d.commit = false;
+  EXPECT_THAT(DecodeDecision(EncodeDecision(d)), StatusIs(StatusCode::kDataLoss));
+}
+
 // A decision's dropped members are member names, as its version's members
 // are: a name that would not key a vote is refused like a damaged object.
 TEST(ProtocolTest, DecisionRefusesMalformedDroppedNames) {
   for (const char* bad : {"../x", "", "a b", "r0/done", "."}) {
-    auto refused = DecodeDecision(EncodeDecision(Decision{5, true, {"r0", bad}, "dropped"}));
+    auto refused = DecodeDecision(EncodeDecision(Decision{5, true, {"r0", bad}, "dropped", {}}));
     EXPECT_THAT(refused, StatusIs(StatusCode::kDataLoss)) << bad;
     EXPECT_NE(refused.status().message().find("malformed member name"), std::string::npos)
         << bad << ": " << refused.status().ToString();
   }
-  ASSERT_OK(DecodeDecision(EncodeDecision(Decision{5, true, {"r0", "r-1.x_2"}, "dropped"})));
+  ASSERT_OK(DecodeDecision(EncodeDecision(Decision{5, true, {"r0", "r-1.x_2"}, "dropped", {}})));
 }
 
 TEST(ProtocolTest, AnnouncementRefusesAnAfterHash) {
@@ -1444,7 +1519,7 @@ TEST_P(SyncTest, AnnouncementOnAnotherBaselineIsVotedFailedBeforeAnythingIsWritt
   EXPECT_FALSE(PathExists(opts.state_dir + "/journal"));
   EXPECT_EQ(testing::ReadBytes(opts.checkpoint), before);
   // Once aborted, the version is passed over and the next one followed.
-  Decision d{2, false, {}, "member failed"};
+  Decision d{2, false, {}, "member failed", {}};
   ASSERT_OK(store_->PutIfAbsent(DecisionKey(2), Key().Seal(EncodeDecision(d))));
   auto idle = rcv[0]->Step();
   ASSERT_OK(idle);

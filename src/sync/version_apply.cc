@@ -214,7 +214,18 @@ Result<ParsedChunk> VersionApply::Fetch(const std::string& key, uint64_t i, bool
 
 std::pair<uint64_t, uint64_t> VersionApply::ByteRange(const ChunkHeader& h) const {
   const uint64_t w = a_.tensors[h.tensor_id].width;
-  return {h.start * w, h.count * w};
+  return {h.start * w, (h.End() - h.start) * w};
+}
+
+Hash128 VersionApply::RegionNow(const ChunkHeader& h) const {
+  if (h.IsStrided()) return RegionHash(h, b_->data[h.tensor_id]);
+  auto [off, len] = ByteRange(h);
+  return digests_->Range(*b_, h.tensor_id, off, len);
+}
+
+std::string VersionApply::KeyOf(uint64_t i) const {
+  return manifest_ && i < manifest_->chunks.size() ? ManifestChunkKey(*manifest_, i)
+                                                   : ChunkKey(a_.version, i);
 }
 
 Status VersionApply::Repair(const std::vector<uint64_t>& torn, bool after) {
@@ -273,7 +284,7 @@ Status VersionApply::RollBack() {
   std::vector<uint64_t> torn;
   for (uint64_t i = 0; i < bound; ++i) {
     if (manifest_ && i >= manifest_->chunks.size()) break;
-    auto c = Fetch(ChunkKey(a_.version, i), i, /*original=*/true);
+    auto c = Fetch(KeyOf(i), i, /*original=*/true);
     if (!c.ok()) {
       const StatusCode code = c.status().code();
       if (!manifest_ && code == StatusCode::kNotFound && i >= last_journaled) break;
@@ -285,10 +296,11 @@ Status VersionApply::RollBack() {
       if (FailsItsChecks(c.status()) && state_->applied.count(i) == 0) continue;
       return c.status();
     }
-    auto [off, len] = ByteRange(c->header);
     const size_t t = c->header.tensor_id;
     probed[t] = true;
-    Hash128 h = b_->Range(t, off, len);
+    const auto [off, len] = ByteRange(c->header);
+    const Hash128 h =
+        c->header.IsStrided() ? RegionHash(c->header, b_->data[t]) : b_->Range(t, off, len);
     if (h == c->header.before) continue;
     if (h == c->header.after) {
       auto it = state_->applied.find(i);
@@ -382,7 +394,7 @@ Result<std::optional<StepResult>> VersionApply::StreamChunks() {
     }
     Clock::time_point fetching = Clock::now();
     const uint64_t since = r_.store_->ChangeCount();
-    auto got = r_.store_->Get(ChunkKey(a_.version, i));
+    auto got = r_.store_->Get(KeyOf(i));
     if (got.ok()) {
       object_ = std::move(*got);
       REFIT_RETURN_IF_ERROR(TakeChunk(i, fetching));
@@ -430,7 +442,7 @@ Status VersionApply::TakeChunk(uint64_t i, Clock::time_point fetched_from) {
     // The same bytes in consecutive steps are the stored object: the
     // version cannot be applied here (a re-send would come from the same
     // publisher that stored it; the version is aborted instead).
-    const std::string key = ChunkKey(a_.version, i);
+    const std::string key = KeyOf(i);
     const Sha256 bad = ComputeSha256(object_);
     if (bad_read.key == key && bad_read.sha == bad) {
       ++bad_read.reads;
@@ -444,7 +456,7 @@ Status VersionApply::TakeChunk(uint64_t i, Clock::time_point fetched_from) {
     }
     return parsed.status();
   }
-  if (bad_read.key == ChunkKey(a_.version, i)) bad_read = Receiver::BadRead{};
+  if (bad_read.key == KeyOf(i)) bad_read = Receiver::BadRead{};
   ParsedChunk c = std::move(*parsed);
   const Sha256 sha = manifest_ ? manifest_->chunks[i].sha256 : ComputeSha256(object_);
   last_progress_ = Clock::now();
@@ -458,7 +470,7 @@ Status VersionApply::TakeChunk(uint64_t i, Clock::time_point fetched_from) {
   }
   auto [off, len] = ByteRange(c.header);
   if (pool_->Pending(t, off, len)) REFIT_RETURN_IF_ERROR(Drain(true));
-  const Hash128 h = digests_->Range(*b_, t, off, len);
+  const Hash128 h = RegionNow(c.header);
   switch (ClassifyRange(c.header, h)) {
     case RangeState::kAfter:
       ++result_.chunks_skipped;
@@ -506,9 +518,15 @@ Status VersionApply::CheckTensors() {
   std::vector<bool> has_chunks(a_.tensors.size(), false);
   for (const ManifestChunk& mc : manifest_->chunks) has_chunks[mc.tensor_id] = true;
   for (size_t t = 0; t < a_.tensors.size(); ++t) {
+    // A direct version's tensor with chunks has no "after" hash until its
+    // commit records the one the members voted: an uncovered one is
+    // hashed for the vote, where the coordinator compares it with every
+    // other member's (docs/protocol.md, "Versions from many ranks").
+    const bool unknown = manifest_->direct && has_chunks[t] &&
+                         manifest_->tensors[t].after == Hash128{};
     const bool ok = digests_->covered(t)
                         ? has_chunks[t] || manifest_->tensors[t].after == a_.tensors[t].before
-                        : b_->Tensor(t) == manifest_->tensors[t].after;
+                        : unknown || b_->Tensor(t) == manifest_->tensors[t].after;
     if (!ok) {
       MarkFailure(kAllChunks);
       return DataLossError("after applying version " + V_ + ", tensor '" + a_.tensors[t].name +
@@ -522,8 +540,16 @@ Status VersionApply::CheckTensors() {
 Result<StepResult> VersionApply::VoteAndDecide() {
   if (vote_) {
     Clock::time_point voting = Clock::now();
+    Vote ready{true, "", {}};
+    if (manifest_->direct) {
+      // Every tensor's hash after the version, which the coordinator
+      // records on commit when all members agree.
+      for (size_t t = 0; t < a_.tensors.size(); ++t) {
+        ready.tensors.push_back(digests_->Range(*b_, t, 0, b_->bytes[t]));
+      }
+    }
     REFIT_RETURN_IF_ERROR(r_.store_->Put(VoteKey(a_.version, opt_.member),
-                                         opt_.auth.SealMember(EncodeVote(Vote{true, ""}))));
+                                         opt_.auth.SealMember(EncodeVote(ready))));
     result_.tail_seconds = SecondsSince(*manifest_seen_);
     REFIT_RETURN_IF_ERROR(journal_.Voted());
     REFIT_RETURN_IF_ERROR(journal_.Sync());

@@ -79,8 +79,14 @@ class VersionApply {
   // checks it (CheckChunk).
   Result<ParsedChunk> Fetch(const std::string& key, uint64_t i, bool original);
   Result<ParsedChunk> CheckFetched(uint64_t i, bool original);
-  // The byte range of a chunk's elements in its tensor.
+  // The bytes of a chunk's tensor that its region spans (a strided
+  // region: from its first row's start to its last row's end).
   std::pair<uint64_t, uint64_t> ByteRange(const ChunkHeader& h) const;
+  // The range hash of chunk c's region as it is now.
+  Hash128 RegionNow(const ChunkHeader& h) const;
+  // Where chunk i is stored: v/<V>/chunk/<i>, or a rank's part object when
+  // the manifest (seen) says so.
+  std::string KeyOf(uint64_t i) const;
   // Step 3: asks for overwrite re-sends of `torn` chunks (at V if `after`,
   // else at the base) and applies them as they arrive.
   Status Repair(const std::vector<uint64_t>& torn, bool after);

@@ -1,0 +1,412 @@
+// Versions published by several trainer ranks reach receivers directly
+// (docs/protocol.md, "Versions from many ranks"): the ranks of random
+// layouts (tensor-parallel row and column splits, so strided regions;
+// uneven splits; pipeline and data parallel) upload their parts to the
+// protocol store, a DirectCoordinator that holds no tensor decides, and
+// two checkpoint receivers and two in-memory receivers apply the ranks'
+// chunks as the manifest lists them. Versions include a missing rank, a
+// tampered chunk (aborted by the members' failed votes) and commits; every
+// receiver ends bit-exact with the canonical target assembled the slow way.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <filesystem>
+#include <random>
+#include <thread>
+
+#include "format/safetensors.h"
+#include "layout/generate.h"
+#include "ranks/parts.h"
+#include "support/status_matchers.h"
+#include "support/test_layout.h"
+#include "support/testing.h"
+#include "sync/follow.h"
+#include "sync/receiver.h"
+
+namespace refit::ranks {
+namespace {
+
+using ::refit::testing::StatusIs;
+using layout::Layout;
+using layout::testing::TensorBytes;
+using testing::TempDir;
+
+Authenticator Key() {
+  auto a = Authenticator::Hmac(std::vector<uint8_t>(32, 5));
+  EXPECT_TRUE(a.ok());
+  return *a;
+}
+
+Layout RandomLayout(std::mt19937_64& rng) {
+  layout::ModelConfig c;
+  c.model_type = "qwen2";
+  c.num_attention_heads = 4 + 2 * static_cast<int>(rng() % 3);
+  c.num_key_value_heads = c.num_attention_heads / 2;
+  c.head_dim = 8;
+  c.hidden_size = c.num_attention_heads * c.head_dim;
+  c.intermediate_size = 40 + 8 * static_cast<int>(rng() % 4);
+  c.num_hidden_layers = 2 + static_cast<int>(rng() % 2);
+  c.vocab_size = 97 + static_cast<int>(rng() % 40);
+  c.attention_bias = true;
+  layout::Parallelism p;
+  p.tp = 2 + static_cast<uint32_t>(rng() % 2);  // 2 or 3 (uneven)
+  p.pp = 1 + static_cast<uint32_t>(rng() % 2);
+  p.dp = 1 + static_cast<uint32_t>(rng() % 2);
+  p.fused_qkv = rng() % 2 == 0;
+  p.gate_up = rng() % 2 == 0 ? layout::GateUp::kConcat : layout::GateUp::kInterleaved;
+  p.gate_up_group = 4;
+  p.transposed = rng() % 3 == 0;
+  auto l = layout::GenerateLayout(c, p);
+  EXPECT_OK(l);
+  return *l;
+}
+
+std::vector<TensorView> LocalViews(const Layout& l, size_t ri, const TensorBytes& b) {
+  std::vector<TensorView> v;
+  for (const auto& t : l.ranks[ri].tensors) {
+    v.push_back({t.name, t.dtype, 2, t.shape, b.at(t.name).data()});
+  }
+  return v;
+}
+
+class DirectTest : public ::testing::TestWithParam<int> {
+ protected:
+  void SetUp() override {
+    std::mt19937_64 rng(static_cast<uint64_t>(GetParam()) * 104729 + 3);
+    layout_ = RandomLayout(rng);
+    for (const auto& c : layout_.canonical) {
+      uint64_t n = 1;
+      for (uint64_t d : c.shape) n *= d;
+      std::vector<uint8_t> b(n * 2);
+      for (auto& x : b) x = static_cast<uint8_t>(rng());
+      canon_[c.name] = std::move(b);
+    }
+    std::vector<SafetensorsTensorView> views;
+    for (const auto& c : layout_.canonical) {
+      views.push_back({c.name, c.dtype, c.shape, canon_.at(c.name)});
+    }
+    for (int i = 0; i < 2; ++i) {
+      std::filesystem::create_directories(dir_.File("c" + std::to_string(i)));
+      ASSERT_OK(WriteSafetensors(dir_.File("c" + std::to_string(i) + "/model.safetensors"), {},
+                                 views));
+      memory_.push_back(canon_);
+    }
+    auto s = OpenObjectStore(dir_.File("store"));
+    ASSERT_OK(s);
+    store_ = std::move(*s);
+    auto ck = Checkpoint::Open(dir_.File("c0/model.safetensors"), Checkpoint::Mode::kReadOnly);
+    ASSERT_OK(ck);
+    initial_ = TensorTableOf(*ck);
+    auto local = layout::testing::ScatterToRanks(layout_, canon_);
+    ASSERT_OK(local);
+    local_ = *local;
+    for (size_t ri = 0; ri < layout_.ranks.size(); ++ri) {
+      trainer::RankEncoderOptions eo;
+      eo.chunk_bytes = 256;  // several chunks per region, rows cut
+      auto e = trainer::RankEncoder::Create(layout_, layout_.ranks[ri].rank, eo);
+      ASSERT_OK(e);
+      ASSERT_OK((*e)->SetBaselineFromLocal(LocalViews(layout_, ri, local_[ri])));
+      RankPublisherOptions ro;
+      ro.auth = Key();
+      ro.poll_ms = 2;
+      // The direct path: parts go to the protocol store itself.
+      auto rp = RankPublisher::Open(store_.get(), store_.get(), e->get(),
+                                    layout_.ranks[ri].rank, 0, ro);
+      ASSERT_OK(rp);
+      encoders_.push_back(std::move(*e));
+      ranks_.push_back(std::move(*rp));
+    }
+  }
+
+  DirectCoordinatorOptions CoordinatorOptions(int parts_timeout_ms) {
+    DirectCoordinatorOptions co;
+    for (const auto& r : layout_.ranks) co.ranks.push_back(r.rank);
+    co.members = {"c0", "c1", "m0", "m1"};
+    co.auth = Key();
+    co.poll_ms = 2;
+    co.parts_timeout_ms = parts_timeout_ms;
+    co.vote_timeout_ms = 30000;
+    co.initial = initial_;
+    return co;
+  }
+
+  ReceiverOptions MakeReceiver(int i) {
+    ReceiverOptions o;
+    o.member = (i < 2 ? "c" : "m") + std::to_string(i % 2);
+    std::filesystem::create_directories(dir_.File("state-" + o.member));
+    o.state_dir = dir_.File("state-" + o.member);
+    if (i < 2) {
+      o.checkpoint = dir_.File(o.member + "/model.safetensors");
+    } else {
+      for (const auto& c : layout_.canonical) {
+        o.tensors.push_back({c.name, c.dtype, 2, c.shape, memory_[i - 2].at(c.name).data()});
+      }
+    }
+    o.auth = Key();
+    o.poll_ms = 2;
+    o.decision_timeout_ms = 30000;
+    o.threads = 2;
+    return o;
+  }
+
+  // One training step: ~3% of the elements change, scattered to the ranks.
+  void TrainStep(std::mt19937_64& rng) {
+    std::uniform_real_distribution<double> u(0, 1);
+    for (auto& [name, b] : canon_) {
+      for (size_t i = 0; i < b.size(); i += 2) {
+        if (u(rng) < 0.03) b[i] ^= static_cast<uint8_t>(1 + rng() % 3);
+      }
+    }
+    auto local = layout::testing::ScatterToRanks(layout_, canon_);
+    ASSERT_OK(local);
+    local_ = *local;
+  }
+
+  void PublishRank(size_t ri, uint64_t version) {
+    ASSERT_OK(ranks_[ri]->Publish(version, LocalViews(layout_, ri, local_[ri])));
+  }
+
+  void AwaitRanks(bool committed, uint64_t version) {
+    for (auto& r : ranks_) {
+      auto d = r->AwaitDecision(30000);
+      ASSERT_OK(d);
+      EXPECT_EQ(*d, committed);
+      EXPECT_EQ(r->committed_version(), version);
+    }
+  }
+
+  void ExpectReceiversHoldCanon() {
+    for (int i = 0; i < 2; ++i) {
+      auto ck = Checkpoint::Open(dir_.File("c" + std::to_string(i) + "/model.safetensors"),
+                                 Checkpoint::Mode::kReadOnly);
+      ASSERT_OK(ck);
+      for (size_t t = 0; t < ck->tensors().size(); ++t) {
+        auto d = ck->Data(t);
+        const auto& want = canon_.at(ck->tensors()[t].name);
+        EXPECT_TRUE(std::equal(d.begin(), d.end(), want.begin(), want.end()))
+            << "checkpoint receiver " << i << " tensor " << ck->tensors()[t].name;
+      }
+      for (const auto& [name, want] : canon_) {
+        EXPECT_EQ(memory_[i].at(name), want) << "in-memory receiver " << i << " " << name;
+      }
+    }
+  }
+
+  TempDir dir_;
+  Layout layout_;
+  TensorBytes canon_;
+  std::vector<TensorBytes> memory_;
+  std::vector<TensorBytes> local_;
+  std::vector<TensorEntry> initial_;
+  std::unique_ptr<ObjectStore> store_;
+  std::vector<std::unique_ptr<trainer::RankEncoder>> encoders_;
+  std::vector<std::unique_ptr<RankPublisher>> ranks_;
+};
+
+TEST_P(DirectTest, ReceiversApplyRanksChunksDirectly) {
+  std::mt19937_64 rng(static_cast<uint64_t>(GetParam()) + 11);
+  SCOPED_TRACE("ranks " + std::to_string(layout_.ranks.size()));
+  // Four receivers follow every version on their own threads, retrying a
+  // failed step as `refit receive` does.
+  constexpr uint64_t kLast = 5;
+  std::vector<std::thread> receivers;
+  std::vector<Status> followed(4);
+  std::atomic<bool> stop{false};
+  for (int i = 0; i < 4; ++i) {
+    receivers.emplace_back([&, i] {
+      ReceiverOptions o = MakeReceiver(i);
+      o.stop = [&] { return stop.load(); };
+      auto r = Receiver::Open(store_.get(), o);
+      if (!r.ok()) {
+        followed[i] = r.status();
+        return;
+      }
+      FollowOptions f;
+      f.until = kLast;
+      f.timeout_ms = 120000;
+      f.poll_ms = 2;
+      f.stop = o.stop;
+      f.on_error = [](const Status&) { return std::optional<int>(5); };
+      auto res = Follow(**r, f);
+      followed[i] = res.status();
+      if (res.ok() && res->end != FollowEnd::kReached) followed[i] = InternalError("not reached");
+    });
+  }
+  auto opened = DirectCoordinator::Open(store_.get(), CoordinatorOptions(60000));
+  ASSERT_OK(opened);
+  DirectCoordinator& coordinator = **opened;
+  bool strided = false;
+  auto publish_all = [&](uint64_t v) {
+    for (size_t ri = 0; ri < ranks_.size(); ++ri) PublishRank(ri, v);
+  };
+  auto note_strided = [&](uint64_t v) {
+    auto bytes = store_->Get(ManifestKey(v));
+    ASSERT_OK(bytes);
+    auto body = Key().Open(*bytes);
+    ASSERT_OK(body);
+    auto m = DecodeManifest(*body);
+    ASSERT_OK(m);
+    EXPECT_TRUE(m->direct);
+    for (const ManifestChunk& c : m->chunks) {
+      EXPECT_TRUE(c.in_part);
+      strided = strided || c.run != 0;
+    }
+  };
+
+  // 1: every rank's part; the coordinator decides, receivers apply.
+  TrainStep(rng);
+  publish_all(1);
+  auto r1 = coordinator.Publish(1);
+  ASSERT_OK(r1);
+  EXPECT_TRUE(r1->committed) << r1->reason;
+  EXPECT_GT(r1->part_chunks, 0u);
+  note_strided(1);
+  AwaitRanks(true, 1);
+
+  // 2: the last rank is late: nothing is announced; once it reports, the
+  // version commits.
+  TrainStep(rng);
+  for (size_t ri = 0; ri + 1 < ranks_.size(); ++ri) PublishRank(ri, 2);
+  {
+    auto impatient = DirectCoordinator::Open(store_.get(), CoordinatorOptions(200));
+    ASSERT_OK(impatient);
+    auto missing = (*impatient)->Publish(2);
+    ASSERT_THAT(missing, StatusIs(StatusCode::kDeadlineExceeded));
+    EXPECT_NE(missing.status().message().find(std::to_string(layout_.ranks.back().rank)),
+              std::string::npos);
+    EXPECT_FALSE(store_->Get(IndexKey(2)).ok());
+    auto stored = (*impatient)->PartsStored(2);
+    ASSERT_OK(stored);
+    EXPECT_EQ(stored->size(), ranks_.size() - 1);
+  }
+  PublishRank(ranks_.size() - 1, 2);
+  auto r2 = coordinator.Publish(2);
+  ASSERT_OK(r2);
+  EXPECT_TRUE(r2->committed) << r2->reason;
+  AwaitRanks(true, 2);
+
+  // 3: a chunk object is damaged in the store after its rank listed it:
+  // the coordinator never reads it, the members refuse it and vote
+  // failed, the version aborts and every rank keeps its baseline.
+  TrainStep(rng);
+  publish_all(3);
+  {
+    auto listed = store_->List("parts/" + IndexKey(3).substr(6) + "/");
+    ASSERT_OK(listed);
+    std::string victim;
+    for (const auto& o : *listed) {
+      if (o.key.find("/chunk/") != std::string::npos) victim = o.key;
+    }
+    ASSERT_FALSE(victim.empty());
+    auto bytes = store_->Get(victim);
+    ASSERT_OK(bytes);
+    (*bytes)[bytes->size() / 2] ^= 0x40;
+    ASSERT_OK(store_->Put(victim, *bytes));
+  }
+  auto r3 = coordinator.Publish(3);
+  ASSERT_OK(r3);
+  EXPECT_FALSE(r3->committed);
+  EXPECT_NE(r3->reason.find("failed"), std::string::npos) << r3->reason;
+  AwaitRanks(false, 2);
+
+  // 4: the same step again on base 2, and 5: one more step.
+  publish_all(4);
+  auto r4 = coordinator.Publish(4);
+  ASSERT_OK(r4);
+  EXPECT_TRUE(r4->committed) << r4->reason;
+  note_strided(4);
+  AwaitRanks(true, 4);
+  TrainStep(rng);
+  publish_all(5);
+  auto r5 = coordinator.Publish(5);
+  ASSERT_OK(r5);
+  EXPECT_TRUE(r5->committed) << r5->reason;
+  AwaitRanks(true, 5);
+
+  for (auto& t : receivers) t.join();
+  for (int i = 0; i < 4; ++i) EXPECT_TRUE(followed[i].ok()) << "receiver " << i << ": " << followed[i].ToString();
+  EXPECT_TRUE(strided) << "the layout gave no strided region";
+  ExpectReceiversHoldCanon();
+  // The version's recorded hashes are the target's.
+  auto bytes = store_->Get(DecisionKey(5));
+  ASSERT_OK(bytes);
+  auto body = Key().Open(*bytes);
+  ASSERT_OK(body);
+  auto d = DecodeDecision(*body);
+  ASSERT_OK(d);
+  ASSERT_EQ(d->tensors.size(), initial_.size());
+  for (size_t t = 0; t < initial_.size(); ++t) {
+    const auto& b = canon_.at(initial_[t].name);
+    EXPECT_EQ(d->tensors[t], RangeHash(b.data(), b.size())) << initial_[t].name;
+  }
+}
+
+// A checkpoint receiver killed (SIGKILL) after it applied some of a direct
+// version's chunks resumes from its journal and the region hashes: the
+// chunks in place are skipped, the rest applied, and it commits bit-exact.
+TEST_P(DirectTest, ReceiverKilledMidVersionResumes) {
+  std::mt19937_64 rng(static_cast<uint64_t>(GetParam()) + 17);
+  TrainStep(rng);
+  for (size_t ri = 0; ri < ranks_.size(); ++ri) PublishRank(ri, 1);
+  DirectCoordinatorOptions co = CoordinatorOptions(60000);
+  co.members = {"c0"};
+  auto coordinator = DirectCoordinator::Open(store_.get(), co);
+  ASSERT_OK(coordinator);
+  // The child applies until its third chunk is journaled, then dies there.
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    setenv("REFIT_CRASH_AT", "receiver.after-chunk:3", 1);
+    auto r = Receiver::Open(store_.get(), MakeReceiver(0));
+    if (!r.ok()) _exit(2);
+    for (int i = 0; i < 20000; ++i) {
+      (void)(*r)->Step();
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    _exit(3);  // never killed: the crash point was not reached
+  }
+  Result<DirectReport> report = InternalError("not run");
+  std::thread decide([&] { report = (*coordinator)->Publish(1); });
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << status;
+  auto r = Receiver::Open(store_.get(), MakeReceiver(0));
+  ASSERT_OK(r);
+  auto resumed = (*r)->SyncTo(1, 30000);
+  ASSERT_OK(resumed);
+  EXPECT_GE(resumed->chunks_skipped, 1u);  // applied before the kill
+  EXPECT_GE(resumed->chunks_applied, 1u);
+  decide.join();
+  ASSERT_OK(report);
+  EXPECT_TRUE(report->committed) << report->reason;
+  auto ck = Checkpoint::Open(dir_.File("c0/model.safetensors"), Checkpoint::Mode::kReadOnly);
+  ASSERT_OK(ck);
+  for (size_t t = 0; t < ck->tensors().size(); ++t) {
+    auto d = ck->Data(t);
+    const auto& want = canon_.at(ck->tensors()[t].name);
+    EXPECT_TRUE(std::equal(d.begin(), d.end(), want.begin(), want.end()))
+        << ck->tensors()[t].name;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(RandomLayouts, DirectTest, ::testing::Range(0, 3));
+
+TEST(DirectCoordinatorTest, RefusesWithoutATableOrMembers) {
+  TempDir dir;
+  auto s = OpenObjectStore(dir.File("store"));
+  ASSERT_OK(s);
+  DirectCoordinatorOptions co;
+  co.ranks = {0};
+  EXPECT_THAT(DirectCoordinator::Open(s->get(), co), StatusIs(StatusCode::kInvalidArgument));
+  co.members = {"r0"};
+  co.parts_timeout_ms = 10;
+  auto c = DirectCoordinator::Open(s->get(), co);
+  ASSERT_OK(c);
+  EXPECT_THAT((*c)->Publish(1), StatusIs(StatusCode::kFailedPrecondition));
+}
+
+}  // namespace
+}  // namespace refit::ranks
