@@ -68,6 +68,9 @@ struct DemoArgs {
 };
 int RunDemo(const DemoArgs& args);
 
+// Prices coding the changes of BASE -> TARGET conditioned on the base.
+int RunCodecStudy(const std::string& base_path, const std::string& target_path);
+
 struct BenchArgs {
   double size_mib = 256;
   std::vector<std::string> rates;  // "1%", "0.01"; empty: the defaults

@@ -185,6 +185,14 @@ int Main(int argc, char** argv) {
       ->check(IntIn(0, 1'000'000));
   AddJson(inspect_cmd, &inspect.json);
 
+  std::string study_base, study_target;
+  CLI::App* study_cmd = app.add_subcommand(
+      "codec-study",
+      "Price coding the changes of BASE -> TARGET (BF16 tensors) conditioned "
+      "on the base, against today's payload and the order-0 bound.");
+  study_cmd->add_option("BASE", study_base, "the base checkpoint")->required();
+  study_cmd->add_option("TARGET", study_target, "the target checkpoint")->required();
+
   DemoArgs demo;
   CLI::App* demo_cmd = app.add_subcommand(
       "demo",
@@ -282,6 +290,7 @@ int Main(int argc, char** argv) {
     inspect.json |= global_json;
     return RunInspect(inspect);
   }
+  if (*study_cmd) return RunCodecStudy(study_base, study_target);
   if (*demo_cmd) {
     demo.json |= global_json;
     return RunSyncDemo(demo, sync.demo);
