@@ -25,6 +25,7 @@ struct DiffArgs {
   double chunk_mib = 8;
   int threads = 0;
   bool overwrite_only = false;
+  bool conditional = false;
   bool json = false;
 };
 int RunDiff(const DiffArgs& args);

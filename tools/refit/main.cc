@@ -127,6 +127,10 @@ int Main(int argc, char** argv) {
   diff_cmd->add_flag("--overwrite-only", diff.overwrite_only,
                      "only idempotent overwrite chunks (no XOR): larger, but "
                      "decodable without the base's bits");
+  diff_cmd->add_flag("--conditional", diff.conditional,
+                     "also code BF16 changes given the base's elements "
+                     "(conditional XOR chunks) where smaller; CPU apply only, "
+                     "and `refit inspect` gives no bound for them");
   AddJson(diff_cmd, &diff.json);
   diff_cmd->footer(
       "Example: refit diff step0.safetensors step1.safetensors -o "
