@@ -10,6 +10,7 @@
 #include <map>
 #include <string>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "refit/delta.h"
@@ -40,11 +41,12 @@ std::string TempPath(const std::string& suffix) {
 }
 
 // BF16-looking weights and a step moving `rate` of them by 1-3 ulps.
-const Pair& MakePair(double rate) {
-  static std::map<double, Pair> cache;
-  auto it = cache.find(rate);
+// conditional: the delta may use conditional XOR chunks (kind 5).
+const Pair& MakePair(double rate, bool conditional) {
+  static std::map<std::pair<double, bool>, Pair> cache;
+  auto it = cache.find({rate, conditional});
   if (it != cache.end()) return it->second;
-  Pair& p = cache[rate];
+  Pair& p = cache[{rate, conditional}];
   std::mt19937_64 rng(1);
   std::normal_distribution<float> w(0.f, 0.02f);
   p.base.resize(kElements);
@@ -61,9 +63,10 @@ const Pair& MakePair(double rate) {
   }
   // Per process, so concurrent runs (a baseline build beside this one) do
   // not overwrite each other's files.
-  p.delta = TempPath(std::to_string(rate));
+  p.delta = TempPath(std::to_string(rate) + (conditional ? "c" : ""));
   DiffOptions opts;
   opts.threads = 1;
+  opts.allow_conditional = conditional;
   (void)DiffTensors({{"w", "BF16", 2, {kElements}, reinterpret_cast<uint8_t*>(p.base.data())}},
                     {{"w", "BF16", 2, {kElements}, reinterpret_cast<uint8_t*>(p.target.data())}},
                     p.delta, opts);
@@ -72,9 +75,10 @@ const Pair& MakePair(double rate) {
 
 void BM_Encode(benchmark::State& state) {
   const double rate = static_cast<double>(state.range(0)) / 1000.0;
-  const Pair& p = MakePair(rate);
+  const Pair& p = MakePair(rate, state.range(1) != 0);
   DiffOptions opts;
   opts.threads = 1;
+  opts.allow_conditional = state.range(1) != 0;
   static const std::string out = TempPath("out");
   for (auto _ : state) {
     auto r = DiffTensors(
@@ -88,7 +92,7 @@ void BM_Encode(benchmark::State& state) {
 
 void BM_DecodeApply(benchmark::State& state) {
   const double rate = static_cast<double>(state.range(0)) / 1000.0;
-  const Pair& p = MakePair(rate);
+  const Pair& p = MakePair(rate, state.range(1) != 0);
   std::vector<uint16_t> work = p.base;
   ApplyOptions opts;
   opts.threads = 1;
@@ -105,9 +109,16 @@ void BM_DecodeApply(benchmark::State& state) {
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * kElements * 2));
 }
 
-// Rates in thousandths: 1 = 0.1%, 10 = 1%, 30 = 3%.
-BENCHMARK(BM_Encode)->Arg(1)->Arg(10)->Arg(30)->Unit(benchmark::kMillisecond)->UseRealTime();
-BENCHMARK(BM_DecodeApply)->Arg(1)->Arg(10)->Arg(30)->Unit(benchmark::kMillisecond)->UseRealTime();
+// Rates in thousandths: 1 = 0.1%, 10 = 1%, 30 = 3%; then 1 where the
+// encoder may use conditional XOR chunks.
+BENCHMARK(BM_Encode)
+    ->ArgsProduct({{1, 10, 30}, {0, 1}})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+BENCHMARK(BM_DecodeApply)
+    ->ArgsProduct({{1, 10, 30}, {0, 1}})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
 
 }  // namespace
 }  // namespace refit

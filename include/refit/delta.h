@@ -75,6 +75,11 @@ struct DiffOptions {
   // false: only overwrite kinds (sparse overwrite, raw), which are
   // idempotent and do not need the base's bits to decode.
   bool allow_xor = true;
+  // Also try conditional XOR chunks (docs/format.md §4.3: BF16-width
+  // changes coded given the base the receiver holds), where they are
+  // smaller. Off by default: decoders of format revisions before kind 5,
+  // GPU receivers and sync manifests do not take them yet.
+  bool allow_conditional = false;
   ProgressFn progress;
 };
 

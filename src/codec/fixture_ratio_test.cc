@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "base/hash.h"
+#include "codec/conditional.h"
 #include "codec/payload.h"
 #include "support/testing.h"
 
@@ -55,6 +56,7 @@ bool LoadBf16(const std::string& path, std::vector<uint8_t>* data,
 struct PairResult {
   double bound = 0;
   uint64_t payload = 0;
+  uint64_t conditional = 0;  // per tensor the smaller of kinds 1 and 5
   uint64_t tables = 0;
   uint64_t chunks = 0;
 };
@@ -99,6 +101,15 @@ PairResult EncodePair(int from, int to) {
                            val2.data()));
     EXPECT_EQ(pos2, positions);
     EXPECT_EQ(val2, values);
+    std::vector<uint8_t> cond;
+    EXPECT_OK(EncodeConditional(n, a.data() + t.begin, positions, values.data(),
+                                EncodeOptions(), &cond));
+    std::fill(pos2.begin(), pos2.end(), 0);
+    std::fill(val2.begin(), val2.end(), 0);
+    EXPECT_OK(DecodeConditional(cond, n, a.data() + t.begin, k, pos2.data(), val2.data()));
+    EXPECT_EQ(pos2, positions);
+    EXPECT_EQ(val2, values);
+    res.conditional += std::min(cond.size(), payload.size());
     Result<PayloadInfo> info =
         DescribePayload(payload, ChunkKind::kSparseXor, n, 2, k);
     EXPECT_TRUE(info.ok());
@@ -132,6 +143,21 @@ TEST(FixtureRatioTest, SparseXorNearOrder0Bound) {
         static_cast<unsigned long long>(r.payload),
         static_cast<unsigned long long>(r.tables), r.bound, ratio);
     EXPECT_LE(ratio, 1.05);
+  }
+}
+
+// Conditional XOR (kind 5) on the same pairs, each tensor's chunk the
+// smaller of kinds 1 and 5 as the encoder picks: round trips, and at most
+// 0.80 of the order-0 bound.
+TEST(FixtureRatioTest, ConditionalXorBelowOrder0Bound) {
+  REFIT_REQUIRE_FIXTURES();
+  for (int from = 0; from < 3; ++from) {
+    const PairResult r = EncodePair(from, from + 1);
+    const double ratio = static_cast<double>(r.conditional) / r.bound;
+    std::printf("step%d->step%d: conditional payload %llu B, bound %.0f B, ratio %.4f\n",
+                from, from + 1, static_cast<unsigned long long>(r.conditional), r.bound,
+                ratio);
+    EXPECT_LE(ratio, 0.80);
   }
 }
 
@@ -192,6 +218,46 @@ TEST(GoldenTest, FixtureSparsePayloadsAreFrozen) {
     }
   }
   EXPECT_EQ(HashBytes(all.data(), all.size()).Hex(), "c7babc3d84f8903a37f2bed314378dd5");
+}
+
+// The conditional XOR payloads of the real steps (every changed tensor as
+// one chunk, 1024 and 64 records a lane), digested: the class window, model
+// and lane choices must never change these bytes.
+TEST(GoldenTest, FixtureConditionalPayloadsAreFrozen) {
+  REFIT_REQUIRE_FIXTURES();
+  const std::string dir = ::refit::testing::FixturesDir() + "/";
+  std::vector<uint8_t> all;
+  for (int from = 0; from < 3; ++from) {
+    std::vector<uint8_t> a, b;
+    std::vector<Tensor> ta, tb;
+    ASSERT_TRUE(LoadBf16(dir + "step" + std::to_string(from) + ".safetensors", &a, &ta));
+    ASSERT_TRUE(LoadBf16(dir + "step" + std::to_string(from + 1) + ".safetensors", &b, &tb));
+    ASSERT_EQ(a.size(), b.size());
+    for (const Tensor& t : ta) {
+      const uint32_t n = static_cast<uint32_t>((t.end - t.begin) / 2);
+      std::vector<uint32_t> positions;
+      std::vector<uint8_t> xors;
+      for (uint32_t i = 0; i < n; ++i) {
+        const size_t o = t.begin + 2 * size_t{i};
+        if (a[o] == b[o] && a[o + 1] == b[o + 1]) continue;
+        positions.push_back(i);
+        xors.push_back(static_cast<uint8_t>(a[o] ^ b[o]));
+        xors.push_back(static_cast<uint8_t>(a[o + 1] ^ b[o + 1]));
+      }
+      if (positions.empty()) continue;
+      for (uint32_t per_lane : {1024u, 64u}) {
+        EncodeOptions opt;
+        opt.records_per_lane = per_lane;
+        std::vector<uint8_t> payload;
+        EXPECT_OK(EncodeConditional(n, a.data() + t.begin, positions, xors.data(), opt,
+                                    &payload));
+        const uint64_t size = payload.size();
+        for (int j = 0; j < 8; ++j) all.push_back(static_cast<uint8_t>(size >> (8 * j)));
+        all.insert(all.end(), payload.begin(), payload.end());
+      }
+    }
+  }
+  EXPECT_EQ(HashBytes(all.data(), all.size()).Hex(), "36a54a20e419cde44292dfde09f19ea1");
 }
 
 }  // namespace

@@ -35,6 +35,8 @@ enum class ChunkKind : uint8_t {
   kSparseOverwrite = 2,
   kDenseXor = 3,
   kRaw = 4,
+  // Sparse XOR records coded given the base elements (conditional.h).
+  kConditionalXor = 5,
 };
 
 // Limits from docs/format.md, section 7.

@@ -9,6 +9,7 @@
 #include "base/bytes.h"
 #include "base/hash.h"
 #include "base/parallel.h"
+#include "codec/conditional.h"
 
 namespace refit {
 namespace {
@@ -143,11 +144,20 @@ template <int W>
 void StoreRecordsW(const ChunkHeader& h, const RegionAddr& at, ApplyScratch* s,
                    PageCounter* pages, UndoRecord* undo, uint64_t lo = 0,
                    uint64_t hi = UINT64_MAX) {
-  if (h.kind == ChunkKind::kSparseXor) {
+  if (h.kind == ChunkKind::kSparseXor || h.kind == ChunkKind::kConditionalXor) {
     const uint32_t r0 = static_cast<uint32_t>(std::min(lo, h.changed));
     const uint32_t k = static_cast<uint32_t>(std::min(hi, h.changed)) - r0;
     const uint32_t* pos = s->positions.data() + r0;
     const uint8_t* values = s->values.data() + static_cast<size_t>(r0) * W;
+    if (h.IsConditional() && undo != nullptr) {
+      // Its records cannot be decoded again once the range is at "after"
+      // (they are coded given the base): keep what they replace.
+      for (uint32_t r = 0; r < k; ++r) {
+        const uint8_t* p = at.At(pos[r]);
+        undo->at.push_back(pos[r]);
+        undo->old.insert(undo->old.end(), p, p + W);
+      }
+    }
     if (pages) {
       XorSparse<W, true>(at, pos, values, k, pages);
     } else {
@@ -212,7 +222,7 @@ void StoreAndDigest(const ChunkHeader& h, const RegionAddr& at, ApplyScratch* s,
   uint64_t r = 0;                              // a sparse chunk's next record
   for (uint64_t e = 0, seg = 0; e < h.count; e += per, ++seg) {
     const uint64_t end = std::min(h.count, e + per);
-    if (h.IsSparse()) {
+    if (h.HasRecords()) {
       uint64_t r_end = r;
       while (r_end < h.changed && s->positions[r_end] < end) ++r_end;
       StoreRecords(h, at, s, pages, undo, r, r_end);
@@ -225,15 +235,35 @@ void StoreAndDigest(const ChunkHeader& h, const RegionAddr& at, ApplyScratch* s,
   // Decoding checked that positions ascend inside the range, so every
   // record was stored above; whatever remains is stored all the same, so an
   // undo (which stores or restores every record) always matches.
-  if (h.IsSparse() && r < h.changed)
+  if (h.HasRecords() && r < h.changed)
     StoreRecords(h, at, s, pages, undo, r, h.changed);
 }
 
-Status DecodeRecords(const ParsedChunk& chunk, ApplyScratch* s) {
+// tensor_data: the tensor, whose chunk region holds the base (read by
+// conditional kinds only).
+Status DecodeRecords(const ParsedChunk& chunk, const uint8_t* tensor_data,
+                     ApplyScratch* s) {
   const ChunkHeader& h = chunk.header;
   const int w = h.width;
   const uint32_t n = static_cast<uint32_t>(h.count);
   const uint32_t k = static_cast<uint32_t>(h.changed);
+  if (h.IsConditional()) {
+    s->positions.resize(k);
+    s->values.resize(static_cast<size_t>(k) * w);
+    const uint8_t* base = tensor_data + h.start * h.width;
+    if (h.IsStrided()) {
+      // The decoder reads the region in order: gather its rows.
+      s->dense.resize(h.count * static_cast<uint64_t>(w));
+      const RegionAddr at(h, const_cast<uint8_t*>(tensor_data));
+      const uint64_t row_bytes = h.run * static_cast<uint64_t>(w);
+      for (uint64_t r = 0; r < h.count / h.run; ++r) {
+        std::memcpy(s->dense.data() + r * row_bytes, at.At(r * h.run), row_bytes);
+      }
+      base = s->dense.data();
+    }
+    return codec::DecodeConditional(chunk.payload, n, base, k, s->positions.data(),
+                                    s->values.data());
+  }
   if (h.IsSparse()) {
     s->positions.resize(k);
     s->values.resize(static_cast<size_t>(k) * w);
@@ -255,7 +285,7 @@ void Restore(const ChunkHeader& h, const RegionAddr& at, const UndoRecord& undo)
 // them (apply_journal.h): the positions of a sparse chunk, every element of
 // a dense one.
 uint64_t PreImageElements(const ChunkHeader& h) {
-  return h.IsSparse() ? h.changed : h.count;
+  return h.HasRecords() ? h.changed : h.count;
 }
 
 template <typename Fn>
@@ -264,15 +294,28 @@ void ForEachPreImageElement(const ChunkHeader& h, const RegionAddr& at,
   // Pre-images are written and restored through the same walk.
   const uint64_t n = PreImageElements(h);
   for (uint64_t i = 0; i < n; ++i) {
-    fn(at.At(h.IsSparse() ? s.positions[i] : i), i * h.width);
+    fn(at.At(h.HasRecords() ? s.positions[i] : i), i * h.width);
   }
+}
+
+// A conditional chunk's pre-image starts with its k positions (u32 each):
+// a torn range is neither base nor after, so its records could not be
+// decoded again to find them (docs/format.md §9).
+uint64_t PreImagePrefix(const ChunkHeader& h) {
+  return h.IsConditional() ? 4 * h.changed : 0;
 }
 
 void GatherPreImage(const ChunkHeader& h, const RegionAddr& at,
                     const ApplyScratch& s, std::vector<uint8_t>* out) {
-  out->resize(PreImageElements(h) * h.width);
+  const uint64_t prefix = PreImagePrefix(h);
+  out->resize(prefix + PreImageElements(h) * h.width);
+  for (uint64_t i = 0; i < prefix / 4; ++i) {
+    for (int b = 0; b < 4; ++b) {
+      (*out)[4 * i + b] = static_cast<uint8_t>(s.positions[i] >> (8 * b));
+    }
+  }
   ForEachPreImageElement(h, at, s, [&](const uint8_t* p, uint64_t off) {
-    std::memcpy(out->data() + off, p, h.width);
+    std::memcpy(out->data() + prefix + off, p, h.width);
   });
 }
 
@@ -326,7 +369,7 @@ Status StoreAndCheck(const ChunkHeader& h, uint8_t* tensor_data, ApplyScratch* s
 Status ApplyChunk(const ParsedChunk& chunk, uint8_t* tensor_data,
                   ApplyScratch* s, uint64_t* pages_written, UndoRecord* undo,
                   std::vector<Hash128>* after_digests) {
-  REFIT_RETURN_IF_ERROR(DecodeRecords(chunk, s));
+  REFIT_RETURN_IF_ERROR(DecodeRecords(chunk, tensor_data, s));
   PageCounter pages;
   REFIT_RETURN_IF_ERROR(StoreAndCheck(chunk.header, tensor_data, s, &pages, undo,
                                       after_digests));
@@ -351,7 +394,17 @@ Status UndoChunkInPlace(const ParsedChunk& chunk, uint8_t* tensor_data,
     Restore(h, at, undo);
     return Status();
   }
-  REFIT_RETURN_IF_ERROR(DecodeRecords(chunk, s));
+  if (h.IsConditional()) {
+    // The range is at "after"; the records were coded given the base.
+    if (undo.at.size() != h.changed || undo.old.size() != h.changed * h.width) {
+      return FailedPreconditionError(
+          "a conditional XOR chunk is undone from the old bytes its apply "
+          "recorded, and none were given");
+    }
+    Restore(h, at, undo);
+    return Status();
+  }
+  REFIT_RETURN_IF_ERROR(DecodeRecords(chunk, tensor_data, s));
   StoreRecords(h, at, s, nullptr, nullptr);
   return Status();
 }
@@ -578,7 +631,7 @@ Result<ApplyReport> ApplyDelta(const DeltaReader& delta,
       Status st = chunk.status();
       if (st.ok()) {
         headers[i] = chunk->header;
-        st = DecodeRecords(*chunk, slot);
+        st = DecodeRecords(*chunk, bindings[delta.index()[c].tensor_id].data, slot);
       }
       if (st.ok() && journal != nullptr) {
         const RegionAddr at(chunk->header, bindings[delta.index()[c].tensor_id].data);
@@ -698,10 +751,29 @@ Result<uint64_t> RestorePreImages(const DeltaReader& delta,
     auto chunk = delta.ReadChunk(c);
     Status st = chunk.status();
     ApplyScratch* s = &scratch[static_cast<size_t>(worker)];
-    if (st.ok()) st = DecodeRecords(*chunk, s);
-    if (st.ok() && pre.size() != PreImageElements(chunk->header) * chunk->header.width) {
-      st = DataLossError("the apply journal's pre-image of chunk " + std::to_string(c) +
-                         " has the wrong size");
+    if (st.ok() && chunk->header.IsConditional()) {
+      // The positions come from the pre-image (checked: ascending, inside
+      // the range), not from decoding the torn range.
+      const ChunkHeader& h = chunk->header;
+      if (pre.size() != PreImagePrefix(h) + h.changed * h.width) {
+        st = DataLossError("the apply journal's pre-image of chunk " + std::to_string(c) +
+                           " has the wrong size");
+      } else {
+        s->positions.resize(h.changed);
+        for (uint64_t r = 0; r < h.changed && st.ok(); ++r) {
+          s->positions[r] = static_cast<uint32_t>(LoadLE(pre.data() + 4 * r, 4));
+          if (s->positions[r] >= h.count || (r > 0 && s->positions[r] <= s->positions[r - 1])) {
+            st = DataLossError("the apply journal's pre-image of chunk " + std::to_string(c) +
+                               " names positions out of order or outside its range");
+          }
+        }
+      }
+    } else if (st.ok()) {
+      st = DecodeRecords(*chunk, nullptr, s);
+      if (st.ok() && pre.size() != PreImageElements(chunk->header) * chunk->header.width) {
+        st = DataLossError("the apply journal's pre-image of chunk " + std::to_string(c) +
+                           " has the wrong size");
+      }
     }
     if (!st.ok()) {
       std::lock_guard<std::mutex> lock(err_mu);
@@ -710,8 +782,9 @@ Result<uint64_t> RestorePreImages(const DeltaReader& delta,
     }
     const ChunkHeader& h = chunk->header;
     const RegionAddr at(h, bindings[h.tensor_id].data);
+    const uint64_t prefix = PreImagePrefix(h);
     ForEachPreImageElement(h, at, *s, [&](uint8_t* p, uint64_t off) {
-      std::memcpy(p, pre.data() + off, h.width);
+      std::memcpy(p, pre.data() + prefix + off, h.width);
     });
   });
   REFIT_RETURN_IF_ERROR(first_error);

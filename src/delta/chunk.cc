@@ -7,6 +7,7 @@
 #include <string>
 
 #include "base/bytes.h"
+#include "codec/conditional.h"
 
 namespace refit {
 namespace {
@@ -26,6 +27,7 @@ const char* ChunkKindName(codec::ChunkKind kind) {
     case codec::ChunkKind::kSparseOverwrite: return "sparse-overwrite";
     case codec::ChunkKind::kDenseXor: return "dense-xor";
     case codec::ChunkKind::kRaw: return "raw";
+    case codec::ChunkKind::kConditionalXor: return "conditional-xor";
   }
   return "unknown";
 }
@@ -125,7 +127,7 @@ Result<ParsedChunk> ParseChunk(std::span<const uint8_t> bytes) {
                          "; this build reads version " +
                          std::to_string(kFormatVersion));
   }
-  if (kind < 1 || kind > 4) {
+  if (kind < 1 || kind > 5) {
     return DataLossError("chunk has unknown kind " + std::to_string(kind));
   }
   h.kind = static_cast<codec::ChunkKind>(kind);
@@ -133,6 +135,11 @@ Result<ParsedChunk> ParseChunk(std::span<const uint8_t> bytes) {
   if (h.width != 1 && h.width != 2 && h.width != 4 && h.width != 8) {
     return DataLossError("chunk has invalid element width " +
                          std::to_string(h.width));
+  }
+  if (h.kind == codec::ChunkKind::kConditionalXor &&
+      h.width != codec::kConditionalWidth) {
+    return DataLossError("conditional XOR chunk has element width " +
+                         std::to_string(h.width) + "; the kind codes 2");
   }
   if (h.count == 0 || h.count > kMaxChunkElements) {
     return DataLossError("chunk element count " + std::to_string(h.count) +

@@ -50,10 +50,20 @@ struct ChunkHeader {
     return run == 0 ? start + count : start + (count / run - 1) * stride + run;
   }
 
+  // XOR records: applying the chunk twice restores the range.
   bool IsXor() const {
     return kind == codec::ChunkKind::kSparseXor ||
-           kind == codec::ChunkKind::kDenseXor;
+           kind == codec::ChunkKind::kDenseXor ||
+           kind == codec::ChunkKind::kConditionalXor;
   }
+  // Coded given the base's elements (docs/format.md §4.3): decoding needs
+  // the range's base bytes, so a range already at "after" cannot be decoded
+  // again; its undo needs the recorded old bytes.
+  bool IsConditional() const {
+    return kind == codec::ChunkKind::kConditionalXor;
+  }
+  // Decodes to k records (positions and values) rather than n elements.
+  bool HasRecords() const { return IsSparse() || IsConditional(); }
   bool IsSparse() const {
     return kind == codec::ChunkKind::kSparseXor ||
            kind == codec::ChunkKind::kSparseOverwrite;

@@ -312,7 +312,7 @@ Status DeltaReader::Parse() {
     e.count = r.Varint();
     uint8_t kind = r.U8();
     if (!r.ok()) break;
-    if (kind < 1 || kind > 4) return DataLossError("index has unknown kind");
+    if (kind < 1 || kind > 5) return DataLossError("index has unknown kind");
     e.kind = static_cast<codec::ChunkKind>(kind);
     if (e.offset < prev_end_offset || !AddWithin(e.offset, e.size, trailer_offset)) {
       return DataLossError("chunk " + std::to_string(i) +

@@ -140,6 +140,14 @@ Status EncodeElements(const ChunkHeader& ids, const uint8_t* a, const uint8_t* b
                                             s->values.data(), options.codec,
                                             &s->candidate));
   Keep(sparse_kind, s, &best_kind, &have);
+  if (options.allow_xor && options.allow_conditional &&
+      w == codec::kConditionalWidth) {
+    s->candidate.clear();
+    REFIT_RETURN_IF_ERROR(codec::EncodeConditional(n, a, s->positions,
+                                                   s->values.data(), options.codec,
+                                                   &s->candidate));
+    Keep(ChunkKind::kConditionalXor, s, &best_kind, &have);
+  }
 
   // Dense encodings can only win once a sizeable share of the range
   // changed; below 1/16 a sparse record costs less than 16 dense elements.
@@ -306,6 +314,7 @@ Result<DiffReport> DiffTensorsToSink(const std::vector<TensorView>& base,
 
   ChunkEncodeOptions copts;
   copts.allow_xor = options.allow_xor;
+  copts.allow_conditional = options.allow_conditional;
   copts.codec.records_per_lane = options.records_per_lane;
   copts.codec.zstd_level = options.zstd_level;
   const int threads = options.threads > 0 ? options.threads : DefaultThreads();

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "base/hash.h"
+#include "codec/conditional.h"
 #include "codec/payload.h"
 #include "delta/chunk.h"
 #include "delta/delta_file.h"
@@ -22,6 +23,9 @@ namespace refit {
 struct ChunkEncodeOptions {
   codec::EncodeOptions codec;
   bool allow_xor = true;
+  // Also try conditional XOR (kind 5, BF16-width ranges), which receivers
+  // decode given the base; off for receivers that cannot decode it.
+  bool allow_conditional = false;
 };
 
 // Per-thread buffers reused across chunks.

@@ -4,6 +4,7 @@
 #include <unordered_map>
 
 #include "base/bytes.h"
+#include "codec/conditional.h"
 #include "delta/chunk.h"
 #include "delta/delta_file.h"
 #include "refit/delta.h"
@@ -77,6 +78,15 @@ Result<InspectReport> Inspect(const std::string& delta_path) {
     auto& hist = tensor_values[h.tensor_id];
     const uint32_t n = static_cast<uint32_t>(h.count);
     const uint32_t k = static_cast<uint32_t>(h.changed);
+    if (h.IsConditional()) {
+      // Coded given the base, which inspect does not hold: the framing is
+      // checked, the records are not decoded, and no bound is given.
+      auto info = codec::DescribeConditional(c.payload);
+      if (!info.ok()) return info.status().WithContext("chunk " + std::to_string(i));
+      tensor_xor_only[h.tensor_id] = false;
+      report.bound_valid = false;
+      continue;
+    }
     if (h.IsSparse()) {
       positions.resize(k);
       values.resize(static_cast<size_t>(k) * w);

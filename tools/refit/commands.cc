@@ -98,6 +98,7 @@ int RunDiff(const DiffArgs& args) {
       static_cast<uint64_t>(std::llround(args.chunk_mib * (1 << 20)));
   options.threads = args.threads;
   options.allow_xor = !args.overwrite_only;
+  options.allow_conditional = args.conditional && !args.overwrite_only;
   ProgressBar bar;
   options.progress = bar.Callback();
   Result<DiffReport> report = Diff(args.base, args.target, args.out, options);

@@ -25,6 +25,7 @@ struct DiffArgs {
   double chunk_mib = 8;
   int threads = 0;
   bool overwrite_only = false;
+  bool conditional = false;
   bool json = false;
 };
 int RunDiff(const DiffArgs& args);
@@ -67,6 +68,9 @@ struct DemoArgs {
   bool json = false;
 };
 int RunDemo(const DemoArgs& args);
+
+// Prices coding the changes of BASE -> TARGET conditioned on the base.
+int RunCodecStudy(const std::string& base_path, const std::string& target_path);
 
 struct BenchArgs {
   double size_mib = 256;

@@ -127,6 +127,10 @@ int Main(int argc, char** argv) {
   diff_cmd->add_flag("--overwrite-only", diff.overwrite_only,
                      "only idempotent overwrite chunks (no XOR): larger, but "
                      "decodable without the base's bits");
+  diff_cmd->add_flag("--conditional", diff.conditional,
+                     "also code BF16 changes given the base's elements "
+                     "(conditional XOR chunks) where smaller; CPU apply only, "
+                     "and `refit inspect` gives no bound for them");
   AddJson(diff_cmd, &diff.json);
   diff_cmd->footer(
       "Example: refit diff step0.safetensors step1.safetensors -o "
@@ -184,6 +188,14 @@ int Main(int argc, char** argv) {
       ->capture_default_str()
       ->check(IntIn(0, 1'000'000));
   AddJson(inspect_cmd, &inspect.json);
+
+  std::string study_base, study_target;
+  CLI::App* study_cmd = app.add_subcommand(
+      "codec-study",
+      "Price coding the changes of BASE -> TARGET (BF16 tensors) conditioned "
+      "on the base, against today's payload and the order-0 bound.");
+  study_cmd->add_option("BASE", study_base, "the base checkpoint")->required();
+  study_cmd->add_option("TARGET", study_target, "the target checkpoint")->required();
 
   DemoArgs demo;
   CLI::App* demo_cmd = app.add_subcommand(
@@ -283,6 +295,7 @@ int Main(int argc, char** argv) {
     inspect.json |= global_json;
     return RunInspect(inspect);
   }
+  if (*study_cmd) return RunCodecStudy(study_base, study_target);
   if (*demo_cmd) {
     demo.json |= global_json;
     return RunSyncDemo(demo, sync.demo);
