@@ -12,8 +12,8 @@
 include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
 
-set(REFIT_INSTALLED_LAYERS refit_base refit_format refit_codec refit_delta refit_transport
-                           refit_sync)
+set(REFIT_INSTALLED_LAYERS refit_base refit_format refit_codec refit_delta refit_layout
+                           refit_transport refit_sync)
 # (`refit` itself names the command-line tool's target.)
 add_library(refit_library INTERFACE)
 add_library(refit::refit ALIAS refit_library)

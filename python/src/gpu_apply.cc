@@ -25,7 +25,7 @@
 #include "cuda/pipeline.h"
 #include "cuda/placement.h"
 #include "delta/delta_file.h"
-#include "layout/layout.h"
+#include "refit/layout.h"
 
 namespace py = pybind11;
 

@@ -20,6 +20,29 @@ def writable_copy(src, dst):
     return dst
 
 
+def assert_holds(tensors, expected):
+    """Every tensor of `expected` has its values in `tensors`."""
+    for n in expected:
+        assert np.array_equal(tensors[n], expected[n]), n
+
+
+def open_publisher(tmp_path, model, members, **options):
+    """A store under tmp_path and a publisher over it whose baseline holds `model`."""
+    store = str(tmp_path / "store")
+    options.setdefault("vote_timeout", 30)
+    pub = refit.Publisher(store, baseline=tmp_path / "b.safetensors", members=members,
+                          initial=model, dtypes=SYNTH_DTYPES, **options)
+    return store, pub
+
+
+def two_phase_receiver(store, member, model, **options):
+    """A two-phase receiver of a copy of `model` in host memory, and that copy."""
+    mine = {n: a.copy() for n, a in model.items()}
+    rcv = refit.Receiver(store, member=member, tensors=mine, dtypes=SYNTH_DTYPES,
+                         two_phase=True, **options)
+    return rcv, mine
+
+
 def test_fixture_trajectory_checkpoint_dirs(qwen, tmp_path):
     store = str(tmp_path / "store")
     base = writable_copy(qwen / "step0.safetensors", tmp_path / "baseline.safetensors")
@@ -57,8 +80,7 @@ def test_fixture_trajectory_checkpoint_dirs(qwen, tmp_path):
     final = refit.load(qwen / "step3.safetensors")
     for c in ckpts:
         got = refit.load(c)
-        for n in final:
-            assert np.array_equal(got[n], final[n])
+        assert_holds(got, final)
     pub.close()
 
 
@@ -95,8 +117,7 @@ def test_tensors_mode_patches_the_callers_arrays_in_place(tmp_path):
     future = pub.publish_async(2, target2)
     assert again.sync(2, timeout=30).committed_versions == [2]
     assert future.result(timeout=30).committed
-    for n in model:
-        assert np.array_equal(mine[n], target2[n]), n
+    assert_holds(mine, target2)
     again.close()
     pub.close()
 
@@ -127,9 +148,7 @@ def test_tensors_mode_default_state_is_temporary(tmp_path):
 
 def test_publish_async_copy_lets_the_loop_mutate(tmp_path):
     model = synthetic_model(seed=7)
-    store = str(tmp_path / "store")
-    pub = refit.Publisher(store, baseline=tmp_path / "b.safetensors", members=["r0"],
-                          initial=model, dtypes=SYNTH_DTYPES, vote_timeout=30)
+    store, pub = open_publisher(tmp_path, model, ["r0"])
     refit.save(tmp_path / "r0.safetensors", model, dtypes=SYNTH_DTYPES)
     rcv = refit.Receiver(store, member="r0", checkpoint_dir=tmp_path / "r0.safetensors",
                          state_dir=tmp_path / "r0state")
@@ -150,8 +169,7 @@ def test_publish_async_copy_lets_the_loop_mutate(tmp_path):
     rcv.sync(2, timeout=30)
     assert [f.result(timeout=30).committed for f in futures] == [True, True]
     got = refit.load(tmp_path / "r0.safetensors")
-    for n in model:
-        assert np.array_equal(got[n], expected[2][n]), n
+    assert_holds(got, expected[2])
     pub.close()
 
 
@@ -171,9 +189,7 @@ def test_sync_deadline_and_idle(tmp_path):
 
 def test_abort_when_a_member_is_missing(tmp_path):
     model = synthetic_model()
-    store = str(tmp_path / "store")
-    pub = refit.Publisher(store, baseline=tmp_path / "b.safetensors", members=["r0", "gone"],
-                          initial=model, dtypes=SYNTH_DTYPES, vote_timeout=0.5)
+    store, pub = open_publisher(tmp_path, model, ["r0", "gone"], vote_timeout=0.5)
     refit.save(tmp_path / "r0.safetensors", model, dtypes=SYNTH_DTYPES)
     rcv = refit.Receiver(store, member="r0", checkpoint_dir=tmp_path / "r0.safetensors",
                          state_dir=tmp_path / "st", decision_timeout=10)
@@ -186,17 +202,14 @@ def test_abort_when_a_member_is_missing(tmp_path):
     rcv.sync()
     assert rcv.active_version == 0
     got = refit.load(tmp_path / "r0.safetensors")
-    for n in model:
-        assert np.array_equal(got[n], model[n]), n  # rolled back
+    assert_holds(got, model)  # rolled back
     pub.close()
 
 
 def test_authenticated_store(tmp_path):
     model = synthetic_model()
     key = bytes(range(32))
-    store = str(tmp_path / "store")
-    pub = refit.Publisher(store, baseline=tmp_path / "b.safetensors", members=["r0"],
-                          initial=model, dtypes=SYNTH_DTYPES, key=key, vote_timeout=30)
+    store, pub = open_publisher(tmp_path, model, ["r0"], key=key)
     refit.save(tmp_path / "r0.safetensors", model, dtypes=SYNTH_DTYPES)
     wrong = refit.Receiver(store, member="r0", checkpoint_dir=tmp_path / "r0.safetensors",
                            state_dir=tmp_path / "st", key=bytes(32))
@@ -214,9 +227,7 @@ def test_signed_store(tmp_path):
     model = synthetic_model()
     private, public = refit.generate_signing_key()
     assert len(private) == 32 and len(public) == 32
-    store = str(tmp_path / "store")
-    pub = refit.Publisher(store, baseline=tmp_path / "b.safetensors", members=["r0"],
-                          initial=model, dtypes=SYNTH_DTYPES, sign_key=private, vote_timeout=30)
+    store, pub = open_publisher(tmp_path, model, ["r0"], sign_key=private)
     refit.save(tmp_path / "r0.safetensors", model, dtypes=SYNTH_DTYPES)
     _, other_public = refit.generate_signing_key()
     wrong = refit.Receiver(store, member="r0", checkpoint_dir=tmp_path / "r0.safetensors",
@@ -230,8 +241,7 @@ def test_signed_store(tmp_path):
     assert right.sync(1, timeout=30).active_version == 1
     assert future.result(timeout=30).committed
     got = refit.load(tmp_path / "r0.safetensors")
-    for n in model:
-        assert np.array_equal(got[n], target[n]), n
+    assert_holds(got, target)
     with pytest.raises(refit.InvalidArgumentError):
         refit.Receiver(store, member="r1", checkpoint_dir=tmp_path / "r0.safetensors",
                        state_dir=tmp_path / "st1", verify_key=b"short")
@@ -259,11 +269,8 @@ def test_memory_baselines_need_cuda_tensors(tmp_path):
 
 def test_two_phase_host_receiver_prepares_without_writing(tmp_path):
     model = synthetic_model(seed=9)
-    store = str(tmp_path / "store")
-    pub = refit.Publisher(store, baseline=tmp_path / "b.safetensors", members=["w0"],
-                          initial=model, dtypes=SYNTH_DTYPES, vote_timeout=30)
-    mine = {n: a.copy() for n, a in model.items()}
-    rcv = refit.Receiver(store, member="w0", tensors=mine, dtypes=SYNTH_DTYPES, two_phase=True)
+    store, pub = open_publisher(tmp_path, model, ["w0"])
+    rcv, mine = two_phase_receiver(store, "w0", model)
     assert rcv.two_phase and not rcv.prepared
     assert rcv.prepare() is False  # nothing published yet
     with pytest.raises(refit.Error, match="nothing prepared"):
@@ -275,22 +282,19 @@ def test_two_phase_host_receiver_prepares_without_writing(tmp_path):
         assert rcv.prepare(timeout=30) is True  # voted ready, committed
         assert future.result(timeout=30).committed
         assert rcv.prepared and rcv.active_version == v - 1
-        for n in model:  # the engine still serves the active version
-            assert np.array_equal(mine[n], current[n]), n
+        assert_holds(mine, current)  # the engine still serves the active version
         report = rcv.activate()
         assert report.committed_versions == [v] and rcv.active_version == v
         step = report.steps[-1]
         assert step.pause_seconds > 0 and step.staged_host_bytes > 0
-        for n in model:
-            assert np.array_equal(mine[n], target[n]), n
+        assert_holds(mine, target)
         current = target
     # sync() is prepare + activate.
     target = perturb(current, 4)
     future = pub.publish_async(4, target)
     assert rcv.sync(4, timeout=30).committed_versions == [4]
     assert future.result(timeout=30).committed
-    for n in model:
-        assert np.array_equal(mine[n], target[n]), n
+    assert_holds(mine, target)
     plain = refit.Receiver(store, member="w1", tensors={n: a.copy() for n, a in model.items()},
                            dtypes=SYNTH_DTYPES)
     with pytest.raises(refit.Error, match="two-phase"):
@@ -303,14 +307,10 @@ def test_two_phase_host_receiver_prepares_without_writing(tmp_path):
 def test_pausing_engine_adapter_activates_between_batches(tmp_path):
     from refit.adapters import PausingEngine
     model = synthetic_model(seed=10)
-    store = str(tmp_path / "store")
-    pub = refit.Publisher(store, baseline=tmp_path / "b.safetensors", members=["e0"],
-                          initial=model, dtypes=SYNTH_DTYPES, vote_timeout=30)
-    mine = {n: a.copy() for n, a in model.items()}
+    store, pub = open_publisher(tmp_path, model, ["e0"])
+    rcv, mine = two_phase_receiver(store, "e0", model, poll_interval=0.005)
     with pytest.raises(refit.InvalidArgumentError, match="two-phase"):
         PausingEngine(refit.Receiver(store, member="x", tensors=dict(mine), dtypes=SYNTH_DTYPES))
-    rcv = refit.Receiver(store, member="e0", tensors=mine, dtypes=SYNTH_DTYPES, two_phase=True,
-                         poll_interval=0.005)
     current = model
     with PausingEngine(rcv, poll_interval=0.005) as engine:
         assert engine.activate_if_ready() is None
@@ -322,13 +322,11 @@ def test_pausing_engine_adapter_activates_between_batches(tmp_path):
                 report = engine.activate_if_ready()
                 if report is not None:
                     break
-                for n in model:  # between activations it serves one version
-                    assert np.array_equal(mine[n], current[n]), n
+                assert_holds(mine, current)  # between activations it serves one version
                 time.sleep(0.005)
             assert report is not None and report.committed_versions == [v]
             assert future.result(timeout=30).committed
-            for n in model:
-                assert np.array_equal(mine[n], target[n]), n
+            assert_holds(mine, target)
             current = target
     rcv.close()
     pub.close()

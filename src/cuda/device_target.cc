@@ -10,6 +10,7 @@
 #include "codec/payload.h"
 #include "cuda/cuda_common.h"
 #include "cuda/pipeline.h"
+#include "sync/staging_queue.h"
 
 namespace refit::cuda {
 
@@ -27,6 +28,11 @@ uint64_t Elements(const TensorPlacement& p) { return p.rows * p.cols; }
 }  // namespace
 
 struct DeviceTarget::Impl {
+  explicit Impl(const DeviceTargetOptions& options)
+      : opt(options),
+        staging(options.host_staging_bytes,
+                "host staging bound (host_staging_bytes)") {}
+
   std::map<std::string, CanonicalTensor> tensors;
   PlacementPlan plan;
   DeviceTargetOptions opt;
@@ -47,12 +53,9 @@ struct DeviceTarget::Impl {
     uint64_t offset = 0;         // in the staged payload
     std::vector<uint8_t> kinds;  // chunk kind by chunk index
   };
-  std::vector<Version> versions;
-  // Applied (or restored) versions, freed by the next Begin(): releasing
-  // their host memory (munmap of the staged bytes) takes milliseconds per
-  // hundred megabytes, which the pause does not need to wait for.
-  std::vector<Version> retired;
-  uint64_t staged = 0;
+  // The staged versions; applied (or restored) ones are freed by the next
+  // Begin(), outside the pause.
+  StagingQueue<Version> staging;
   bool sealed = false;
   bool on_device = false;
   DeviceBuffer payload;
@@ -71,11 +74,14 @@ struct DeviceTarget::Impl {
     if (stream) cudaStreamDestroy(stream);
   }
 
-  // Drops the staging after Apply; its memory goes with the next Begin().
-  void Retire() {
-    retired = std::move(versions);
-    versions.clear();
-    staged = 0;
+  // Begin() (`retire` false) or the end of Apply(): drops the staging; after
+  // Apply its memory goes with the next Begin().
+  void Reset(bool retire) {
+    if (retire) {
+      staging.Retire();
+    } else {
+      staging.Clear();
+    }
     sealed = false;
     saved.clear();
     restorable = true;
@@ -123,7 +129,7 @@ struct DeviceTarget::Impl {
   // the saved ranges; then checks the hashable tensors.
   Status Restore(size_t failed, const std::vector<uint32_t>& status) {
     for (size_t j = failed + 1; j-- > 0;) {
-      Version& v = versions[j];
+      Version& v = staging.items()[j];
       std::vector<ChunkSpan> undo;
       std::vector<bool> applied(v.spans.size(), j < failed);
       if (j == failed) {
@@ -154,7 +160,7 @@ struct DeviceTarget::Impl {
           "a changed range that is not stored contiguously here was "
           "overwritten and cannot be restored");
     }
-    for (const Version& v : versions) {
+    for (const Version& v : staging.items()) {
       REFIT_ASSIGN_OR_RETURN(auto now, HashHeld(*v.table));
       for (size_t t = 0; t < now.size(); ++t) {
         auto was = last_hashes.find((*v.table)[t].name);
@@ -179,8 +185,7 @@ DeviceTarget::~DeviceTarget() = default;
 Result<std::unique_ptr<DeviceTarget>> DeviceTarget::Create(
     std::vector<CanonicalTensor> tensors, PlacementPlan plan,
     const DeviceTargetOptions& options) {
-  auto impl = std::make_unique<Impl>();
-  impl->opt = options;
+  auto impl = std::make_unique<Impl>(options);
   for (CanonicalTensor& t : tensors) {
     const std::string name = t.name;
     if (!impl->tensors.emplace(name, std::move(t)).second) {
@@ -188,31 +193,31 @@ Result<std::unique_ptr<DeviceTarget>> DeviceTarget::Create(
     }
   }
   for (const TensorPlacement& p : plan.placements()) {
-    auto it = impl->tensors.find(p.name);
-    if (it == impl->tensors.end()) {
+    if (!impl->tensors.contains(p.name)) {
       return InvalidArgumentError(
           "a placement names tensor '" + p.name +
           "', which is not among the canonical tensors");
     }
-    uint64_t n = 1;
-    for (uint64_t d : it->second.shape) n *= d;
-    if (Elements(p) != n || p.width != it->second.width) {
-      return InvalidArgumentError(
-          "the placement of '" + p.name +
-          "' does not have the tensor's elements or width");
-    }
-    if (!ContiguousAddress(p, 0, n)) impl->verify = false;
   }
   for (const auto& [name, t] : impl->tensors) {
+    uint64_t n = 1;
+    for (uint64_t d : t.shape) n *= d;
     auto placed = plan.Find(name);
+    for (uint32_t j : placed) {
+      const TensorPlacement& p = plan.placements()[j];
+      if (Elements(p) != n || p.width != t.width) {
+        return InvalidArgumentError(
+            "the placement of '" + p.name +
+            "' does not have the tensor's elements or width");
+      }
+      if (!ContiguousAddress(p, 0, n)) impl->verify = false;
+    }
     if (placed.empty()) {
-      uint64_t n = 1;
-      for (uint64_t d : t.shape) n *= d;
       if (n == 0) continue;
       return InvalidArgumentError("tensor '" + name + "' has no placement");
     }
     const TensorPlacement& p = plan.placements()[placed.front()];
-    if (auto address = ContiguousAddress(p, 0, Elements(p));
+    if (auto address = ContiguousAddress(p, 0, n);
         address && placed.size() == 1) {
       impl->contiguous[name] = *address;
     }
@@ -259,35 +264,25 @@ Result<std::vector<std::optional<Hash128>>> DeviceTarget::Hashes(
 }
 
 Status DeviceTarget::Begin() {
-  impl_->retired.clear();
-  impl_->versions.clear();
-  impl_->staged = 0;
-  impl_->sealed = false;
-  impl_->saved.clear();
-  impl_->restorable = true;
+  impl_->Reset(/*retire=*/false);
   return Status();
 }
 
 Status DeviceTarget::Add(size_t version, const std::vector<TensorEntry>& table,
                          std::span<const uint8_t> chunk) {
   Impl& m = *impl_;
-  if (m.staged + chunk.size() > m.opt.host_staging_bytes) {
-    return ResourceExhaustedError(
-        "staging the versions needs more than the host staging bound of " +
-        std::to_string(m.opt.host_staging_bytes) +
-        " bytes (host_staging_bytes)");
-  }
-  if (version > m.versions.size() || (version + 1 < m.versions.size())) {
+  std::vector<Impl::Version>& versions = m.staging.items();
+  if (version > versions.size() || (version + 1 < versions.size())) {
     return InvalidArgumentError("versions must be staged in order");
   }
-  if (version == m.versions.size()) {
-    m.versions.emplace_back();
-    m.versions.back().table = &table;
+  REFIT_RETURN_IF_ERROR(m.staging.Charge(chunk.size()));
+  if (version == versions.size()) {
+    versions.emplace_back();
+    versions.back().table = &table;
   }
-  Impl::Version& v = m.versions.back();
+  Impl::Version& v = versions.back();
   v.spans.push_back({v.bytes.size(), chunk.size()});
   v.bytes.insert(v.bytes.end(), chunk.begin(), chunk.end());
-  m.staged += chunk.size();
   m.sealed = false;
   return Status();
 }
@@ -299,7 +294,7 @@ Status DeviceTarget::Seal() {
   uint64_t saved_bytes = 0;
   m.saved.clear();
   m.restorable = true;
-  for (Impl::Version& v : m.versions) {
+  for (Impl::Version& v : m.staging.items()) {
     REFIT_ASSIGN_OR_RETURN(v.receiver, m.ReceiverFor(*v.table, /*check=*/true));
     REFIT_ASSIGN_OR_RETURN(v.prepared, v.receiver->Prepare(v.bytes, v.spans));
     v.offset = offset;
@@ -324,7 +319,7 @@ Status DeviceTarget::Seal() {
   m.on_device = offset <= m.opt.device_staging_bytes;
   if (m.on_device) {
     REFIT_RETURN_IF_ERROR(m.payload.Reserve(offset));
-    for (const Impl::Version& v : m.versions) {
+    for (const Impl::Version& v : m.staging.items()) {
       REFIT_CUDA_RETURN(
           cudaMemcpyAsync(m.payload.bytes() + v.offset, v.bytes.data(),
                           v.bytes.size(), cudaMemcpyHostToDevice, m.stream),
@@ -340,7 +335,7 @@ Status DeviceTarget::Seal() {
                         "cudaHostAlloc (staging)");
       m.pinned_size = offset;
     }
-    for (const Impl::Version& v : m.versions) {
+    for (const Impl::Version& v : m.staging.items()) {
       std::memcpy(m.pinned + v.offset, v.bytes.data(), v.bytes.size());
     }
   }
@@ -365,15 +360,15 @@ Result<StagedApplyReport> DeviceTarget::Apply() {
   if (!m.saved.empty())
     REFIT_CUDA_RETURN(cudaStreamSynchronize(m.stream), "save ranges");
   Status failed;
-  for (size_t k = 0; k < m.versions.size(); ++k) {
-    Impl::Version& v = m.versions[k];
+  for (size_t k = 0; k < m.staging.items().size(); ++k) {
+    Impl::Version& v = m.staging.items()[k];
     const uint8_t* base = m.on_device ? m.payload.bytes() : m.pinned;
     auto applied = v.receiver->Apply(
         std::span<const uint8_t>(base + v.offset, v.bytes.size()), v.prepared);
     if (!applied.ok()) {
       failed = applied.status();
       Status restored = m.Restore(k, v.receiver->last_status());
-      m.Retire();
+      m.Reset(/*retire=*/true);
       if (restored.code() == StatusCode::kFailedPrecondition) {
         return Status(failed.code(),
                       std::string(failed.message()) +
@@ -381,14 +376,7 @@ Result<StagedApplyReport> DeviceTarget::Apply() {
                           "the pause, but " +
                           std::string(restored.message()));
       }
-      if (!restored.ok()) {
-        return DataLossError(failed.ToString() +
-                             "; restoring the tensors failed too (" +
-                             restored.ToString() + "): load them again");
-      }
-      return Status(failed.code(),
-                    std::string(failed.message()) +
-                        "; every tensor was restored to what it held before");
+      return RestoredError(failed, restored);
     }
     report.chunks += applied->chunks_applied;
     report.kernel_ms += applied->kernel_ms;
@@ -398,7 +386,7 @@ Result<StagedApplyReport> DeviceTarget::Apply() {
   report.seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
           .count();
-  m.Retire();
+  m.Reset(/*retire=*/true);
   return report;
 }
 
@@ -453,8 +441,8 @@ StagingUsage DeviceTarget::usage() const {
   StagingUsage u;
   u.host_limit = m.opt.host_staging_bytes;
   u.device_limit = m.opt.device_staging_bytes;
-  u.staged_payload = m.staged;
-  u.host_bytes = m.staged + m.pinned_size;
+  u.staged_payload = m.staging.bytes();
+  u.host_bytes = m.staging.bytes() + m.pinned_size;
   u.device_bytes =
       m.payload.size() + m.backup.size() +
       static_cast<uint64_t>(m.receivers.size() + m.unchecked.size()) *

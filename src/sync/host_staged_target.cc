@@ -12,7 +12,7 @@ namespace refit {
 
 HostStagedTarget::HostStagedTarget(std::vector<MutableTensorView> tensors,
                                    uint64_t staging_limit)
-    : tensors_(std::move(tensors)), limit_(staging_limit) {
+    : tensors_(std::move(tensors)), staging_(staging_limit, "staging limit") {
   for (size_t i = 0; i < tensors_.size(); ++i) by_name_[tensors_[i].name] = i;
 }
 
@@ -57,28 +57,21 @@ Result<std::vector<std::optional<Hash128>>> HostStagedTarget::Hashes(
 }
 
 Status HostStagedTarget::Begin() {
-  retired_.clear();
-  staged_.clear();
-  staged_bytes_ = 0;
+  staging_.Clear();
   return Status();
 }
 
 Status HostStagedTarget::Add(size_t version,
                              const std::vector<TensorEntry>& table,
                              std::span<const uint8_t> chunk) {
-  if (staged_bytes_ + chunk.size() > limit_) {
-    return ResourceExhaustedError(
-        "staging the versions needs more than the staging limit of " +
-        std::to_string(limit_) + " bytes");
-  }
-  staged_bytes_ += chunk.size();
-  staged_.push_back(Staged{version, &table,
+  REFIT_RETURN_IF_ERROR(staging_.Charge(chunk.size()));
+  staging_.items().push_back(Staged{version, &table,
                            std::vector<uint8_t>(chunk.begin(), chunk.end())});
   return Status();
 }
 
 Status HostStagedTarget::Seal() {
-  for (const Staged& s : staged_) {
+  for (const Staged& s : staging_.items()) {
     REFIT_ASSIGN_OR_RETURN(ParsedChunk c, ParseChunk(s.bytes));
     REFIT_RETURN_IF_ERROR(Data(*s.table, c.header.tensor_id).status());
   }
@@ -87,11 +80,7 @@ Status HostStagedTarget::Seal() {
 
 Result<StagedApplyReport> HostStagedTarget::Apply() {
   const auto t0 = std::chrono::steady_clock::now();
-  // Freed by the next Begin(), not in the pause.
-  retired_ = std::move(staged_);
-  staged_.clear();
-  staged_bytes_ = 0;
-  const std::vector<Staged>& staged = retired_;
+  const std::vector<Staged>& staged = staging_.Retire();
   StagedApplyReport report;
   ApplyScratch scratch;
   struct Done {
@@ -135,15 +124,9 @@ Result<StagedApplyReport> HostStagedTarget::Apply() {
   if (!failed.ok()) {
     for (auto it = done.rbegin(); it != done.rend(); ++it) {
       Status undone = UndoChunkInPlace(it->chunk, it->data, &scratch, it->undo);
-      if (!undone.ok()) {
-        return DataLossError(failed.ToString() +
-                             "; restoring the tensors failed too (" +
-                             undone.ToString() + "): load them again");
-      }
+      if (!undone.ok()) return RestoredError(failed, undone);
     }
-    return Status(failed.code(),
-                  std::string(failed.message()) +
-                      "; every tensor was restored to what it held before");
+    return RestoredError(failed, Status());
   }
   report.chunks = done.size();
   report.seconds =
@@ -166,9 +149,9 @@ Status HostStagedTarget::Load(const TensorEntry& e,
 
 StagingUsage HostStagedTarget::usage() const {
   StagingUsage u;
-  u.host_limit = limit_;
-  u.host_bytes = staged_bytes_;
-  u.staged_payload = staged_bytes_;
+  u.host_limit = staging_.limit();
+  u.host_bytes = staging_.bytes();
+  u.staged_payload = staging_.bytes();
   return u;
 }
 

@@ -15,6 +15,7 @@
 
 #include "refit/delta.h"
 #include "sync/staged_target.h"
+#include "sync/staging_queue.h"
 
 namespace refit {
 
@@ -46,10 +47,7 @@ class HostStagedTarget : public StagedTarget {
 
   std::vector<MutableTensorView> tensors_;
   std::map<std::string, size_t> by_name_;
-  uint64_t limit_;
-  uint64_t staged_bytes_ = 0;
-  std::vector<Staged> staged_;
-  std::vector<Staged> retired_;  // applied; freed by the next Begin()
+  StagingQueue<Staged> staging_;
 };
 
 }  // namespace refit

@@ -23,6 +23,7 @@
 
 #include "refit/checkpoint.h"
 #include "refit/delta.h"
+#include "refit/publisher.h"
 #include "refit/status.h"
 #include "sync/auth.h"
 #include "sync/protocol.h"
@@ -30,18 +31,6 @@
 #include "transport/object_store.h"
 
 namespace refit {
-
-enum class DeadlinePolicy {
-  kAbort,  // a member that misses the vote deadline aborts the version
-  kDrop,   // commit with the members that voted; the others must resync
-};
-
-// The policy's name as `refit publish --policy` and the Python module take
-// it: "abort" or "drop".
-std::string_view DeadlinePolicyName(DeadlinePolicy policy);
-// The policy named `name` (DeadlinePolicyName); kInvalidArgument for any
-// other name.
-Result<DeadlinePolicy> ParseDeadlinePolicy(std::string_view name);
 
 struct PublisherOptions {
   std::vector<std::string> members;

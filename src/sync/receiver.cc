@@ -133,6 +133,30 @@ Result<std::optional<Decision>> Receiver::ReadDecision(uint64_t version) {
   return std::optional<Decision>(d);
 }
 
+Status Receiver::AwaitDecision(uint64_t version,
+                               std::optional<Decision>* decision,
+                               const std::string& voted,
+                               const std::string& then) {
+  const auto start = Clock::now();
+  const std::string V = std::to_string(version);
+  uint64_t since = store_->ChangeCount();
+  if (!*decision) {
+    REFIT_ASSIGN_OR_RETURN(*decision, ReadDecision(version));
+  }
+  while (!*decision) {
+    if (std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start)
+            .count() > opt_.decision_timeout_ms) {
+      return DeadlineExceededError("voted " + voted + " version " + V +
+                                   " but no decision arrived within " +
+                                   std::to_string(opt_.decision_timeout_ms) + " ms; " + then);
+    }
+    REFIT_RETURN_IF_ERROR(Pause("the decision on version " + V, since));
+    since = store_->ChangeCount();
+    REFIT_ASSIGN_OR_RETURN(*decision, ReadDecision(version));
+  }
+  return Status();
+}
+
 bool Receiver::HasModel() const {
   return opt_.checkpoint.empty() || CheckpointPresent(opt_.checkpoint);
 }

@@ -290,6 +290,13 @@ class Receiver {
   bool HasModel() const;
   Result<std::vector<uint64_t>> ListVersions();
   Result<std::optional<Decision>> ReadDecision(uint64_t version);
+  // Waits, after this receiver voted, until `version` has a decision in
+  // *decision (read first when it holds none), pausing between reads
+  // (Pause, woken by store changes). DEADLINE_EXCEEDED after
+  // decision_timeout_ms: "voted <voted> version V but no decision arrived
+  // within N ms; <then>" (what the next step does about it).
+  Status AwaitDecision(uint64_t version, std::optional<Decision>* decision,
+                       const std::string& voted, const std::string& then);
   Result<Manifest> ReadManifest(uint64_t version, Sha256* sha);
   Status Activate(uint64_t version);
   // True when the checkpoint cannot be brought forward by deltas.

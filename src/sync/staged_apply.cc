@@ -52,24 +52,6 @@ Status StagedPrepare::CheckBase(bool* version_fault) {
   return Status();
 }
 
-Status StagedPrepare::WaitForDecision(uint64_t version,
-                                      std::optional<Decision>* decision) {
-  const auto start = Clock::now();
-  const std::string V = std::to_string(version);
-  while (!*decision) {
-    if (ElapsedMs(start) > opt_.decision_timeout_ms) {
-      return DeadlineExceededError(
-          "voted ready for version " + V + " but no decision arrived within " +
-          std::to_string(opt_.decision_timeout_ms) +
-          " ms; nothing was written and the next step prepares it "
-          "again");
-    }
-    REFIT_RETURN_IF_ERROR(r_.Pause("the decision on version " + V));
-    REFIT_ASSIGN_OR_RETURN(*decision, r_.ReadDecision(version));
-  }
-  return Status();
-}
-
 Result<std::optional<StepResult>> StagedPrepare::StageVersion(
     size_t k, bool* version_fault) {
   const Announcement& a = out_.chain[k];
@@ -221,8 +203,9 @@ Result<StepResult> StagedPrepare::Chain(bool vote, bool* version_fault) {
         r_.store_->Put(VoteKey(v, opt_.member),
                        opt_.auth.SealMember(EncodeVote(Vote{true, "", {}}))));
     std::optional<Decision> decision;
-    REFIT_ASSIGN_OR_RETURN(decision, r_.ReadDecision(v));
-    REFIT_RETURN_IF_ERROR(WaitForDecision(v, &decision));
+    REFIT_RETURN_IF_ERROR(r_.AwaitDecision(
+        v, &decision, "ready for",
+        "nothing was written and the next step prepares it again"));
     if (!decision->commit) {
       REFIT_RETURN_IF_ERROR(target.Begin());
       result_.outcome = StepResult::Outcome::kAborted;

@@ -55,7 +55,6 @@ class StagedPrepare {
   // Stages every chunk of chain[k] as it lands and reads its manifest. A
   // value when the version was aborted meanwhile (vote: undecided).
   Result<std::optional<StepResult>> StageVersion(size_t k, bool* version_fault);
-  Status WaitForDecision(uint64_t version, std::optional<Decision>* decision);
 
   Receiver& r_;
   const ReceiverOptions& opt_;

@@ -29,31 +29,16 @@ Authenticator Key() {
 }
 
 // Returns damaged bytes for one key, every time (a damaged stored object).
-class DamageStore final : public ObjectStore {
+class DamageStore final : public ForwardingStore {
  public:
-  explicit DamageStore(ObjectStore* inner) : inner_(inner) {}
-  std::string Describe() const override {
-    return "damage(" + inner_->Describe() + ")";
-  }
-  Status Put(std::string_view k, std::span<const uint8_t> d) override {
-    return inner_->Put(k, d);
-  }
-  Status PutIfAbsent(std::string_view k, std::span<const uint8_t> d) override {
-    return inner_->PutIfAbsent(k, d);
-  }
-  Result<std::vector<ObjectInfo>> List(std::string_view p) override {
-    return inner_->List(p);
-  }
-  Status Delete(std::string_view k) override { return inner_->Delete(k); }
+  explicit DamageStore(std::shared_ptr<ObjectStore> inner)
+      : ForwardingStore(std::move(inner)) {}
   Result<std::vector<uint8_t>> Get(std::string_view key) override {
-    REFIT_ASSIGN_OR_RETURN(auto bytes, inner_->Get(key));
+    REFIT_ASSIGN_OR_RETURN(auto bytes, inner()->Get(key));
     if (key == damaged_ && !bytes.empty()) bytes[bytes.size() / 2] ^= 0x10;
     return bytes;
   }
   std::string damaged_;
-
- private:
-  ObjectStore* inner_;
 };
 
 // On a thread of its own: Prepare() (or Step()) until it is not idle.
@@ -66,6 +51,12 @@ std::thread UntilBusy(Receiver* r, bool prepare, Result<StepResult>* out) {
     }
   });
 }
+
+// What a publish beside a busy receiver returned.
+struct Published {
+  Result<PublishReport> report = InternalError("not run");
+  Result<StepResult> step = InternalError("not run");
+};
 
 class StagedTest : public ::testing::Test {
  protected:
@@ -102,16 +93,47 @@ class StagedTest : public ::testing::Test {
     return o;
   }
 
+  std::unique_ptr<Publisher> OpenPublisher(PublisherOptions options) {
+    auto pub = Publisher::Open(store_.get(), dir_.File("baseline.safetensors"),
+                               std::move(options));
+    EXPECT_OK(pub);
+    return pub.ok() ? std::move(*pub) : nullptr;
+  }
+
+  // Publishes `trainer` as `version` while `r` prepares (or steps) on a
+  // thread of its own until it is not idle.
+  static Published PublishWhileBusy(Publisher* pub, Receiver* r, bool prepare,
+                                    uint64_t version, const Model& trainer) {
+    Published out;
+    std::thread t = UntilBusy(r, prepare, &out.step);
+    out.report = pub->Publish(version, trainer.Views());
+    t.join();
+    return out;
+  }
+
+  // Publishes `trainer` as `version` while every receiver syncs to it;
+  // expects a commit.
+  static void PublishAndSync(Publisher* pub, const std::vector<Receiver*>& rs,
+                             uint64_t version, const Model& trainer) {
+    std::vector<std::thread> threads;
+    for (Receiver* r : rs) {
+      threads.emplace_back([r, version] { EXPECT_OK(r->SyncTo(version, 20000)); });
+    }
+    auto report = pub->Publish(version, trainer.Views());
+    for (std::thread& t : threads) t.join();
+    ASSERT_OK(report);
+    ASSERT_TRUE(report->committed) << report->reason;
+  }
+
   TempDir dir_;
-  std::unique_ptr<ObjectStore> store_;
+  std::shared_ptr<ObjectStore> store_;
   Model model_{3};
 };
 
 // Prepare() stages and votes without writing; ActivatePrepared() applies.
 TEST_F(StagedTest, PrepareWritesNothingAndActivateApplies) {
-  auto pub = Publisher::Open(store_.get(), dir_.File("baseline.safetensors"),
-                             MakePublisher(1));
-  ASSERT_OK(pub);
+  auto pub = OpenPublisher(MakePublisher(1));
+  ASSERT_NE(pub, nullptr);
   Model memory = model_;
   auto r = Receiver::Open(store_.get(), MakeStaged(0, &memory));
   ASSERT_OK(r);
@@ -120,10 +142,8 @@ TEST_F(StagedTest, PrepareWritesNothingAndActivateApplies) {
   for (uint64_t v = 1; v <= 6; ++v) {
     Model before = memory;
     trainer.Step(rng, v == 3 ? 0.6 : 0.03);  // one dense step
-    Result<StepResult> prepared = InternalError("not run");
-    std::thread t = UntilBusy(r->get(), /*prepare=*/true, &prepared);
-    auto report = (*pub)->Publish(v, trainer.Views());
-    t.join();
+    auto [report, prepared] =
+        PublishWhileBusy(pub.get(), r->get(), /*prepare=*/true, v, trainer);
     ASSERT_OK(report);
     ASSERT_TRUE(report->committed) << report->reason;
     ASSERT_OK(prepared);
@@ -153,9 +173,8 @@ TEST_F(StagedTest, PrepareWritesNothingAndActivateApplies) {
 TEST_F(StagedTest, AbortsWriteNothingAndLateReceiversFold) {
   auto popts = MakePublisher(2);
   popts.vote_timeout_ms = 3000;
-  auto pub =
-      Publisher::Open(store_.get(), dir_.File("baseline.safetensors"), popts);
-  ASSERT_OK(pub);
+  auto pub = OpenPublisher(popts);
+  ASSERT_NE(pub, nullptr);
   Model m0 = model_, m1 = model_, late = model_;
   auto r0 = Receiver::Open(store_.get(), MakeStaged(0, &m0));
   auto r1 = Receiver::Open(store_.get(), MakeStaged(1, &m1));
@@ -165,23 +184,16 @@ TEST_F(StagedTest, AbortsWriteNothingAndLateReceiversFold) {
   std::mt19937_64 rng(6);
   for (uint64_t v = 1; v <= 4; ++v) {
     trainer.Step(rng, 0.02);
-    std::thread t0([&] { EXPECT_OK((*r0)->SyncTo(v, 20000)); });
-    std::thread t1([&] { EXPECT_OK((*r1)->SyncTo(v, 20000)); });
-    auto report = (*pub)->Publish(v, trainer.Views());
-    t0.join();
-    t1.join();
-    ASSERT_OK(report);
-    ASSERT_TRUE(report->committed);
+    ASSERT_NO_FATAL_FAILURE(
+        PublishAndSync(pub.get(), {r0->get(), r1->get()}, v, trainer));
     EXPECT_EQ(m0.data, trainer.data);
     EXPECT_EQ(m1.data, trainer.data);
   }
   // r1 stays silent: version 5 aborts; r0 staged it and drops it.
   Model at4 = trainer;
   trainer.Step(rng, 0.02);
-  Result<StepResult> step = InternalError("not run");
-  std::thread t0 = UntilBusy(r0->get(), /*prepare=*/false, &step);
-  auto report = (*pub)->Publish(5, trainer.Views());
-  t0.join();
+  auto [report, step] =
+      PublishWhileBusy(pub.get(), r0->get(), /*prepare=*/false, 5, trainer);
   ASSERT_OK(report);
   EXPECT_FALSE(report->committed);
   ASSERT_OK(step);
@@ -204,22 +216,18 @@ TEST_F(StagedTest, AbortsWriteNothingAndLateReceiversFold) {
 // A chunk the store keeps returning damaged: the member votes failed, the
 // version aborts, and its tensors were never written.
 TEST_F(StagedTest, DamagedChunkVotesFailedAndWritesNothing) {
-  DamageStore damage(store_.get());
+  DamageStore damage(store_);
   damage.damaged_ = ChunkKey(1, 1);
-  auto popts = MakePublisher(1);
-  auto pub =
-      Publisher::Open(store_.get(), dir_.File("baseline.safetensors"), popts);
-  ASSERT_OK(pub);
+  auto pub = OpenPublisher(MakePublisher(1));
+  ASSERT_NE(pub, nullptr);
   Model memory = model_;
   auto r = Receiver::Open(&damage, MakeStaged(0, &memory));
   ASSERT_OK(r);
   Model trainer = model_;
   std::mt19937_64 rng(7);
   trainer.Step(rng, 0.05);
-  Result<StepResult> step = InternalError("not run");
-  std::thread t = UntilBusy(r->get(), /*prepare=*/false, &step);
-  auto report = (*pub)->Publish(1, trainer.Views());
-  t.join();
+  auto [report, step] =
+      PublishWhileBusy(pub.get(), r->get(), /*prepare=*/false, 1, trainer);
   ASSERT_OK(report);
   EXPECT_FALSE(report->committed);
   // The damaged byte fails the envelope's authentication tag.
@@ -230,11 +238,7 @@ TEST_F(StagedTest, DamagedChunkVotesFailedAndWritesNothing) {
   // The next version (on base 0) applies.
   damage.damaged_.clear();
   trainer.Step(rng, 0.02);
-  std::thread t2([&] { EXPECT_OK((*r)->SyncTo(2, 20000)); });
-  auto next = (*pub)->Publish(2, trainer.Views());
-  t2.join();
-  ASSERT_OK(next);
-  EXPECT_TRUE(next->committed);
+  ASSERT_NO_FATAL_FAILURE(PublishAndSync(pub.get(), {r->get()}, 2, trainer));
   EXPECT_EQ(memory.data, trainer.data);
 }
 
@@ -242,19 +246,16 @@ TEST_F(StagedTest, DamagedChunkVotesFailedAndWritesNothing) {
 // chunk fail in the pause: every tensor is restored and the receiver stays
 // at its version; the next preparation refuses the changed model.
 TEST_F(StagedTest, FailedActivationRestoresEveryTensor) {
-  auto pub = Publisher::Open(store_.get(), dir_.File("baseline.safetensors"),
-                             MakePublisher(1));
-  ASSERT_OK(pub);
+  auto pub = OpenPublisher(MakePublisher(1));
+  ASSERT_NE(pub, nullptr);
   Model memory = model_;
   auto r = Receiver::Open(store_.get(), MakeStaged(0, &memory));
   ASSERT_OK(r);
   Model trainer = model_;
   std::mt19937_64 rng(8);
   trainer.Step(rng, 0.03);
-  Result<StepResult> prepared = InternalError("not run");
-  std::thread t = UntilBusy(r->get(), /*prepare=*/true, &prepared);
-  auto report = (*pub)->Publish(1, trainer.Views());
-  t.join();
+  auto [report, prepared] =
+      PublishWhileBusy(pub.get(), r->get(), /*prepare=*/true, 1, trainer);
   ASSERT_OK(report);
   ASSERT_OK(prepared);
   ASSERT_EQ(prepared->outcome, Outcome::kPrepared);
@@ -277,19 +278,16 @@ TEST_F(StagedTest, FailedActivationRestoresEveryTensor) {
 TEST_F(StagedTest, StagingLimitBelowOneVersionIsAnError) {
   auto popts = MakePublisher(1);
   popts.vote_timeout_ms = 20000;  // the failed vote aborts it at once
-  auto pub =
-      Publisher::Open(store_.get(), dir_.File("baseline.safetensors"), popts);
-  ASSERT_OK(pub);
+  auto pub = OpenPublisher(popts);
+  ASSERT_NE(pub, nullptr);
   Model memory = model_;
   auto r = Receiver::Open(store_.get(), MakeStaged(0, &memory, /*limit=*/1000));
   ASSERT_OK(r);
   Model trainer = model_;
   std::mt19937_64 rng(9);
   trainer.Step(rng, 0.05);
-  Result<StepResult> step = InternalError("not run");
-  std::thread t = UntilBusy(r->get(), /*prepare=*/false, &step);
-  auto report = (*pub)->Publish(1, trainer.Views());
-  t.join();
+  auto [report, step] =
+      PublishWhileBusy(pub.get(), r->get(), /*prepare=*/false, 1, trainer);
   ASSERT_OK(report);
   EXPECT_FALSE(report->committed);
   EXPECT_EQ(step.status().code(), StatusCode::kResourceExhausted)
@@ -304,9 +302,8 @@ TEST_F(StagedTest, SnapshotIntoStagedTensors) {
   auto popts = MakePublisher(1);
   popts.snapshot_every = 2;
   popts.keep_versions = 1;
-  auto pub =
-      Publisher::Open(store_.get(), dir_.File("baseline.safetensors"), popts);
-  ASSERT_OK(pub);
+  auto pub = OpenPublisher(popts);
+  ASSERT_NE(pub, nullptr);
   Model m0 = model_;
   auto r0 = Receiver::Open(store_.get(), MakeStaged(0, &m0));
   ASSERT_OK(r0);
@@ -314,11 +311,7 @@ TEST_F(StagedTest, SnapshotIntoStagedTensors) {
   std::mt19937_64 rng(10);
   for (uint64_t v = 1; v <= 4; ++v) {
     trainer.Step(rng, 0.02);
-    std::thread t([&] { EXPECT_OK((*r0)->SyncTo(v, 20000)); });
-    auto report = (*pub)->Publish(v, trainer.Views());
-    t.join();
-    ASSERT_OK(report);
-    ASSERT_TRUE(report->committed);
+    ASSERT_NO_FATAL_FAILURE(PublishAndSync(pub.get(), {r0->get()}, v, trainer));
   }
   Model fresh =
       model_;  // another worker, loaded with zeros: it takes the snapshot

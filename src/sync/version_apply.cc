@@ -334,22 +334,7 @@ Result<StepResult> VersionApply::Aborted() {
 }
 
 Status VersionApply::WaitForDecision(const std::string& voted, const std::string& then) {
-  auto start = Clock::now();
-  uint64_t since = r_.store_->ChangeCount();
-  if (!decision_) {
-    REFIT_ASSIGN_OR_RETURN(decision_, r_.ReadDecision(a_.version));
-  }
-  while (!decision_) {
-    if (ElapsedMs(start) > opt_.decision_timeout_ms) {
-      return DeadlineExceededError("voted " + voted + " version " + V_ +
-                                   " but no decision arrived within " +
-                                   std::to_string(opt_.decision_timeout_ms) + " ms; " + then);
-    }
-    REFIT_RETURN_IF_ERROR(r_.Pause("the decision on version " + V_, since));
-    since = r_.store_->ChangeCount();
-    REFIT_ASSIGN_OR_RETURN(decision_, r_.ReadDecision(a_.version));
-  }
-  return Status();
+  return r_.AwaitDecision(a_.version, &decision_, voted, then);
 }
 
 Result<StepResult> VersionApply::AfterFailedVote() {

@@ -113,30 +113,28 @@ Result<std::unique_ptr<ObjectStore>> OpenS3Url(std::string_view rest,
 
 // kUnavailable is retried; PutIfAbsent resolves a lost response by reading
 // the object back (object_store.h, note 1).
-class RetryingStore final : public ObjectStore {
+class RetryingStore final : public ForwardingStore {
  public:
   RetryingStore(std::shared_ptr<ObjectStore> inner, const StoreOptions& o)
-      : inner_(std::move(inner)),
+      : ForwardingStore(std::move(inner)),
         max_attempts_(std::max(1, o.max_attempts)),
         backoff_ms_(std::max(0, o.backoff_ms)) {}
 
-  std::string Describe() const override { return inner_->Describe(); }
-
   Status Put(std::string_view key, std::span<const uint8_t> data) override {
-    return Retry([&] { return inner_->Put(key, data); });
+    return Retry([&] { return inner()->Put(key, data); });
   }
 
   Status PutIfAbsent(std::string_view key,
                      std::span<const uint8_t> data) override {
     bool ambiguous = false;
     Status s = Retry([&] {
-      Status r = inner_->PutIfAbsent(key, data);
+      Status r = inner()->PutIfAbsent(key, data);
       if (r.code() == StatusCode::kUnavailable) ambiguous = true;
       return r;
     });
     if (s.code() != StatusCode::kAlreadyExists || !ambiguous) return s;
     Result<std::vector<uint8_t>> stored =
-        RetryResult([&] { return inner_->Get(key); });
+        RetryResult([&] { return inner()->Get(key); });
     if (stored.ok() &&
         std::equal(stored->begin(), stored->end(), data.begin(), data.end())) {
       return Status();
@@ -145,20 +143,15 @@ class RetryingStore final : public ObjectStore {
   }
 
   Result<std::vector<uint8_t>> Get(std::string_view key) override {
-    return RetryResult([&] { return inner_->Get(key); });
+    return RetryResult([&] { return inner()->Get(key); });
   }
 
   Result<std::vector<ObjectInfo>> List(std::string_view prefix) override {
-    return RetryResult([&] { return inner_->List(prefix); });
+    return RetryResult([&] { return inner()->List(prefix); });
   }
 
   Status Delete(std::string_view key) override {
-    return Retry([&] { return inner_->Delete(key); });
-  }
-
-  uint64_t ChangeCount() override { return inner_->ChangeCount(); }
-  void AwaitChange(uint64_t since, int timeout_ms) override {
-    inner_->AwaitChange(since, timeout_ms);
+    return Retry([&] { return inner()->Delete(key); });
   }
 
  private:
@@ -193,7 +186,6 @@ class RetryingStore final : public ObjectStore {
     }
   }
 
-  std::shared_ptr<ObjectStore> inner_;
   int max_attempts_;
   int backoff_ms_;
 };

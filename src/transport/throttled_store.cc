@@ -8,7 +8,7 @@ namespace refit {
 
 ThrottledStore::ThrottledStore(std::shared_ptr<ObjectStore> inner,
                                double bytes_per_second, uint64_t burst_bytes)
-    : inner_(std::move(inner)),
+    : ForwardingStore(std::move(inner)),
       rate_(std::max(bytes_per_second, 1.0)),
       burst_(static_cast<double>(burst_bytes)),
       tokens_(static_cast<double>(burst_bytes)),
@@ -32,34 +32,26 @@ void ThrottledStore::Charge(uint64_t bytes) {
 }
 
 std::string ThrottledStore::Describe() const {
-  return inner_->Describe() + " (throttled to " +
+  return inner()->Describe() + " (throttled to " +
          std::to_string(static_cast<uint64_t>(rate_)) + " B/s)";
 }
 
 Status ThrottledStore::Put(std::string_view key,
                            std::span<const uint8_t> data) {
   Charge(data.size());
-  return inner_->Put(key, data);
+  return inner()->Put(key, data);
 }
 
 Status ThrottledStore::PutIfAbsent(std::string_view key,
                                    std::span<const uint8_t> data) {
   Charge(data.size());
-  return inner_->PutIfAbsent(key, data);
+  return inner()->PutIfAbsent(key, data);
 }
 
 Result<std::vector<uint8_t>> ThrottledStore::Get(std::string_view key) {
-  Result<std::vector<uint8_t>> r = inner_->Get(key);
+  Result<std::vector<uint8_t>> r = inner()->Get(key);
   if (r.ok()) Charge(r->size());
   return r;
-}
-
-Result<std::vector<ObjectInfo>> ThrottledStore::List(std::string_view prefix) {
-  return inner_->List(prefix);
-}
-
-Status ThrottledStore::Delete(std::string_view key) {
-  return inner_->Delete(key);
 }
 
 }  // namespace refit

@@ -1,6 +1,6 @@
 // ThrottledStore: an ObjectStore that emulates a link of fixed bandwidth in
 // front of another store, for benchmarks (`refit bench sync`) and tests. It
-// forwards every call to the wrapped store, shares ownership of it, and is
+// forwards every other call to the wrapped store, shares ownership of it, and is
 // thread-safe.
 #ifndef REFIT_TRANSPORT_THROTTLED_STORE_H_
 #define REFIT_TRANSPORT_THROTTLED_STORE_H_
@@ -20,7 +20,7 @@ namespace refit {
 // `burst_bytes`; a call sleeps until its bytes are paid for. With the
 // default burst of 0 the store behaves like one serial link: concurrent
 // calls share the bandwidth, and 1 MB at 10 MB/s takes 100 ms.
-class ThrottledStore final : public ObjectStore {
+class ThrottledStore final : public ForwardingStore {
  public:
   ThrottledStore(std::shared_ptr<ObjectStore> inner, double bytes_per_second,
                  uint64_t burst_bytes = 0);
@@ -30,17 +30,10 @@ class ThrottledStore final : public ObjectStore {
   Status PutIfAbsent(std::string_view key,
                      std::span<const uint8_t> data) override;
   Result<std::vector<uint8_t>> Get(std::string_view key) override;
-  Result<std::vector<ObjectInfo>> List(std::string_view prefix) override;
-  Status Delete(std::string_view key) override;
-  uint64_t ChangeCount() override { return inner_->ChangeCount(); }
-  void AwaitChange(uint64_t since, int timeout_ms) override {
-    inner_->AwaitChange(since, timeout_ms);
-  }
 
  private:
   void Charge(uint64_t bytes);
 
-  std::shared_ptr<ObjectStore> inner_;
   const double rate_;
   const double burst_;
   std::mutex mu_;

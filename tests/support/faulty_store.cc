@@ -7,7 +7,7 @@
 namespace refit {
 
 FaultyStore::FaultyStore(std::shared_ptr<ObjectStore> inner, uint64_t seed)
-    : inner_(std::move(inner)), rng_(seed) {}
+    : ForwardingStore(std::move(inner)), rng_(seed) {}
 
 void FaultyStore::FailNext(int n, StatusCode code) {
   std::lock_guard<std::mutex> lock(mu_);
@@ -78,13 +78,13 @@ Status FaultyStore::Enter(std::string_view key, bool* lose) {
       --fail_next_;
       ++injected_failures_;
       result = Status(fail_code_, "injected failure on '" + std::string(key) +
-                                      "' in " + inner_->Describe());
+                                      "' in " + inner()->Describe());
     } else if (failure_rate_ > 0 && std::uniform_real_distribution<double>(
                                         0, 1)(rng_) < failure_rate_) {
       ++injected_failures_;
       result =
           UnavailableError("injected random failure on '" + std::string(key) +
-                           "' in " + inner_->Describe());
+                           "' in " + inner()->Describe());
     } else if (lose_next_ > 0) {
       --lose_next_;
       ++injected_failures_;
@@ -96,7 +96,7 @@ Status FaultyStore::Enter(std::string_view key, bool* lose) {
 }
 
 std::string FaultyStore::Describe() const {
-  return inner_->Describe() + " (faulty)";
+  return inner()->Describe() + " (faulty)";
 }
 
 namespace {
@@ -115,7 +115,7 @@ Status FaultyStore::Put(std::string_view key, std::span<const uint8_t> data) {
     drop = Matches(drop_, key);
     if (drop) ++dropped_puts_;
   }
-  Status s = drop ? ValidateKey(key) : inner_->Put(key, data);
+  Status s = drop ? ValidateKey(key) : inner()->Put(key, data);
   if (lose) return LostResponse(key);
   return s;
 }
@@ -130,7 +130,7 @@ Status FaultyStore::PutIfAbsent(std::string_view key,
     drop = Matches(drop_, key);
     if (drop) ++dropped_puts_;
   }
-  Status s = drop ? ValidateKey(key) : inner_->PutIfAbsent(key, data);
+  Status s = drop ? ValidateKey(key) : inner()->PutIfAbsent(key, data);
   if (lose) return LostResponse(key);
   return s;
 }
@@ -138,7 +138,7 @@ Status FaultyStore::PutIfAbsent(std::string_view key,
 Result<std::vector<uint8_t>> FaultyStore::Get(std::string_view key) {
   bool lose = false;
   REFIT_RETURN_IF_ERROR(Enter(key, &lose));
-  Result<std::vector<uint8_t>> r = inner_->Get(key);
+  Result<std::vector<uint8_t>> r = inner()->Get(key);
   if (lose) return LostResponse(key);
   if (!r.ok()) return r;
   std::lock_guard<std::mutex> lock(mu_);
@@ -158,7 +158,7 @@ Result<std::vector<uint8_t>> FaultyStore::Get(std::string_view key) {
 Result<std::vector<ObjectInfo>> FaultyStore::List(std::string_view prefix) {
   bool lose = false;
   REFIT_RETURN_IF_ERROR(Enter(prefix, &lose));
-  Result<std::vector<ObjectInfo>> r = inner_->List(prefix);
+  Result<std::vector<ObjectInfo>> r = inner()->List(prefix);
   if (lose) return LostResponse(prefix);
   return r;
 }
@@ -166,7 +166,7 @@ Result<std::vector<ObjectInfo>> FaultyStore::List(std::string_view prefix) {
 Status FaultyStore::Delete(std::string_view key) {
   bool lose = false;
   REFIT_RETURN_IF_ERROR(Enter(key, &lose));
-  Status s = inner_->Delete(key);
+  Status s = inner()->Delete(key);
   if (lose) return LostResponse(key);
   return s;
 }

@@ -20,7 +20,7 @@ namespace refit {
 // Injects faults, deterministically for a given seed. Knobs may be changed
 // while other threads use the store. "Calls" are all five operations;
 // Describe() is not a call.
-class FaultyStore final : public ObjectStore {
+class FaultyStore final : public ForwardingStore {
  public:
   FaultyStore(std::shared_ptr<ObjectStore> inner, uint64_t seed);
 
@@ -55,10 +55,6 @@ class FaultyStore final : public ObjectStore {
   Result<std::vector<uint8_t>> Get(std::string_view key) override;
   Result<std::vector<ObjectInfo>> List(std::string_view prefix) override;
   Status Delete(std::string_view key) override;
-  uint64_t ChangeCount() override { return inner_->ChangeCount(); }
-  void AwaitChange(uint64_t since, int timeout_ms) override {
-    inner_->AwaitChange(since, timeout_ms);
-  }
 
  private:
   // Counts the call, applies delay and failure knobs. A non-OK return is
@@ -66,7 +62,6 @@ class FaultyStore final : public ObjectStore {
   Status Enter(std::string_view key, bool* lose);
   bool Matches(const std::string& pattern, std::string_view key) const;
 
-  std::shared_ptr<ObjectStore> inner_;
   mutable std::mutex mu_;
   std::mt19937_64 rng_;
   int fail_next_ = 0;

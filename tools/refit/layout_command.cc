@@ -17,8 +17,8 @@
 #include "cli_util.h"
 #include "flag_checks.h"
 #include "layout/generate.h"
-#include "layout/layout.h"
 #include "refit/checkpoint.h"
+#include "refit/layout.h"
 
 namespace refit::cli {
 namespace {

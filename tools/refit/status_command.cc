@@ -21,8 +21,9 @@
 #include "base/file.h"
 #include "cli_util.h"
 #include "flag_checks.h"
+#include "refit/auth.h"
 #include "refit/checkpoint.h"
-#include "sync/auth.h"
+#include "refit/store.h"
 #include "sync/follow.h"
 #include "sync/journal.h"
 #include "sync/object_reader.h"
@@ -31,7 +32,6 @@
 #include "sync/receiver.h"
 #include "sync_commands.h"
 #include "sync_common.h"
-#include "transport/object_store.h"
 #include "transport/relay_store.h"
 
 namespace refit::cli {

@@ -52,9 +52,9 @@
 #include "cli_util.h"
 #include "commands.h"
 #include "flag_checks.h"
+#include "refit/auth.h"
 #include "refit/checkpoint.h"
 #include "scratch_dir.h"
-#include "sync/auth.h"
 #include "sync/publisher.h"
 #include "sync/receiver.h"
 #include "sync/relay_tree.h"
@@ -103,39 +103,29 @@ double Seconds(Clock::duration d) {
 
 // Counts the payload bytes of the calls that pass through it (the bytes a
 // ThrottledStore below it charges). Thread-safe.
-class CountingStore final : public ObjectStore {
+class CountingStore final : public ForwardingStore {
  public:
   explicit CountingStore(std::shared_ptr<ObjectStore> inner)
-      : inner_(std::move(inner)) {}
+      : ForwardingStore(std::move(inner)) {}
   uint64_t put_bytes() const { return put_.load(); }
   uint64_t get_bytes() const { return get_.load(); }
 
-  std::string Describe() const override { return inner_->Describe(); }
   Status Put(std::string_view key, std::span<const uint8_t> data) override {
     put_ += data.size();
-    return inner_->Put(key, data);
+    return inner()->Put(key, data);
   }
   Status PutIfAbsent(std::string_view key,
                      std::span<const uint8_t> data) override {
     put_ += data.size();
-    return inner_->PutIfAbsent(key, data);
+    return inner()->PutIfAbsent(key, data);
   }
   Result<std::vector<uint8_t>> Get(std::string_view key) override {
-    Result<std::vector<uint8_t>> r = inner_->Get(key);
+    Result<std::vector<uint8_t>> r = inner()->Get(key);
     if (r.ok()) get_ += r->size();
     return r;
   }
-  Result<std::vector<ObjectInfo>> List(std::string_view prefix) override {
-    return inner_->List(prefix);
-  }
-  Status Delete(std::string_view key) override { return inner_->Delete(key); }
-  uint64_t ChangeCount() override { return inner_->ChangeCount(); }
-  void AwaitChange(uint64_t since, int timeout_ms) override {
-    inner_->AwaitChange(since, timeout_ms);
-  }
 
  private:
-  std::shared_ptr<ObjectStore> inner_;
   std::atomic<uint64_t> put_{0};
   std::atomic<uint64_t> get_{0};
 };

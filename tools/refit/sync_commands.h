@@ -26,10 +26,10 @@
 #include <vector>
 
 #include "commands.h"
-#include "sync/auth.h"
+#include "refit/auth.h"
+#include "refit/store.h"
 #include "sync/relay_tree.h"
 #include "sync/state_dir.h"
-#include "transport/object_store.h"
 #include "transport/relay_store.h"
 
 namespace refit::cli {

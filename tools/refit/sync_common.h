@@ -8,8 +8,8 @@
 #include <string>
 
 #include "cli_util.h"
+#include "refit/auth.h"
 #include "refit/status.h"
-#include "sync/auth.h"
 
 namespace refit::cli {
 
