@@ -34,6 +34,7 @@
 #include <thread>
 #include <vector>
 
+#include "bench_model.h"
 #include "format/safetensors.h"
 #include "refit/status.h"
 #include "sync/publisher.h"
@@ -60,28 +61,8 @@ struct Args {
   bool keep_cache = false;
 };
 
-struct SplitMix {
-  uint64_t s;
-  uint64_t Next() {
-    uint64_t z = (s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-  }
-};
-
-struct Model {
-  std::vector<std::string> names;
-  std::vector<std::vector<uint8_t>> data;  // BF16 bits
-
-  std::vector<TensorView> Views() const {
-    std::vector<TensorView> v;
-    for (size_t i = 0; i < names.size(); ++i) {
-      v.push_back({names[i], "BF16", 2, {data[i].size() / 2}, data[i].data()});
-    }
-    return v;
-  }
-};
+using bench::Model;
+using bench::SplitMix;
 
 Model Generate(const Args& a) {
   Model m;
