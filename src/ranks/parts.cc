@@ -13,6 +13,7 @@
 #include "delta/apply.h"
 #include "delta/chunk.h"
 #include "sync/protocol.h"
+#include "sync/supersede.h"
 #include "transport/once_uploader.h"
 
 namespace refit::ranks {
@@ -524,18 +525,7 @@ Result<std::vector<TensorEntry>> DirectCoordinator::TableOf(uint64_t v) {
 }
 
 Status DirectCoordinator::AbortSuperseded(uint64_t version) {
-  REFIT_ASSIGN_OR_RETURN(auto indexes, store_->List(kIndexPrefix));
-  for (const uint64_t w : VersionsOf(indexes)) {
-    if (w <= committed_ || w >= version) continue;
-    Decision d;
-    d.version = w;
-    d.commit = false;
-    d.reason = "superseded by version " + std::to_string(version) +
-               " before it was decided (its coordinator stopped)";
-    Status s = store_->PutIfAbsent(DecisionKey(w), opt_.auth.Seal(EncodeDecision(d)));
-    if (!s.ok() && s.code() != StatusCode::kAlreadyExists) return s;
-  }
-  return Status();
+  return refit::AbortSuperseded(store_, opt_.auth, committed_, version, "coordinator");
 }
 
 Result<std::vector<uint32_t>> DirectCoordinator::PartsStored(uint64_t version) {

@@ -14,6 +14,7 @@
 #include "delta/chunk.h"
 #include "delta/encoder.h"
 #include "sync/keys.h"
+#include "sync/supersede.h"
 #include "transport/once_uploader.h"
 
 namespace refit {
@@ -430,18 +431,7 @@ Status Publisher::Retain(PublishReport* report) {
 }
 
 Status Publisher::AbortSuperseded(uint64_t version) {
-  REFIT_ASSIGN_OR_RETURN(auto indexes, store_->List(kIndexPrefix));
-  for (const uint64_t w : VersionsOf(indexes)) {
-    if (w <= committed_ || w >= version) continue;
-    Decision d;
-    d.version = w;
-    d.commit = false;
-    d.reason = "superseded by version " + std::to_string(version) +
-               " before it was decided (its publisher stopped)";
-    Status s = store_->PutIfAbsent(DecisionKey(w), opt_.auth.Seal(EncodeDecision(d)));
-    if (!s.ok() && s.code() != StatusCode::kAlreadyExists) return s;
-  }
-  return Status();
+  return refit::AbortSuperseded(store_, opt_.auth, committed_, version, "publisher");
 }
 
 // Votes, with re-sends served while they come in, then the one decision
