@@ -62,6 +62,43 @@ def sync_now():
     return time.perf_counter()
 
 
+def profiled(fn, path):
+    """Runs fn under the PyTorch profiler (CUPTI sees refit's kernels too)
+    and writes a Chrome trace to `path`."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        out = fn()
+        torch.cuda.synchronize()
+    prof.export_chrome_trace(path)
+    return out
+
+
+class Serving:
+    """Stands in for an engine generating while a version is prepared:
+    back-to-back BF16 matrix products on the receiver's GPU (its clocks up,
+    as a serving engine's are) until stop(), which waits for them."""
+
+    def __init__(self):
+        import threading
+        self._halt = threading.Event()
+        a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+        self._thread = threading.Thread(target=self._run, args=(a,), daemon=True)
+        self._thread.start()
+
+    def _run(self, a):
+        stream = torch.cuda.Stream()
+        with torch.cuda.stream(stream):
+            while not self._halt.is_set():
+                for _ in range(8):
+                    a = (a @ a).clamp_(-1, 1)
+                stream.synchronize()
+
+    def stop(self):
+        self._halt.set()
+        self._thread.join()
+        torch.cuda.synchronize()
+
+
 def receiver_main(args):
     from safetensors.torch import load_file
     state = load_file(os.path.join(args.work, "initial.safetensors"), device="cuda")
@@ -73,10 +110,16 @@ def receiver_main(args):
         t = time.perf_counter()
         if gpu:
             # The engine serves while the version is prepared, then pauses.
+            serving = Serving() if args.serving else None
             while not rcv.prepare(v, timeout=300):
                 pass
+            if serving:
+                serving.stop()
             prepared = time.perf_counter()
-            rep = rcv.activate()
+            if args.profile and v == args.versions:
+                rep = profiled(rcv.activate, args.profile)
+            else:
+                rep = rcv.activate()
         else:
             rep = rcv.sync(v, timeout=300)
             prepared = time.perf_counter()
@@ -103,6 +146,22 @@ def receiver_main(args):
     rcv.close()
 
 
+def wait_for_receiver(work, version, child):
+    """Returns once the receiver has logged `version` active."""
+    path = os.path.join(work, "receiver.jsonl")
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        if child.poll() is not None:
+            raise RuntimeError(f"the receiver exited ({child.returncode}) before "
+                               f"version {version} was active")
+        if os.path.exists(path):
+            with open(path) as f:
+                if sum(1 for _ in f) >= version:
+                    return
+        time.sleep(0.001)
+    raise TimeoutError(f"the receiver did not activate version {version} in 300 s")
+
+
 def train_step(model, opt, batch):
     ids = torch.randint(0, model.config.vocab_size, (batch, 128), device="cuda")
     logits = model(input_ids=ids).logits[:, :-1].float()
@@ -124,6 +183,14 @@ def main():
     ap.add_argument("--host-versions", type=int, default=0)
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--upload-threads", type=int, default=4)
+    ap.add_argument("--serial", action="store_true",
+                    help="the trainer starts its next step only once the receiver is "
+                         "active (the receiver's pause then has the GPU to itself)")
+    ap.add_argument("--serving", action="store_true",
+                    help="the receiver runs matrix products while it prepares, as "
+                         "an engine that serves until its pause")
+    ap.add_argument("--profile", default="",
+                    help="write a Chrome trace of the last version's activate() here")
     ap.add_argument("--json", default="")
     ap.add_argument("--role", default="trainer")
     ap.add_argument("--work", default="")
@@ -141,7 +208,7 @@ def main():
     bf16 = {n: p.detach().to(torch.bfloat16) for n, p in master.named_parameters()}
     total = sum(t.numel() * 2 for t in bf16.values())
     out = {"size": args.size, "params": total // 2, "bytes": total, "trainer": args.trainer,
-           "receiver": args.receiver,
+           "receiver": args.receiver, "serial": args.serial, "serving": args.serving,
            "gpu": torch.cuda.get_device_name(), "torch": torch.__version__}
 
     # Baselines: the full save + load of the checkpoint, a full D2D copy.
@@ -174,7 +241,8 @@ def main():
     env = dict(os.environ)
     child = subprocess.Popen([sys.executable, __file__, "--role", "receiver", "--work", work,
                               "--store", store, "--versions", str(args.versions),
-                              "--receiver", args.receiver], env=env)
+                              "--receiver", args.receiver, "--profile", args.profile]
+                             + (["--serving"] if args.serving else []), env=env)
     rows = []
     for v in range(1, args.versions + 1):
         train_step(master, opt, args.batch)
@@ -194,6 +262,8 @@ def main():
                      "commit_s": report.commit_seconds})
         print(f"v{v}: stall {stall * 1000:.1f} ms, publish {done:.3f} s, "
               f"changed {report.changed_percent:.2f}%", flush=True)
+        if args.serial:
+            wait_for_receiver(work, v, child)
     child.wait(timeout=600)
     recv = {}
     with open(os.path.join(work, "receiver.jsonl")) as f:

@@ -50,7 +50,9 @@ struct DeviceTarget::Impl {
     std::vector<ChunkSpan> spans;
     PreparedDelta prepared;
     Receiver* receiver = nullptr;
-    uint64_t offset = 0;         // in the staged payload
+    // On the device: every batch in its own region (Receiver::Stage).
+    std::unique_ptr<StagedDelta> resident;
+    uint64_t offset = 0;         // in the pinned staged payload
     std::vector<uint8_t> kinds;  // chunk kind by chunk index
   };
   // The staged versions; applied (or restored) ones are freed by the next
@@ -58,7 +60,7 @@ struct DeviceTarget::Impl {
   StagingQueue<Version> staging;
   bool sealed = false;
   bool on_device = false;
-  DeviceBuffer payload;
+  uint64_t resident_bytes = 0;  // device memory of the staged versions
   uint8_t* pinned = nullptr;
   uint64_t pinned_size = 0;
   struct Saved {
@@ -81,6 +83,7 @@ struct DeviceTarget::Impl {
       staging.Retire();
     } else {
       staging.Clear();
+      resident_bytes = 0;
     }
     sealed = false;
     saved.clear();
@@ -316,16 +319,21 @@ Status DeviceTarget::Seal() {
     }
   }
   REFIT_RETURN_IF_ERROR(m.backup.Reserve(saved_bytes));
-  m.on_device = offset <= m.opt.device_staging_bytes;
+  // On the device when every version's batches fit: each batch then sits in
+  // a region of its own, so that the pause launches them all at once.
+  uint64_t resident = 0;
+  for (const Impl::Version& v : m.staging.items()) {
+    resident += Receiver::StagedBytes(v.prepared);
+  }
+  m.on_device = resident <= m.opt.device_staging_bytes;
+  m.resident_bytes = 0;
   if (m.on_device) {
-    REFIT_RETURN_IF_ERROR(m.payload.Reserve(offset));
-    for (const Impl::Version& v : m.staging.items()) {
-      REFIT_CUDA_RETURN(
-          cudaMemcpyAsync(m.payload.bytes() + v.offset, v.bytes.data(),
-                          v.bytes.size(), cudaMemcpyHostToDevice, m.stream),
-          "stage the payload");
+    for (Impl::Version& v : m.staging.items()) {
+      REFIT_ASSIGN_OR_RETURN(v.resident, v.receiver->Stage(v.bytes, v.prepared));
+      m.resident_bytes += v.resident->bytes();
     }
   } else {
+    for (Impl::Version& v : m.staging.items()) v.resident.reset();
     if (offset > m.pinned_size) {
       if (m.pinned) cudaFreeHost(m.pinned);
       m.pinned = nullptr;
@@ -362,9 +370,12 @@ Result<StagedApplyReport> DeviceTarget::Apply() {
   Status failed;
   for (size_t k = 0; k < m.staging.items().size(); ++k) {
     Impl::Version& v = m.staging.items()[k];
-    const uint8_t* base = m.on_device ? m.payload.bytes() : m.pinned;
-    auto applied = v.receiver->Apply(
-        std::span<const uint8_t>(base + v.offset, v.bytes.size()), v.prepared);
+    auto applied =
+        v.resident
+            ? v.receiver->Apply(*v.resident, v.prepared)
+            : v.receiver->Apply(
+                  std::span<const uint8_t>(m.pinned + v.offset, v.bytes.size()),
+                  v.prepared);
     if (!applied.ok()) {
       failed = applied.status();
       Status restored = m.Restore(k, v.receiver->last_status());
@@ -444,7 +455,7 @@ StagingUsage DeviceTarget::usage() const {
   u.staged_payload = m.staging.bytes();
   u.host_bytes = m.staging.bytes() + m.pinned_size;
   u.device_bytes =
-      m.payload.size() + m.backup.size() +
+      m.resident_bytes + m.backup.size() +
       static_cast<uint64_t>(m.receivers.size() + m.unchecked.size()) *
           m.opt.apply_staging_bytes;
   return u;

@@ -6,10 +6,12 @@
 //
 // Staging (before the pause, while the engine serves): chunk bytes are
 // gathered in host memory; Seal() parses and batches them (cuda::Receiver
-// ::Prepare, on the CPU) and copies the versions' payload into device
-// memory when it fits `device_staging_bytes`, else into page-locked host
-// memory (bounded by `host_staging_bytes`; the pause then includes the
-// copy over the bus). Non-XOR chunks' ranges are saved on the device in the
+// ::Prepare, on the CPU) and, when every batch fits `device_staging_bytes`,
+// stages them in device memory, each batch with its metadata and scratch
+// in a region of its own (cuda::Receiver::Stage), so that the pause only
+// launches kernels; else it copies the payload into page-locked host memory
+// (bounded by `host_staging_bytes`; the pause then includes the copies
+// over the bus, through the GPU receiver's slots). Non-XOR chunks' ranges are saved on the device in the
 // pause, for a restore.
 //
 // The pause (Apply): the versions are applied one after another, each

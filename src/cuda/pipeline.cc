@@ -16,6 +16,38 @@ namespace refit::cuda {
 using internal::DeviceBuffer;
 
 constexpr int kMaxSlots = 8;  // batches in flight (PrepareOptions::slots)
+// Compute streams: a staged delta's batches all run at once, one stream
+// each up to this many (then round-robin).
+constexpr int kMaxStreams = 16;
+
+namespace {
+
+uint64_t Align256(uint64_t x) { return (x + 255) & ~uint64_t{255}; }
+
+// One batch's device region when staged: payload (with the CPU-decoded and
+// GPU-decoded dense bytes after it, and the read-ahead pad), metadata,
+// scratch.
+uint64_t PayloadRegion(const HostBatch& hb) {
+  return Align256(hb.dense_offset + hb.dense.size() + hb.gpu_dense_bytes +
+                  internal::kPayloadPad);
+}
+uint64_t BatchRegion(const HostBatch& hb) {
+  return PayloadRegion(hb) + Align256(hb.meta.size()) +
+         Align256(hb.scratch_bytes);
+}
+
+}  // namespace
+
+struct StagedDelta::Impl {
+  DeviceBuffer region;
+  std::vector<uint64_t> offsets;  // per batch, into region
+  const void* owner = nullptr;    // the Receiver::Impl that staged it
+  uint64_t batches = 0;
+};
+
+StagedDelta::StagedDelta(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+StagedDelta::~StagedDelta() = default;
+uint64_t StagedDelta::bytes() const { return impl_->region.size(); }
 
 struct Receiver::Impl {
   PlacementPlan plan;
@@ -25,9 +57,10 @@ struct Receiver::Impl {
   // kernels of up to kMaxSlots batches run at once and each batch starts as
   // soon as its own bytes are in.
   cudaStream_t copy = nullptr;
-  std::array<cudaStream_t, kMaxSlots> compute{};
-  std::array<cudaEvent_t, kMaxSlots> copied{}, done{};
+  std::array<cudaStream_t, kMaxStreams> compute{};
+  std::array<cudaEvent_t, kMaxStreams> copied{}, done{};
   cudaEvent_t begin = nullptr, end = nullptr;
+  cudaEvent_t ready = nullptr;  // the status words are on the device
   std::vector<cudaEvent_t> marks;  // per batch: before kernels, before verify, after
   DeviceBuffer placements, pieces;
   // The staging arena (ReceiverOptions::staging_bytes), allocated once;
@@ -46,7 +79,8 @@ struct Receiver::Impl {
       if (h) cudaFreeHost(h);
     }
     if (copy) cudaStreamDestroy(copy);
-    for (int s = 0; s < kMaxSlots; ++s) {
+    if (ready) cudaEventDestroy(ready);
+    for (int s = 0; s < kMaxStreams; ++s) {
       if (compute[s]) cudaStreamDestroy(compute[s]);
       if (copied[s]) cudaEventDestroy(copied[s]);
       if (done[s]) cudaEventDestroy(done[s]);
@@ -55,8 +89,6 @@ struct Receiver::Impl {
     if (end) cudaEventDestroy(end);
     for (cudaEvent_t e : marks) cudaEventDestroy(e);
   }
-
-  static uint64_t Align256(uint64_t x) { return (x + 255) & ~uint64_t{255}; }
 
   uint64_t HeldBytes() const {
     return placements.size() + pieces.size() + arena.size() + status.size() +
@@ -135,29 +167,42 @@ struct Receiver::Impl {
   }
 
   internal::BatchDevice Device(const HostBatch& hb, int s) const {
+    return Device(hb, SlotPayload(s), SlotMeta(s), SlotScratch(s));
+  }
+  // Batch b of a staged delta.
+  internal::BatchDevice Device(const HostBatch& hb, const StagedDelta::Impl& st,
+                               size_t b) const {
+    uint8_t* base = st.region.bytes() + st.offsets[b];
+    uint8_t* meta = base + PayloadRegion(hb);
+    return Device(hb, base, meta, meta + Align256(hb.meta.size()));
+  }
+  internal::BatchDevice Device(const HostBatch& hb, uint8_t* payload,
+                               uint8_t* meta, uint8_t* scratch) const {
     uint64_t t, l, dp;
     hb.MetaOffsets(&t, &l, &dp);
     internal::BatchDevice d;
-    d.chunks = reinterpret_cast<const DevChunk*>(SlotMeta(s));
+    d.chunks = reinterpret_cast<const DevChunk*>(meta);
     d.num_chunks = static_cast<uint32_t>(hb.chunks.size());
-    d.tables = reinterpret_cast<const DevTable*>(SlotMeta(s) + t);
-    d.lanes = reinterpret_cast<const uint32_t*>(SlotMeta(s) + l);
-    d.payload = SlotPayload(s);
-    d.scratch = SlotScratch(s);
+    d.tables = reinterpret_cast<const DevTable*>(meta + t);
+    d.lanes = reinterpret_cast<const uint32_t*>(meta + l);
+    d.payload = payload;
+    d.scratch = scratch;
     d.placements = static_cast<const DevicePlacement*>(placements.data());
     d.pieces = static_cast<const DevicePiece*>(pieces.data());
     d.status = static_cast<uint32_t*>(status.data());
     d.smem = hb.smem;
     d.fused_lanes = hb.max_fused_lanes;
     d.unfused = hb.unfused;
-    d.planes = reinterpret_cast<const DevDensePlane*>(SlotMeta(s) + dp);
+    d.planes = reinterpret_cast<const DevDensePlane*>(meta + dp);
     d.num_planes = static_cast<uint32_t>(hb.planes.size());
     return d;
   }
 
-  // Makes `after` wait for everything enqueued on the compute streams.
-  Status Join(cudaStream_t after) {
-    for (uint32_t s = 0; s < slots; ++s) {
+  // Makes `after` wait for everything enqueued on the first `streams`
+  // compute streams (default: the slots').
+  Status Join(cudaStream_t after, uint32_t streams = 0) {
+    if (streams == 0) streams = slots;
+    for (uint32_t s = 0; s < streams; ++s) {
       REFIT_CUDA_RETURN(cudaEventRecord(done[s], compute[s]), "record");
       REFIT_CUDA_RETURN(cudaStreamWaitEvent(after, done[s], 0), "wait");
     }
@@ -181,7 +226,9 @@ Result<std::unique_ptr<Receiver>> Receiver::Create(
   REFIT_CUDA_RETURN(cudaSetDevice(options.device), "cudaSetDevice");
   REFIT_CUDA_RETURN(cudaStreamCreateWithFlags(&impl->copy, cudaStreamNonBlocking),
                     "stream");
-  for (int s = 0; s < kMaxSlots; ++s) {
+  REFIT_CUDA_RETURN(cudaEventCreateWithFlags(&impl->ready, cudaEventDisableTiming),
+                    "event");
+  for (int s = 0; s < kMaxStreams; ++s) {
     REFIT_CUDA_RETURN(
         cudaStreamCreateWithFlags(&impl->compute[s], cudaStreamNonBlocking),
         "stream");
@@ -258,6 +305,71 @@ Result<std::vector<uint8_t>> Receiver::Classify(
 Result<GpuApplyReport> Receiver::Apply(std::span<const uint8_t> payload,
                                        const PreparedDelta& p,
                                        const std::vector<uint8_t>* states) {
+  return Run(payload, nullptr, p, states);
+}
+
+Result<GpuApplyReport> Receiver::Apply(const StagedDelta& staged,
+                                       const PreparedDelta& p,
+                                       const std::vector<uint8_t>* states) {
+  const StagedDelta::Impl& st = *staged.impl_;
+  if (st.owner != impl_.get() || st.batches != p.batches.size()) {
+    return InvalidArgumentError(
+        "the staged delta was not staged by this receiver from this "
+        "preparation");
+  }
+  return Run({}, &st, p, states);
+}
+
+uint64_t Receiver::StagedBytes(const PreparedDelta& p) {
+  uint64_t total = 0;
+  for (const HostBatch& hb : p.batches) total += BatchRegion(hb);
+  return total;
+}
+
+Result<std::unique_ptr<StagedDelta>> Receiver::Stage(
+    std::span<const uint8_t> payload, const PreparedDelta& p) {
+  Impl& m = *impl_;
+  auto st = std::make_unique<StagedDelta::Impl>();
+  st->owner = impl_.get();
+  st->batches = p.batches.size();
+  uint64_t total = 0;
+  for (const HostBatch& hb : p.batches) {
+    if (hb.payload_end > payload.size() || hb.payload_begin > hb.payload_end) {
+      return InvalidArgumentError("the payload does not hold the prepared batches");
+    }
+    st->offsets.push_back(total);
+    total += BatchRegion(hb);
+  }
+  REFIT_RETURN_IF_ERROR(st->region.Reserve(std::max<uint64_t>(total, 256)));
+  // Each batch as Upload lays out a slot: chunk bytes, then the CPU-decoded
+  // dense bytes at dense_offset; then its metadata.
+  for (size_t b = 0; b < p.batches.size(); ++b) {
+    const HostBatch& hb = p.batches[b];
+    uint8_t* base = st->region.bytes() + st->offsets[b];
+    REFIT_CUDA_RETURN(
+        cudaMemcpyAsync(base, payload.data() + hb.payload_begin,
+                        hb.payload_end - hb.payload_begin, cudaMemcpyDefault,
+                        m.copy),
+        "stage a batch's payload");
+    if (!hb.dense.empty()) {
+      REFIT_CUDA_RETURN(
+          cudaMemcpyAsync(base + hb.dense_offset, hb.dense.data(),
+                          hb.dense.size(), cudaMemcpyHostToDevice, m.copy),
+          "stage a batch's dense bytes");
+    }
+    REFIT_CUDA_RETURN(
+        cudaMemcpyAsync(base + PayloadRegion(hb), hb.meta.data(), hb.meta.size(),
+                        cudaMemcpyHostToDevice, m.copy),
+        "stage a batch's metadata");
+  }
+  REFIT_CUDA_RETURN(cudaStreamSynchronize(m.copy), "stage the batches");
+  return std::unique_ptr<StagedDelta>(new StagedDelta(std::move(st)));
+}
+
+Result<GpuApplyReport> Receiver::Run(std::span<const uint8_t> payload,
+                                     const StagedDelta::Impl* staged,
+                                     const PreparedDelta& p,
+                                     const std::vector<uint8_t>* states) {
   Impl& m = *impl_;
   const auto t0 = std::chrono::steady_clock::now();
   GpuApplyReport report;
@@ -283,30 +395,53 @@ Result<GpuApplyReport> Receiver::Apply(std::span<const uint8_t> payload,
       }
     }
   }
-  REFIT_RETURN_IF_ERROR(m.Reserve(p));
-  report.device_bytes = m.HeldBytes();
+  // A staged delta brings its own payload, metadata and scratch: only the
+  // status words are needed here.
+  if (staged) {
+    REFIT_RETURN_IF_ERROR(m.status.Reserve(4 * uint64_t{p.status_count}));
+    report.device_bytes = m.HeldBytes() + staged->region.size();
+  } else {
+    REFIT_RETURN_IF_ERROR(m.Reserve(p));
+    report.device_bytes = m.HeldBytes();
+  }
   while (m.marks.size() < 3 * p.batches.size()) {
     cudaEvent_t e;
     REFIT_CUDA_RETURN(cudaEventCreate(&e), "event");
     m.marks.push_back(e);
   }
+  const uint32_t streams =
+      staged ? static_cast<uint32_t>(std::clamp<size_t>(p.batches.size(), 1,
+                                                          kMaxStreams))
+             : m.slots;
   // The status words go first on the copy stream; every batch's kernels
-  // wait for its copy, hence for them.
+  // wait for them (slots: through their copy; staged: through `ready`).
   REFIT_CUDA_RETURN(cudaMemcpyAsync(m.status.data(), initial.data(),
                                     4 * initial.size(), cudaMemcpyHostToDevice,
                                     m.copy),
                     "copy status");
+  if (staged) {
+    REFIT_CUDA_RETURN(cudaEventRecord(m.begin, m.copy), "record");
+    REFIT_CUDA_RETURN(cudaEventRecord(m.ready, m.copy), "record");
+    for (uint32_t s = 0; s < streams; ++s) {
+      REFIT_CUDA_RETURN(cudaStreamWaitEvent(m.compute[s], m.ready, 0), "wait");
+    }
+  }
   Status st;
   auto launch = [&](size_t b) -> Status {
     const HostBatch& hb = p.batches[b];
-    const int s = static_cast<int>(b % m.slots);
+    const int s = static_cast<int>(b % streams);
     cudaStream_t cs = m.compute[s];
-    REFIT_RETURN_IF_ERROR(m.Upload(payload, hb, s));
+    internal::BatchDevice d;
+    if (staged) {
+      d = m.Device(hb, *staged, b);
+    } else {
+      REFIT_RETURN_IF_ERROR(m.Upload(payload, hb, s));
+      REFIT_CUDA_RETURN(cudaStreamWaitEvent(cs, m.copied[s], 0), "wait");
+      if (b == 0) REFIT_CUDA_RETURN(cudaEventRecord(m.begin, cs), "record");
+      d = m.Device(hb, s);
+    }
     report.payload_bytes += hb.device_bytes();
     report.records += hb.records;
-    REFIT_CUDA_RETURN(cudaStreamWaitEvent(cs, m.copied[s], 0), "wait");
-    if (b == 0) REFIT_CUDA_RETURN(cudaEventRecord(m.begin, cs), "record");
-    const internal::BatchDevice d = m.Device(hb, s);
     REFIT_CUDA_RETURN(cudaEventRecord(m.marks[3 * b], cs), "record");
     REFIT_CUDA_RETURN(internal::LaunchDecode(d, cs), "decode launch");
     REFIT_CUDA_RETURN(internal::LaunchApply(d, cs), "apply launch");
@@ -320,7 +455,7 @@ Result<GpuApplyReport> Receiver::Apply(std::span<const uint8_t> payload,
   };
   for (size_t b = 0; b < p.batches.size() && st.ok(); ++b) st = launch(b);
   // Even after a failed launch, wait for what was enqueued.
-  const Status joined = m.Join(m.copy);
+  const Status joined = m.Join(m.copy, streams);
   if (st.ok()) st = joined;
   const cudaError_t re = cudaEventRecord(m.end, m.copy);
   last_status_.assign(p.status_count, 0);

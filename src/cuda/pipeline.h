@@ -9,12 +9,17 @@
 //   Classify  (GPU, optional, before the pause) hashes each chunk's range:
 //             "before", "after" (already applied: skipped) or neither
 //             (refused: Apply writes nothing).
+//   Stage     (optional, before the pause) copies every batch (payload,
+//             CPU-decoded dense bytes, metadata) into a device region of
+//             its own, with its own scratch.
 //   Apply     (GPU, the pause) per batch: the payload is copied on a copy
 //             stream into one of up to 8 staging slots, and the batch is
 //             decoded and applied on that slot's compute stream as soon as
 //             its bytes are in, while later batches are copied and earlier
 //             ones still run; then each applied range is re-hashed and, if
-//             it is not "after", the chunk's stores are undone.
+//             it is not "after", the chunk's stores are undone. A staged
+//             delta's batches are all launched at once, on up to 16
+//             streams, with no copy and no host wait between them.
 //
 // Guarantee: every chunk's range ends either untouched or exactly "after"
 // (at most once). Chunks are independent: a corrupt chunk is refused and
@@ -72,6 +77,23 @@ struct GpuApplyReport {
   double verify_ms = 0;          // verification kernels, summed likewise
 };
 
+// A prepared delta's batches resident in device memory (Receiver::Stage).
+// Belongs to the Receiver that staged it and the PreparedDelta it was
+// staged from; holds its device memory until destroyed.
+class StagedDelta {
+ public:
+  ~StagedDelta();
+  StagedDelta(const StagedDelta&) = delete;
+  StagedDelta& operator=(const StagedDelta&) = delete;
+  uint64_t bytes() const;  // device memory held
+
+ private:
+  friend class Receiver;
+  struct Impl;
+  explicit StagedDelta(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
 class Receiver {
  public:
   // `tensor_names` is the delta's tensor table (a chunk's tensor_id indexes
@@ -104,12 +126,35 @@ class Receiver {
                                const PreparedDelta& prepared,
                                const std::vector<uint8_t>* states = nullptr);
 
+  // Device bytes Stage needs for `prepared`: every batch's payload and
+  // dense bytes (padded for the decoders' read-ahead), metadata and
+  // scratch, each rounded up to 256 bytes.
+  static uint64_t StagedBytes(const PreparedDelta& prepared);
+
+  // Copies every batch of `prepared` (whose chunks lie in `payload`, host
+  // or device memory) into device memory, before the pause; returns when
+  // the copies are complete.
+  Result<std::unique_ptr<StagedDelta>> Stage(std::span<const uint8_t> payload,
+                                             const PreparedDelta& prepared);
+
+  // Apply for a delta staged by this receiver's Stage from `prepared`:
+  // the same guarantees and report; the batches run concurrently.
+  Result<GpuApplyReport> Apply(const StagedDelta& staged,
+                               const PreparedDelta& prepared,
+                               const std::vector<uint8_t>* states = nullptr);
+
   // Statuses (ChunkStatus) of the last Apply, by status index.
   const std::vector<uint32_t>& last_status() const { return last_status_; }
 
  private:
   struct Impl;
   explicit Receiver(std::unique_ptr<Impl> impl);
+  // Apply's body: batches from `payload` through the staging slots, or
+  // from `staged`.
+  Result<GpuApplyReport> Run(std::span<const uint8_t> payload,
+                             const StagedDelta::Impl* staged,
+                             const PreparedDelta& prepared,
+                             const std::vector<uint8_t>* states);
   std::unique_ptr<Impl> impl_;
   std::vector<uint32_t> last_status_;
 };

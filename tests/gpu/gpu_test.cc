@@ -154,8 +154,10 @@ TEST(GpuHash, RangeHashEqualsCpu) {
 }
 
 // Applies `e` on the GPU into a whole-tensor placement and compares with
-// the CPU apply. Returns the GPU result.
-void CheckWholeTensor(int w, double rate, bool allow_xor, uint64_t seed) {
+// the CPU apply; `staged`: through Receiver::Stage (every batch resident in
+// device memory, launched at once) instead of the staging slots.
+void CheckWholeTensor(int w, double rate, bool allow_xor, uint64_t seed,
+                      bool staged) {
   const uint64_t n = (3 << 20) / w + 123;
   auto a = RandomBytes(n * w, seed);
   auto b = Perturb(a, w, rate, seed + 1);
@@ -184,7 +186,18 @@ void CheckWholeTensor(int w, double rate, bool allow_xor, uint64_t seed) {
   auto states = (*rx)->Classify(e.buf, *prep);
   ASSERT_TRUE(states.ok());
   for (uint8_t s : *states) ASSERT_EQ(s, 0);
-  auto rep = (*rx)->Apply(e.buf, *prep, &*states);
+  std::unique_ptr<StagedDelta> resident;
+  if (staged) {
+    auto st = (*rx)->Stage(e.buf, *prep);
+    ASSERT_OK(st);
+    EXPECT_EQ((*st)->bytes(), Receiver::StagedBytes(*prep));
+    resident = std::move(*st);
+  }
+  auto apply = [&](const std::vector<uint8_t>* st) {
+    return staged ? (*rx)->Apply(*resident, *prep, st)
+                  : (*rx)->Apply(e.buf, *prep, st);
+  };
+  auto rep = apply(&*states);
   ASSERT_OK(rep);
   EXPECT_EQ(rep->chunks_applied, e.spans.size());
   EXPECT_EQ(Download(d, a.size()), b) << "w=" << w << " rate=" << rate;
@@ -192,7 +205,7 @@ void CheckWholeTensor(int w, double rate, bool allow_xor, uint64_t seed) {
   states = (*rx)->Classify(e.buf, *prep);
   ASSERT_TRUE(states.ok());
   for (uint8_t s : *states) ASSERT_EQ(s, 1);
-  rep = (*rx)->Apply(e.buf, *prep, &*states);
+  rep = apply(&*states);
   ASSERT_TRUE(rep.ok());
   EXPECT_EQ(rep->chunks_skipped, e.spans.size());
   EXPECT_EQ(Download(d, a.size()), b);
@@ -203,9 +216,12 @@ TEST(GpuApply, RandomWidthsRatesAndKinds) {
   for (int w : {1, 2, 4, 8}) {
     for (double rate : {0.0005, 0.01, 0.03, 0.2, 0.8}) {
       for (bool allow_xor : {true, false}) {
-        SCOPED_TRACE(::testing::Message() << "w=" << w << " rate=" << rate
-                                        << " xor=" << allow_xor);
-        CheckWholeTensor(w, rate, allow_xor, seed += 10);
+        for (bool staged : {false, true}) {
+          SCOPED_TRACE(::testing::Message() << "w=" << w << " rate=" << rate
+                                          << " xor=" << allow_xor
+                                          << " staged=" << staged);
+          CheckWholeTensor(w, rate, allow_xor, seed += 10, staged);
+        }
       }
     }
   }
@@ -292,6 +308,18 @@ TEST(GpuApply, ConcurrentBatchesAndDevicePayload) {
   std::copy(a.begin() + static_cast<ptrdiff_t>(v0),
             a.begin() + static_cast<ptrdiff_t>(v1),
             expect.begin() + static_cast<ptrdiff_t>(v0));
+  EXPECT_EQ(Download(d, a.size()), expect);
+  EXPECT_EQ((*rx)->last_status()[victim], kStatusAfterMismatch);
+  // The same through Stage: every batch launched at once (more batches
+  // than slots), the bad chunk undone, the others applied; a staged delta
+  // is refused by a receiver that did not stage it.
+  Upload(d, a);
+  auto staged = (*rx)->Stage(on_device, *pb);
+  ASSERT_OK(staged);
+  EXPECT_FALSE((*rn)->Apply(**staged, *pb).ok());
+  EXPECT_EQ(Download(d, a.size()), a);
+  rep = (*rx)->Apply(**staged, *pb);
+  ASSERT_FALSE(rep.ok());
   EXPECT_EQ(Download(d, a.size()), expect);
   EXPECT_EQ((*rx)->last_status()[victim], kStatusAfterMismatch);
 }
@@ -500,7 +528,14 @@ TEST(GpuApply, CorruptChunkAmongGoodOnes) {
       EXPECT_FALSE(cpu_ok) << "host refused what the CPU applies";
       continue;
     }
-    auto rep = (*rx)->Apply(bad, *prep);
+    // Every other round through Stage (the batches resident, all at once).
+    std::unique_ptr<StagedDelta> staged;
+    if (t % 2 == 1) {
+      auto st = (*rx)->Stage(bad, *prep);
+      ASSERT_OK(st);
+      staged = std::move(*st);
+    }
+    auto rep = staged ? (*rx)->Apply(*staged, *prep) : (*rx)->Apply(bad, *prep);
     EXPECT_EQ(rep.ok(), cpu_ok);
     EXPECT_EQ(Download(d, a.size()), cpu);
     refused += !rep.ok();
