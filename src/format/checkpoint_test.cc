@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -208,6 +209,34 @@ TEST_F(FormatCheckpointShardedTest, CopyThenPatchInPlace) {
   ASSERT_OK(src);
   got = src->Data(*src->IndexOf("b"));
   EXPECT_TRUE(std::equal(got.begin(), got.end(), b_.begin(), b_.end()));
+}
+
+// LayOutSafetensors places every tensor where WriteSafetensors writes it,
+// unsorted input included.
+TEST(FormatCheckpointTest, LayoutMatchesTheWriter) {
+  TempDir dir;
+  std::vector<uint8_t> a = Bytes(12, 1), b = Bytes(4, 2), c = Bytes(0, 3);
+  const std::vector<SafetensorsTensorView> views = {
+      {"z.weight", "BF16", {2, 3}, a}, {"a.bias", "F32", {1}, b},
+      {"m.empty", "F16", {0}, c}};
+  const std::map<std::string, std::string> meta = {{"version", "00000000000000000007"}};
+  ASSERT_OK(WriteSafetensors(dir.File("w.safetensors"), meta, views));
+  const std::vector<uint8_t> file = refit::testing::ReadBytes(dir.File("w.safetensors"));
+  std::vector<SafetensorsEntry> entries;
+  for (const auto& v : views) entries.push_back({v.name, v.dtype, v.shape});
+  Result<SafetensorsLayout> layout = LayOutSafetensors(meta, entries);
+  ASSERT_OK(layout);
+  ASSERT_EQ(layout->file_size, file.size());
+  ASSERT_LE(layout->prefix.size(), file.size());
+  EXPECT_TRUE(std::equal(layout->prefix.begin(), layout->prefix.end(), file.begin()));
+  for (size_t i = 0; i < views.size(); ++i) {
+    ASSERT_EQ(layout->sizes[i], views[i].data.size());
+    EXPECT_TRUE(std::equal(views[i].data.begin(), views[i].data.end(),
+                           file.begin() + static_cast<ptrdiff_t>(layout->offsets[i])))
+        << views[i].name;
+  }
+  EXPECT_THAT(LayOutSafetensors(meta, std::vector<SafetensorsEntry>{{"x", "NOPE", {1}}}),
+              StatusIs(StatusCode::kInvalidArgument));
 }
 
 TEST(FormatCheckpointTest, SingleFileAndDirectory) {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cassert>
+#include <cstring>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <string_view>
@@ -295,21 +296,20 @@ Status SafetensorsFile::Sync() {
   return map_.Sync();
 }
 
-Status WriteSafetensors(const std::string& path,
-                        const std::map<std::string, std::string>& metadata,
-                        std::span<const SafetensorsTensorView> tensors,
-                        const DTypeRegistry& dtypes) {
-  std::vector<const SafetensorsTensorView*> sorted;
-  sorted.reserve(tensors.size());
-  for (const SafetensorsTensorView& t : tensors) sorted.push_back(&t);
+Result<SafetensorsLayout> LayOutSafetensors(
+    const std::map<std::string, std::string>& metadata,
+    std::span<const SafetensorsEntry> input, const DTypeRegistry& dtypes) {
+  std::vector<size_t> sorted(input.size());
+  for (size_t i = 0; i < sorted.size(); ++i) sorted[i] = i;
   std::sort(sorted.begin(), sorted.end(),
-            [](const SafetensorsTensorView* a, const SafetensorsTensorView* b) {
-              return a->name < b->name;
-            });
+            [&](size_t a, size_t b) { return input[a].name < input[b].name; });
 
   // Entries are spelled out rather than built as a Json object: Json sorts
   // an entry's keys, and the reference writer's order is dtype, shape,
   // data_offsets.
+  SafetensorsLayout out;
+  out.offsets.resize(input.size());
+  out.sizes.resize(input.size());
   std::vector<std::string> entries;
   entries.reserve(sorted.size() + 1);
   uint64_t data_size = 0;
@@ -318,12 +318,12 @@ Status WriteSafetensors(const std::string& path,
       entries.push_back("\"__metadata__\":" + Json(metadata).dump());
     }
     for (size_t i = 0; i < sorted.size(); ++i) {
-      const SafetensorsTensorView& t = *sorted[i];
+      const SafetensorsEntry& t = input[sorted[i]];
       if (t.name.empty() || t.name == kMetadataKey) {
         return InvalidArgumentError("cannot write a tensor named " +
                                     QuoteForMessage(t.name));
       }
-      if (i > 0 && sorted[i - 1]->name == t.name) {
+      if (i > 0 && input[sorted[i - 1]].name == t.name) {
         return InvalidArgumentError("duplicate tensor name " +
                                     QuoteForMessage(t.name));
       }
@@ -335,12 +335,6 @@ Status WriteSafetensors(const std::string& path,
                                       ": size overflows 64 bits");
         }
       }
-      if (bytes != t.data.size()) {
-        return InvalidArgumentError(
-            "tensor " + QuoteForMessage(t.name) + ": shape and dtype need " +
-            std::to_string(bytes) + " bytes, data has " +
-            std::to_string(t.data.size()));
-      }
       if (!AddWithin(data_size, bytes, UINT64_MAX)) {
         return InvalidArgumentError("tensors total more than 2^64 bytes");
       }
@@ -349,6 +343,8 @@ Status WriteSafetensors(const std::string& path,
                         ",\"shape\":" + Json(t.shape).dump() +
                         ",\"data_offsets\":[" + std::to_string(data_size) +
                         "," + std::to_string(data_size + bytes) + "]}");
+      out.offsets[sorted[i]] = data_size;  // made absolute below
+      out.sizes[sorted[i]] = bytes;
       data_size += bytes;
     }
   } catch (const nlohmann::json::exception& e) {
@@ -370,13 +366,41 @@ Status WriteSafetensors(const std::string& path,
                                 std::to_string(header.size()) +
                                 " bytes exceeds the format's limit");
   }
-
-  std::vector<uint8_t> out;
-  out.reserve(8 + header.size() + static_cast<size_t>(data_size));
-  ByteWriter w(&out);
+  ByteWriter w(&out.prefix);
   w.U64(header.size());
   w.Bytes(header.data(), header.size());
-  for (const SafetensorsTensorView* t : sorted) w.Bytes(t->data);
+  for (uint64_t& o : out.offsets) o += out.prefix.size();
+  out.file_size = out.prefix.size() + data_size;
+  return out;
+}
+
+Status WriteSafetensors(const std::string& path,
+                        const std::map<std::string, std::string>& metadata,
+                        std::span<const SafetensorsTensorView> tensors,
+                        const DTypeRegistry& dtypes) {
+  std::vector<SafetensorsEntry> entries;
+  entries.reserve(tensors.size());
+  for (const SafetensorsTensorView& t : tensors) {
+    entries.push_back({t.name, t.dtype, t.shape});
+  }
+  REFIT_ASSIGN_OR_RETURN(SafetensorsLayout layout,
+                         LayOutSafetensors(metadata, entries, dtypes));
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    if (layout.sizes[i] != tensors[i].data.size()) {
+      return InvalidArgumentError(
+          "tensor " + QuoteForMessage(tensors[i].name) + ": shape and dtype need " +
+          std::to_string(layout.sizes[i]) + " bytes, data has " +
+          std::to_string(tensors[i].data.size()));
+    }
+  }
+  std::vector<uint8_t> out = std::move(layout.prefix);
+  out.resize(static_cast<size_t>(layout.file_size));
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    if (!tensors[i].data.empty()) {
+      std::memcpy(out.data() + layout.offsets[i], tensors[i].data.data(),
+                  tensors[i].data.size());
+    }
+  }
   return WriteFileAtomic(path, out);
 }
 

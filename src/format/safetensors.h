@@ -156,6 +156,26 @@ Status WriteSafetensors(const std::string& path,
                         std::span<const SafetensorsTensorView> tensors,
                         const DTypeRegistry& dtypes = {});
 
+// Where WriteSafetensors puts each tensor, for writers that stream the
+// data themselves: `prefix` is the file's first 8 + N bytes (N, then the
+// header JSON, padded), offsets[i] the file offset of entries[i]'s bytes
+// (sizes[i] of them), file_size the whole file's. Errors as
+// WriteSafetensors's (no data is read).
+struct SafetensorsEntry {
+  std::string name;
+  std::string dtype;
+  std::vector<uint64_t> shape;
+};
+struct SafetensorsLayout {
+  std::vector<uint8_t> prefix;
+  std::vector<uint64_t> offsets;
+  std::vector<uint64_t> sizes;
+  uint64_t file_size = 0;
+};
+Result<SafetensorsLayout> LayOutSafetensors(
+    const std::map<std::string, std::string>& metadata,
+    std::span<const SafetensorsEntry> entries, const DTypeRegistry& dtypes = {});
+
 // Reads the header of the safetensors file at `path`: its bytes 8 .. 8 + N
 // (the JSON with any trailing padding), without mapping or parsing the
 // file. Errors: kDataLoss when N > kMaxSafetensorsHeaderSize or the file
