@@ -189,6 +189,9 @@ def main():
     ap.add_argument("--serving", action="store_true",
                     help="the receiver runs matrix products while it prepares, as "
                          "an engine that serves until its pause")
+    ap.add_argument("--durable", action="store_true",
+                    help="the publisher writes its baseline to a durable file after each "
+                         "commit, in the background")
     ap.add_argument("--profile", default="",
                     help="write a Chrome trace of the last version's activate() here")
     ap.add_argument("--json", default="")
@@ -233,9 +236,10 @@ def main():
         pub = refit.Publisher(store, baseline=os.path.join(work, "baseline.safetensors"),
                               members=["r0"], initial=bf16, vote_timeout=60)
     else:
+        durable = os.path.join(work, "durable.safetensors") if args.durable else None
         pub = refit.Publisher(store, members=["r0"], initial=bf16, vote_timeout=60,
                               baseline_memory=args.trainer,
-                              upload_threads=args.upload_threads)
+                              upload_threads=args.upload_threads, durable_baseline=durable)
     out["open_publisher_s"] = time.perf_counter() - t
 
     env = dict(os.environ)
@@ -282,7 +286,15 @@ def main():
     final = load_file(os.path.join(work, "receiver_final.safetensors"), device="cuda")
     out["bit_exact"] = all(torch.equal(final[n], bf16[n]) for n in names)
     out["versions"] = rows
+    t = time.perf_counter()
     pub.close()
+    if args.durable and args.trainer != "file":
+        # The file holds the last version, whole.
+        out["durable_close_s"] = time.perf_counter() - t
+        out["durable"] = pub.durable
+        on_disk = load_file(os.path.join(work, "durable.safetensors"), device="cuda")
+        out["durable_exact"] = all(torch.equal(on_disk[n], bf16[n]) for n in names)
+        del on_disk
 
     if args.host_versions:
         # Today's host path in the same run: a checkpoint baseline, host copies.
@@ -322,6 +334,9 @@ def main():
           f"e2e {med('e2e_s') * 1000:.0f} ms; open {out['open_publisher_s']:.2f} s; "
           f"full save {out['full_save_s']:.2f} s + load {out['full_load_s']:.2f} s; "
           f"D2D copy {out['d2d_copy_ms']:.1f} ms; bit-exact {out['bit_exact']}")
+    if "durable" in out:
+        print(f"durable file: {out['durable']}, close waited {out['durable_close_s']:.2f} s, "
+              f"equal to the last version: {out['durable_exact']}")
     if args.host_versions:
         print("host path publish s:", [round(r["publish_s"], 3) for r in out["host_path"]],
               "e2e s:", [round(r["e2e_s"], 3) for r in out["host_path"]])

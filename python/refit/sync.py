@@ -109,7 +109,17 @@ class Publisher:
       baseline in page-locked host memory, read by the GPU over the bus (for
       a device short of memory; encoding is bound by the bus then). Device
       memory is not durable: after a restart, open the publisher again
-      from weights at the store's head version (it refuses others).
+      from weights at the store's head version (it refuses others), or
+      keep a durable file.
+    durable_baseline: with a baseline in memory, a safetensors file the
+      baseline is written to after each commit, in the background (through
+      a 64 MiB page-locked buffer; the file always holds one committed
+      version whole, its metadata "refit_version"; commits faster than a
+      write are coalesced). When the file exists at open, the baseline starts
+      from it instead of ``initial``'s values (``initial`` still gives the
+      tensors' names, shapes and device): a trainer restarted from an older
+      checkpoint of its own publishes against the store's head. ``durable``
+      reports its state; close() waits until it holds the newest commit.
 
     Not thread-safe, except that :meth:`publish_async` runs publishes on one
     background thread, in order.
@@ -125,7 +135,8 @@ class Publisher:
                  upload_threads: int = 4, snapshot_every: int = 0,
                  keep_versions: int = 0, parts: Optional[str] = None,
                  decision_timeout: float = 600.0,
-                 baseline_memory: Optional[str] = None) -> None:
+                 baseline_memory: Optional[str] = None,
+                 durable_baseline: Optional[PathLike] = None) -> None:
         self._executor: Optional[concurrent.futures.ThreadPoolExecutor] = None
         self._lock = threading.Lock()
         self._layout = layout
@@ -152,6 +163,10 @@ class Publisher:
         if memory not in ("file", "device", "pinned"):
             raise InvalidArgumentError("baseline_memory must be 'file', 'device' or 'pinned', "
                                        f"not {memory!r}", "INVALID_ARGUMENT")
+        if durable_baseline is not None and memory == "file":
+            raise InvalidArgumentError(
+                "durable_baseline= is for a baseline in memory (baseline_memory='device' or "
+                "'pinned'); a checkpoint baseline is durable already", "INVALID_ARGUMENT")
         if memory != "file":
             if baseline is not None or initial is None:
                 raise InvalidArgumentError(
@@ -168,7 +183,8 @@ class Publisher:
                 sign_key, os.fspath(sign_key_file) if sign_key_file else "",
                 float(vote_timeout), policy, threads, chunk_bytes, upload_threads,
                 snapshot_every, keep_versions, device_initial=p.triples,
-                pinned_host=memory == "pinned")
+                pinned_host=memory == "pinned",
+                durable_path=os.fspath(durable_baseline) if durable_baseline else "")
             self._decision_timeout = float(decision_timeout)
             return
         if baseline is None:
@@ -237,6 +253,17 @@ class Publisher:
     def on_device(self) -> bool:
         """Whether the baseline is in memory and publish() encodes on the GPU."""
         return self._device
+
+    @property
+    def durable(self) -> Optional[Dict[str, Any]]:
+        """The durable baseline file's state (None without one): ``loaded``
+        (the baseline started from it) and ``loaded_version``,
+        ``written_version`` (the newest version in the file), ``writes``,
+        ``last_write_seconds`` and ``error`` (the last write's, "" if it
+        worked)."""
+        if not self._device or self._layout is not None:
+            return None
+        return self._native.durable()
 
     def _canonical(self, named_tensors: Any) -> List[Tuple[str, Any]]:
         # The seam for trainer layouts: with a layout, local shards and fused
@@ -323,10 +350,14 @@ class Publisher:
             self._executor.submit(lambda: None).result()
 
     def close(self) -> None:
-        """Waits for pending publishes and stops the background thread."""
+        """Waits for pending publishes and stops the background thread; with a
+        durable baseline file, waits until it holds the newest commit (raises
+        if its write failed)."""
         if self._executor is not None:
             self._executor.shutdown(wait=True)
             self._executor = None
+        if self._device and self._layout is None:
+            self._native.flush_durable()
 
     def __enter__(self) -> "Publisher":
         return self

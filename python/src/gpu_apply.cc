@@ -121,13 +121,23 @@ Result<cuda::GpuApplyReport> ApplyCudaImpl(const std::string& delta_path,
 
 }  // namespace
 
-Result<std::unique_ptr<PublisherBaseline>> MakeDeviceBaseline(
-    const std::vector<TensorView>& initial, int device, bool pinned_host) {
+Result<DeviceBaselineMade> MakeDeviceBaseline(const std::vector<TensorView>& initial, int device,
+                                              bool pinned_host, const std::string& durable_path) {
   cuda::DeviceBaselineOptions options;
   options.device = device;
   options.pinned_host = pinned_host;
+  options.durable_path = durable_path;
   REFIT_ASSIGN_OR_RETURN(auto baseline, cuda::DeviceBaseline::Create(initial, options));
-  return std::unique_ptr<PublisherBaseline>(std::move(baseline));
+  cuda::DeviceBaseline* raw = baseline.get();
+  DeviceBaselineMade made;
+  made.durable = [raw] {
+    const cuda::DurableState s = raw->durable();
+    return DurableInfo{s.loaded, s.loaded_version, s.written_version, s.writes,
+                       s.last_write_ms, s.error};
+  };
+  made.flush = [raw] { return raw->FlushDurable(); };
+  made.baseline = std::move(baseline);
+  return made;
 }
 
 Result<std::shared_ptr<StagedTarget>> MakeDeviceTarget(

@@ -5,6 +5,7 @@
 
 #include <pybind11/pybind11.h>
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -20,10 +21,28 @@ namespace refit::python {
 // module's exception.
 void BindCuda(pybind11::module_& m, void (*raise)(const Status&));
 
+// The durable baseline file's state (cuda::DurableState).
+struct DurableInfo {
+  bool loaded = false;
+  uint64_t loaded_version = 0;
+  uint64_t written_version = 0;
+  uint64_t writes = 0;
+  double last_write_ms = 0;
+  std::string error;
+};
+
 // A publisher baseline in device memory (or page-locked host memory with
-// `pinned_host`) holding a copy of `initial`, tensors on one CUDA device.
-Result<std::unique_ptr<PublisherBaseline>> MakeDeviceBaseline(
-    const std::vector<TensorView>& initial, int device, bool pinned_host);
+// `pinned_host`) holding a copy of `initial`, tensors on one CUDA device;
+// with `durable_path`, also written to that file after each commit, and
+// started from it when it exists (cuda/device_baseline.h). `durable` and
+// `flush` read and wait for that file while the baseline lives.
+struct DeviceBaselineMade {
+  std::unique_ptr<PublisherBaseline> baseline;
+  std::function<DurableInfo()> durable;
+  std::function<Status()> flush;
+};
+Result<DeviceBaselineMade> MakeDeviceBaseline(const std::vector<TensorView>& initial, int device,
+                                              bool pinned_host, const std::string& durable_path);
 
 // Staging bounds of a GPU receiver (cuda/device_target.h).
 struct DeviceStaging {

@@ -221,7 +221,8 @@ class PyPublisher {
               const std::string& key_file, const py::object& sign_key,
               const std::string& sign_key_file, double vote_timeout, const std::string& policy,
               int threads, uint64_t chunk_bytes, int upload_threads, uint64_t snapshot_every,
-              uint64_t keep_versions, const py::object& device_initial, bool pinned_host) {
+              uint64_t keep_versions, const py::object& device_initial, bool pinned_host,
+              const std::string& durable_path) {
     PublisherOptions o;
     o.members = std::move(members);
     o.auth = MakeAuth(key, key_file, sign_key, sign_key_file, /*signing=*/true);
@@ -244,10 +245,13 @@ class PyPublisher {
 #ifdef REFIT_PYTHON_CUDA
     std::vector<TensorView> views = Views(b);
     py::gil_scoped_release release;
-    auto made = Unwrap(MakeDeviceBaseline(views, device_, pinned_host));
-    pub_ = Unwrap(Publisher::Open(store_.get(), std::move(made), std::move(o)));
+    DeviceBaselineMade made = Unwrap(MakeDeviceBaseline(views, device_, pinned_host, durable_path));
+    durable_ = std::move(made.durable);
+    flush_ = std::move(made.flush);
+    pub_ = Unwrap(Publisher::Open(store_.get(), std::move(made.baseline), std::move(o)));
 #else
     (void)pinned_host;
+    (void)durable_path;
     throw StatusError(UnimplementedError(
         "this build of refit has no CUDA module: a publisher baseline in device memory "
         "needs one (build where nvcc is installed, or with -DREFIT_WITH_CUDA=ON)"));
@@ -274,6 +278,33 @@ class PyPublisher {
   // The CUDA device of the baseline, or -1 when it is a checkpoint file.
   int device() const { return device_; }
 
+  // The durable baseline file's state (a dict), or None without one.
+  py::object Durable() const {
+#ifdef REFIT_PYTHON_CUDA
+    if (!durable_) return py::none();
+    const DurableInfo d = durable_();
+    py::dict out;
+    out["loaded"] = d.loaded;
+    out["loaded_version"] = d.loaded_version;
+    out["written_version"] = d.written_version;
+    out["writes"] = d.writes;
+    out["last_write_seconds"] = d.last_write_ms / 1000;
+    out["error"] = d.error;
+    return out;
+#else
+    return py::none();
+#endif
+  }
+
+  // Waits until the newest committed version is in the durable file.
+  void FlushDurable() {
+#ifdef REFIT_PYTHON_CUDA
+    if (!flush_) return;
+    py::gil_scoped_release release;
+    Check(flush_());
+#endif
+  }
+
   PublishReport PublishCheckpoint(uint64_t version, const std::string& path) {
     py::gil_scoped_release release;
     return Unwrap(pub_->PublishCheckpoint(version, path));
@@ -289,6 +320,10 @@ class PyPublisher {
   std::shared_ptr<ObjectStore> store_;  // outlives pub_ (declared first)
   std::unique_ptr<Publisher> pub_;
   int device_ = -1;
+#ifdef REFIT_PYTHON_CUDA
+  std::function<DurableInfo()> durable_;  // read the baseline pub_ owns
+  std::function<Status()> flush_;
+#endif
 };
 
 class PyRankPublisher {
@@ -858,15 +893,17 @@ void BindClasses(py::module_& m) {
       .def(py::init<const std::string&, const std::string&, std::vector<std::string>,
                     const py::object&, const std::string&, const py::object&,
                     const std::string&, double, const std::string&, int, uint64_t, int,
-                    uint64_t, uint64_t, const py::object&, bool>(),
+                    uint64_t, uint64_t, const py::object&, bool, const std::string&>(),
            py::arg("store"), py::arg("baseline"), py::arg("members"), py::arg("key"),
            py::arg("key_file"), py::arg("sign_key"), py::arg("sign_key_file"),
            py::arg("vote_timeout"), py::arg("policy"), py::arg("threads"),
            py::arg("chunk_bytes"), py::arg("upload_threads"), py::arg("snapshot_every"),
            py::arg("keep_versions"), py::arg("device_initial") = py::none(),
-           py::arg("pinned_host") = false)
+           py::arg("pinned_host") = false, py::arg("durable_path") = "")
       .def_property_readonly("committed_version", &PyPublisher::committed_version)
       .def_property_readonly("device", &PyPublisher::device)
+      .def("durable", &PyPublisher::Durable)
+      .def("flush_durable", &PyPublisher::FlushDurable)
       .def("publish", &PyPublisher::Publish, py::arg("version"), py::arg("tensors"))
       .def("publish_checkpoint", &PyPublisher::PublishCheckpoint, py::arg("version"),
            py::arg("path"))

@@ -3,6 +3,7 @@ and encoded on the GPU. Checked against the CPU path (a checkpoint baseline)
 chunk for chunk. Needs PyTorch with a CUDA device and a CUDA build of refit."""
 
 import concurrent.futures
+import json
 import os
 
 import numpy as np
@@ -142,4 +143,63 @@ def test_snapshot_and_pinned_baseline(tmp_path, memory):
     expected = host(live)
     for n in model:
         assert np.array_equal(got[n], expected[n]), n
+    rcv.close()
+
+
+def file_version(path):
+    """The "refit_version" of a durable baseline file's header."""
+    with open(path, "rb") as f:
+        n = int.from_bytes(f.read(8), "little")
+        return int(json.loads(f.read(n))["__metadata__"]["refit_version"])
+
+
+def test_durable_baseline_file_restarts_a_trainer_at_the_head(tmp_path):
+    """The baseline is written to a file in the background after each commit;
+    a publisher reopened from the trainer's older weights starts from that
+    file at the store's head and publishes on."""
+    model = initial_model(5)
+    store, durable = str(tmp_path / "store"), tmp_path / "durable.safetensors"
+    dtypes = {n: ("F32" if n.endswith("f32") else "BF16") for n in model}
+    with pytest.raises(refit.InvalidArgumentError, match="durable_baseline"):
+        refit.Publisher(store, baseline=tmp_path / "b.safetensors", members=["r"],
+                        initial=host(model), dtypes=dtypes, durable_baseline=durable)
+    pub = refit.Publisher(store, members=["r"], initial=model, vote_timeout=60,
+                          durable_baseline=durable)
+    assert pub.durable["written_version"] == 0 and not pub.durable["loaded"]
+    mine = host(model)
+    rcv = refit.Receiver(store, member="r", tensors=mine, dtypes=dtypes)
+    live = model
+    for v in range(1, 6):
+        live = step(live, 40 + v)
+        f = follow(rcv, v)
+        assert pub.publish(v, live).committed  # does not wait for the file
+        f.result(timeout=60)
+    pub.close()  # waits for the newest commit to be in the file
+    state = pub.durable
+    assert state["written_version"] == 5 and state["error"] == "", state
+    assert 1 <= state["writes"] <= 5
+    got = refit.load(durable)
+    expected = host(live)
+    for n in model:
+        assert np.array_equal(got[n], expected[n]), n
+    assert file_version(durable) == 5
+    # The trainer restarts from its version-0 weights: the baseline comes
+    # from the file (the head), so the next version publishes and applies.
+    again = refit.Publisher(store, members=["r"], initial=model, vote_timeout=60,
+                            durable_baseline=durable)
+    assert again.durable["loaded"] and again.durable["loaded_version"] == 5
+    live = step(live, 50)
+    f = follow(rcv, 6)
+    assert again.publish(6, live).committed
+    f.result(timeout=60)
+    expected = host(live)
+    for n in model:
+        assert np.array_equal(mine[n], expected[n]), n
+    again.close()
+    assert file_version(durable) == 6
+    # A file of other tensors is refused by name.
+    other = {n + ".x": t for n, t in model.items()}
+    with pytest.raises(refit.Error, match="durable baseline file"):
+        refit.Publisher(str(tmp_path / "s2"), members=["r"], initial=other,
+                        durable_baseline=durable)
     rcv.close()

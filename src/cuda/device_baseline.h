@@ -15,7 +15,18 @@
 //     every changed tensor is hashed on the device against the manifest.
 //     Device memory is not durable: a publisher restarted after a crash
 //     opens a new baseline from the trainer's weights at the store's head
-//     (the publisher refuses one that does not hash to it).
+//     (the publisher refuses one that does not hash to it), or, with
+//     `durable_path`, from that file.
+//   - Durable file (`durable_path`): after each commit a background thread
+//     writes the baseline to a safetensors file (a temporary file beside
+//     it, fsync, rename; metadata "refit_version"), through a page-locked
+//     buffer of `durable_buffer_bytes`, never a host copy of the model. It
+//     reads the device memory a buffer at a time under a lock that Advance
+//     also takes, notes the ranges Advance changes meanwhile and rewrites
+//     them before the rename, so the file is always one committed version
+//     whole; commits that come faster than a write are coalesced (the file
+//     lags, it is never mixed). Publish does not wait for it; the
+//     destructor waits for the newest commit to be written.
 //   - Read / ReadTarget (re-sends) and snapshots copy to host memory; a
 //     snapshot is one safetensors file, assembled in host memory.
 // Memory: the model's size once (the baseline), plus the encoder's staging
@@ -38,6 +49,21 @@ struct DeviceBaselineOptions {
   int device = 0;
   bool pinned_host = false;  // the baseline in page-locked host memory
   GpuEncodeOptions encode;   // version fields and chunk size come from Diff
+  // The durable baseline file (empty: none). When it exists at Create, the
+  // baseline starts from it instead of `initial`'s bytes (its tensors must
+  // have `initial`'s names, dtypes and shapes).
+  std::string durable_path;
+  uint64_t durable_buffer_bytes = uint64_t{64} << 20;
+};
+
+// The durable file's state (DeviceBaseline::durable()).
+struct DurableState {
+  uint64_t loaded_version = 0;   // the file's version Create started from
+  bool loaded = false;           // whether Create started from the file
+  uint64_t written_version = 0;  // the newest version written (0: none)
+  uint64_t writes = 0;           // files written
+  double last_write_ms = 0;      // wall time of the last write
+  std::string error;             // the last write's error, "" if it worked
 };
 
 struct DeviceBaselineStats {
@@ -70,16 +96,24 @@ class DeviceBaseline final : public PublisherBaseline {
   Status ForEachSnapshotFile(const SnapshotFileFn& put) override;
 
   const DeviceBaselineStats& stats() const { return stats_; }
+  DurableState durable() const;
+  // Blocks until the newest committed version is in the durable file (or
+  // its write failed: the error); OK at once without a durable file.
+  Status FlushDurable();
 
  private:
+  class DurableWriter;
   DeviceBaseline() = default;
   Status SetDevice() const;
+  Status AdvanceLocked(const Manifest& m, const std::vector<TensorView>& target);
 
   DeviceBaselineOptions options_;
   void* memory_ = nullptr;
   std::vector<TensorView> views_;
   std::vector<Hash128> hashes_;  // per tensor, kept current by Advance
   DeviceBaselineStats stats_;
+  DurableState loaded_;
+  std::unique_ptr<DurableWriter> durable_;  // stopped before memory_ is freed
 };
 
 }  // namespace refit::cuda
