@@ -454,10 +454,12 @@ StagingUsage DeviceTarget::usage() const {
   u.device_limit = m.opt.device_staging_bytes;
   u.staged_payload = m.staging.bytes();
   u.host_bytes = m.staging.bytes() + m.pinned_size;
-  u.device_bytes =
-      m.resident_bytes + m.backup.size() +
-      static_cast<uint64_t>(m.receivers.size() + m.unchecked.size()) *
-          m.opt.apply_staging_bytes;
+  // The GPU receivers' arenas count once allocated (a receiver that only
+  // applies staged deltas never allocates its arena).
+  u.device_bytes = m.resident_bytes + m.backup.size();
+  for (const auto* cache : {&m.receivers, &m.unchecked}) {
+    for (const auto& [names, r] : *cache) u.device_bytes += r->device_bytes();
+  }
   return u;
 }
 

@@ -320,6 +320,8 @@ Result<GpuApplyReport> Receiver::Apply(const StagedDelta& staged,
   return Run({}, &st, p, states);
 }
 
+uint64_t Receiver::device_bytes() const { return impl_->HeldBytes(); }
+
 uint64_t Receiver::StagedBytes(const PreparedDelta& p) {
   uint64_t total = 0;
   for (const HostBatch& hb : p.batches) total += BatchRegion(hb);

@@ -143,6 +143,11 @@ class Receiver {
                                const PreparedDelta& prepared,
                                const std::vector<uint8_t>* states = nullptr);
 
+  // Device memory held now: the plan, the staging arena once a Classify
+  // or an Apply through the slots has allocated it, the status words (not
+  // StagedDelta regions, which their owners hold).
+  uint64_t device_bytes() const;
+
   // Statuses (ChunkStatus) of the last Apply, by status index.
   const std::vector<uint32_t>& last_status() const { return last_status_; }
 
