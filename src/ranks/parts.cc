@@ -14,6 +14,7 @@
 #include "delta/chunk.h"
 #include "sync/protocol.h"
 #include "sync/supersede.h"
+#include "sync/votes.h"
 #include "transport/once_uploader.h"
 
 namespace refit::ranks {
@@ -435,11 +436,6 @@ Result<CoordinatedReport> PartsCoordinator::Publish(uint64_t version) {
 namespace refit::ranks {
 namespace {
 
-int MsSince(Clock::time_point t0) {
-  return static_cast<int>(
-      std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0).count());
-}
-
 Result<std::optional<std::vector<uint8_t>>> GetIfStored(ObjectStore* store,
                                                         const std::string& key) {
   auto got = store->Get(key);
@@ -542,28 +538,11 @@ Result<std::vector<uint32_t>> DirectCoordinator::PartsStored(uint64_t version) {
 Result<Decision> DirectCoordinator::VoteAndDecide(const Manifest& m, std::vector<bool> touched,
                                                   DirectReport* report) {
   const uint64_t version = m.version;
-  auto start = Clock::now();
-  std::map<std::string, Vote> votes;
-  bool any_failed = false;
-  while (votes.size() < opt_.members.size() && !any_failed &&
-         MsSince(start) <= opt_.vote_timeout_ms) {
-    const uint64_t since = store_->ChangeCount();
-    for (const std::string& member : opt_.members) {
-      if (votes.count(member)) continue;
-      REFIT_ASSIGN_OR_RETURN(auto v, GetIfStored(store_, VoteKey(version, member)));
-      if (!v) continue;
-      auto body = opt_.auth.OpenMember(*v);
-      if (!body.ok()) continue;  // forged or damaged: not a vote
-      auto vote = DecodeVote(*body);
-      if (!vote.ok()) continue;
-      votes[member] = *vote;
-      any_failed = any_failed || !vote->ready;
-    }
-    if (votes.size() < opt_.members.size() && !any_failed) {
-      store_->AwaitChange(since, opt_.poll_ms);
-    }
-  }
-  report->vote_seconds = Since(start);
+  REFIT_ASSIGN_OR_RETURN(CollectedVotes collected,
+                         CollectVotes(store_, opt_.auth, version, opt_.members,
+                                      VoteWait{opt_.vote_timeout_ms, opt_.poll_ms}));
+  const std::map<std::string, Vote>& votes = collected.votes;
+  report->vote_seconds = collected.seconds;
   Decision d;
   d.version = version;
   std::string why;
@@ -603,15 +582,7 @@ Result<Decision> DirectCoordinator::VoteAndDecide(const Manifest& m, std::vector
     d.commit = false;
     d.reason = why.empty() ? "no vote" : why;
   }
-  Status put = store_->PutIfAbsent(DecisionKey(version), opt_.auth.Seal(EncodeDecision(d)));
-  if (put.code() == StatusCode::kAlreadyExists) {
-    REFIT_ASSIGN_OR_RETURN(auto bytes, store_->Get(DecisionKey(version)));
-    REFIT_ASSIGN_OR_RETURN(auto body, opt_.auth.Open(bytes));
-    REFIT_ASSIGN_OR_RETURN(d, DecodeDecision(body));
-  } else {
-    REFIT_RETURN_IF_ERROR(put);
-  }
-  return d;
+  return WriteDecision(store_, opt_.auth, d);
 }
 
 Result<DirectReport> DirectCoordinator::Publish(uint64_t version) {

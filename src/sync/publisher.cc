@@ -15,6 +15,7 @@
 #include "delta/encoder.h"
 #include "sync/keys.h"
 #include "sync/supersede.h"
+#include "sync/votes.h"
 #include "transport/once_uploader.h"
 
 namespace refit {
@@ -440,33 +441,14 @@ Status Publisher::AbortSuperseded(uint64_t version) {
 Result<Decision> Publisher::VoteAndDecide(uint64_t version, const Manifest& m,
                                           const std::vector<TensorView>& target,
                                           PublishReport* report) {
-  auto start = Clock::now();
-  std::map<std::string, Vote> votes;
-  bool any_failed = false;
-  while (votes.size() < opt_.members.size() && !any_failed &&
-         ElapsedMs(start) <= opt_.vote_timeout_ms) {
-    // Taken before looking: a vote stored from here on ends the wait.
-    const uint64_t since = store_->ChangeCount();
-    for (const std::string& member : opt_.members) {
-      if (votes.count(member)) continue;
-      auto v = store_->Get(VoteKey(version, member));
-      if (!v.ok()) {
-        if (v.status().code() != StatusCode::kNotFound) return v.status();
-        continue;
-      }
-      auto body = opt_.auth.OpenMember(*v);
-      if (!body.ok()) continue;  // forged or damaged: not a vote
-      auto vote = DecodeVote(*body);
-      if (!vote.ok()) continue;
-      votes[member] = *vote;
-      any_failed = any_failed || !vote->ready;
-    }
-    REFIT_RETURN_IF_ERROR(ServeRequests(version, m.tensors, &target, &report->resends_served));
-    if (votes.size() < opt_.members.size() && !any_failed) {
-      store_->AwaitChange(since, opt_.poll_ms);
-    }
-  }
-  report->stages.vote_wait = SecondsSince(start);
+  REFIT_ASSIGN_OR_RETURN(
+      CollectedVotes collected,
+      CollectVotes(store_, opt_.auth, version, opt_.members,
+                   VoteWait{opt_.vote_timeout_ms, opt_.poll_ms}, [&]() {
+                     return ServeRequests(version, m.tensors, &target, &report->resends_served);
+                   }));
+  const std::map<std::string, Vote>& votes = collected.votes;
+  report->stages.vote_wait = collected.seconds;
   const Clock::time_point decided = Clock::now();
   Decision d;
   d.version = version;
@@ -494,14 +476,7 @@ Result<Decision> Publisher::VoteAndDecide(uint64_t version, const Manifest& m,
                                      " member(s) by the deadline, first '" +
                                      missing.front() + "'";
   }
-  Status put = store_->PutIfAbsent(DecisionKey(version), opt_.auth.Seal(EncodeDecision(d)));
-  if (put.code() == StatusCode::kAlreadyExists) {
-    REFIT_ASSIGN_OR_RETURN(auto bytes, store_->Get(DecisionKey(version)));
-    REFIT_ASSIGN_OR_RETURN(auto body, opt_.auth.Open(bytes));
-    REFIT_ASSIGN_OR_RETURN(d, DecodeDecision(body));
-  } else {
-    REFIT_RETURN_IF_ERROR(put);
-  }
+  REFIT_ASSIGN_OR_RETURN(d, WriteDecision(store_, opt_.auth, d));
   report->stages.decision = SecondsSince(decided);
   return d;
 }
