@@ -13,6 +13,7 @@
 #include "delta/apply.h"
 #include "delta/chunk.h"
 #include "sync/protocol.h"
+#include "sync/resend.h"
 #include "sync/supersede.h"
 #include "sync/votes.h"
 #include "transport/once_uploader.h"
@@ -224,6 +225,8 @@ Result<bool> RankPublisher::AwaitDecision(int timeout_ms) {
         encoder_->Abort();
       }
       pending_ = 0;
+      own_chunks_.reset();
+      served_requests_.clear();
       return d.commit;
     }
     if (got.status().code() != StatusCode::kNotFound) return got.status();
@@ -231,8 +234,54 @@ Result<bool> RankPublisher::AwaitDecision(int timeout_ms) {
       return DeadlineExceededError("no decision for version " + std::to_string(pending_) +
                                    " within " + std::to_string(timeout_ms) + " ms");
     }
-    std::this_thread::sleep_for(std::chrono::milliseconds(opt_.poll_ms));
+    const uint64_t since = store_->ChangeCount();
+    REFIT_RETURN_IF_ERROR(ServeResends());
+    store_->AwaitChange(since, opt_.poll_ms);
   }
+}
+
+Status RankPublisher::ServeResends() {
+  if (!own_chunks_) {
+    // Requests name manifest indices: map them to this rank's part once
+    // the manifest is stored (receivers ask only after reading it).
+    auto got = store_->Get(ManifestKey(pending_));
+    if (!got.ok()) {
+      return got.status().code() == StatusCode::kNotFound ? Status() : got.status();
+    }
+    own_chunks_.emplace();
+    // A manifest that fails its checks names nothing this rank can serve
+    // (receivers refuse it too, and the version aborts); a version
+    // assembled by a coordinator is served by its publisher.
+    auto body = opt_.auth.Open(*got);
+    if (!body.ok()) return Status();
+    auto decoded = DecodeManifest(*body);
+    if (!decoded.ok()) return Status();
+    const Manifest& m = *decoded;
+    if (!m.direct || m.version != pending_) return Status();
+    for (size_t i = 0; i < m.chunks.size(); ++i) {
+      const ManifestChunk& c = m.chunks[i];
+      if (c.in_part && c.rank == rank_) (*own_chunks_)[i] = c.part_index;
+    }
+  }
+  if (own_chunks_->empty()) return Status();
+  return refit::ServeResends(
+      store_, opt_.auth, pending_, &served_requests_,
+      [&](uint64_t i, bool after) -> Result<std::optional<std::vector<uint8_t>>> {
+        using Served = std::optional<std::vector<uint8_t>>;
+        auto own = own_chunks_->find(i);
+        if (own == own_chunks_->end() || own->second >= encoder_->pending_chunks()) {
+          return Served();  // another rank's chunk
+        }
+        REFIT_ASSIGN_OR_RETURN(std::span<const uint8_t> chunk,
+                               encoder_->PendingChunk(own->second));
+        REFIT_ASSIGN_OR_RETURN(ParsedChunk original, ParseChunk(chunk));
+        REFIT_ASSIGN_OR_RETURN(std::vector<uint8_t> desired,
+                               encoder_->PendingRegion(own->second, after));
+        REFIT_ASSIGN_OR_RETURN(std::vector<uint8_t> resend,
+                               MakeResend(original, desired.data(), after));
+        return Served(std::move(resend));
+      },
+      &resends_served_);
 }
 
 // ---------------------------------------------------------------------------
