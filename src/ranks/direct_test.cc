@@ -344,6 +344,57 @@ TEST_P(DirectTest, ReceiversApplyRanksChunksDirectly) {
     const auto& b = canon_.at(initial_[t].name);
     EXPECT_EQ(d->tensors[t], RangeHash(b.data(), b.size())) << initial_[t].name;
   }
+
+  // Snapshots come from a committed receiver's own files (no coordinator
+  // holds the model): one whose files are off the version writes nothing,
+  // an in-memory one has no files, c0 writes version 5's once, and a
+  // receiver without a checkpoint installs it.
+  {
+    auto c1 = Receiver::Open(store_.get(), MakeReceiver(1));
+    ASSERT_OK(c1);
+    auto ck = Checkpoint::Open(dir_.File("c1/model.safetensors"), Checkpoint::Mode::kReadWrite);
+    ASSERT_OK(ck);
+    ck->MutableData(0)[0] ^= 1;
+    ASSERT_OK(ck->Sync());
+    EXPECT_THAT((*c1)->WriteSnapshot(), StatusIs(StatusCode::kDataLoss));
+    ck->MutableData(0)[0] ^= 1;
+    ASSERT_OK(ck->Sync());
+    EXPECT_FALSE(store_->Get(SnapshotIndexKey(5)).ok());
+  }
+  {
+    auto m0 = Receiver::Open(store_.get(), MakeReceiver(2));
+    ASSERT_OK(m0);
+    EXPECT_THAT((*m0)->WriteSnapshot(), StatusIs(StatusCode::kFailedPrecondition));
+  }
+  auto c0 = Receiver::Open(store_.get(), MakeReceiver(0));
+  ASSERT_OK(c0);
+  ASSERT_EQ((*c0)->active_version(), kLast);
+  auto wrote = (*c0)->WriteSnapshot();
+  ASSERT_OK(wrote);
+  EXPECT_TRUE(*wrote);
+  auto again = (*c0)->WriteSnapshot();
+  ASSERT_OK(again);
+  EXPECT_FALSE(*again);
+  ReceiverOptions fresh = MakeReceiver(0);
+  fresh.member = "c9";
+  std::filesystem::create_directories(dir_.File("state-c9"));
+  std::filesystem::create_directories(dir_.File("c9"));
+  fresh.state_dir = dir_.File("state-c9");
+  fresh.checkpoint = dir_.File("c9/model.safetensors");
+  auto c9 = Receiver::Open(store_.get(), fresh);
+  ASSERT_OK(c9);
+  auto installed = (*c9)->SyncTo(kLast, 30000);
+  ASSERT_OK(installed);
+  EXPECT_EQ(installed->outcome, StepResult::Outcome::kSnapshot);
+  auto ck9 = Checkpoint::Open(fresh.checkpoint, Checkpoint::Mode::kReadOnly);
+  ASSERT_OK(ck9);
+  ASSERT_EQ(ck9->tensors().size(), canon_.size());
+  for (size_t t = 0; t < ck9->tensors().size(); ++t) {
+    auto data = ck9->Data(t);
+    const auto& want = canon_.at(ck9->tensors()[t].name);
+    EXPECT_TRUE(std::equal(data.begin(), data.end(), want.begin(), want.end()))
+        << "snapshot " << ck9->tensors()[t].name;
+  }
 }
 
 // A checkpoint receiver killed (SIGKILL) after it applied some of a direct
