@@ -113,6 +113,7 @@ class Cluster {
   std::string PubLog() const { return dir_.File("publish.json"); }
   std::string PubErr() const { return dir_.File("publish.err"); }
   const std::string& store() const { return store_; }
+  const std::string& key_file() const { return in_.key; }
 
   void StartReceiver(Proc* p, int i, const std::string& crash_at = "",
                      const std::vector<std::string>& extra = {}) {
@@ -989,6 +990,89 @@ TEST(SignedCliTest, SignedPublishAndAReceiverWithAnotherKey) {
     ASSERT_GT(bytes.size(), 5u) << key;
     EXPECT_EQ(bytes[4], 2) << key;
   }
+}
+
+// `refit snapshot` stores a committed receiver's version from its own
+// files (once); `refit status` lists trainer ranks' parts of a version in
+// flight, per rank.
+TEST(SnapshotCommandTest, ReceiverSnapshotAndPartsInStatus) {
+  Cluster cl;
+  Proc receivers[kReceivers];
+  Proc publisher;
+  for (int i = 0; i < kReceivers; ++i) cl.StartReceiver(&receivers[i], i);
+  cl.StartPublisher(&publisher, 20000);
+  ASSERT_TRUE(publisher.Wait(60)) << "publisher hangs";
+  ASSERT_EQ(publisher.exit_code(), 0) << ReadText(cl.PubErr());
+  for (int i = 0; i < kReceivers; ++i) ASSERT_TRUE(receivers[i].Wait(30)) << "r" << i;
+  ASSERT_EQ(cl.Active(0), 1u);
+  ASSERT_FALSE(cl.HasObject(SnapshotIndexKey(1)));
+
+  TempDir out;
+  auto run = [&](const std::vector<std::string>& args) {
+    Proc p;
+    p.Start(args, out.File("out.txt"), out.File("err.txt"));
+    EXPECT_TRUE(p.Wait(60));
+    const int code = p.exit_code();
+    std::string text = ReadText(out.File("out.txt"));
+    std::filesystem::remove(out.File("out.txt"));
+    return std::make_pair(code, text);
+  };
+  const std::vector<std::string> snapshot = {"snapshot", "--store", cl.store(), "--checkpoint",
+                                             cl.CheckpointPath(0), "--state", cl.State(0),
+                                             "--member", "r0", "--key-file", cl.key_file(),
+                                             "--json"};
+  auto [code, text] = run(snapshot);
+  ASSERT_EQ(code, 0) << text << ReadText(out.File("err.txt"));
+  Json j = Json::parse(text);
+  EXPECT_EQ(j.value("version", 0u), 1u);
+  EXPECT_TRUE(j.value("written", false));
+  EXPECT_TRUE(cl.HasObject(SnapshotIndexKey(1)));
+  auto [code2, text2] = run(snapshot);
+  ASSERT_EQ(code2, 0) << text2;
+  EXPECT_FALSE(Json::parse(text2).value("written", true));
+
+  // The snapshot holds r0's checkpoint file as it is at version 1 (a
+  // receiver without a checkpoint installs it: DirectTest).
+  {
+    auto store = OpenObjectStore(cl.store());
+    ASSERT_TRUE(store.ok());
+    auto bytes = (*store)->Get(SnapshotIndexKey(1));
+    ASSERT_TRUE(bytes.ok());
+    auto auth = Authenticator::FromKeyFile(cl.key_file());
+    ASSERT_TRUE(auth.ok());
+    auto body = auth->Open(*bytes);
+    ASSERT_TRUE(body.ok());
+    auto index = DecodeSnapshotIndex(*body);
+    ASSERT_TRUE(index.ok());
+    ASSERT_EQ(index->files.size(), 1u);
+    EXPECT_EQ(index->files[0].sha256, ComputeSha256(ReadBytes(cl.CheckpointPath(0))));
+  }
+
+  // Parts of version 2 from two ranks: rank 0 listed, rank 3 uploading.
+  {
+    auto store = OpenObjectStore(cl.store());
+    ASSERT_TRUE(store.ok());
+    const std::vector<uint8_t> bytes(100, 7);
+    ASSERT_TRUE((*store)->Put(PartChunkKey(2, 0, 0), bytes).ok());
+    ASSERT_TRUE((*store)->Put(PartChunkKey(2, 0, 1), bytes).ok());
+    ASSERT_TRUE((*store)->Put(PartListKey(2, 0), bytes).ok());
+    ASSERT_TRUE((*store)->Put(PartChunkKey(2, 3, 0), bytes).ok());
+  }
+  auto [code4, text4] =
+      run({"status", "--store", cl.store(), "--key-file", cl.key_file(), "--json"});
+  ASSERT_EQ(code4, 0) << text4 << ReadText(out.File("err.txt"));
+  Json parts = Json::parse(text4)["parts"];
+  ASSERT_EQ(parts.size(), 1u) << text4;
+  EXPECT_EQ(parts[0].value("version", 0u), 2u);
+  EXPECT_EQ(parts[0]["ranks"]["0"].value("chunks", 0u), 2u);
+  EXPECT_TRUE(parts[0]["ranks"]["0"].value("listed", false));
+  EXPECT_EQ(parts[0]["ranks"]["3"].value("chunks", 0u), 1u);
+  EXPECT_FALSE(parts[0]["ranks"]["3"].value("listed", true));
+  auto [code5, text5] = run({"status", "--store", cl.store(), "--key-file", cl.key_file()});
+  ASSERT_EQ(code5, 0);
+  EXPECT_NE(text5.find("parts of version 2 in flight: 2 rank(s), 1 with their part list"),
+            std::string::npos)
+      << text5;
 }
 
 }  // namespace refit

@@ -38,39 +38,75 @@ def _layout_text(layout: Any) -> str:
 
 
 class Coordinator:
-    """Assembles the versions that several trainer ranks publish (docs/trainer.md).
+    """Turns the parts that several trainer ranks publish into versions (docs/trainer.md).
 
-    Waits until every rank in ``ranks`` has uploaded its part of a version
-    to ``parts`` (default: the store), applies the parts to its staging copy
-    of the canonical checkpoint and publishes it through the joint commit to
-    ``members`` (the receivers). ``baseline`` is its copy of the committed
-    version; ``staging`` a working copy next to it (default: baseline +
-    ".staging").
+    Waits until every rank in ``ranks`` has uploaded its part of a version,
+    then runs the joint commit with ``members`` (the receivers). Two ways:
+
+    - **Direct** (``baseline=None``, the default): the ranks upload their
+      parts to the store itself, and receivers apply the ranks' chunks
+      where they lie (docs/protocol.md, "Versions from many ranks"). The
+      coordinator only decides: it reads part lists and votes, holds no
+      model and needs no disk. ``table`` is a checkpoint at the store's
+      head version, read once for its tensor table, needed only while the
+      store records none (its first version).
+    - **Assembled** (``baseline`` given): parts go to ``parts`` (default:
+      the store); the coordinator applies them to its staging copy of the
+      canonical checkpoint (``staging``, default: baseline + ".staging")
+      and publishes that, for receivers that cannot apply a direct version
+      (two-phase and GPU receivers).
     """
 
-    def __init__(self, store: str, *, baseline: PathLike, members: Sequence[str],
-                 ranks: Sequence[int], parts: Optional[str] = None,
-                 staging: Optional[PathLike] = None, key: Optional[bytes] = None,
-                 key_file: Optional[PathLike] = None, vote_timeout: float = 60.0,
-                 parts_timeout: float = 600.0, threads: int = 0) -> None:
+    def __init__(self, store: str, *, members: Sequence[str], ranks: Sequence[int],
+                 baseline: Optional[PathLike] = None, parts: Optional[str] = None,
+                 staging: Optional[PathLike] = None, table: Optional[PathLike] = None,
+                 key: Optional[bytes] = None, key_file: Optional[PathLike] = None,
+                 vote_timeout: float = 60.0, parts_timeout: float = 600.0,
+                 threads: int = 0) -> None:
+        key_path = os.fspath(key_file) if key_file else ""
+        self._direct = baseline is None
+        if self._direct:
+            if parts is not None or staging is not None:
+                raise InvalidArgumentError(
+                    "parts= and staging= belong to the assembling coordinator (baseline=); "
+                    "a direct coordinator reads the ranks' parts from the store itself",
+                    "INVALID_ARGUMENT")
+            self._native: Any = _native.DirectCoordinator(
+                store, list(members), [int(r) for r in ranks], key, key_path,
+                float(vote_timeout), float(parts_timeout),
+                os.fspath(table) if table is not None else "")
+            return
         baseline = os.fspath(baseline)
         staging = os.fspath(staging) if staging is not None else baseline + ".staging"
         self._native = _native.Coordinator(
             store, parts or "", baseline, staging, list(members), [int(r) for r in ranks], key,
-            os.fspath(key_file) if key_file else "", float(vote_timeout), float(parts_timeout),
-            threads)
+            key_path, float(vote_timeout), float(parts_timeout), threads)
+
+    @property
+    def direct(self) -> bool:
+        """Whether receivers apply the ranks' chunks directly (no baseline)."""
+        return self._direct
 
     @property
     def committed_version(self) -> int:
         return self._native.committed_version
 
-    def publish(self, version: int) -> Tuple["_native.PublishReport", Dict[str, Any]]:
-        """Waits for every rank's part of `version` and publishes it.
+    def publish(self, version: int) -> Tuple[Any, Dict[str, Any]]:
+        """Waits for every rank's part of `version` and decides it.
 
-        Returns the publish report (``committed``, ...) and the parts'
-        totals (chunks, bytes, changed elements, wait and apply seconds).
+        Returns the version's report (``committed``, ``reason``, ...: a
+        dict for a direct coordinator, a PublishReport for an assembling
+        one) and the parts' totals (chunks, bytes, changed elements, wait
+        seconds; and apply seconds when assembled).
         """
         return self._native.publish(version)
+
+    def parts_stored(self, version: int) -> List[int]:
+        """The ranks whose part list of `version` is stored (direct only)."""
+        if not self._direct:
+            raise InvalidArgumentError("parts_stored() is the direct coordinator's",
+                                       "INVALID_ARGUMENT")
+        return list(self._native.parts_stored(version))
 
 
 class Publisher:
@@ -87,8 +123,10 @@ class Publisher:
       text or a dict (docs/layout.md; ``refit layout generate`` writes one),
       and ``publish`` takes this rank's local tensors by their local names.
       The rank uploads its part to ``parts`` (a store URL; default: the
-      store) and waits for the version's decision; a :class:`Coordinator`
-      assembles and publishes the version once every rank reported. The
+      store) and waits for the version's decision, serving re-sends of its
+      own regions meanwhile; a :class:`Coordinator` decides the version
+      once every rank reported (with parts in the store itself and no
+      baseline, receivers apply the ranks' chunks directly). The
       rank's baseline is the canonical checkpoint ``baseline`` at the
       committed version, or its own local tensors ``initial``. With
       ``layout=None`` (default) the tensors are canonical (Hugging Face

@@ -455,6 +455,66 @@ class PyCoordinator {
   std::unique_ptr<ranks::PartsCoordinator> coord_;
 };
 
+class PyDirectCoordinator {
+ public:
+  // Decides versions whose ranks' parts receivers apply directly
+  // (docs/protocol.md, "Versions from many ranks"): no baseline, no
+  // staging copy. `table` is a checkpoint at the store's head version,
+  // read only for its tensor table and only when the store records none
+  // (version 0 without a snapshot); "" otherwise.
+  PyDirectCoordinator(const std::string& store_url, std::vector<std::string> members,
+                      std::vector<uint32_t> ranks, const py::object& key,
+                      const std::string& key_file, double vote_timeout, double parts_timeout,
+                      const std::string& table) {
+    ranks::DirectCoordinatorOptions o;
+    o.members = std::move(members);
+    o.ranks = std::move(ranks);
+    o.auth = MakeAuth(key, key_file);
+    o.vote_timeout_ms = Millis(vote_timeout);
+    o.parts_timeout_ms = Millis(parts_timeout);
+    store_ = OpenStore(store_url);
+    py::gil_scoped_release release;
+    if (!table.empty()) {
+      Checkpoint ck = Unwrap(Checkpoint::Open(table, Checkpoint::Mode::kReadOnly));
+      o.initial = ranks::TensorTableOf(ck);
+    }
+    coord_ = Unwrap(ranks::DirectCoordinator::Open(store_.get(), std::move(o)));
+  }
+
+  uint64_t committed_version() const { return coord_->committed_version(); }
+
+  py::tuple Publish(uint64_t version) {
+    ranks::DirectReport r;
+    {
+      py::gil_scoped_release release;
+      r = Unwrap(coord_->Publish(version));
+    }
+    py::dict report;
+    report["version"] = r.version;
+    report["base_version"] = r.base_version;
+    report["committed"] = r.committed;
+    report["reason"] = r.reason;
+    report["vote_seconds"] = r.vote_seconds;
+    report["manifest_seconds"] = r.manifest_seconds;
+    report["seconds"] = r.seconds;
+    py::dict parts;
+    parts["chunks"] = r.part_chunks;
+    parts["bytes"] = r.part_bytes;
+    parts["changed_elements"] = r.changed_elements;
+    parts["wait_seconds"] = r.wait_seconds;
+    return py::make_tuple(report, parts);
+  }
+
+  std::vector<uint32_t> PartsStored(uint64_t version) {
+    py::gil_scoped_release release;
+    return Unwrap(coord_->PartsStored(version));
+  }
+
+ private:
+  std::shared_ptr<ObjectStore> store_;  // outlives coord_ (declared first)
+  std::unique_ptr<ranks::DirectCoordinator> coord_;
+};
+
 class PyReceiver {
  public:
   // Patches `checkpoint`, or, when it is empty, the borrowed `tensors`
@@ -931,6 +991,17 @@ void BindClasses(py::module_& m) {
            py::arg("vote_timeout"), py::arg("parts_timeout"), py::arg("threads"))
       .def_property_readonly("committed_version", &PyCoordinator::committed_version)
       .def("publish", &PyCoordinator::Publish, py::arg("version"));
+
+  py::class_<PyDirectCoordinator>(m, "DirectCoordinator")
+      .def(py::init<const std::string&, std::vector<std::string>, std::vector<uint32_t>,
+                    const py::object&, const std::string&, double, double,
+                    const std::string&>(),
+           py::arg("store"), py::arg("members"), py::arg("ranks"), py::arg("key"),
+           py::arg("key_file"), py::arg("vote_timeout"), py::arg("parts_timeout"),
+           py::arg("table"))
+      .def_property_readonly("committed_version", &PyDirectCoordinator::committed_version)
+      .def("publish", &PyDirectCoordinator::Publish, py::arg("version"))
+      .def("parts_stored", &PyDirectCoordinator::PartsStored, py::arg("version"));
 
   py::class_<PyReceiver>(m, "Receiver")
       .def(py::init<const std::string&, const std::string&, const std::string&,

@@ -1,8 +1,9 @@
 """Versions published by several trainer ranks (docs/trainer.md): each rank
 passes its local tensors in its own layout (a column shard, a replicated
-bias, an FP32 master cast to BF16), a Coordinator assembles each version
-once every rank reported, and receivers end bit-exact with the canonical
-model."""
+bias, an FP32 master cast to BF16), a Coordinator decides each version
+once every rank reported (assembling it from a baseline, or directly:
+receivers apply the ranks' chunks), and receivers end bit-exact with the
+canonical model."""
 
 import json
 import threading
@@ -56,7 +57,8 @@ def local(s, rank):
     return {"w1": s["w1"], "bias": s["bias"], "m": s["m"]}
 
 
-def test_ranks_publish_parts_and_receivers_follow(tmp_path):
+@pytest.mark.parametrize("direct", [False, True], ids=["assembled", "direct"])
+def test_ranks_publish_parts_and_receivers_follow(tmp_path, direct):
     rng = np.random.default_rng(1)
     state = {"w0": rng.integers(0, 1 << 16, (8, 3), dtype=np.uint16),
              "w1": rng.integers(0, 1 << 16, (8, 3), dtype=np.uint16),
@@ -72,8 +74,16 @@ def test_ranks_publish_parts_and_receivers_follow(tmp_path):
     layout_file = tmp_path / "layout.json"
     layout_file.write_text(json.dumps(LAYOUT))
 
-    coordinator = refit.Coordinator(store, baseline=base, members=members, ranks=[0, 1],
-                                    key=key, vote_timeout=30, parts_timeout=30)
+    if direct:
+        # No baseline: receivers apply the ranks' chunks (rank 0's column
+        # block of w is a strided region); the checkpoint gives the first
+        # version's tensor table only.
+        coordinator = refit.Coordinator(store, members=members, ranks=[0, 1], table=base,
+                                        key=key, vote_timeout=30, parts_timeout=30)
+    else:
+        coordinator = refit.Coordinator(store, baseline=base, members=members, ranks=[0, 1],
+                                        key=key, vote_timeout=30, parts_timeout=30)
+    assert coordinator.direct == direct
     # Rank 0 starts from the canonical checkpoint, rank 1 from its own tensors.
     ranks = [refit.Publisher(store, layout=layout_file, rank=0, baseline=base, key=key,
                              decision_timeout=30),
@@ -108,7 +118,11 @@ def test_ranks_publish_parts_and_receivers_follow(tmp_path):
             assert not t.is_alive(), "a participant hung"
         assert not errors, errors
         report, parts = results["coordinator"]
-        assert report.committed
+        if direct:
+            assert report["committed"], report["reason"]
+            assert coordinator.parts_stored(version) == [0, 1]
+        else:
+            assert report.committed
         assert parts["chunks"] > 0
         for r in (0, 1):
             assert results[f"rank{r}"]["committed"] is True
@@ -125,3 +139,9 @@ def test_rank_publisher_refuses_unknown_rank_and_missing_baseline(tmp_path):
         refit.Publisher(str(tmp_path / "store"), layout=LAYOUT, rank=5, initial={})
     with pytest.raises(refit.InvalidArgumentError, match="baseline= "):
         refit.Publisher(str(tmp_path / "store"), layout=LAYOUT, rank=0)
+
+
+def test_direct_coordinator_refuses_assembling_options(tmp_path):
+    with pytest.raises(refit.InvalidArgumentError, match="staging="):
+        refit.Coordinator(str(tmp_path / "store"), members=["r0"], ranks=[0],
+                          staging=tmp_path / "s")

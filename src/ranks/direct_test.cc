@@ -13,10 +13,12 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstring>
 #include <filesystem>
 #include <random>
 #include <thread>
 
+#include "delta/chunk.h"
 #include "format/safetensors.h"
 #include "layout/generate.h"
 #include "ranks/parts.h"
@@ -342,6 +344,57 @@ TEST_P(DirectTest, ReceiversApplyRanksChunksDirectly) {
     const auto& b = canon_.at(initial_[t].name);
     EXPECT_EQ(d->tensors[t], RangeHash(b.data(), b.size())) << initial_[t].name;
   }
+
+  // Snapshots come from a committed receiver's own files (no coordinator
+  // holds the model): one whose files are off the version writes nothing,
+  // an in-memory one has no files, c0 writes version 5's once, and a
+  // receiver without a checkpoint installs it.
+  {
+    auto c1 = Receiver::Open(store_.get(), MakeReceiver(1));
+    ASSERT_OK(c1);
+    auto ck = Checkpoint::Open(dir_.File("c1/model.safetensors"), Checkpoint::Mode::kReadWrite);
+    ASSERT_OK(ck);
+    ck->MutableData(0)[0] ^= 1;
+    ASSERT_OK(ck->Sync());
+    EXPECT_THAT((*c1)->WriteSnapshot(), StatusIs(StatusCode::kDataLoss));
+    ck->MutableData(0)[0] ^= 1;
+    ASSERT_OK(ck->Sync());
+    EXPECT_FALSE(store_->Get(SnapshotIndexKey(5)).ok());
+  }
+  {
+    auto m0 = Receiver::Open(store_.get(), MakeReceiver(2));
+    ASSERT_OK(m0);
+    EXPECT_THAT((*m0)->WriteSnapshot(), StatusIs(StatusCode::kFailedPrecondition));
+  }
+  auto c0 = Receiver::Open(store_.get(), MakeReceiver(0));
+  ASSERT_OK(c0);
+  ASSERT_EQ((*c0)->active_version(), kLast);
+  auto wrote = (*c0)->WriteSnapshot();
+  ASSERT_OK(wrote);
+  EXPECT_TRUE(*wrote);
+  auto again = (*c0)->WriteSnapshot();
+  ASSERT_OK(again);
+  EXPECT_FALSE(*again);
+  ReceiverOptions fresh = MakeReceiver(0);
+  fresh.member = "c9";
+  std::filesystem::create_directories(dir_.File("state-c9"));
+  std::filesystem::create_directories(dir_.File("c9"));
+  fresh.state_dir = dir_.File("state-c9");
+  fresh.checkpoint = dir_.File("c9/model.safetensors");
+  auto c9 = Receiver::Open(store_.get(), fresh);
+  ASSERT_OK(c9);
+  auto installed = (*c9)->SyncTo(kLast, 30000);
+  ASSERT_OK(installed);
+  EXPECT_EQ(installed->outcome, StepResult::Outcome::kSnapshot);
+  auto ck9 = Checkpoint::Open(fresh.checkpoint, Checkpoint::Mode::kReadOnly);
+  ASSERT_OK(ck9);
+  ASSERT_EQ(ck9->tensors().size(), canon_.size());
+  for (size_t t = 0; t < ck9->tensors().size(); ++t) {
+    auto data = ck9->Data(t);
+    const auto& want = canon_.at(ck9->tensors()[t].name);
+    EXPECT_TRUE(std::equal(data.begin(), data.end(), want.begin(), want.end()))
+        << "snapshot " << ck9->tensors()[t].name;
+  }
 }
 
 // A checkpoint receiver killed (SIGKILL) after it applied some of a direct
@@ -382,6 +435,124 @@ TEST_P(DirectTest, ReceiverKilledMidVersionResumes) {
   decide.join();
   ASSERT_OK(report);
   EXPECT_TRUE(report->committed) << report->reason;
+  auto ck = Checkpoint::Open(dir_.File("c0/model.safetensors"), Checkpoint::Mode::kReadOnly);
+  ASSERT_OK(ck);
+  for (size_t t = 0; t < ck->tensors().size(); ++t) {
+    auto d = ck->Data(t);
+    const auto& want = canon_.at(ck->tensors()[t].name);
+    EXPECT_TRUE(std::equal(d.begin(), d.end(), want.begin(), want.end()))
+        << ck->tensors()[t].name;
+  }
+}
+
+// A checkpoint receiver SIGKILLed inside a direct version, with a region
+// left half written (some of its changed elements at the version, the
+// others at the base, as a kill inside that region's write leaves it),
+// resumes: the region hashes to neither side, the receiver asks for an
+// overwrite re-send, the rank that owns the region serves it from its own
+// baseline while it waits for the decision, and the receiver commits
+// bit-exact. No copy of the model exists outside the ranks and receivers.
+TEST_P(DirectTest, RegionTornByAKillIsRepairedByItsRank) {
+  std::mt19937_64 rng(static_cast<uint64_t>(GetParam()) + 23);
+  TrainStep(rng);
+  for (size_t ri = 0; ri < ranks_.size(); ++ri) PublishRank(ri, 1);
+  DirectCoordinatorOptions co = CoordinatorOptions(60000);
+  co.members = {"c0"};
+  auto coordinator = DirectCoordinator::Open(store_.get(), co);
+  ASSERT_OK(coordinator);
+  // The child applies until its second chunk is journaled, then dies.
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    setenv("REFIT_CRASH_AT", "receiver.after-chunk:2", 1);
+    auto r = Receiver::Open(store_.get(), MakeReceiver(0));
+    if (!r.ok()) _exit(2);
+    for (int i = 0; i < 20000; ++i) {
+      (void)(*r)->Step();
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    _exit(3);  // never killed: the crash point was not reached
+  }
+  Result<DirectReport> report = InternalError("not run");
+  std::thread decide([&] { report = (*coordinator)->Publish(1); });
+  // Every rank waits for the decision on its own thread, as on its own
+  // machine, serving re-sends of its regions meanwhile.
+  std::vector<Result<bool>> decided(ranks_.size(), InternalError("not run"));
+  std::vector<std::thread> waiting;
+  for (size_t ri = 0; ri < ranks_.size(); ++ri) {
+    waiting.emplace_back([&, ri] { decided[ri] = ranks_[ri]->AwaitDecision(60000); });
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << status;
+
+  // Tear a region the kill left at its base, a strided one when there is.
+  auto mbytes = store_->Get(ManifestKey(1));
+  ASSERT_OK(mbytes);
+  auto mbody = Key().Open(*mbytes);
+  ASSERT_OK(mbody);
+  auto m = DecodeManifest(*mbody);
+  ASSERT_OK(m);
+  {
+    auto ck = Checkpoint::Open(dir_.File("c0/model.safetensors"), Checkpoint::Mode::kReadWrite);
+    ASSERT_OK(ck);
+    std::optional<ChunkHeader> victim;
+    std::vector<uint64_t> differ;
+    for (const ManifestChunk& mc : m->chunks) {
+      auto object = store_->Get(PartChunkKey(1, mc.rank, mc.part_index));
+      ASSERT_OK(object);
+      auto body = Key().Open(*object);
+      ASSERT_OK(body);
+      auto c = ParseChunk(*body);
+      ASSERT_OK(c);
+      const ChunkHeader& h = c->header;
+      const std::string& name = m->tensors[h.tensor_id].name;
+      auto data = ck->MutableData(*ck->IndexOf(name));
+      if (RegionHash(h, data.data()) != h.before) continue;  // applied (or torn) already
+      if (victim && (victim->IsStrided() || !h.IsStrided())) continue;
+      std::vector<uint64_t> d;
+      const auto& want = canon_.at(name);
+      for (uint64_t j = 0; j < h.count; ++j) {
+        const uint64_t e =
+            h.IsStrided() ? h.start + (j / h.run) * h.stride + j % h.run : h.start + j;
+        if (std::memcmp(data.data() + e * h.width, want.data() + e * h.width, h.width) != 0) {
+          d.push_back(e);
+        }
+      }
+      if (d.size() < 2) continue;
+      victim = h;
+      differ = std::move(d);
+    }
+    ASSERT_TRUE(victim) << "no region of two changed elements left at its base";
+    const std::string& name = m->tensors[victim->tensor_id].name;
+    auto data = ck->MutableData(*ck->IndexOf(name));
+    const auto& want = canon_.at(name);
+    for (size_t k = 0; k < differ.size() / 2; ++k) {
+      std::memcpy(data.data() + differ[k] * victim->width,
+                  want.data() + differ[k] * victim->width, victim->width);
+    }
+    ASSERT_NE(RegionHash(*victim, data.data()), victim->before);
+    ASSERT_NE(RegionHash(*victim, data.data()), victim->after);
+    ASSERT_OK(ck->Sync());
+    RecordProperty("strided", victim->IsStrided() ? "yes" : "no");
+  }
+
+  auto r = Receiver::Open(store_.get(), MakeReceiver(0));
+  ASSERT_OK(r);
+  auto resumed = (*r)->SyncTo(1, 30000);
+  ASSERT_OK(resumed);
+  EXPECT_GE(resumed->chunks_resent, 1u);
+  decide.join();
+  for (auto& t : waiting) t.join();
+  ASSERT_OK(report);
+  EXPECT_TRUE(report->committed) << report->reason;
+  uint64_t served = 0;
+  for (size_t ri = 0; ri < ranks_.size(); ++ri) {
+    ASSERT_OK(decided[ri]);
+    EXPECT_TRUE(*decided[ri]);
+    served += ranks_[ri]->resends_served();
+  }
+  EXPECT_GE(served, 1u);
   auto ck = Checkpoint::Open(dir_.File("c0/model.safetensors"), Checkpoint::Mode::kReadOnly);
   ASSERT_OK(ck);
   for (size_t t = 0; t < ck->tensors().size(); ++t) {

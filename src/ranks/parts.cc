@@ -13,7 +13,9 @@
 #include "delta/apply.h"
 #include "delta/chunk.h"
 #include "sync/protocol.h"
+#include "sync/resend.h"
 #include "sync/supersede.h"
+#include "sync/votes.h"
 #include "transport/once_uploader.h"
 
 namespace refit::ranks {
@@ -223,6 +225,8 @@ Result<bool> RankPublisher::AwaitDecision(int timeout_ms) {
         encoder_->Abort();
       }
       pending_ = 0;
+      own_chunks_.reset();
+      served_requests_.clear();
       return d.commit;
     }
     if (got.status().code() != StatusCode::kNotFound) return got.status();
@@ -230,8 +234,54 @@ Result<bool> RankPublisher::AwaitDecision(int timeout_ms) {
       return DeadlineExceededError("no decision for version " + std::to_string(pending_) +
                                    " within " + std::to_string(timeout_ms) + " ms");
     }
-    std::this_thread::sleep_for(std::chrono::milliseconds(opt_.poll_ms));
+    const uint64_t since = store_->ChangeCount();
+    REFIT_RETURN_IF_ERROR(ServeResends());
+    store_->AwaitChange(since, opt_.poll_ms);
   }
+}
+
+Status RankPublisher::ServeResends() {
+  if (!own_chunks_) {
+    // Requests name manifest indices: map them to this rank's part once
+    // the manifest is stored (receivers ask only after reading it).
+    auto got = store_->Get(ManifestKey(pending_));
+    if (!got.ok()) {
+      return got.status().code() == StatusCode::kNotFound ? Status() : got.status();
+    }
+    own_chunks_.emplace();
+    // A manifest that fails its checks names nothing this rank can serve
+    // (receivers refuse it too, and the version aborts); a version
+    // assembled by a coordinator is served by its publisher.
+    auto body = opt_.auth.Open(*got);
+    if (!body.ok()) return Status();
+    auto decoded = DecodeManifest(*body);
+    if (!decoded.ok()) return Status();
+    const Manifest& m = *decoded;
+    if (!m.direct || m.version != pending_) return Status();
+    for (size_t i = 0; i < m.chunks.size(); ++i) {
+      const ManifestChunk& c = m.chunks[i];
+      if (c.in_part && c.rank == rank_) (*own_chunks_)[i] = c.part_index;
+    }
+  }
+  if (own_chunks_->empty()) return Status();
+  return refit::ServeResends(
+      store_, opt_.auth, pending_, &served_requests_,
+      [&](uint64_t i, bool after) -> Result<std::optional<std::vector<uint8_t>>> {
+        using Served = std::optional<std::vector<uint8_t>>;
+        auto own = own_chunks_->find(i);
+        if (own == own_chunks_->end() || own->second >= encoder_->pending_chunks()) {
+          return Served();  // another rank's chunk
+        }
+        REFIT_ASSIGN_OR_RETURN(std::span<const uint8_t> chunk,
+                               encoder_->PendingChunk(own->second));
+        REFIT_ASSIGN_OR_RETURN(ParsedChunk original, ParseChunk(chunk));
+        REFIT_ASSIGN_OR_RETURN(std::vector<uint8_t> desired,
+                               encoder_->PendingRegion(own->second, after));
+        REFIT_ASSIGN_OR_RETURN(std::vector<uint8_t> resend,
+                               MakeResend(original, desired.data(), after));
+        return Served(std::move(resend));
+      },
+      &resends_served_);
 }
 
 // ---------------------------------------------------------------------------
@@ -435,11 +485,6 @@ Result<CoordinatedReport> PartsCoordinator::Publish(uint64_t version) {
 namespace refit::ranks {
 namespace {
 
-int MsSince(Clock::time_point t0) {
-  return static_cast<int>(
-      std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0).count());
-}
-
 Result<std::optional<std::vector<uint8_t>>> GetIfStored(ObjectStore* store,
                                                         const std::string& key) {
   auto got = store->Get(key);
@@ -542,28 +587,11 @@ Result<std::vector<uint32_t>> DirectCoordinator::PartsStored(uint64_t version) {
 Result<Decision> DirectCoordinator::VoteAndDecide(const Manifest& m, std::vector<bool> touched,
                                                   DirectReport* report) {
   const uint64_t version = m.version;
-  auto start = Clock::now();
-  std::map<std::string, Vote> votes;
-  bool any_failed = false;
-  while (votes.size() < opt_.members.size() && !any_failed &&
-         MsSince(start) <= opt_.vote_timeout_ms) {
-    const uint64_t since = store_->ChangeCount();
-    for (const std::string& member : opt_.members) {
-      if (votes.count(member)) continue;
-      REFIT_ASSIGN_OR_RETURN(auto v, GetIfStored(store_, VoteKey(version, member)));
-      if (!v) continue;
-      auto body = opt_.auth.OpenMember(*v);
-      if (!body.ok()) continue;  // forged or damaged: not a vote
-      auto vote = DecodeVote(*body);
-      if (!vote.ok()) continue;
-      votes[member] = *vote;
-      any_failed = any_failed || !vote->ready;
-    }
-    if (votes.size() < opt_.members.size() && !any_failed) {
-      store_->AwaitChange(since, opt_.poll_ms);
-    }
-  }
-  report->vote_seconds = Since(start);
+  REFIT_ASSIGN_OR_RETURN(CollectedVotes collected,
+                         CollectVotes(store_, opt_.auth, version, opt_.members,
+                                      VoteWait{opt_.vote_timeout_ms, opt_.poll_ms}));
+  const std::map<std::string, Vote>& votes = collected.votes;
+  report->vote_seconds = collected.seconds;
   Decision d;
   d.version = version;
   std::string why;
@@ -603,15 +631,7 @@ Result<Decision> DirectCoordinator::VoteAndDecide(const Manifest& m, std::vector
     d.commit = false;
     d.reason = why.empty() ? "no vote" : why;
   }
-  Status put = store_->PutIfAbsent(DecisionKey(version), opt_.auth.Seal(EncodeDecision(d)));
-  if (put.code() == StatusCode::kAlreadyExists) {
-    REFIT_ASSIGN_OR_RETURN(auto bytes, store_->Get(DecisionKey(version)));
-    REFIT_ASSIGN_OR_RETURN(auto body, opt_.auth.Open(bytes));
-    REFIT_ASSIGN_OR_RETURN(d, DecodeDecision(body));
-  } else {
-    REFIT_RETURN_IF_ERROR(put);
-  }
-  return d;
+  return WriteDecision(store_, opt_.auth, d);
 }
 
 Result<DirectReport> DirectCoordinator::Publish(uint64_t version) {

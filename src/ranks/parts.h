@@ -24,7 +24,9 @@
 #define REFIT_RANKS_PARTS_H_
 
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -107,11 +109,22 @@ class RankPublisher {
 
   // Waits up to timeout_ms for the decision of the version published last:
   // commit advances the encoder's baseline (true), abort keeps it (false).
-  // kDeadlineExceeded when none arrives in time (call again).
+  // kDeadlineExceeded when none arrives in time (call again). While it
+  // waits on a direct version (its manifest stored, `direct`), it serves
+  // the overwrite re-sends receivers ask for of this rank's own chunks
+  // (sync/resend.h): the region at the base from the encoder's baseline,
+  // at the version from the baseline with the chunk applied. A receiver
+  // killed inside a region's write repairs it so, without a central copy.
   Result<bool> AwaitDecision(int timeout_ms);
+
+  // Re-sends stored by this rank since it was opened.
+  uint64_t resends_served() const { return resends_served_; }
 
  private:
   RankPublisher() = default;
+  // One round of serving re-sends of the pending version (above).
+  Status ServeResends();
+
   ObjectStore* parts_ = nullptr;
   ObjectStore* store_ = nullptr;
   trainer::RankEncoder* encoder_ = nullptr;
@@ -120,6 +133,11 @@ class RankPublisher {
   uint64_t pending_ = 0;  // the version published last, 0 when none
   uint64_t names_hash_ = 0;  // of the encoder's canonical tensors
   RankPublisherOptions opt_;
+  // The pending version's manifest chunks that are this rank's, by
+  // manifest index -> part index, once its manifest was read.
+  std::optional<std::map<uint64_t, uint64_t>> own_chunks_;
+  std::map<std::string, Sha256> served_requests_;
+  uint64_t resends_served_ = 0;
 };
 
 struct CoordinatorOptions {

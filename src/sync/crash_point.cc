@@ -12,7 +12,9 @@
 namespace refit {
 
 void CrashPoint(const char* name) {
-  static const char* spec = std::getenv("REFIT_CRASH_AT");
+  // Read at every call, not once: a test process that runs receivers
+  // itself and then forks a child that sets it must see the child obey.
+  const char* spec = std::getenv("REFIT_CRASH_AT");
   if (spec == nullptr || *spec == '\0') return;
   static std::atomic<long> hits{0};
   std::string s(spec);

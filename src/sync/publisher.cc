@@ -14,7 +14,9 @@
 #include "delta/chunk.h"
 #include "delta/encoder.h"
 #include "sync/keys.h"
+#include "sync/resend.h"
 #include "sync/supersede.h"
+#include "sync/votes.h"
 #include "transport/once_uploader.h"
 
 namespace refit {
@@ -104,40 +106,6 @@ class StoreSink : public ChunkSink {
   double blocked_seconds_ = 0, finish_seconds_ = 0;
 };
 
-// An overwrite re-send of `original`'s range holding `desired` (the
-// range's bytes at V when `after`, else at the base): the changed
-// positions come from the original chunk, the values from `desired`.
-Result<std::vector<uint8_t>> MakeResend(const ParsedChunk& original,
-                                        const uint8_t* desired, bool after) {
-  const ChunkHeader& h = original.header;
-  const int w = h.width;
-  const uint32_t n = static_cast<uint32_t>(h.count);
-  const uint32_t k = static_cast<uint32_t>(h.changed);
-  ChunkHeader r = h;
-  r.before = after ? h.before : h.after;
-  r.after = after ? h.after : h.before;
-  std::vector<uint8_t> payload;
-  codec::EncodeOptions opt;
-  if (h.IsSparse()) {
-    std::vector<uint32_t> pos(k);
-    std::vector<uint8_t> vals(static_cast<size_t>(k) * w);
-    REFIT_RETURN_IF_ERROR(codec::DecodeSparse(original.payload, h.kind, n, w, k,
-                                              pos.data(), vals.data()));
-    for (uint32_t i = 0; i < k; ++i) {
-      std::memcpy(vals.data() + static_cast<size_t>(i) * w,
-                  desired + static_cast<size_t>(pos[i]) * w, static_cast<size_t>(w));
-    }
-    r.kind = codec::ChunkKind::kSparseOverwrite;
-    REFIT_RETURN_IF_ERROR(codec::EncodeSparse(r.kind, n, w, pos, vals.data(), opt, &payload));
-  } else {
-    r.kind = codec::ChunkKind::kRaw;
-    REFIT_RETURN_IF_ERROR(codec::EncodeDense(n, w, desired, opt, &payload));
-  }
-  std::vector<uint8_t> out;
-  SerializeChunk(r, payload, &out);
-  return out;
-}
-
 Status ValidateMembers(const std::vector<std::string>& members) {
   if (members.empty()) return InvalidArgumentError("a publisher needs at least one member");
   std::set<std::string> unique;
@@ -195,65 +163,49 @@ Result<PublishReport> Publisher::PublishCheckpoint(uint64_t version,
 
 Status Publisher::ServeRequests(uint64_t version, const std::vector<TensorEntry>& tensors,
                                 const std::vector<TensorView>* target, uint64_t* served) {
-  REFIT_ASSIGN_OR_RETURN(auto requests, store_->List(RequestPrefix(version)));
-  for (const ObjectInfo& info : requests) {
-    std::optional<KeyInfo> key = ParseKey(info.key);
-    if (!key || key->kind != KeyInfo::Kind::kRequest) continue;
-    REFIT_ASSIGN_OR_RETURN(auto bytes, store_->Get(info.key));
-    Sha256 sha = ComputeSha256(bytes);
-    auto it = served_requests_.find(info.key);
-    if (it != served_requests_.end() && it->second == sha) continue;
-    const std::string& member = key->member;
-    auto body = opt_.auth.OpenMember(bytes);
-    if (!body.ok()) continue;  // not from a member holding the key: ignore
-    auto q = DecodeRequest(*body);
-    if (!q.ok()) continue;
-    for (size_t j = 0; j < q->chunks.size(); ++j) {
-      uint64_t i = q->chunks[j];
-      bool after = q->after[j];
-      // The chunk names its range; chunks are final once stored, so this
-      // works before the manifest exists (a version being aborted).
-      auto object = store_->Get(ChunkKey(version, i));
-      if (!object.ok()) {
-        if (object.status().code() == StatusCode::kNotFound) continue;
-        return object.status();
-      }
-      // A chunk object changed in the store names no range this publisher
-      // can trust: nothing is served for it (the receiver's wait ends in
-      // its deadline), and the coordinator goes on.
-      auto chunk_body = opt_.auth.Open(*object);
-      if (!chunk_body.ok()) continue;
-      auto parsed = ParseChunk(*chunk_body);
-      if (!parsed.ok()) continue;
-      const ParsedChunk& original = *parsed;
-      const ChunkHeader& h = original.header;
-      if (h.tensor_id >= tensors.size() || h.version != version) continue;
-      const TensorEntry& e = tensors[h.tensor_id];
-      if (h.width != e.width || h.start + h.count > e.num_elements) continue;
-      // The desired bytes: before a decision the target holds V and the
-      // baseline the base; after it the baseline holds whichever won.
-      const uint64_t offset = h.start * e.width, length = h.count * e.width;
-      std::vector<uint8_t> desired(length);
-      bool found = false;
-      if (target && after) {
-        for (const TensorView& v : *target) {
-          if (v.name != e.name) continue;
-          REFIT_RETURN_IF_ERROR(baseline_->ReadTarget(v, offset, length, desired.data()));
+  return ServeResends(
+      store_, opt_.auth, version, &served_requests_,
+      [&](uint64_t i, bool after) -> Result<std::optional<std::vector<uint8_t>>> {
+        using Served = std::optional<std::vector<uint8_t>>;
+        // The chunk names its range; chunks are final once stored, so this
+        // works before the manifest exists (a version being aborted).
+        auto object = store_->Get(ChunkKey(version, i));
+        if (!object.ok()) {
+          if (object.status().code() == StatusCode::kNotFound) return Served();
+          return object.status();
+        }
+        // A chunk object changed in the store names no range this publisher
+        // can trust: nothing is served for it (the receiver's wait ends in
+        // its deadline), and the coordinator goes on.
+        auto chunk_body = opt_.auth.Open(*object);
+        if (!chunk_body.ok()) return Served();
+        auto parsed = ParseChunk(*chunk_body);
+        if (!parsed.ok()) return Served();
+        const ParsedChunk& original = *parsed;
+        const ChunkHeader& h = original.header;
+        if (h.tensor_id >= tensors.size() || h.version != version) return Served();
+        const TensorEntry& e = tensors[h.tensor_id];
+        if (h.width != e.width || h.start + h.count > e.num_elements) return Served();
+        // The desired bytes: before a decision the target holds V and the
+        // baseline the base; after it the baseline holds whichever won.
+        const uint64_t offset = h.start * e.width, length = h.count * e.width;
+        std::vector<uint8_t> desired(length);
+        bool found = false;
+        if (target && after) {
+          for (const TensorView& v : *target) {
+            if (v.name != e.name) continue;
+            REFIT_RETURN_IF_ERROR(baseline_->ReadTarget(v, offset, length, desired.data()));
+            found = true;
+          }
+        } else if (auto b = baseline_index_.find(e.name); b != baseline_index_.end()) {
+          REFIT_RETURN_IF_ERROR(baseline_->Read(b->second, offset, length, desired.data()));
           found = true;
         }
-      } else if (auto b = baseline_index_.find(e.name); b != baseline_index_.end()) {
-        REFIT_RETURN_IF_ERROR(baseline_->Read(b->second, offset, length, desired.data()));
-        found = true;
-      }
-      if (!found) continue;
-      REFIT_ASSIGN_OR_RETURN(auto resend, MakeResend(original, desired.data(), after));
-      REFIT_RETURN_IF_ERROR(
-          store_->Put(ResendKey(version, member, i, after), opt_.auth.Seal(resend)));
-      ++*served;
-    }
-    served_requests_[info.key] = sha;
-  }
-  return Status();
+        if (!found) return Served();
+        REFIT_ASSIGN_OR_RETURN(auto resend, MakeResend(original, desired.data(), after));
+        return Served(std::move(resend));
+      },
+      served);
 }
 
 Result<std::optional<std::vector<TensorEntry>>> Publisher::VersionTensors(uint64_t version) {
@@ -440,33 +392,14 @@ Status Publisher::AbortSuperseded(uint64_t version) {
 Result<Decision> Publisher::VoteAndDecide(uint64_t version, const Manifest& m,
                                           const std::vector<TensorView>& target,
                                           PublishReport* report) {
-  auto start = Clock::now();
-  std::map<std::string, Vote> votes;
-  bool any_failed = false;
-  while (votes.size() < opt_.members.size() && !any_failed &&
-         ElapsedMs(start) <= opt_.vote_timeout_ms) {
-    // Taken before looking: a vote stored from here on ends the wait.
-    const uint64_t since = store_->ChangeCount();
-    for (const std::string& member : opt_.members) {
-      if (votes.count(member)) continue;
-      auto v = store_->Get(VoteKey(version, member));
-      if (!v.ok()) {
-        if (v.status().code() != StatusCode::kNotFound) return v.status();
-        continue;
-      }
-      auto body = opt_.auth.OpenMember(*v);
-      if (!body.ok()) continue;  // forged or damaged: not a vote
-      auto vote = DecodeVote(*body);
-      if (!vote.ok()) continue;
-      votes[member] = *vote;
-      any_failed = any_failed || !vote->ready;
-    }
-    REFIT_RETURN_IF_ERROR(ServeRequests(version, m.tensors, &target, &report->resends_served));
-    if (votes.size() < opt_.members.size() && !any_failed) {
-      store_->AwaitChange(since, opt_.poll_ms);
-    }
-  }
-  report->stages.vote_wait = SecondsSince(start);
+  REFIT_ASSIGN_OR_RETURN(
+      CollectedVotes collected,
+      CollectVotes(store_, opt_.auth, version, opt_.members,
+                   VoteWait{opt_.vote_timeout_ms, opt_.poll_ms}, [&]() {
+                     return ServeRequests(version, m.tensors, &target, &report->resends_served);
+                   }));
+  const std::map<std::string, Vote>& votes = collected.votes;
+  report->stages.vote_wait = collected.seconds;
   const Clock::time_point decided = Clock::now();
   Decision d;
   d.version = version;
@@ -494,14 +427,7 @@ Result<Decision> Publisher::VoteAndDecide(uint64_t version, const Manifest& m,
                                      " member(s) by the deadline, first '" +
                                      missing.front() + "'";
   }
-  Status put = store_->PutIfAbsent(DecisionKey(version), opt_.auth.Seal(EncodeDecision(d)));
-  if (put.code() == StatusCode::kAlreadyExists) {
-    REFIT_ASSIGN_OR_RETURN(auto bytes, store_->Get(DecisionKey(version)));
-    REFIT_ASSIGN_OR_RETURN(auto body, opt_.auth.Open(bytes));
-    REFIT_ASSIGN_OR_RETURN(d, DecodeDecision(body));
-  } else {
-    REFIT_RETURN_IF_ERROR(put);
-  }
+  REFIT_ASSIGN_OR_RETURN(d, WriteDecision(store_, opt_.auth, d));
   report->stages.decision = SecondsSince(decided);
   return d;
 }

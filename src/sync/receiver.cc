@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <optional>
 #include <thread>
@@ -17,6 +18,7 @@
 #include "sync/fold_apply.h"
 #include "sync/follow.h"
 #include "sync/journal.h"
+#include "sync/publisher_baseline.h"
 #include "sync/staged_apply.h"
 #include "sync/version_apply.h"
 
@@ -354,6 +356,91 @@ Result<bool> Receiver::ChainBroken(const std::vector<uint64_t>& versions) {
   Sha256 sha;
   REFIT_ASSIGN_OR_RETURN(Announcement a, ReadAnnouncement(*next, &sha));
   return a.base_version > active_;
+}
+
+Result<bool> Receiver::WriteSnapshot() {
+  const std::string V = std::to_string(active_);
+  if (opt_.checkpoint.empty() || opt_.staged != nullptr) {
+    return FailedPreconditionError("receiver '" + opt_.member +
+                                   "' holds no checkpoint to write a snapshot from");
+  }
+  auto idle = [&]() -> Status {
+    REFIT_ASSIGN_OR_RETURN(auto journal, Journal::Load(StatePath(opt_, "journal")));
+    if (journal && journal->version > active_) {
+      return FailedPreconditionError("receiver '" + opt_.member + "' is inside version " +
+                                     std::to_string(journal->version) +
+                                     " (journaled); step it to the end first");
+    }
+    return Status();
+  };
+  REFIT_RETURN_IF_ERROR(idle());
+  auto existing = store_->Get(SnapshotIndexKey(active_));
+  if (existing.ok()) return false;
+  if (existing.status().code() != StatusCode::kNotFound) return existing.status();
+  REFIT_ASSIGN_OR_RETURN(auto record, ActiveTensors());
+  if (!record) {
+    return FailedPreconditionError("the store records no tensor table for version " + V +
+                                   "; no snapshot is written from receiver '" + opt_.member +
+                                   "'");
+  }
+  for (const TensorEntry& e : *record) {
+    if (e.after == Hash128{}) {
+      return FailedPreconditionError("version " + V + " is not committed with its tensors' "
+                                     "hashes; no snapshot is written");
+    }
+  }
+  REFIT_ASSIGN_OR_RETURN(std::unique_ptr<FileBaseline> files,
+                         FileBaseline::Open(opt_.checkpoint));
+  const std::vector<TensorView>& views = files->tensors();
+  if (views.size() != record->size()) {
+    return DataLossError("receiver '" + opt_.member + "' holds " +
+                         std::to_string(views.size()) + " tensors, version " + V + " has " +
+                         std::to_string(record->size()) + "; no snapshot is written");
+  }
+  std::vector<TensorEntry> table;
+  for (const TensorEntry& e : *record) {
+    auto it = std::find_if(views.begin(), views.end(),
+                           [&](const TensorView& v) { return v.name == e.name; });
+    if (it == views.end()) {
+      return DataLossError("receiver '" + opt_.member + "' has no tensor '" + e.name +
+                           "' of version " + V + "; no snapshot is written");
+    }
+    REFIT_ASSIGN_OR_RETURN(Hash128 h,
+                           files->HashTensor(static_cast<size_t>(it - views.begin())));
+    if (h != e.after) {
+      return DataLossError("receiver '" + opt_.member + "' holds tensor '" + e.name +
+                           "' not as version " + V + " records it; no snapshot is written "
+                           "(resync this receiver)");
+    }
+    TensorEntry t = e;
+    t.before = t.after;
+    table.push_back(std::move(t));
+  }
+  const uint64_t version = active_;
+  SnapshotIndex index;
+  index.version = version;
+  index.tensors = std::move(table);
+  REFIT_RETURN_IF_ERROR(files->ForEachSnapshotFile(
+      [&](const std::string& name, std::span<const uint8_t> bytes) -> Status {
+        const size_t i = index.files.size();
+        index.files.push_back(SnapshotFile{name, bytes.size(), ComputeSha256(bytes)});
+        return store_->Put(SnapshotFileKey(version, i), bytes);
+      }));
+  // Nothing may have written the files since they were hashed: no
+  // version began (journal) or was activated meanwhile.
+  REFIT_RETURN_IF_ERROR(idle());
+  if (PathExists(StatePath(opt_, "active"))) {
+    REFIT_ASSIGN_OR_RETURN(std::vector<uint8_t> text, ReadFile(StatePath(opt_, "active")));
+    if (std::strtoull(std::string(text.begin(), text.end()).c_str(), nullptr, 10) != version) {
+      return AbortedError("receiver '" + opt_.member + "' moved past version " + V +
+                          " while its snapshot was written; no index was stored");
+    }
+  }
+  Status put = store_->PutIfAbsent(SnapshotIndexKey(version),
+                                   opt_.auth.Seal(EncodeSnapshotIndex(index)));
+  if (put.code() == StatusCode::kAlreadyExists) return false;
+  REFIT_RETURN_IF_ERROR(put);
+  return true;
 }
 
 Result<std::optional<uint64_t>> Receiver::NewestSnapshot() {

@@ -192,6 +192,23 @@ class Receiver {
   // the work; the next Step resumes).
   Result<StepResult> Step(uint64_t fold_limit = UINT64_MAX);
 
+  // Stores a snapshot of the active version (snap/<V>/: the checkpoint's
+  // files and the index, docs/protocol.md "Snapshots and retention") from
+  // this checkpoint receiver's own files, for receivers that catch up
+  // from it; the way versions published by many ranks get snapshots, as
+  // no coordinator holds their model. Refused (FAILED_PRECONDITION) for
+  // an in-memory or two-phase receiver, with a version in progress in the
+  // journal, or when the store records no tensor table for the active
+  // version; DATA_LOSS, with nothing stored, when a tensor of the
+  // checkpoint does not hash to the version's record. The files go first
+  // and the index last, and the active version and the journal are
+  // checked again before the index is stored, so a receiver that moved
+  // on meanwhile leaves no index naming a mixed set of files. Returns
+  // false, storing nothing, when the store holds that snapshot already.
+  // Call it between steps, never while another process steps the same
+  // state directory.
+  Result<bool> WriteSnapshot();
+
   // The version this receiver voted failed on in its last Step(), which
   // then returned why (docs/protocol.md, "Failed votes"): the version
   // cannot be applied here (its announced base is not the model this

@@ -599,4 +599,38 @@ Status RankEncoder::Commit() {
 
 void RankEncoder::Abort() { impl_->pending.clear(); }
 
+size_t RankEncoder::pending_chunks() const { return impl_->pending.size(); }
+
+Result<std::span<const uint8_t>> RankEncoder::PendingChunk(size_t index) const {
+  if (index >= impl_->pending.size()) {
+    return OutOfRangeError("chunk " + std::to_string(index) + " of the pending version: it has " +
+                           std::to_string(impl_->pending.size()) + " chunk(s)");
+  }
+  return std::span<const uint8_t>(impl_->pending[index].second);
+}
+
+Result<std::vector<uint8_t>> RankEncoder::PendingRegion(size_t index, bool after) const {
+  const Impl& m = *impl_;
+  REFIT_ASSIGN_OR_RETURN(std::span<const uint8_t> bytes, PendingChunk(index));
+  REFIT_ASSIGN_OR_RETURN(ParsedChunk c, ParseChunk(bytes));
+  const Job& j = m.jobs[m.pending[index].first];
+  const uint64_t length = c.header.count * static_cast<uint64_t>(c.header.width);
+  if (j.base_offset > m.baseline.size() || length > m.baseline.size() - j.base_offset) {
+    return InternalError("pending chunk " + std::to_string(index) +
+                         " lies outside the rank's baseline");
+  }
+  std::vector<uint8_t> out(m.baseline.begin() + static_cast<std::ptrdiff_t>(j.base_offset),
+                           m.baseline.begin() + static_cast<std::ptrdiff_t>(j.base_offset + length));
+  if (after) {
+    // As Commit: the baseline holds the region gathered, a contiguous range.
+    c.header.start = 0;
+    c.header.run = 0;
+    c.header.stride = 0;
+    ApplyScratch scratch;
+    REFIT_RETURN_IF_ERROR(ApplyChunkInPlace(c, out.data(), &scratch, nullptr, nullptr)
+                              .WithContext("the region of a pending chunk at its version"));
+  }
+  return out;
+}
+
 }  // namespace refit::trainer

@@ -98,6 +98,17 @@ class RankEncoder {
   // The version encoded last aborted: the baseline stays.
   void Abort();
 
+  // Until Commit() or Abort(): the number of chunks the last Encode
+  // emitted, and for chunk `index` of them (in emit order) the serialized
+  // chunk and its region's canonical bytes (count * width, in the chunk's
+  // element order) at the base, or at the encoded version when `after`.
+  // What a rank serves as overwrite re-sends of its own regions while its
+  // version is undecided (docs/protocol.md, "Versions from many ranks").
+  // OUT_OF_RANGE for an index past the pending chunks.
+  size_t pending_chunks() const;
+  Result<std::span<const uint8_t>> PendingChunk(size_t index) const;
+  Result<std::vector<uint8_t>> PendingRegion(size_t index, bool after) const;
+
  private:
   struct Impl;
   explicit RankEncoder(std::unique_ptr<Impl> impl);

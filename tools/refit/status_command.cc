@@ -1,5 +1,5 @@
-// `refit status`: a store's versions, decisions and votes, and a
-// receiver's local state. See sync_commands.h.
+// `refit status`: a store's versions, decisions and votes, the trainer
+// ranks' parts of versions in flight, and a receiver's local state. See sync_commands.h.
 #include <fmt/format.h>
 #include <signal.h>
 #include <unistd.h>
@@ -93,6 +93,62 @@ Result<VersionStatus> ReadVersion(const ObjectReader& reader,
   return v;
 }
 
+// The parts of a version in flight that trainer ranks uploaded
+// (docs/trainer.md, "Versions from many ranks"): per rank, its chunk
+// objects so far and whether its part list (written last) is stored.
+struct RankParts {
+  uint64_t chunks = 0;
+  uint64_t bytes = 0;
+  bool listed = false;
+};
+using VersionParts = std::map<uint64_t, std::map<uint32_t, RankParts>>;  // V -> rank
+
+// parts/<V: 20 digits>/<rank: 10 digits>/list or .../chunk/<k: 10 digits>
+// (sync/keys.h); other keys are not parts.
+bool ParsePartKey(std::string_view key, uint64_t* version, uint32_t* rank, bool* list) {
+  auto digits = [](std::string_view d, uint64_t* out) {
+    if (d.empty() || d.size() > 20) return false;
+    auto [p, ec] = std::from_chars(d.data(), d.data() + d.size(), *out);
+    return ec == std::errc() && p == d.data() + d.size();
+  };
+  constexpr std::string_view kPrefix = "parts/";
+  if (key.substr(0, kPrefix.size()) != kPrefix) return false;
+  key.remove_prefix(kPrefix.size());
+  const size_t a = key.find('/');
+  if (a != 20) return false;
+  const size_t b = key.find('/', a + 1);
+  if (b != a + 11) return false;
+  uint64_t r = 0;
+  if (!digits(key.substr(0, a), version) || !digits(key.substr(a + 1, 10), &r) ||
+      r > UINT32_MAX) {
+    return false;
+  }
+  *rank = static_cast<uint32_t>(r);
+  const std::string_view rest = key.substr(b + 1);
+  *list = rest == "list";
+  return *list || (rest.size() == 16 && rest.substr(0, 6) == "chunk/");
+}
+
+// The parts stored for versions above `head` (every version without one).
+Result<VersionParts> ReadParts(ObjectStore* store, std::optional<uint64_t> head) {
+  VersionParts out;
+  REFIT_ASSIGN_OR_RETURN(auto objects, store->List("parts/"));
+  for (const ObjectInfo& o : objects) {
+    uint64_t v = 0;
+    uint32_t rank = 0;
+    bool list = false;
+    if (!ParsePartKey(o.key, &v, &rank, &list) || (head && v <= *head)) continue;
+    RankParts& p = out[v][rank];
+    if (list) {
+      p.listed = true;
+    } else {
+      ++p.chunks;
+      p.bytes += o.size;
+    }
+  }
+  return out;
+}
+
 struct LocalStatus {
   std::string dir;
   bool exists = false;
@@ -176,6 +232,13 @@ int RunSyncStatus(const StatusArgs& args) {
   }
   std::vector<LocalStatus> locals;
   for (const std::string& dir : args.states) locals.push_back(ReadLocal(dir));
+  Result<VersionParts> parts = ReadParts(s, head);
+  if (!parts.ok()) return fail(parts.status());
+  // In flight: no decision yet (an aborted version's parts stay stored).
+  for (auto it = parts->begin(); it != parts->end();) {
+    Result<std::optional<Decision>> decided = reader.ReadDecision(it->first);
+    it = decided.ok() && *decided ? parts->erase(it) : std::next(it);
+  }
 
   if (args.json) {
     Json j;
@@ -200,6 +263,16 @@ int RunSyncStatus(const StatusArgs& args) {
       vs.push_back(e);
     }
     j["versions"] = vs;
+    Json ps = Json::array();
+    for (const auto& [v, ranks] : *parts) {
+      Json rs = Json::object();
+      for (const auto& [rank, p] : ranks) {
+        rs[std::to_string(rank)] = Json{{"chunks", p.chunks}, {"bytes", p.bytes},
+                                        {"listed", p.listed}};
+      }
+      ps.push_back(Json{{"version", v}, {"ranks", rs}});
+    }
+    j["parts"] = ps;
     Json ls = Json::array();
     for (const LocalStatus& l : locals) {
       Json e{{"state", l.dir}, {"exists", l.exists}};
@@ -246,6 +319,18 @@ int RunSyncStatus(const StatusArgs& args) {
       for (const std::string& d : v.dropped) dropped += " " + d;
       fmt::print("{:>8} {}{}\n", "",
                  dropped.empty() ? "" : "dropped:" + dropped + "; ", v.reason);
+    }
+  }
+  for (const auto& [v, ranks] : *parts) {
+    // A version that trainer ranks publish, not decided yet: which ranks
+    // stored their part list (a coordinator waits for all of them).
+    size_t with_list = 0;
+    for (const auto& [rank, p] : ranks) with_list += p.listed;
+    fmt::print("\nparts of version {} in flight: {} rank(s), {} with their part list\n", v,
+               ranks.size(), with_list);
+    for (const auto& [rank, p] : ranks) {
+      fmt::print("  rank {:>5}  {:>7} chunk(s) {:>14} bytes  {}\n", rank, p.chunks,
+                 WithCommas(p.bytes), p.listed ? "listed" : "uploading");
     }
   }
   for (const LocalStatus& l : locals) {

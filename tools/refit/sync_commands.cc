@@ -273,6 +273,24 @@ void RegisterSyncCommands(CLI::App* app, SyncCommandArgs* args) {
   kg->add_option("PUBLIC", k.public_key, "public key file to create")->required();
   add_json(kg, &k.json);
 
+  SnapshotArgs& sn = args->snapshot;
+  CLI::App* snp = app->add_subcommand(
+      "snapshot",
+      "Store a snapshot of a checkpoint receiver's active (committed) version "
+      "from its own files, after checking every tensor against the version's "
+      "recorded hashes; for receivers that catch up from it. Run it while no "
+      "`refit receive` uses the same --state.");
+  args->snapshot_cmd = snp;
+  snp->add_option("--store", sn.store, kStoreOptionHelp)->required();
+  snp->add_option("--checkpoint", sn.checkpoint, "the receiver's checkpoint")->required();
+  snp->add_option("--state", sn.state, "the receiver's state directory")->required();
+  snp->add_option("--member", sn.member, "the receiver's name, for messages")
+      ->capture_default_str();
+  add_key(snp, &sn.key_file);
+  snp->add_option("--verify-key", sn.verify_key,
+                  "the publisher's Ed25519 public key, when it signs");
+  add_json(snp, &sn.json);
+
   CLI::App* sts = app->add_subcommand(
       "status",
       "Show the store's head, recent versions with their decision and each "
@@ -379,7 +397,45 @@ int RunKeygen(const KeygenArgs& args) {
   return kExitOk;
 }
 
+int RunSnapshot(const SnapshotArgs& args) {
+  constexpr std::string_view kCmd = "snapshot";
+  auto fail = [&](const Status& s) { return Fail(kCmd, s, args.json); };
+  Result<Authenticator> auth = LoadAuth(args.key_file, "", args.verify_key);
+  if (!auth.ok()) return fail(auth.status());
+  StoreOptions existing;
+  existing.create_if_missing = false;
+  Result<std::unique_ptr<ObjectStore>> store = OpenObjectStore(args.store, existing);
+  if (!store.ok()) return fail(store.status());
+  ReceiverOptions o;
+  o.member = args.member;
+  o.checkpoint = args.checkpoint;
+  o.state_dir = args.state;
+  o.auth = *auth;
+  Result<std::unique_ptr<Receiver>> r = Receiver::Open(store->get(), o);
+  if (!r.ok()) return fail(r.status());
+  const uint64_t version = (*r)->active_version();
+  Result<bool> wrote = (*r)->WriteSnapshot();
+  if (!wrote.ok()) return fail(wrote.status());
+  if (args.json) {
+    PrintJson(Json{{"ok", true},
+                   {"command", "snapshot"},
+                   {"version", version},
+                   {"written", *wrote}});
+  } else if (*wrote) {
+    fmt::print("refit snapshot: stored the snapshot of version {} from {}\n", version,
+               args.checkpoint);
+  } else {
+    fmt::print("refit snapshot: the store holds the snapshot of version {} already\n",
+               version);
+  }
+  return kExitOk;
+}
+
 std::optional<int> RunSyncCommand(SyncCommandArgs* args, bool global_json) {
+  if (args->snapshot_cmd && *args->snapshot_cmd) {
+    args->snapshot.json |= global_json;
+    return RunSnapshot(args->snapshot);
+  }
   if (args->keygen_cmd && *args->keygen_cmd) {
     args->keygen.json |= global_json;
     return RunKeygen(args->keygen);

@@ -127,8 +127,26 @@ struct KeygenArgs {
 };
 int RunKeygen(const KeygenArgs& args);
 
+// `refit snapshot`: stores a snapshot of a checkpoint receiver's active
+// version from its own files (Receiver::WriteSnapshot; docs/protocol.md,
+// "Snapshots and retention"), for versions no publisher holds the model
+// of (published by many ranks). Run it while no `refit receive` steps the
+// same state directory.
+struct SnapshotArgs {
+  std::string store;
+  std::string member = "snapshot";  // names the receiver in messages only
+  std::string checkpoint;
+  std::string state;
+  std::string key_file;
+  std::string verify_key;
+  bool json = false;
+};
+int RunSnapshot(const SnapshotArgs& args);
+
 struct SyncCommandArgs {
   PublishArgs publish;
+  SnapshotArgs snapshot;
+  CLI::App* snapshot_cmd = nullptr;
   ReceiveArgs receive;
   StatusArgs status;
   KeygenArgs keygen;

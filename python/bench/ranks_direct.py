@@ -1,0 +1,230 @@
+"""Versions from many trainer ranks: the direct path against the assembling
+coordinator, in the same run (docs/benchmarks.md, "Versions from many ranks").
+
+Rank processes (one per rank of a TP x PP layout that `refit layout generate`
+writes) publish one version of a synthetic BF16 model, `--rate` of its
+elements changed by one-ulp XORs, to a directory store; two checkpoint
+receivers apply it. Each path is timed from the last rank's part being
+stored to every receiver having the version active, against the slowest
+rank's detect + encode + upload; the coordinator's peak resident memory
+(VmHWM of its own process, after imports, after opening, after the
+version) and the disk it uses are reported.
+
+  PYTHONPATH=build/release/python python3 python/bench/ranks_direct.py \\
+      --refit build/release/tools/refit/refit [--hidden 1024 --layers 8]
+"""
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import resource
+import shutil
+import subprocess
+import tempfile
+import time
+
+import numpy as np
+
+import refit
+
+KEY = b"b" * 32
+
+
+def canonical_model(layout, seed):
+    rng = np.random.default_rng(seed)
+    out = {}
+    for c in layout["canonical"]:
+        n = int(np.prod(c["shape"]))
+        # BF16 bit patterns of small normal values (exponents 0x3c..0x3f).
+        out[c["name"]] = rng.integers(0x3C00, 0x3F80, n, dtype=np.uint16).reshape(c["shape"])
+    return out
+
+
+def step(model, rate, seed):
+    rng = np.random.default_rng(seed)
+    new = {}
+    for name, a in model.items():
+        flat = a.reshape(-1).copy()
+        k = rng.binomial(flat.size, rate)
+        idx = rng.choice(flat.size, size=k, replace=False)
+        flat[idx] ^= 1
+        new[name] = flat.reshape(a.shape)
+    return new
+
+
+def local_tensors(layout, rank, model):
+    """The rank's local tensors, scattered from the canonical ones by the pieces."""
+    r = next(x for x in layout["ranks"] if x["rank"] == rank)
+    out = {}
+    for t in r["tensors"]:
+        local = np.zeros(int(np.prod(t["shape"])), dtype=np.uint16)
+        for p in t["pieces"]:
+            canon = model[p["canonical"]].reshape(-1)
+            rows = np.arange(p["rows"], dtype=np.int64)[:, None]
+            cols = np.arange(p["cols"], dtype=np.int64)[None, :]
+            lo, lr, lc = p["local"]
+            co, cr, cc = p["canon"]
+            local[lo + rows * lr + cols * lc] = canon[co + rows * cr + cols * cc]
+        out[t["name"]] = local.reshape(t["shape"])
+    return out
+
+
+def rank_main(args, store, parts, rank, base, queue):
+    with open(args["layout"]) as f:
+        layout = json.load(f)
+    model = canonical_model(layout, 1)
+    target = step(model, args["rate"], 2)
+    local = local_tensors(layout, rank, target)
+    pub = refit.Publisher(store, layout=args["layout"], rank=rank, baseline=base, key=KEY,
+                          parts=parts, decision_timeout=600)
+    # The rank's part (detect + encode + upload), then the decision, timed apart
+    # (the public publish() returns after both).
+    from refit._tensors import named_items, prepare
+    p = prepare(named_items(local), writable=False, expected=pub._dtypes)
+    t0 = time.time()
+    report = pub._native.publish(1, p.triples)
+    stored = time.time()
+    committed = pub._native.await_decision(600)
+    queue.put(("rank", rank, t0, stored, report["seconds"], committed))
+
+
+def receiver_main(store, member, ckpt, queue):
+    rcv = refit.Receiver(store, member=member, checkpoint_dir=ckpt, key=KEY,
+                         decision_timeout=600)
+    rcv.sync(1, timeout=600)
+    queue.put(("receiver", member, time.time()))
+
+
+def maxrss():
+    # VmHWM: the peak of this process's own address space. (getrusage's
+    # ru_maxrss survives execve, so a spawned process would report the
+    # high-water mark of the parent it was forked from.)
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def coordinator_main(store, members, ranks, base, baseline, queue):
+    # Peak resident memory after the interpreter and modules loaded, after
+    # opening (a direct coordinator reads the first version's tensor table
+    # from `table`, hashing its mapped pages), and after the version.
+    rss = [maxrss()]
+    if baseline is None:
+        c = refit.Coordinator(store, members=members, ranks=ranks, table=base, key=KEY,
+                              vote_timeout=600, parts_timeout=600)
+        rss.append(maxrss())
+        report, parts = c.publish(1)
+        committed = report["committed"]
+    else:
+        c = refit.Coordinator(store + "-protocol", members=members, ranks=ranks, parts=store,
+                              baseline=baseline, key=KEY, vote_timeout=600, parts_timeout=600)
+        rss.append(maxrss())
+        report, parts = c.publish(1)
+        committed = report.committed
+    rss.append(maxrss())
+    queue.put(("coordinator", time.time(), committed, parts["chunks"], rss))
+
+
+def disk_bytes(path):
+    total = 0
+    for root, _, files in os.walk(path):
+        for f in files:
+            total += os.path.getsize(os.path.join(root, f))
+    return total
+
+
+def run_path(direct, work, layout_path, base, nranks, rate):
+    store = os.path.join(work, "store-direct" if direct else "store-parts")
+    members = ["r0", "r1"]
+    ckpts = []
+    for m in members:
+        ck = os.path.join(work, f"{m}-{'direct' if direct else 'parts'}.safetensors")
+        shutil.copyfile(base, ck)
+        ckpts.append(ck)
+    coord_dir = os.path.join(work, "coord-" + ("direct" if direct else "parts"))
+    os.makedirs(coord_dir)
+    baseline = None
+    if not direct:
+        baseline = os.path.join(coord_dir, "baseline.safetensors")
+        shutil.copyfile(base, baseline)
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    receiver_store = store if direct else store + "-protocol"
+    procs = [ctx.Process(target=coordinator_main,
+                         args=(store, members, list(range(nranks)), base, baseline, q))]
+    procs += [ctx.Process(target=receiver_main, args=(receiver_store, m, ck, q))
+              for m, ck in zip(members, ckpts)]
+    args = {"layout": layout_path, "rate": rate}
+    # Direct: parts go to the protocol store itself. Assembled: to `store`,
+    # the parts store, while decisions are read from the protocol store.
+    procs += [ctx.Process(target=rank_main,
+                          args=(args, receiver_store, None if direct else store, r, base, q))
+              for r in range(nranks)]
+    for p in procs:
+        p.start()
+    results = [q.get(timeout=1200) for _ in procs]
+    for p in procs:
+        p.join()
+    ranks = [r for r in results if r[0] == "rank"]
+    receivers = [r for r in results if r[0] == "receiver"]
+    coord = next(r for r in results if r[0] == "coordinator")
+    last_part = max(r[3] for r in ranks)
+    active = max(r[2] for r in receivers)
+    slowest = max(r[4] for r in ranks)
+    return {
+        "path": "direct" if direct else "assembled",
+        "committed": coord[2] and all(r[5] for r in ranks),
+        "chunks": coord[3],
+        "slowest_rank_part_s": slowest,
+        "last_part_to_all_active_s": active - last_part,
+        "ratio": (active - last_part) / slowest,
+        # Peak RSS (MiB) after imports, after opening, after the version.
+        "coordinator_maxrss_mib": [round(x / 2**20, 1) for x in coord[4]],
+        "coordinator_disk_mib": disk_bytes(coord_dir) / 2**20,
+    }
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--refit", required=True, help="the refit binary (for the layout)")
+    ap.add_argument("--hidden", type=int, default=1024)
+    ap.add_argument("--layers", type=int, default=8)
+    ap.add_argument("--tp", type=int, default=4)
+    ap.add_argument("--pp", type=int, default=2)
+    ap.add_argument("--rate", type=float, default=0.03)
+    ns = ap.parse_args()
+    work = tempfile.mkdtemp(prefix="refit-ranks-bench-")
+    try:
+        config = {"model_type": "qwen2", "hidden_size": ns.hidden,
+                  "intermediate_size": ns.hidden * 11 // 4, "num_hidden_layers": ns.layers,
+                  "num_attention_heads": ns.hidden // 64, "num_key_value_heads": ns.hidden // 128,
+                  "head_dim": 64, "vocab_size": 32000, "attention_bias": True,
+                  "tie_word_embeddings": False}
+        cfg = os.path.join(work, "config.json")
+        with open(cfg, "w") as f:
+            json.dump(config, f)
+        layout_path = os.path.join(work, "layout.json")
+        subprocess.run([ns.refit, "layout", "generate", "--config", cfg, "--tp", str(ns.tp),
+                        "--pp", str(ns.pp), "-o", layout_path], check=True,
+                       stdout=subprocess.DEVNULL)
+        with open(layout_path) as f:
+            layout = json.load(f)
+        base = os.path.join(work, "base.safetensors")
+        model = canonical_model(layout, 1)
+        refit.save(base, model, dtypes="BF16")
+        size = os.path.getsize(base)
+        nranks = len(layout["ranks"])
+        print(f"model {size / 2**20:.0f} MiB, {nranks} rank processes (TP{ns.tp} x PP{ns.pp}), "
+              f"{ns.rate:.0%} changed, 2 checkpoint receivers, directory store")
+        for direct in (True, False):
+            r = run_path(direct, work, layout_path, base, nranks, ns.rate)
+            print(json.dumps(r))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
