@@ -80,9 +80,12 @@ Result<bool> FoldApply::ReadAndPlan() {
     Sha256 sha;
     REFIT_ASSIGN_OR_RETURN(Manifest m, r_.ReadManifest(a.version, &sha));
     // Versions published by several ranks (strided regions, chunks in the
-    // ranks' parts) are not folded: the step applies them one at a time.
+    // ranks' parts) and versions with chunk packs are not folded: the step
+    // applies them one at a time.
     bool parts = m.direct;
-    for (const ManifestChunk& c : m.chunks) parts = parts || c.run != 0 || c.in_part;
+    for (const ManifestChunk& c : m.chunks) {
+      parts = parts || c.run != 0 || c.in_part || c.pack_offset != 0;
+    }
     if (parts) return false;
     REFIT_RETURN_IF_ERROR(CheckFoldManifest(a, m));
     manifests_.push_back(std::move(m));
