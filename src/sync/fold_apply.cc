@@ -80,12 +80,9 @@ Result<bool> FoldApply::ReadAndPlan() {
     Sha256 sha;
     REFIT_ASSIGN_OR_RETURN(Manifest m, r_.ReadManifest(a.version, &sha));
     // Versions published by several ranks (strided regions, chunks in the
-    // ranks' parts) and versions with chunk packs are not folded: the step
-    // applies them one at a time.
+    // ranks' parts) are not folded: the step applies them one at a time.
     bool parts = m.direct;
-    for (const ManifestChunk& c : m.chunks) {
-      parts = parts || c.run != 0 || c.in_part || c.pack_offset != 0;
-    }
+    for (const ManifestChunk& c : m.chunks) parts = parts || c.run != 0 || c.in_part;
     if (parts) return false;
     REFIT_RETURN_IF_ERROR(CheckFoldManifest(a, m));
     manifests_.push_back(std::move(m));
@@ -93,11 +90,12 @@ Result<bool> FoldApply::ReadAndPlan() {
   REFIT_ASSIGN_OR_RETURN(auto plan, PlanFold(chain_, manifests_));
   if (!plan) return false;
   cells_ = std::move(*plan);
+  for (const Announcement& a : chain_) readers_.emplace_back(r_.store_, a.version);
   return true;
 }
 
 Result<ParsedChunk> FoldApply::Fetch(size_t j, uint64_t i, std::vector<uint8_t>* object) {
-  REFIT_ASSIGN_OR_RETURN(*object, r_.store_->Get(ChunkKey(chain_[j].version, i)));
+  REFIT_ASSIGN_OR_RETURN(*object, readers_[j].Get(i, &manifests_[j]));
   result_.bytes_fetched += object->size();
   return CheckChunk(*object, ChunkSpec{&chain_[j], i, &manifests_[j], /*resend=*/false},
                     opt_.auth);

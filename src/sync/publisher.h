@@ -45,9 +45,8 @@ struct PublisherOptions {
   // as one object of at most pack_bytes (and kMaxPackChunks chunks), at
   // the first one's key. 0 (the default): every chunk is an object of its
   // own. Worth it for checkpoints of many small tensors, where each object
-  // costs a PUT (a file and two fsyncs in a directory store); receivers
-  // read packs, but do not fold versions that hold them (they apply them
-  // one at a time).
+  // costs a PUT (a file and two fsyncs in a directory store). Off by
+  // default: receivers that predate packs cannot read them.
   uint64_t pack_bytes = 0;
   // Snapshots and retention (docs/protocol.md, "Snapshots and retention").
   // snapshot_every N: after version V commits with V % N == 0, store a full

@@ -1675,9 +1675,8 @@ TEST(ProtocolTest, ChunkPacksRoundTripAndRefuseDamage) {
 }
 
 // Small chunks gathered into packs reach every receiver bit-exact, with
-// fewer objects than chunks; a receiver joining late catches up through
-// packed versions one at a time (they are not folded); a torn chunk inside
-// a pack is re-sent.
+// fewer objects than chunks; a receiver joining late folds the packed
+// versions into one pass; a torn chunk inside a pack is re-sent.
 TEST_P(SyncTest, PackedVersionsReachReceiversAndTornChunksAreResent) {
   auto popts = MakePublisher(2);
   popts.pack_bytes = 8192;  // packs of a few 3%-changed chunks of 64 KiB
@@ -1713,7 +1712,9 @@ TEST_P(SyncTest, PackedVersionsReachReceiversAndTornChunksAreResent) {
   auto late_opts = MakeReceiver(2);
   auto late = Receiver::Open(store_.get(), late_opts);
   ASSERT_OK(late);
-  ASSERT_OK((*late)->SyncTo(3, 20000));
+  auto caught = (*late)->SyncTo(3, 20000);
+  ASSERT_OK(caught);
+  EXPECT_EQ(caught->versions_folded, 3u);  // the packed versions fold into one pass
   EXPECT_TRUE(trainer.Matches(late_opts.checkpoint));
 
   // A receiver killed in the middle of a chunk that is not first in its
