@@ -64,6 +64,9 @@ def main():
     ap.add_argument("--per-tensor-us", type=float, default=59.0,
                     help="publish + receive cost per tensor beyond its bytes, microseconds "
                          "(refit_many_tensors_bench with chunk packs)")
+    ap.add_argument("--get-ms", type=float, default=0.0,
+                    help="latency of one object read, milliseconds: a receiver reads a "
+                         "version's chunk objects one after the other")
     ap.add_argument("--tail-s", type=float, default=1.0,
                     help="vote, decision and activation after the last chunk, seconds")
     a = ap.parse_args()
@@ -95,7 +98,7 @@ def main():
         t_enc = owned / (enc[r] * 1e9)
         t_up = max(payload / a.ranks / (a.rank_uplink_gbit * 1e9 / 8),
                    payload / (a.store_ingest_gbit * 1e9 / 8))
-        t_down = (payload + meta) / link
+        t_down = (payload + meta) / link + chunks * a.get_ms * 1e-3
         t_apply = model_bytes / a.gpus_per_receiver / (app[r] * 1e9)
         t_tensor = a.tensors * a.per_tensor_us * 1e-6
         pipelined = t_enc + max(t_up, t_down, t_tensor) + t_apply + a.tail_s
