@@ -1,8 +1,9 @@
 // Per-tensor costs of a version (docs/benchmarks.md, "Many tensors"): one
 // publisher and one in-memory receiver sync the same bytes held as N small
-// tensors and as 100 large ones, in the same run; reports time per tensor
-// and the bytes that are not entropy-coded payload (chunk framing,
-// announcement, manifest, decision) per tensor.
+// tensors and as 100 large ones, in the same run (version 2 of 2, the
+// steady state); reports time per tensor, the stored objects (chunk packs,
+// PublisherOptions::pack_bytes) and the bytes that are not entropy-coded
+// payload (chunk framing, announcement, manifest, decision) per tensor.
 //   build/release/bench/refit_many_tensors_bench --tensors 100000 --size-mib 64
 #include <fmt/format.h>
 
@@ -13,6 +14,7 @@
 #include <filesystem>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "bench_model.h"
@@ -67,11 +69,26 @@ void Evolve(Model* m, double rate, uint64_t seed) {
 
 struct Row {
   uint64_t tensors = 0;
+  uint64_t pack_bytes = 0;
   double open_s = 0, publish_s = 0, receive_s = 0;
-  uint64_t payload = 0, uploaded = 0, chunks = 0;
+  uint64_t payload = 0, uploaded = 0, chunks = 0, objects = 0;
 };
 
-Result<Row> Measure(const std::string& dir, uint64_t bytes, uint64_t count, double rate) {
+// Stored objects under `dir` (the directory store's files).
+uint64_t CountFiles(const std::string& dir) {
+  uint64_t n = 0;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::recursive_directory_iterator(dir, ec)) {
+    if (e.is_regular_file()) ++n;
+  }
+  return n;
+}
+
+// Publishes versions 1 and 2 (each changing `rate` of the elements) to
+// one receiver; reports version 2, whose publisher and receiver check it
+// against version 1's manifest (the steady state).
+Result<Row> Measure(const std::string& dir, uint64_t bytes, uint64_t count, double rate,
+                    uint64_t pack_bytes) {
   std::error_code ec;
   std::filesystem::remove_all(dir, ec);
   std::filesystem::create_directories(dir + "/member");
@@ -87,10 +104,12 @@ Result<Row> Measure(const std::string& dir, uint64_t bytes, uint64_t count, doub
   REFIT_ASSIGN_OR_RETURN(auto store, OpenObjectStore(dir + "/store"));
   Row row;
   row.tensors = count;
+  row.pack_bytes = pack_bytes;
   auto t0 = Clock::now();
   PublisherOptions po;
   po.members = {"member"};
   po.poll_ms = 2;
+  po.pack_bytes = pack_bytes;
   REFIT_ASSIGN_OR_RETURN(auto pub, Publisher::Open(store.get(), dir + "/baseline.safetensors", po));
   ReceiverOptions ro;
   ro.member = "member";
@@ -101,60 +120,71 @@ Result<Row> Measure(const std::string& dir, uint64_t bytes, uint64_t count, doub
   }
   REFIT_ASSIGN_OR_RETURN(auto rcv, Receiver::Open(store.get(), ro));
   row.open_s = Since(t0);
-  Evolve(&trainer, rate, 11);
-  Status follow;
-  Clock::time_point done;
-  auto t1 = Clock::now();
-  std::thread t([&] {
-    follow = rcv->SyncTo(1, 600000).status();
-    done = Clock::now();
-  });
-  auto report = pub->Publish(1, trainer.Views());
-  t.join();
-  REFIT_RETURN_IF_ERROR(report.status());
-  REFIT_RETURN_IF_ERROR(follow);
-  if (!report->committed) return InternalError("not committed: " + report->reason);
-  row.publish_s = report->seconds;
-  row.receive_s = std::chrono::duration<double>(done - t1).count();
-  row.payload = report->diff.payload_bytes;
-  row.uploaded = report->bytes_uploaded;
-  row.chunks = report->diff.chunks;
-  for (size_t i = 0; i < member.data.size(); ++i) {
-    if (member.data[i] != trainer.data[i]) return InternalError("receiver differs");
+  for (uint64_t version = 1; version <= 2; ++version) {
+    Evolve(&trainer, rate, 10 + version);
+    const uint64_t objects_before = CountFiles(dir + "/store");
+    Status follow;
+    Clock::time_point done;
+    auto t1 = Clock::now();
+    std::thread t([&] {
+      follow = rcv->SyncTo(version, 600000).status();
+      done = Clock::now();
+    });
+    auto report = pub->Publish(version, trainer.Views());
+    t.join();
+    REFIT_RETURN_IF_ERROR(report.status());
+    REFIT_RETURN_IF_ERROR(follow);
+    if (!report->committed) return InternalError("not committed: " + report->reason);
+    row.publish_s = report->seconds;
+    row.receive_s = std::chrono::duration<double>(done - t1).count();
+    row.payload = report->diff.payload_bytes;
+    row.uploaded = report->bytes_uploaded;
+    row.chunks = report->diff.chunks;
+    row.objects = CountFiles(dir + "/store") - objects_before;
+    for (size_t i = 0; i < member.data.size(); ++i) {
+      if (member.data[i] != trainer.data[i]) return InternalError("receiver differs");
+    }
   }
   std::filesystem::remove_all(dir, ec);
   return row;
 }
 
 int Main(int argc, char** argv) {
-  uint64_t tensors = 100000, size_mib = 64;
+  uint64_t tensors = 100000, size_mib = 64, pack_bytes = 1 << 20;
   double rate = 0.03;
+  bool unpacked = false;
   std::string dir = "/tmp/refit-many-tensors";
   CLI::App app{"per-tensor costs: N small tensors against 100 large ones, same bytes"};
   app.add_option("--tensors", tensors, "small tensors")->capture_default_str();
   app.add_option("--size-mib", size_mib, "total BF16 bytes")->capture_default_str();
   app.add_option("--rate", rate, "fraction of elements changed")->capture_default_str();
+  app.add_option("--pack-bytes", pack_bytes,
+                 "PublisherOptions::pack_bytes (0: one object per chunk)")
+      ->capture_default_str();
+  app.add_flag("--unpacked", unpacked,
+               "also run the small tensors with one object per chunk (slow: two fsyncs each)");
   app.add_option("--dir", dir, "scratch directory (emptied)")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   fmt::print("{} MiB BF16, rate {}: {} tensors against 100, one publisher, one in-memory "
-             "receiver, directory store\n",
+             "receiver, directory store; version 2 of 2\n",
              size_mib, rate, tensors);
-  fmt::print("| tensors | bytes/tensor | open s | publish s | receive s | chunks | payload | "
-             "uploaded | non-payload bytes/tensor | publish us/tensor |\n|---|---|---|---|---|"
-             "---|---|---|---|---|\n");
-  Row base;
-  for (uint64_t count : {uint64_t{100}, tensors}) {
-    auto r = Measure(dir, size_mib << 20, count, rate);
+  fmt::print("| tensors | bytes/tensor | pack bytes | open s | publish s | receive s | chunks | "
+             "objects | payload | uploaded | non-payload bytes/tensor | publish us/tensor |\n"
+             "|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+  std::vector<std::pair<uint64_t, uint64_t>> runs = {{100, pack_bytes}};
+  if (unpacked && pack_bytes != 0) runs.push_back({tensors, 0});
+  runs.push_back({tensors, pack_bytes});
+  for (auto [count, pack] : runs) {
+    auto r = Measure(dir, size_mib << 20, count, rate, pack);
     if (!r.ok()) {
       fmt::print(stderr, "error: {}\n", r.status().ToString());
       return 1;
     }
-    if (count == 100) base = *r;
     const double n = static_cast<double>(count);
-    fmt::print("| {} | {} | {:.2f} | {:.2f} | {:.2f} | {} | {} | {} | {:.1f} | {:.1f} |\n", count,
-               (size_mib << 20) / count, r->open_s, r->publish_s, r->receive_s, r->chunks,
-               r->payload, r->uploaded, static_cast<double>(r->uploaded - r->payload) / n,
-               r->publish_s / n * 1e6);
+    fmt::print("| {} | {} | {} | {:.2f} | {:.2f} | {:.2f} | {} | {} | {} | {} | {:.1f} | {:.1f} |\n",
+               count, (size_mib << 20) / count, pack, r->open_s, r->publish_s, r->receive_s,
+               r->chunks, r->objects, r->payload, r->uploaded,
+               static_cast<double>(r->uploaded - r->payload) / n, r->publish_s / n * 1e6);
   }
   return 0;
 }

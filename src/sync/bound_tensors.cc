@@ -5,6 +5,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <string_view>
+#include <unordered_map>
 
 #include "base/parallel.h"
 
@@ -37,6 +39,12 @@ Result<BoundTensors> BindTensors(const std::string& checkpoint,
                                    " has " + std::to_string(table.size()) +
                                    "; it is not this model");
   }
+  // By name, so that binding is linear in the tensors (10^5 and more).
+  std::unordered_multimap<std::string_view, const MutableTensorView*> by_name;
+  if (!b.ckpt) {
+    by_name.reserve(tensors.size());
+    for (const MutableTensorView& v : tensors) by_name.emplace(v.name, &v);
+  }
   for (const TensorEntry& e : table) {
     uint8_t* data = nullptr;
     bool ok = false;
@@ -49,12 +57,13 @@ Result<BoundTensors> BindTensors(const std::string& checkpoint,
         ok = true;
       }
     } else {
-      for (const MutableTensorView& v : tensors) {
-        if (v.name == e.name && Describes(e, v.dtype, v.shape, v.width) &&
+      auto [first, last] = by_name.equal_range(e.name);
+      for (auto it = first; it != last && !ok; ++it) {
+        const MutableTensorView& v = *it->second;
+        if (Describes(e, v.dtype, v.shape, v.width) &&
             (v.data != nullptr || e.num_elements == 0)) {
           data = v.data;
           ok = true;
-          break;
         }
       }
     }

@@ -90,11 +90,12 @@ Result<bool> FoldApply::ReadAndPlan() {
   REFIT_ASSIGN_OR_RETURN(auto plan, PlanFold(chain_, manifests_));
   if (!plan) return false;
   cells_ = std::move(*plan);
+  for (const Announcement& a : chain_) readers_.emplace_back(r_.store_, a.version);
   return true;
 }
 
 Result<ParsedChunk> FoldApply::Fetch(size_t j, uint64_t i, std::vector<uint8_t>* object) {
-  REFIT_ASSIGN_OR_RETURN(*object, r_.store_->Get(ChunkKey(chain_[j].version, i)));
+  REFIT_ASSIGN_OR_RETURN(*object, readers_[j].Get(i, &manifests_[j]));
   result_.bytes_fetched += object->size();
   return CheckChunk(*object, ChunkSpec{&chain_[j], i, &manifests_[j], /*resend=*/false},
                     opt_.auth);

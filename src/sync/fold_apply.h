@@ -23,6 +23,7 @@
 #include "refit/status.h"
 #include "sync/apply_pool.h"
 #include "sync/bound_tensors.h"
+#include "sync/chunk_pack.h"
 #include "sync/fold_plan.h"
 #include "sync/journal.h"
 #include "sync/protocol.h"
@@ -107,6 +108,9 @@ class FoldApply {
   StepResult result_;
 
   std::vector<Manifest> manifests_;
+  // One per version of the chain: a pack is fetched once while the cells
+  // walk its chunks.
+  std::vector<ChunkObjectReader> readers_;
   std::vector<FoldCell> cells_;
   Journal journal_;
   std::optional<BoundTensors> b_;

@@ -1,5 +1,6 @@
 #include "sync/protocol.h"
 
+#include <algorithm>
 #include <cstring>
 #include <set>
 
@@ -108,12 +109,15 @@ Status ReadHashes(ByteReader& r, const char* what, std::vector<Hash128>* out) {
 
 std::string ManifestChunkKey(const Manifest& m, uint64_t i) {
   const ManifestChunk& c = m.chunks[i];
-  return c.in_part ? PartChunkKey(m.version, c.rank, c.part_index) : ChunkKey(m.version, i);
+  return c.in_part ? PartChunkKey(m.version, c.rank, c.part_index)
+                   : ChunkKey(m.version, i - std::min(i, c.pack_offset));
 }
 
 std::vector<uint8_t> EncodeManifest(const Manifest& m) {
   bool v2 = m.direct;
-  for (const ManifestChunk& c : m.chunks) v2 = v2 || c.run != 0 || c.in_part;
+  for (const ManifestChunk& c : m.chunks) {
+    v2 = v2 || c.run != 0 || c.in_part || c.pack_offset != 0;
+  }
   std::vector<uint8_t> out;
   ByteWriter w(&out);
   WriteVersionHead(w, v2 ? kManifestMagic2 : kManifestMagic, m.version, m.base_version,
@@ -130,7 +134,7 @@ std::vector<uint8_t> EncodeManifest(const Manifest& m) {
     w.Varint(c.changed);
     w.U8(c.kind);
     if (!v2) continue;
-    w.U8((c.run != 0 ? 1 : 0) | (c.in_part ? 2 : 0));
+    w.U8((c.run != 0 ? 1 : 0) | (c.in_part ? 2 : 0) | (c.pack_offset != 0 ? 4 : 0));
     if (c.run != 0) {
       w.Varint(c.run);
       w.Varint(c.stride);
@@ -139,6 +143,7 @@ std::vector<uint8_t> EncodeManifest(const Manifest& m) {
       w.Varint(c.rank);
       w.Varint(c.part_index);
     }
+    if (c.pack_offset != 0) w.Varint(c.pack_offset);
   }
   return Sealed(std::move(out));
 }
@@ -186,12 +191,21 @@ Result<Manifest> DecodeManifest(std::span<const uint8_t> body) {
         if (rank > UINT32_MAX) flags = 0xff;
         c.rank = static_cast<uint32_t>(rank);
       }
+      if (flags & 4) c.pack_offset = r.Varint();
     }
     if (!r.ok()) break;
     // The region's last element: a strided region in canonical form
     // (docs/format.md §3), whose rows end inside the tensor.
     uint64_t span = c.count;
-    bool region_ok = flags <= 3;
+    // A packed chunk follows the previous chunk of its pack (packs are
+    // runs of consecutive chunks at the first one's key) and is no part
+    // chunk.
+    bool region_ok = flags <= 7 && (flags & 6) != 6;
+    if (flags & 4) {
+      region_ok = region_ok && c.pack_offset > 0 && c.pack_offset < kMaxPackChunks &&
+                  i > 0 && m.chunks[i - 1].pack_offset == c.pack_offset - 1 &&
+                  !m.chunks[i - 1].in_part;
+    }
     if (c.run != 0) {
       region_ok = region_ok && c.run < c.count && c.count % c.run == 0 && c.stride > c.run &&
                   c.count / c.run - 1 <= (uint64_t{1} << 62) / c.stride;

@@ -21,6 +21,10 @@
 
 namespace refit {
 
+// Chunks per pack (sync/chunk_pack.h); bounds the keys a lookup without a
+// manifest probes.
+inline constexpr uint64_t kMaxPackChunks = 4096;
+
 struct ManifestChunk {
   uint64_t size = 0;  // bytes of the stored (sealed) object
   Sha256 sha256{};    // of the stored object
@@ -38,6 +42,10 @@ struct ManifestChunk {
   bool in_part = false;
   uint32_t rank = 0;
   uint64_t part_index = 0;
+  // Chunk packs (sync/chunk_pack.h): > 0 when the chunk is element
+  // `pack_offset` of the pack stored at chunk (index - pack_offset)'s key;
+  // 0 when its object is at its own key (alone, or first in its pack).
+  uint64_t pack_offset = 0;
 };
 
 // The opening of a version, stored at index/<V> before its first chunk
@@ -60,8 +68,8 @@ Result<Announcement> DecodeAnnouncement(std::span<const uint8_t> body);
 // with chunks has a zero "after" hash here (tensors without chunks have
 // after == before), and the hashes the members voted, all equal, are
 // recorded in the commit decision. Manifests with direct set, or with a
-// strided or part chunk, are encoded as format 2 ("RFMANIF2"); others as
-// format 1, which every decoder reads as before.
+// strided, part or packed chunk, are encoded as format 2 ("RFMANIF2");
+// others as format 1, which every decoder reads as before.
 struct Manifest {
   uint64_t version = 0;
   uint64_t base_version = 0;
@@ -71,7 +79,8 @@ struct Manifest {
   bool direct = false;
 };
 
-// The key of manifest chunk i of version V.
+// The key of the object holding manifest chunk i of version V (its own,
+// its pack's, or its rank's part chunk).
 std::string ManifestChunkKey(const Manifest& m, uint64_t i);
 
 std::vector<uint8_t> EncodeManifest(const Manifest& m);

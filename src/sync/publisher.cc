@@ -5,6 +5,8 @@
 #include <cstring>
 #include <map>
 #include <set>
+#include <string_view>
+#include <unordered_map>
 #include <thread>
 
 #include "base/bytes.h"
@@ -13,6 +15,7 @@
 #include "codec/payload.h"
 #include "delta/chunk.h"
 #include "delta/encoder.h"
+#include "sync/chunk_pack.h"
 #include "sync/keys.h"
 #include "sync/resend.h"
 #include "sync/supersede.h"
@@ -57,12 +60,16 @@ Status PutOnce(ObjectStore* store, const std::string& key, std::span<const uint8
 
 // Seals each chunk and uploads it on a small pool while the encoder goes
 // on (OnceUploader: bounded, so encoding never runs far ahead of the
-// link); records the manifest entries.
+// link); records the manifest entries. With pack_bytes, small chunks are
+// gathered into packs (sync/chunk_pack.h) before they are uploaded.
 class StoreSink : public ChunkSink {
  public:
   StoreSink(ObjectStore* store, const Authenticator& auth, uint64_t version,
-            int threads)
-      : auth_(auth), version_(version), uploader_(store, threads, kVersionConflict) {}
+            int threads, uint64_t pack_bytes)
+      : auth_(auth),
+        version_(version),
+        pack_bytes_(pack_bytes),
+        uploader_(store, threads, kVersionConflict) {}
 
   Status AddChunk(std::span<const uint8_t> chunk, const ChunkHeader& h) override {
     std::vector<uint8_t> sealed = auth_.Seal(chunk);
@@ -75,7 +82,19 @@ class StoreSink : public ChunkSink {
     mc.changed = h.changed;
     mc.kind = static_cast<uint8_t>(h.kind);
     const Clock::time_point t0 = Clock::now();
-    REFIT_RETURN_IF_ERROR(uploader_.Add(ChunkKey(version_, chunks_.size()), std::move(sealed)));
+    if (sealed.size() < pack_bytes_) {
+      if (!pack_.empty() &&
+          (pack_size_ + sealed.size() > pack_bytes_ || pack_.size() >= kMaxPackChunks)) {
+        REFIT_RETURN_IF_ERROR(FlushPack());
+      }
+      if (pack_.empty()) pack_first_ = chunks_.size();
+      mc.pack_offset = pack_.size();
+      pack_size_ += sealed.size();
+      pack_.push_back(std::move(sealed));
+    } else {
+      REFIT_RETURN_IF_ERROR(FlushPack());
+      REFIT_RETURN_IF_ERROR(uploader_.Add(ChunkKey(version_, chunks_.size()), std::move(sealed)));
+    }
     blocked_seconds_ += SecondsSince(t0);
     chunks_.push_back(mc);
     return Status();
@@ -84,7 +103,8 @@ class StoreSink : public ChunkSink {
   Status Finish(const std::vector<TensorEntry>& tensors) override {
     tensors_ = tensors;
     const Clock::time_point t0 = Clock::now();
-    Status s = uploader_.Finish();
+    Status s = FlushPack();
+    if (s.ok()) s = uploader_.Finish();
     finish_seconds_ = SecondsSince(t0);
     return s;
   }
@@ -98,11 +118,24 @@ class StoreSink : public ChunkSink {
   double finish_seconds() const { return finish_seconds_; }
 
  private:
+  // One chunk gathered is stored as itself (its pack_offset is 0 either
+  // way); more as a pack at the first one's key.
+  Status FlushPack() {
+    if (pack_.empty()) return Status();
+    std::vector<uint8_t> object = pack_.size() == 1 ? std::move(pack_.front()) : EncodePack(pack_);
+    pack_.clear();
+    pack_size_ = 0;
+    return uploader_.Add(ChunkKey(version_, pack_first_), std::move(object));
+  }
+
   const Authenticator& auth_;
   uint64_t version_;
+  uint64_t pack_bytes_;
   OnceUploader uploader_;
   std::vector<ManifestChunk> chunks_;
   std::vector<TensorEntry> tensors_;
+  std::vector<std::vector<uint8_t>> pack_;  // sealed chunks gathered, from pack_first_
+  uint64_t pack_first_ = 0, pack_size_ = 0;
   double blocked_seconds_ = 0, finish_seconds_ = 0;
 };
 
@@ -169,9 +202,13 @@ Status Publisher::ServeRequests(uint64_t version, const std::vector<TensorEntry>
         using Served = std::optional<std::vector<uint8_t>>;
         // The chunk names its range; chunks are final once stored, so this
         // works before the manifest exists (a version being aborted).
-        auto object = store_->Get(ChunkKey(version, i));
+        auto object = FindChunkObject(store_, version, i, nullptr);
         if (!object.ok()) {
-          if (object.status().code() == StatusCode::kNotFound) return Served();
+          // A damaged pack names no chunk either (below).
+          const StatusCode code = object.status().code();
+          if (code == StatusCode::kNotFound || code == StatusCode::kDataLoss) {
+            return Served();
+          }
           return object.status();
         }
         // A chunk object changed in the store names no range this publisher
@@ -233,16 +270,18 @@ Result<std::optional<std::vector<TensorEntry>>> Publisher::VersionTensors(uint64
 Status Publisher::CheckBaseline() {
   REFIT_ASSIGN_OR_RETURN(auto head, VersionTensors(committed_));
   if (!head) return Status();  // nothing records the head's hashes
+  std::unordered_map<std::string_view, const TensorEntry*> by_name;
+  by_name.reserve(head->size());
+  for (const TensorEntry& e : *head) by_name.emplace(e.name, &e);
   for (size_t i = 0; i < baseline_->tensors().size(); ++i) {
     const std::string& name = baseline_->tensors()[i].name;
-    auto it = std::find_if(head->begin(), head->end(),
-                           [&](const TensorEntry& e) { return e.name == name; });
-    if (it == head->end() || it->after != baseline_hashes_[i] ||
+    auto it = by_name.find(name);
+    if (it == by_name.end() || it->second->after != baseline_hashes_[i] ||
         head->size() != baseline_->tensors().size()) {
       return FailedPreconditionError(
           baseline_->Describe() + " is not the store's head version " +
           std::to_string(committed_) + ": tensor '" + name + "' " +
-          (it == head->end() ? "is not in" : "does not hash to") + " version " +
+          (it == by_name.end() ? "is not in" : "does not hash to") + " version " +
           std::to_string(committed_) + "'s manifest; receivers hold version " +
           std::to_string(committed_) + ", so a diff from this baseline cannot apply. Give "
           "the publisher a copy of version " + std::to_string(committed_) +
@@ -279,10 +318,13 @@ Status Publisher::TargetMatches(const Manifest& m, const std::vector<TensorView>
     return refuse("it has " + std::to_string(m.tensors.size()) + " tensors, the target " +
                   std::to_string(target.size()));
   }
+  std::unordered_map<std::string_view, const TensorView*> by_name;
+  by_name.reserve(target.size());
+  for (const TensorView& v : target) by_name.emplace(v.name, &v);
   for (const TensorEntry& e : m.tensors) {
-    auto it = std::find_if(target.begin(), target.end(),
-                           [&](const TensorView& v) { return v.name == e.name; });
-    if (it == target.end()) return refuse("the target lacks tensor '" + e.name + "'");
+    auto found = by_name.find(e.name);
+    if (found == by_name.end()) return refuse("the target lacks tensor '" + e.name + "'");
+    const TensorView* it = found->second;
     if (it->dtype != e.dtype || it->width != e.width || it->shape != e.shape) {
       return refuse("tensor '" + e.name + "' differs from its manifest");
     }
@@ -492,7 +534,7 @@ Result<PublishReport> Publisher::Publish(uint64_t version,
     REFIT_RETURN_IF_ERROR(PutOnce(store_, IndexKey(version), announcement));
 
     report.stages.prepare = SecondsSince(t0);
-    StoreSink sink(store_, opt_.auth, version, opt_.upload_threads);
+    StoreSink sink(store_, opt_.auth, version, opt_.upload_threads, opt_.pack_bytes);
     DiffOptions diff = opt_.diff;
     diff.version = version;
     diff.base_version = committed_;

@@ -40,6 +40,14 @@ struct PublisherOptions {
   DeadlinePolicy policy = DeadlinePolicy::kAbort;
   int upload_threads = 4;
   int poll_ms = 20;
+  // Chunk packs (docs/protocol.md, "Chunk packs"): consecutive chunks
+  // whose sealed objects are smaller than pack_bytes are stored together,
+  // as one object of at most pack_bytes (and kMaxPackChunks chunks), at
+  // the first one's key. 0 (the default): every chunk is an object of its
+  // own. Worth it for checkpoints of many small tensors, where each object
+  // costs a PUT (a file and two fsyncs in a directory store). Off by
+  // default: receivers that predate packs cannot read them.
+  uint64_t pack_bytes = 0;
   // Snapshots and retention (docs/protocol.md, "Snapshots and retention").
   // snapshot_every N: after version V commits with V % N == 0, store a full
   // copy of the committed baseline under snap/<V>/; with N > 0 version 0 is

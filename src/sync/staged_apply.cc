@@ -1,11 +1,14 @@
 #include "sync/staged_apply.h"
 
 #include <algorithm>
+#include <string_view>
+#include <unordered_map>
 #include <utility>
 
 #include "base/hash.h"
 #include "format/safetensors.h"
 #include "sync/chunk_check.h"
+#include "sync/chunk_pack.h"
 
 namespace refit::internal {
 namespace {
@@ -90,12 +93,16 @@ Result<std::optional<StepResult>> StagedPrepare::StageVersion(
   std::optional<Clock::time_point> manifest_seen;
   auto last_progress = Clock::now();
   int polls = 0, bad_reads = 0;
+  ChunkObjectReader reader(r_.store_, a.version);
   for (uint64_t i = 0;;) {
     if (m) {
       if (!manifest_seen) manifest_seen = Clock::now();
       if (i >= m->chunks.size()) break;
     }
-    auto got = r_.store_->Get(ChunkKey(a.version, i));
+    auto got = reader.Get(i, m ? &*m : nullptr);
+    // A malformed pack is checked as an empty object: it fails the chunk's
+    // checks, and is read again like any chunk that does.
+    if (!got.ok() && got.status().code() == StatusCode::kDataLoss) got = std::vector<uint8_t>();
     if (got.ok()) {
       result_.bytes_fetched += got->size();
       std::span<const uint8_t> bytes;
@@ -258,15 +265,16 @@ Result<StepResult> StagedPrepare::Snapshot(uint64_t version) {
     }
     files.push_back(std::move(bytes));
   }
+  std::unordered_multimap<std::string_view, size_t> by_name;
+  by_name.reserve(index.tensors.size());
+  for (size_t t = 0; t < index.tensors.size(); ++t) by_name.emplace(index.tensors[t].name, t);
   for (const std::vector<uint8_t>& file : files) {
     REFIT_ASSIGN_OR_RETURN(SafetensorsHeader h,
                            ParseSafetensorsHeader(file, file.size()));
     for (const SafetensorsTensor& st : h.tensors) {
-      for (size_t t = 0; t < index.tensors.size(); ++t) {
-        if (index.tensors[t].name == st.name) {
-          found[t] =
-              std::span<const uint8_t>(file).subspan(st.offset, st.byte_size);
-        }
+      auto [first, last] = by_name.equal_range(st.name);
+      for (auto it = first; it != last; ++it) {
+        found[it->second] = std::span<const uint8_t>(file).subspan(st.offset, st.byte_size);
       }
     }
   }

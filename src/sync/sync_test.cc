@@ -6,6 +6,7 @@
 #include <unistd.h>
 #include <xxhash.h>
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <filesystem>
@@ -25,6 +26,7 @@
 #include "support/test_model.h"
 #include "support/testing.h"
 #include "sync/auth.h"
+#include "sync/chunk_pack.h"
 #include "sync/journal.h"
 #include "sync/protocol.h"
 #include "sync/publisher.h"
@@ -1612,6 +1614,213 @@ TEST_P(SyncTest, ReusedVersionNumberWithOtherWeightsIsRefused) {
   EXPECT_NE(s.message().find("version 2"), std::string::npos) << s.ToString();
   EXPECT_THAT((*pub)->CheckPublished(7, trainer.Views()),
               StatusIs(StatusCode::kNotFound));
+}
+
+// Chunk packs (docs/protocol.md, "Chunk packs"): the framing round-trips
+// and refuses damage; a manifest places packed chunks after the previous
+// chunk of their pack and nowhere else.
+TEST(ProtocolTest, ChunkPacksRoundTripAndRefuseDamage) {
+  const std::vector<std::vector<uint8_t>> objects = {{'R', 'F', 'A', 'E', 1}, {7, 8}, {9}};
+  const std::vector<uint8_t> pack = EncodePack(objects);
+  EXPECT_TRUE(IsPack(pack));
+  EXPECT_FALSE(IsPack(objects[0]));
+  auto elements = DecodePack(pack);
+  ASSERT_OK(elements);
+  ASSERT_EQ(elements->size(), 3u);
+  for (size_t i = 0; i < objects.size(); ++i) {
+    EXPECT_EQ(std::vector<uint8_t>((*elements)[i].begin(), (*elements)[i].end()), objects[i]);
+  }
+  for (size_t n = 0; n < pack.size(); ++n) {
+    EXPECT_THAT(DecodePack(std::span<const uint8_t>(pack.data(), n)),
+                StatusIs(StatusCode::kDataLoss)) << n;
+  }
+  for (size_t i = 4; i < pack.size(); ++i) {
+    std::vector<uint8_t> bad = pack;
+    bad[i] ^= 0x10;
+    EXPECT_THAT(DecodePack(bad), StatusIs(StatusCode::kDataLoss)) << i;
+  }
+  EXPECT_THAT(DecodePack(EncodePack({})), StatusIs(StatusCode::kDataLoss));
+
+  Manifest m;
+  m.version = 5;
+  m.base_version = 4;
+  m.members = {"r0"};
+  TensorEntry e;
+  e.name = "w";
+  e.dtype = "BF16";
+  e.width = 2;
+  e.shape = {300};
+  e.num_elements = 300;
+  m.tensors = {e};
+  for (uint64_t i = 0; i < 3; ++i) {
+    ManifestChunk c;
+    c.size = 10;
+    c.start = i * 100;
+    c.count = 100;
+    c.changed = 1;
+    c.kind = 1;
+    c.pack_offset = i;  // chunks 0..2: one pack at chunk 0's key
+    m.chunks.push_back(c);
+  }
+  auto back = DecodeManifest(EncodeManifest(m));
+  ASSERT_OK(back);
+  EXPECT_EQ(back->chunks[2].pack_offset, 2u);
+  EXPECT_EQ(ManifestChunkKey(*back, 2), ChunkKey(5, 0));
+  EXPECT_EQ(ManifestChunkKey(*back, 0), ChunkKey(5, 0));
+  m.chunks[2].pack_offset = 1;  // does not follow chunk 1 in its pack
+  EXPECT_THAT(DecodeManifest(EncodeManifest(m)), StatusIs(StatusCode::kDataLoss));
+  m.chunks[1].pack_offset = 0;
+  m.chunks[2].pack_offset = 2;
+  EXPECT_THAT(DecodeManifest(EncodeManifest(m)), StatusIs(StatusCode::kDataLoss));
+}
+
+// Small chunks gathered into packs reach every receiver bit-exact, with
+// fewer objects than chunks; a receiver joining late folds the packed
+// versions into one pass; a torn chunk inside a pack is re-sent.
+TEST_P(SyncTest, PackedVersionsReachReceiversAndTornChunksAreResent) {
+  auto popts = MakePublisher(2);
+  popts.pack_bytes = 8192;  // packs of a few 3%-changed chunks of 64 KiB
+  auto pub = Publisher::Open(store_.get(), dir_.File("baseline.safetensors"), popts);
+  ASSERT_OK(pub);
+  std::vector<std::unique_ptr<Receiver>> rcv;
+  for (int i = 0; i < 2; ++i) {
+    auto r = Receiver::Open(store_.get(), MakeReceiver(i));
+    ASSERT_OK(r);
+    rcv.push_back(std::move(*r));
+  }
+  std::mt19937_64 rng(61);
+  Model trainer = model_;
+  for (uint64_t v = 1; v <= 3; ++v) {
+    trainer.Step(rng, 0.03);
+    ASSERT_NO_FATAL_FAILURE(testing::PublishToAll(**pub, rcv, v, trainer, 20000));
+    for (int i = 0; i < 2; ++i) {
+      EXPECT_TRUE(trainer.Matches(dir_.File("r" + std::to_string(i) + "/model.safetensors")));
+    }
+    auto stored = store_->Get(ManifestKey(v));
+    ASSERT_OK(stored);
+    auto body = Key().Open(*stored);
+    ASSERT_OK(body);
+    auto m = DecodeManifest(*body);
+    ASSERT_OK(m);
+    auto objects = store_->List(VersionPrefix(v) + "chunk/");
+    ASSERT_OK(objects);
+    EXPECT_LT(objects->size(), m->chunks.size()) << "version " << v;
+    EXPECT_GT(std::count_if(m->chunks.begin(), m->chunks.end(),
+                            [](const ManifestChunk& c) { return c.pack_offset > 0; }),
+              0);
+  }
+  auto late_opts = MakeReceiver(2);
+  auto late = Receiver::Open(store_.get(), late_opts);
+  ASSERT_OK(late);
+  auto caught = (*late)->SyncTo(3, 20000);
+  ASSERT_OK(caught);
+  EXPECT_EQ(caught->versions_folded, 3u);  // the packed versions fold into one pass
+  EXPECT_TRUE(trainer.Matches(late_opts.checkpoint));
+
+  // A receiver killed in the middle of a chunk that is not first in its
+  // pack: the publisher finds the chunk in its pack and re-sends it.
+  trainer.Step(rng, 0.03);
+  auto opts = MakeReceiver(0);
+  std::thread pub_thread([&] {
+    auto report = (*pub)->Publish(4, trainer.Views());
+    EXPECT_OK(report);
+    if (report.ok()) {
+      EXPECT_TRUE(report->committed) << report->reason;
+    }
+  });
+  Result<Manifest> m4 = NotFoundError("no manifest yet");
+  for (int i = 0; i < 5000 && !m4.ok(); ++i) {
+    if (auto b = store_->Get(ManifestKey(4)); b.ok()) {
+      auto body = Key().Open(*b);
+      ASSERT_OK(body);
+      m4 = DecodeManifest(*body);
+    } else {
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+  }
+  ASSERT_OK(m4);
+  auto packed = std::find_if(m4->chunks.begin(), m4->chunks.end(),
+                             [](const ManifestChunk& c) { return c.pack_offset > 0; });
+  ASSERT_NE(packed, m4->chunks.end());
+  {
+    auto ann = store_->Get(IndexKey(4));
+    ASSERT_OK(ann);
+    auto ck = Checkpoint::Open(opts.checkpoint, Checkpoint::Mode::kReadWrite);
+    ASSERT_OK(ck);
+    const std::string& name = m4->tensors[packed->tensor_id].name;
+    auto d = ck->MutableData(*ck->IndexOf(name));
+    const auto& target =
+        trainer.data[std::find(trainer.names.begin(), trainer.names.end(), name) -
+                     trainer.names.begin()];
+    size_t copied = 0;
+    for (uint64_t i = packed->start * 2; i < (packed->start + packed->count) * 2 && copied < 5;
+         i += 2) {
+      if (d[i] != target[i]) {
+        d[i] = target[i];
+        ++copied;
+      }
+    }
+    ASSERT_GT(copied, 0u);
+    ASSERT_OK(ck->Sync());
+    ASSERT_OK(Journal::Begin(dir_.File("r0/journal"), 4, 3, ComputeSha256(*ann)));
+  }
+  auto r0 = Receiver::Open(store_.get(), opts);
+  ASSERT_OK(r0);
+  std::thread r1_thread([&] { EXPECT_OK(rcv[1]->SyncTo(4, 20000)); });
+  auto s = (*r0)->SyncTo(4, 20000);
+  r1_thread.join();
+  pub_thread.join();
+  ASSERT_OK(s);
+  EXPECT_GE(s->chunks_resent, 1u);
+  EXPECT_TRUE(trainer.Matches(opts.checkpoint));
+}
+
+// A packed version whose publisher died before its manifest: the receiver
+// applied the packs it found and rolls them back without a manifest,
+// walking the packs from chunk 0.
+TEST_P(SyncTest, PackedVersionWithoutManifestIsRolledBack) {
+  GateStore gate(store_.get(), ManifestKey(1));
+  gate.Refuse();
+  auto popts = MakePublisher(1);
+  popts.pack_bytes = 8192;
+  auto pub = Publisher::Open(&gate, dir_.File("baseline.safetensors"), popts);
+  ASSERT_OK(pub);
+  auto opts = MakeReceiver(0);
+  opts.chunk_timeout_ms = 400;
+  auto r0 = Receiver::Open(store_.get(), opts);
+  ASSERT_OK(r0);
+  Model trainer = model_;
+  std::mt19937_64 rng(62);
+  trainer.Step(rng, 0.03);
+  ASSERT_FALSE((*pub)->Publish(1, trainer.Views()).ok());
+  auto objects = store_->List(VersionPrefix(1) + "chunk/");
+  ASSERT_OK(objects);
+  EXPECT_THAT((*r0)->Step(), StatusIs(StatusCode::kDeadlineExceeded));
+  EXPECT_GT((*r0)->chunks_applied_total(), objects->size());  // packs of several chunks
+  EXPECT_FALSE(model_.Matches(opts.checkpoint));
+
+  Model next = model_;
+  next.Step(rng, 0.02);
+  auto pub2 = Publisher::Open(store_.get(), dir_.File("baseline.safetensors"), popts);
+  ASSERT_OK(pub2);
+  r0 = Receiver::Open(store_.get(), opts);
+  ASSERT_OK(r0);
+  std::vector<StepResult> outcomes;
+  std::thread follow([&] {
+    for (int i = 0; i < 200 && (*r0)->active_version() < 2; ++i) {
+      auto s = (*r0)->Step();
+      if (s.ok() && s->outcome != StepResult::Outcome::kIdle) outcomes.push_back(*s);
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+  });
+  auto report = (*pub2)->Publish(2, next.Views());
+  follow.join();
+  ASSERT_OK(report);
+  EXPECT_TRUE(report->committed) << report->reason;
+  ASSERT_EQ(outcomes.size(), 2u);
+  EXPECT_EQ(outcomes[0].outcome, StepResult::Outcome::kAborted);
+  EXPECT_EQ(outcomes[1].outcome, StepResult::Outcome::kCommitted);
+  EXPECT_TRUE(next.Matches(opts.checkpoint));
 }
 
 INSTANTIATE_TEST_SUITE_P(Stores, SyncTest, ::testing::Values("dir", "s3"),

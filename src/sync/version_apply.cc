@@ -1,6 +1,8 @@
 #include "sync/version_apply.h"
 
 #include <algorithm>
+#include <string_view>
+#include <unordered_map>
 #include <utility>
 
 #include "base/hash.h"
@@ -57,7 +59,9 @@ VersionApply::VersionApply(Receiver* receiver, const Announcement& a,
       resume_(resume),
       journal_path_(std::move(journal_path)),
       failure_(failure),
-      V_(std::to_string(a.version)) {}
+      V_(std::to_string(a.version)) {
+  reader_.emplace(r_.store_, a.version);
+}
 
 Result<StepResult> VersionApply::Run() {
   t0_ = Clock::now();
@@ -101,11 +105,14 @@ Status VersionApply::CheckAnnouncedBase() {
   // A version diffed from another baseline cannot apply, and nothing of it
   // is journaled or written.
   REFIT_ASSIGN_OR_RETURN(auto held, r_.ActiveTensors());
-  for (size_t t = 0; held && t < a_.tensors.size(); ++t) {
+  if (!held) return Status();
+  std::unordered_map<std::string_view, const TensorEntry*> by_name;
+  by_name.reserve(held->size());
+  for (const TensorEntry& h : *held) by_name.emplace(h.name, &h);
+  for (size_t t = 0; t < a_.tensors.size(); ++t) {
     const TensorEntry& e = a_.tensors[t];
-    auto it = std::find_if(held->begin(), held->end(),
-                           [&](const TensorEntry& h) { return h.name == e.name; });
-    if (it != held->end() && it->after != e.before) {
+    auto it = by_name.find(e.name);
+    if (it != by_name.end() && it->second->after != e.before) {
       const std::string base = std::to_string(a_.base_version);
       failure_->set = true;
       failure_->bound = 0;
@@ -207,6 +214,11 @@ Result<ParsedChunk> VersionApply::CheckFetched(uint64_t i, bool original) {
                     opt_.auth);
 }
 
+Result<ParsedChunk> VersionApply::FetchOriginal(uint64_t i) {
+  REFIT_ASSIGN_OR_RETURN(object_, reader_->Get(i, manifest_ ? &*manifest_ : nullptr));
+  return CheckFetched(i, /*original=*/true);
+}
+
 Result<ParsedChunk> VersionApply::Fetch(const std::string& key, uint64_t i, bool original) {
   REFIT_ASSIGN_OR_RETURN(object_, r_.store_->Get(key));
   return CheckFetched(i, original);
@@ -284,7 +296,7 @@ Status VersionApply::RollBack() {
   std::vector<uint64_t> torn;
   for (uint64_t i = 0; i < bound; ++i) {
     if (manifest_ && i >= manifest_->chunks.size()) break;
-    auto c = Fetch(KeyOf(i), i, /*original=*/true);
+    auto c = FetchOriginal(i);
     if (!c.ok()) {
       const StatusCode code = c.status().code();
       if (!manifest_ && code == StatusCode::kNotFound && i >= last_journaled) break;
@@ -379,9 +391,12 @@ Result<std::optional<StepResult>> VersionApply::StreamChunks() {
     }
     Clock::time_point fetching = Clock::now();
     const uint64_t since = r_.store_->ChangeCount();
-    auto got = r_.store_->Get(KeyOf(i));
-    if (got.ok()) {
-      object_ = std::move(*got);
+    auto got = reader_->Get(i, manifest_ ? &*manifest_ : nullptr);
+    if (got.ok() || got.status().code() == StatusCode::kDataLoss) {
+      // A malformed pack is checked as an empty object: it fails the
+      // chunk's checks, and fails them alike in consecutive steps when it
+      // is the stored object (TakeChunk).
+      object_ = got.ok() ? std::move(*got) : std::vector<uint8_t>();
       REFIT_RETURN_IF_ERROR(TakeChunk(i, fetching));
       ++i;
       continue;

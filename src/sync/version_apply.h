@@ -22,6 +22,7 @@
 #include "refit/status.h"
 #include "sync/apply_pool.h"
 #include "sync/bound_tensors.h"
+#include "sync/chunk_pack.h"
 #include "sync/journal.h"
 #include "sync/protocol.h"
 #include "sync/receiver.h"
@@ -79,6 +80,9 @@ class VersionApply {
   // checks it (CheckChunk).
   Result<ParsedChunk> Fetch(const std::string& key, uint64_t i, bool original);
   Result<ParsedChunk> CheckFetched(uint64_t i, bool original);
+  // Fetches stored chunk i, alone or out of its pack (ChunkObjectReader),
+  // into object_ and checks it.
+  Result<ParsedChunk> FetchOriginal(uint64_t i);
   // The bytes of a chunk's tensor that its region spans (a strided
   // region: from its first row's start to its last row's end).
   std::pair<uint64_t, uint64_t> ByteRange(const ChunkHeader& h) const;
@@ -127,6 +131,8 @@ class VersionApply {
   std::optional<Clock::time_point> manifest_seen_;
   std::vector<Sha256> seen_;  // SHA-256 of chunk objects 0..seen_.size()-1
   std::vector<uint8_t> object_;  // the chunk (or re-send) being checked
+  // The version's chunk objects in index order, a pack fetched once.
+  std::optional<ChunkObjectReader> reader_;
   Clock::time_point last_progress_;  // the last chunk that passed its checks
   std::optional<Digests> digests_;
   std::optional<Flusher> flusher_;

@@ -263,6 +263,7 @@ int RunPublish(const PublishArgs& args) {
   options.vote_timeout_ms = args.vote_timeout_ms;
   options.policy = *policy;
   options.upload_threads = std::max(1, args.upload_threads);
+  options.pack_bytes = args.pack_bytes;
   options.poll_ms = std::max(1, args.poll_ms);
   options.snapshot_every = args.snapshot_every;
   options.keep_versions = args.keep_versions;

@@ -171,6 +171,11 @@ void RegisterSyncCommands(CLI::App* app, SyncCommandArgs* args) {
                   "concurrent chunk uploads")
       ->capture_default_str()
       ->check(IntIn(1, 256));
+  pub->add_option("--pack-bytes", p.pack_bytes,
+                  "store consecutive chunks smaller than this together, one object of at "
+                  "most this many bytes (docs/protocol.md, \"Chunk packs\"); 0 = one object "
+                  "per chunk. For checkpoints of many small tensors")
+      ->capture_default_str();
   pub->add_option("--serve-ms", p.serve_ms,
                   "after the decision, keep serving re-send requests this "
                   "long; with --relay-listen, the most to wait for members")

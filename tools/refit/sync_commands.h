@@ -53,6 +53,7 @@ struct PublishArgs {
   double chunk_mib = 8;
   int threads = 0;
   int upload_threads = 4;
+  uint64_t pack_bytes = 0;  // PublisherOptions::pack_bytes
   int serve_ms = 0;
   int poll_ms = 10;
   uint64_t snapshot_every = 0;  // full snapshot every N committed versions
