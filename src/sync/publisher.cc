@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstring>
 #include <map>
+#include <mutex>
 #include <set>
 #include <thread>
 
@@ -55,7 +56,10 @@ Status PutOnce(ObjectStore* store, const std::string& key, std::span<const uint8
 
 // Seals each chunk and uploads it on a small pool while the encoder goes
 // on (OnceUploader: bounded, so encoding never runs far ahead of the
-// link); records the manifest entries.
+// link); records the manifest entries. Sealing and the SHA-256 of each
+// sealed chunk (two passes over its bytes) run on the upload threads, not
+// on the encoder's ordered AddChunk, which is one thread for all encoder
+// threads.
 class StoreSink : public ChunkSink {
  public:
   StoreSink(ObjectStore* store, const Authenticator& auth, uint64_t version,
@@ -63,19 +67,29 @@ class StoreSink : public ChunkSink {
       : auth_(auth), version_(version), uploader_(store, threads, kVersionConflict) {}
 
   Status AddChunk(std::span<const uint8_t> chunk, const ChunkHeader& h) override {
-    std::vector<uint8_t> sealed = auth_.Seal(chunk);
     ManifestChunk mc;
-    mc.size = sealed.size();
-    mc.sha256 = ComputeSha256(sealed);
     mc.tensor_id = h.tensor_id;
     mc.start = h.start;
     mc.count = h.count;
     mc.changed = h.changed;
     mc.kind = static_cast<uint8_t>(h.kind);
+    size_t index;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      index = chunks_.size();
+      chunks_.push_back(mc);  // size and sha256 once sealed
+    }
     const Clock::time_point t0 = Clock::now();
-    REFIT_RETURN_IF_ERROR(uploader_.Add(ChunkKey(version_, chunks_.size()), std::move(sealed)));
+    REFIT_RETURN_IF_ERROR(uploader_.Add(
+        ChunkKey(version_, index), std::vector<uint8_t>(chunk.begin(), chunk.end()),
+        [this, index](std::vector<uint8_t>* bytes) {
+          *bytes = auth_.Seal(*bytes);
+          const Sha256 sha = ComputeSha256(*bytes);
+          std::lock_guard<std::mutex> lock(mu_);
+          chunks_[index].size = bytes->size();
+          chunks_[index].sha256 = sha;
+        }));
     blocked_seconds_ += SecondsSince(t0);
-    chunks_.push_back(mc);
     return Status();
   }
 
@@ -87,7 +101,11 @@ class StoreSink : public ChunkSink {
     return s;
   }
 
-  std::vector<ManifestChunk> chunks() const { return chunks_; }
+  // Complete once Finish returned OK.
+  std::vector<ManifestChunk> chunks() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return chunks_;
+  }
   const std::vector<TensorEntry>& tensors() const { return tensors_; }
   uint64_t bytes() const { return uploader_.bytes(); }
   // Seconds AddChunk waited for room in the upload queue, and Finish for
@@ -98,8 +116,9 @@ class StoreSink : public ChunkSink {
  private:
   const Authenticator& auth_;
   uint64_t version_;
-  OnceUploader uploader_;
+  mutable std::mutex mu_;  // chunks_, which the upload threads complete
   std::vector<ManifestChunk> chunks_;
+  OnceUploader uploader_;  // after chunks_ and mu_: its threads use them
   std::vector<TensorEntry> tensors_;
   double blocked_seconds_ = 0, finish_seconds_ = 0;
 };
