@@ -95,6 +95,15 @@ struct DiffReport {
   uint64_t file_bytes = 0;      // the delta file: chunks + header + trailer
   std::map<std::string, uint64_t> chunks_by_kind;
   double seconds = 0;
+  // Where the CPU encoder's time went, for benchmarks (zero where an
+  // encoder does not measure it): the workers' CPU seconds, summed over
+  // threads, and the wall seconds of the ordered sink.
+  int threads = 0;            // worker threads
+  double scan_seconds = 0;    // the pass over base and target: detection,
+                              // changed values, segment hashes
+  double code_seconds = 0;    // entropy coding and chunk framing
+  double sink_seconds = 0;    // the sink taking chunks in order (calling
+                              // thread, wall; includes its waits)
 };
 
 // Writes the delta that takes `base_path` to `target_path` into `out_path`

@@ -153,6 +153,10 @@ void EncodeStream(uint32_t n_records, int lanes, std::span<const int> coded,
       while (i >= G) {
         std::array<uint32_t, G> lane, x;
         std::array<uint16_t*, G> p;
+        // Unrolled so that the G states and pointers live in registers: a
+        // loop over arrays keeps them in memory, and every step of a chain
+        // then waits for a store to forward.
+#pragma GCC unroll 4
         for (uint32_t r = 0; r < G; ++r) {
           lane[r] = j >= r ? j - r : j + L - r;
           fill(i - 1 - r, syms[r].data());
@@ -160,11 +164,13 @@ void EncodeStream(uint32_t n_records, int lanes, std::span<const int> coded,
           p[r] = ptr[lane[r]];
         }
         for (int c = nc - 1; c >= 0; --c) {
+#pragma GCC unroll 4
           for (uint32_t r = 0; r < G; ++r) {
             internal::EncStep(sym[c][syms[r][index[c]]], shift[c], &x[r],
                               &p[r]);
           }
         }
+#pragma GCC unroll 4
         for (uint32_t r = 0; r < G; ++r) {
           state[lane[r]] = x[r];
           ptr[lane[r]] = p[r];

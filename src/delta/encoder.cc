@@ -1,6 +1,8 @@
 #include "delta/encoder.h"
 
 #include <algorithm>
+#include <time.h>
+
 #include <chrono>
 #include <cstring>
 #include <numeric>
@@ -15,6 +17,14 @@ namespace {
 using codec::ChunkKind;
 
 bool ValidWidth(int w) { return w == 1 || w == 2 || w == 4 || w == 8; }
+
+// CPU seconds of the calling thread: stage times that other work on the
+// same cores does not inflate.
+double ThreadCpuSeconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
 
 // Keeps the smaller of scratch->candidate and scratch->best.
 void Keep(ChunkKind kind, EncodeScratch* s, ChunkKind* best_kind, bool* have) {
@@ -72,6 +82,7 @@ Status EncodeElements(const ChunkHeader& ids, const uint8_t* a, const uint8_t* b
     return InvalidArgumentError("chunk element count outside 1..2^28");
   }
   const uint64_t bytes = count * static_cast<uint64_t>(w);
+  const double t_start = ThreadCpuSeconds();
 
   // One pass per 64 KiB segment: detect, then hash the segment while it is
   // still in cache. Unchanged segments are hashed once.
@@ -115,6 +126,9 @@ Status EncodeElements(const ChunkHeader& ids, const uint8_t* a, const uint8_t* b
     out->after_digests.push_back(found > 0 ? HashBytes(b + off, len) : before);
   }
   const uint64_t k = s->positions.size();
+  const double t_scanned = ThreadCpuSeconds();
+  out->scan_seconds = t_scanned - t_start;
+  out->code_seconds = 0;
   if (k == 0) return Status();
 
   ChunkHeader& h = out->header;
@@ -168,6 +182,7 @@ Status EncodeElements(const ChunkHeader& ids, const uint8_t* a, const uint8_t* b
   h.kind = best_kind;
   out->payload_bytes = s->best.size();
   SerializeChunk(h, s->best, &out->chunk);
+  out->code_seconds = ThreadCpuSeconds() - t_scanned;
   return Status();
 }
 
@@ -318,6 +333,8 @@ Result<DiffReport> DiffTensorsToSink(const std::vector<TensorView>& base,
   copts.codec.records_per_lane = options.records_per_lane;
   copts.codec.zstd_level = options.zstd_level;
   const int threads = options.threads > 0 ? options.threads : DefaultThreads();
+  report.threads = static_cast<int>(std::min<size_t>(static_cast<size_t>(threads),
+                                                     std::max<size_t>(tasks.size(), 1)));
 
   std::vector<EncodeScratch> scratch(static_cast<size_t>(threads));
 
@@ -362,6 +379,8 @@ Result<DiffReport> DiffTensorsToSink(const std::vector<TensorView>& base,
           finish_tensor();
           current_tensor = task.tensor;
         }
+        report.scan_seconds += r.scan_seconds;
+        report.code_seconds += r.code_seconds;
         before_digests.insert(before_digests.end(), r.before_digests.begin(),
                               r.before_digests.end());
         after_digests.insert(after_digests.end(), r.after_digests.begin(),
@@ -373,7 +392,10 @@ Result<DiffReport> DiffTensorsToSink(const std::vector<TensorView>& base,
           report.payload_bytes += r.payload_bytes;
           report.chunk_bytes += r.chunk.size();
           ++report.chunks_by_kind[ChunkKindName(r.header.kind)];
+          const auto t_sink = std::chrono::steady_clock::now();
           REFIT_RETURN_IF_ERROR(sink->AddChunk(r.chunk, r.header));
+          report.sink_seconds += std::chrono::duration<double>(
+                                     std::chrono::steady_clock::now() - t_sink).count();
         }
         done_bytes += task.count * entries[task.tensor].width;
         if (options.progress) options.progress("diff", done_bytes, report.full_bytes);

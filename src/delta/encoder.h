@@ -45,6 +45,10 @@ struct ChunkResult {
   ChunkHeader header;          // valid when `chunk` is not empty
   std::vector<uint8_t> chunk;  // the serialized chunk; empty if unchanged
   uint64_t payload_bytes = 0;
+  // CPU seconds of the range's pass over base and target, and of coding
+  // and framing it (DiffReport's scan_seconds and code_seconds).
+  double scan_seconds = 0;
+  double code_seconds = 0;
 };
 
 // Encodes elements [start, start + count) of a tensor whose old and new

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstring>
 #include <map>
+#include <mutex>
 #include <set>
 #include <string_view>
 #include <unordered_map>
@@ -60,7 +61,10 @@ Status PutOnce(ObjectStore* store, const std::string& key, std::span<const uint8
 
 // Seals each chunk and uploads it on a small pool while the encoder goes
 // on (OnceUploader: bounded, so encoding never runs far ahead of the
-// link); records the manifest entries. With pack_bytes, small chunks are
+// link); records the manifest entries. Sealing and the SHA-256 of each
+// sealed chunk (two passes over its bytes) run on the upload threads, not
+// on the encoder's ordered AddChunk, which is one thread for all encoder
+// threads. With pack_bytes, small chunks are sealed in AddChunk and
 // gathered into packs (sync/chunk_pack.h) before they are uploaded.
 class StoreSink : public ChunkSink {
  public:
@@ -72,31 +76,60 @@ class StoreSink : public ChunkSink {
         uploader_(store, threads, kVersionConflict) {}
 
   Status AddChunk(std::span<const uint8_t> chunk, const ChunkHeader& h) override {
-    std::vector<uint8_t> sealed = auth_.Seal(chunk);
     ManifestChunk mc;
-    mc.size = sealed.size();
-    mc.sha256 = ComputeSha256(sealed);
     mc.tensor_id = h.tensor_id;
     mc.start = h.start;
     mc.count = h.count;
     mc.changed = h.changed;
     mc.kind = static_cast<uint8_t>(h.kind);
     const Clock::time_point t0 = Clock::now();
-    if (sealed.size() < pack_bytes_) {
-      if (!pack_.empty() &&
-          (pack_size_ + sealed.size() > pack_bytes_ || pack_.size() >= kMaxPackChunks)) {
-        REFIT_RETURN_IF_ERROR(FlushPack());
+    if (chunk.size() < pack_bytes_) {
+      // A small chunk: sealed here, in order, to be gathered into a pack.
+      std::vector<uint8_t> sealed = auth_.Seal(chunk);
+      mc.size = sealed.size();
+      mc.sha256 = ComputeSha256(sealed);
+      size_t index;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        index = chunks_.size();
       }
-      if (pack_.empty()) pack_first_ = chunks_.size();
-      mc.pack_offset = pack_.size();
-      pack_size_ += sealed.size();
-      pack_.push_back(std::move(sealed));
-    } else {
-      REFIT_RETURN_IF_ERROR(FlushPack());
-      REFIT_RETURN_IF_ERROR(uploader_.Add(ChunkKey(version_, chunks_.size()), std::move(sealed)));
+      if (sealed.size() < pack_bytes_) {
+        if (!pack_.empty() &&
+            (pack_size_ + sealed.size() > pack_bytes_ || pack_.size() >= kMaxPackChunks)) {
+          REFIT_RETURN_IF_ERROR(FlushPack());
+        }
+        if (pack_.empty()) pack_first_ = index;
+        mc.pack_offset = pack_.size();
+        pack_size_ += sealed.size();
+        pack_.push_back(std::move(sealed));
+      } else {
+        REFIT_RETURN_IF_ERROR(FlushPack());
+        REFIT_RETURN_IF_ERROR(uploader_.Add(ChunkKey(version_, index), std::move(sealed)));
+      }
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        chunks_.push_back(mc);
+      }
+      blocked_seconds_ += SecondsSince(t0);
+      return Status();
     }
+    REFIT_RETURN_IF_ERROR(FlushPack());
+    size_t index;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      index = chunks_.size();
+      chunks_.push_back(mc);  // size and sha256 once sealed
+    }
+    REFIT_RETURN_IF_ERROR(uploader_.Add(
+        ChunkKey(version_, index), std::vector<uint8_t>(chunk.begin(), chunk.end()),
+        [this, index](std::vector<uint8_t>* bytes) {
+          *bytes = auth_.Seal(*bytes);
+          const Sha256 sha = ComputeSha256(*bytes);
+          std::lock_guard<std::mutex> lock(mu_);
+          chunks_[index].size = bytes->size();
+          chunks_[index].sha256 = sha;
+        }));
     blocked_seconds_ += SecondsSince(t0);
-    chunks_.push_back(mc);
     return Status();
   }
 
@@ -109,7 +142,11 @@ class StoreSink : public ChunkSink {
     return s;
   }
 
-  std::vector<ManifestChunk> chunks() const { return chunks_; }
+  // Complete once Finish returned OK.
+  std::vector<ManifestChunk> chunks() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return chunks_;
+  }
   const std::vector<TensorEntry>& tensors() const { return tensors_; }
   uint64_t bytes() const { return uploader_.bytes(); }
   // Seconds AddChunk waited for room in the upload queue, and Finish for
@@ -131,8 +168,9 @@ class StoreSink : public ChunkSink {
   const Authenticator& auth_;
   uint64_t version_;
   uint64_t pack_bytes_;
-  OnceUploader uploader_;
+  mutable std::mutex mu_;  // chunks_, which the upload threads complete
   std::vector<ManifestChunk> chunks_;
+  OnceUploader uploader_;  // after chunks_ and mu_: its threads use them
   std::vector<TensorEntry> tensors_;
   std::vector<std::vector<uint8_t>> pack_;  // sealed chunks gathered, from pack_first_
   uint64_t pack_first_ = 0, pack_size_ = 0;

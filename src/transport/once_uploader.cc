@@ -11,12 +11,11 @@ OnceUploader::OnceUploader(ObjectStore* store, int threads, std::string on_confl
 
 OnceUploader::~OnceUploader() { (void)Finish(); }
 
-Status OnceUploader::Add(std::string key, std::vector<uint8_t> bytes) {
+Status OnceUploader::Add(std::string key, std::vector<uint8_t> bytes, Prepare prepare) {
   std::unique_lock<std::mutex> lock(mu_);
   cv_.wait(lock, [&] { return queue_.size() < 2 * pool_.size() || !error_.ok(); });
   if (!error_.ok()) return error_;
-  bytes_ += bytes.size();
-  queue_.emplace_back(std::move(key), std::move(bytes));
+  queue_.push_back(Item{std::move(key), std::move(bytes), std::move(prepare)});
   cv_.notify_all();
   return Status();
 }
@@ -36,7 +35,7 @@ Status OnceUploader::Finish() {
 
 void OnceUploader::Work() {
   for (;;) {
-    std::pair<std::string, std::vector<uint8_t>> item;
+    Item item;
     {
       std::unique_lock<std::mutex> lock(mu_);
       cv_.wait(lock, [&] { return !queue_.empty() || done_; });
@@ -45,10 +44,15 @@ void OnceUploader::Work() {
       queue_.pop_front();
       cv_.notify_all();
     }
-    Status s = PutOnce(store_, item.first, item.second, on_conflict_);
+    if (item.prepare) item.prepare(&item.bytes);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      bytes_ += item.bytes.size();
+    }
+    Status s = PutOnce(store_, item.key, item.bytes, on_conflict_);
     if (!s.ok()) {
       std::lock_guard<std::mutex> lock(mu_);
-      if (error_.ok()) error_ = s.WithContext("uploading '" + item.first + "'");
+      if (error_.ok()) error_ = s.WithContext("uploading '" + item.key + "'");
       cv_.notify_all();
     }
   }

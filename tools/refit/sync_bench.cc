@@ -30,6 +30,7 @@
 #include <fmt/format.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -49,11 +50,13 @@
 #include <thread>
 #include <vector>
 
+#include "base/parallel.h"
 #include "cli_util.h"
 #include "commands.h"
 #include "flag_checks.h"
 #include "refit/auth.h"
 #include "refit/checkpoint.h"
+#include "delta/detect.h"
 #include "scratch_dir.h"
 #include "sync/publisher.h"
 #include "sync/receiver.h"
@@ -564,6 +567,16 @@ double IdealSeconds(const Fleet::VersionResult& v, double mbit, bool both) {
   return std::max(up, down) / bps;
 }
 
+// The encode pass of a row: model bytes per second of the encode stage and
+// per encoder thread.
+double EncodePerThread(const Fleet::VersionResult& v) {
+  const DiffReport& d = v.publish.diff;
+  const double s = v.publish.stages.encode;
+  return d.threads > 0 && s > 0
+             ? static_cast<double>(d.full_bytes) / s / d.threads
+             : 0;
+}
+
 Json RowJson(const Row& r) {
   const Fleet::VersionResult& v = r.v;
   Json j = {
@@ -606,6 +619,11 @@ Json RowJson(const Row& r) {
                              {"decision", p.decision},
                              {"advance", p.advance},
                              {"finish", p.finish}};
+  j["encoder"] = {{"threads", v.publish.diff.threads},
+                  {"gb_per_s_per_thread", EncodePerThread(v) / 1e9},
+                  {"scan_worker_s", v.publish.diff.scan_seconds},
+                  {"code_worker_s", v.publish.diff.code_seconds},
+                  {"sink_s", v.publish.diff.sink_seconds}};
   const StepResult::Stages& q = v.receiver_stages;
   j["receiver_stages_s"] = {{"base_check", q.base_check},
                             {"fetch", q.fetch},
@@ -618,6 +636,68 @@ Json RowJson(const Row& r) {
                             {"decision_wait", q.decision_wait},
                             {"activate", q.activate}};
   return j;
+}
+
+double ThreadCpuSeconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
+// Model bytes per second and thread: per wall second, and per CPU second of
+// the threads (what other work on the cores does not change).
+struct EncodeFloor {
+  double wall = 0;
+  double cpu = 0;
+};
+
+// The floor of the publisher's encode pass on this machine: the cheapest
+// pass over baseline and target, counting their differing elements
+// (CountChanged: the detection kernel without index output), over pieces
+// of at most 4 MiB on `threads` threads, as the encoder spreads its
+// chunks. The faster of two passes (the first maps the file's pages).
+EncodeFloor EncodeFloorPerThread(const std::vector<TensorView>& base,
+                            const std::vector<TensorView>& target, int threads) {
+  struct Piece {
+    const uint8_t* a;
+    const uint8_t* b;
+    uint64_t n;
+    int width;
+  };
+  std::vector<Piece> pieces;
+  uint64_t bytes = 0;
+  for (const TensorView& t : target) {
+    auto it = std::find_if(base.begin(), base.end(),
+                           [&](const TensorView& v) { return v.name == t.name; });
+    if (it == base.end() || it->width != t.width || t.width <= 0) continue;
+    uint64_t n = 1;
+    for (uint64_t d : t.shape) n *= d;
+    const uint64_t per = (uint64_t{4} << 20) / static_cast<uint64_t>(t.width);
+    for (uint64_t s = 0; s < n; s += per) {
+      const uint64_t off = s * static_cast<uint64_t>(t.width);
+      pieces.push_back({it->data + off, t.data + off, std::min(per, n - s), t.width});
+    }
+    bytes += n * static_cast<uint64_t>(t.width);
+  }
+  EncodeFloor best;
+  if (bytes == 0) return best;
+  for (int pass = 0; pass < 2; ++pass) {
+    std::atomic<uint64_t> sink{0};
+    std::vector<double> cpu(static_cast<size_t>(std::max(threads, 1)), 0.0);
+    const Clock::time_point t0 = Clock::now();
+    ParallelForEach(pieces.size(), threads, [&](size_t i, int worker) {
+      const Piece& p = pieces[i];
+      const double c0 = ThreadCpuSeconds();
+      sink += CountChanged(p.a, p.b, p.n, p.width);
+      cpu[static_cast<size_t>(worker)] += ThreadCpuSeconds() - c0;
+    });
+    const double s = Seconds(Clock::now() - t0);
+    double cpu_s = 0;
+    for (double c : cpu) cpu_s += c;
+    if (s > 0) best.wall = std::max(best.wall, static_cast<double>(bytes) / s / threads);
+    if (cpu_s > 0) best.cpu = std::max(best.cpu, static_cast<double>(bytes) / cpu_s);
+  }
+  return best;
 }
 
 // Where each version's time went (PublishReport::stages,
@@ -655,6 +735,31 @@ void PrintStages(const std::vector<Row>& rows) {
         p.decision, p.advance, p.finish, q.base_check, q.fetch, q.chunk_wait,
         q.apply_wait, q.apply_cpu, q.check, q.flush, q.vote, q.decision_wait,
         q.activate, r.v.refit_seconds);
+  }
+  fmt::print(
+      "\npublisher's encode pass (CPU encoder). GB/s/thr = model bytes / "
+      "encode / threads; scan = worker CPU seconds reading base and target "
+      "(detection, changed values, segment hashes); code = worker CPU seconds "
+      "entropy coding and framing; idle = threads x encode - scan - code "
+      "(waits for the ordered sink or the upload queue, imbalance, cores "
+      "taken by other work); sink = wall seconds in the ordered sink "
+      "(sealing, SHA-256, queueing; one thread); scan GB/s = model bytes / "
+      "scan, per busy thread, against the floor below\n");
+  fmt::print("{:>6} {:>7} {:>4} | {:>3} {:>8} {:>6} {:>8} | {:>7} {:>7} {:>7} {:>7} | {:>7}\n",
+             "rate", "Mbit/s", "rcv", "thr", "model GB", "encode", "GB/s/thr",
+             "scan", "code", "idle", "sink", "scan GB/s");
+  for (const Row& r : rows) {
+    const DiffReport& d = r.v.publish.diff;
+    const double encode = r.v.publish.stages.encode;
+    fmt::print(
+        "{:>6} {:>7.0f} {:>4} | {:>3} {:>8.2f} {:>6.3f} {:>8.2f} | {:>7.3f} "
+        "{:>7.3f} {:>7.3f} {:>7.3f} | {:>7.2f}\n",
+        r.rate > 0 ? Percent(r.rate, 1) : "-", r.mbit, r.receivers, d.threads,
+        static_cast<double>(d.full_bytes) / 1e9, encode, EncodePerThread(r.v) / 1e9,
+        d.scan_seconds, d.code_seconds,
+        std::max(0.0, d.threads * encode - d.scan_seconds - d.code_seconds),
+        d.sink_seconds,
+        d.scan_seconds > 0 ? static_cast<double>(d.full_bytes) / d.scan_seconds / 1e9 : 0.0);
   }
 }
 
@@ -762,6 +867,7 @@ int Run(const SyncBenchArgs& args, const std::string& command_line) {
   out["receivers"] = receiver_text;
   std::vector<Row> rows;
   std::vector<FullSend> fulls;
+  EncodeFloor encode_floor;  // synthetic input only
 
   if (!args.fixtures.empty()) {
     // step0 -> step1 of a fixture folder, once per link, each on a fresh fleet.
@@ -804,6 +910,11 @@ int Run(const SyncBenchArgs& args, const std::string& command_line) {
         model.tensors.size(), model.bytes(), model.elements(), args.seed,
         gen.Seconds(), args.seed);
     if (!json) fmt::print(stderr, "{}\n", out["input"].get<std::string>());
+    {
+      auto base = Checkpoint::Open(base_path, Checkpoint::Mode::kReadOnly);
+      if (!base.ok()) return Fail(kCmd, base.status(), json);
+      encode_floor = EncodeFloorPerThread(CheckpointViews(*base), model.Views(), threads);
+    }
 
     // Without --relay: one fleet of `receivers`. With --relay: a fleet of 1
     // receiver, then one of `receivers`, each starting from the base and
@@ -876,6 +987,8 @@ int Run(const SyncBenchArgs& args, const std::string& command_line) {
   Json jrows = Json::array();
   for (const Row& r : rows) jrows.push_back(RowJson(r));
   out["runs"] = jrows;
+  out["encode_floor_gb_per_s_per_thread"] = {{"wall", encode_floor.wall / 1e9},
+                                              {"cpu", encode_floor.cpu / 1e9}};
   if (json) {
     PrintJson(out);
     return kExitOk;
@@ -906,6 +1019,14 @@ int Run(const SyncBenchArgs& args, const std::string& command_line) {
       both ? "max(payload, receivers' reads)" : "payload");
   PrintRows(rows, args.relay);
   PrintStages(rows);
+  if (encode_floor.wall > 0) {
+    fmt::print(
+        "encode floor on {} threads: {:.2f} GB/s of model per thread and wall "
+        "second, {:.2f} per CPU second (compare GB/s/thr and scan GB/s); "
+        "CountChanged over the baseline file and the target in memory: both "
+        "read, nothing else done\n",
+        threads, encode_floor.wall / 1e9, encode_floor.cpu / 1e9);
+  }
   return kExitOk;
 }
 
