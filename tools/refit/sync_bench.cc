@@ -94,6 +94,8 @@ struct SyncBenchArgs {
   int full_base_check_every = ReceiverOptions().full_base_check_every;
   double full_measure_max_s = 40;
   uint64_t seed = 1;
+  // Versions may carry conditional XOR chunks (kind 5).
+  bool conditional = false;
   bool json = false;
 };
 
@@ -300,6 +302,7 @@ class Fleet {
       popt.diff.chunk_bytes =
           static_cast<uint64_t>(std::llround(args_->chunk_mib * (1 << 20)));
       popt.diff.threads = args_->threads;
+      popt.diff.allow_conditional = args_->conditional;
       popt.vote_timeout_ms = 300000;
       popt.upload_threads = args_->upload_threads;
       popt.poll_ms = args_->poll_ms;
@@ -876,6 +879,7 @@ int Run(const SyncBenchArgs& args, const std::string& command_line) {
   Json jrows = Json::array();
   for (const Row& r : rows) jrows.push_back(RowJson(r));
   out["runs"] = jrows;
+  out["conditional"] = args.conditional;
   if (json) {
     PrintJson(out);
     return kExitOk;
@@ -886,6 +890,9 @@ int Run(const SyncBenchArgs& args, const std::string& command_line) {
   fmt::print("link:    {}\n", link_text);
   fmt::print("store:   {}\n", store_text);
   fmt::print("receivers hold: {}\n", receiver_text);
+  fmt::print("coding:  {}\n", args.conditional
+                                   ? "today's kinds and conditional XOR (kind 5, --conditional)"
+                                   : "today's kinds (no --conditional)");
   for (const FullSend& f : fulls) {
     fmt::print(
         "full checkpoint over {:.0f} Mbit/s: {} bytes, wire time {:.2f} s{}\n",
@@ -977,6 +984,9 @@ std::function<int(bool, const std::string&)> RegisterBenchSync(
                   "send the full checkpoint through the link when that takes "
                   "at most this long; otherwise report the computed time")
       ->capture_default_str();
+  cmd->add_flag("--conditional", args->conditional,
+                "versions may carry conditional XOR chunks (kind 5, coded given "
+                "the base) where smaller");
   cmd->add_option("--seed", args->seed, "generator seed")
       ->capture_default_str()
       ->check(Unsigned());
