@@ -77,8 +77,11 @@ struct DiffOptions {
   bool allow_xor = true;
   // Also try conditional XOR chunks (docs/format.md §4.3: BF16-width
   // changes coded given the base the receiver holds), where they are
-  // smaller. Off by default: decoders of format revisions before kind 5,
-  // GPU receivers and sync manifests do not take them yet.
+  // smaller. Off by default: decoders of format revisions before kind 5 and
+  // GPU receivers do not take them. In a publisher's options it is the
+  // opt-in for versions with such chunks (docs/protocol.md, "Conditional
+  // XOR chunks"), which CPU receivers apply; a publisher whose baseline is
+  // in device memory refuses it.
   bool allow_conditional = false;
   ProgressFn progress;
 };

@@ -43,7 +43,11 @@ struct SyncPublisherOptions {
   // member names): at least one, each listed once.
   std::vector<std::string> members;
   Authenticator auth = Authenticator::None();
-  DiffOptions diff;  // chunking and coding; the version fields are ignored
+  // Chunking and coding; the version fields are ignored. With
+  // diff.allow_conditional, versions may carry conditional XOR chunks,
+  // which only CPU receivers apply (docs/protocol.md, "Conditional XOR
+  // chunks").
+  DiffOptions diff;
   int vote_timeout_ms = 60000;
   DeadlinePolicy policy = DeadlinePolicy::kAbort;
   int upload_threads = 4;

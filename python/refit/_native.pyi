@@ -131,7 +131,8 @@ class Publisher:
                  key_file: str, sign_key: bytes | None, sign_key_file: str, vote_timeout: float, policy: str, threads: int,
                  chunk_bytes: int, upload_threads: int, snapshot_every: int,
                  keep_versions: int, device_initial: Sequence[Triple] | None = None,
-                 pinned_host: bool = False, durable_path: str = "") -> None: ...
+                 pinned_host: bool = False, durable_path: str = "",
+                 conditional: bool = False) -> None: ...
     @property
     def committed_version(self) -> int: ...
     @property

@@ -158,6 +158,13 @@ class Publisher:
       tensors' names, shapes and device): a trainer restarted from an older
       checkpoint of its own publishes against the store's head. ``durable``
       reports its state; close() waits until it holds the newest commit.
+    conditional: versions may also carry conditional XOR chunks (kind 5,
+      docs/format.md section 4.3: the changes coded given the base every
+      receiver holds), where they are smaller; off by default. Receivers
+      that apply on the CPU (checkpoint, in-memory, two-phase host) take
+      them; GPU receivers refuse such a version before writing anything,
+      and a baseline in device memory cannot publish them. With ``layout=``
+      (trainer ranks) it is not available.
 
     Not thread-safe, except that :meth:`publish_async` runs publishes on one
     background thread, in order.
@@ -174,13 +181,19 @@ class Publisher:
                  keep_versions: int = 0, parts: Optional[str] = None,
                  decision_timeout: float = 600.0,
                  baseline_memory: Optional[str] = None,
-                 durable_baseline: Optional[PathLike] = None) -> None:
+                 durable_baseline: Optional[PathLike] = None,
+                 conditional: bool = False) -> None:
         self._executor: Optional[concurrent.futures.ThreadPoolExecutor] = None
         self._lock = threading.Lock()
         self._layout = layout
         self._rank = rank
         self._device = False
         if layout is not None:
+            if conditional:
+                raise InvalidArgumentError(
+                    "conditional=True is for a publisher of canonical tensors (layout=None); "
+                    "trainer ranks' versions are assembled by their Coordinator",
+                    "INVALID_ARGUMENT")
             self._init_rank(store, layout, rank, baseline, initial, key, key_file, threads,
                             chunk_bytes, upload_threads, parts, decision_timeout)
             return
@@ -206,6 +219,10 @@ class Publisher:
                 "durable_baseline= is for a baseline in memory (baseline_memory='device' or "
                 "'pinned'); a checkpoint baseline is durable already", "INVALID_ARGUMENT")
         if memory != "file":
+            if conditional:
+                raise InvalidArgumentError(
+                    "conditional=True needs baseline_memory='file': conditional XOR chunks "
+                    "are encoded on the CPU only", "INVALID_ARGUMENT")
             if baseline is not None or initial is None:
                 raise InvalidArgumentError(
                     f"baseline_memory={memory!r} keeps the baseline in memory: give initial= "
@@ -241,7 +258,7 @@ class Publisher:
         self._native = _native.Publisher(
             store, baseline, list(members), key, os.fspath(key_file) if key_file else "",
             sign_key, os.fspath(sign_key_file) if sign_key_file else "", float(vote_timeout), policy, threads, chunk_bytes, upload_threads, snapshot_every,
-            keep_versions)
+            keep_versions, conditional=bool(conditional))
         self._decision_timeout = float(decision_timeout)
 
     def _init_rank(self, store: str, layout: Any, rank: int, baseline: Optional[PathLike],

@@ -330,3 +330,42 @@ def test_pausing_engine_adapter_activates_between_batches(tmp_path):
             current = target
     rcv.close()
     pub.close()
+
+
+def test_conditional_chunks_reach_cpu_receivers(qwen, tmp_path):
+    """Publisher(conditional=True): versions may carry conditional XOR chunks
+    (kind 5), which checkpoint receivers apply bit for bit; they make the
+    fixture steps' uploads smaller."""
+    uploaded = {}
+    for conditional in (False, True):
+        root = tmp_path / ("cond" if conditional else "plain")
+        root.mkdir()
+        store = str(root / "store")
+        base = writable_copy(qwen / "step0.safetensors", root / "baseline.safetensors")
+        (root / "r0").mkdir()
+        ckpt = writable_copy(qwen / "step0.safetensors", root / "r0" / "model.safetensors")
+        pub = refit.Publisher(store, baseline=base, members=["r0"], vote_timeout=30,
+                              conditional=conditional)
+        rcv = refit.Receiver(store, member="r0", checkpoint_dir=root / "r0")
+        uploaded[conditional] = 0
+        kinds = {}
+        for step in (1, 2):
+            target = refit.load(qwen / f"step{step}.safetensors")
+            future = pub.publish_async(step, {n: np.array(a) for n, a in target.items()})
+            assert rcv.sync(step, timeout=30).active_version == step
+            report = future.result(timeout=30)
+            assert report.committed
+            uploaded[conditional] += report.bytes_uploaded
+            for k, n in report.diff.chunks_by_kind.items():
+                kinds[k] = kinds.get(k, 0) + n
+        assert ("conditional-xor" in kinds) == conditional
+        assert_holds(refit.load(ckpt), refit.load(qwen / "step2.safetensors"))
+        pub.close()
+    assert uploaded[True] < 0.9 * uploaded[False], uploaded
+
+
+def test_conditional_needs_a_file_baseline(tmp_path):
+    model = synthetic_model(3)
+    with pytest.raises(refit.InvalidArgumentError, match="conditional"):
+        refit.Publisher(str(tmp_path / "store"), initial=model, members=["r0"],
+                        baseline_memory="device", conditional=True)

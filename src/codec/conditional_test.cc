@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "base/hash.h"
+#include "codec/conditional_kernels.h"
 #include "support/status_matchers.h"
 #include "support/testing.h"
 
@@ -163,6 +164,54 @@ TEST(ConditionalTest, TruncatedOrCorruptPayloadsNeverCrash) {
   // The wrong count of records is refused.
   EXPECT_THAT(DecodeConditional(payload, c.n, c.base.data(), k - 1, pos.data(), vals.data()),
               StatusIs(StatusCode::kDataLoss));
+}
+
+// The kernels for other instruction sets return what the baseline does
+// (the payload must never depend on the CPU).
+TEST(ConditionalKernelTest, EveryKernelAgreesWithTheBaseline) {
+#if defined(REFIT_CONDITIONAL_X86)
+  if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("bmi2")) {
+    GTEST_SKIP() << "this CPU has no AVX2 + BMI2";
+  }
+  using internal::ConditionalBlock;
+  std::mt19937_64 rng(17);
+  const uint32_t blocks = 3000;
+  std::vector<uint8_t> base(2 * 64 * size_t{blocks});
+  for (size_t i = 0; i < base.size(); i += 2) {
+    // Exponents around 120, and every other value now and then.
+    const uint16_t e = rng() % 8 == 0 ? static_cast<uint16_t>(rng() % 256)
+                                      : static_cast<uint16_t>(114 + rng() % 12);
+    const uint16_t v = static_cast<uint16_t>((rng() & 0x807f) | e << 7);
+    base[i] = static_cast<uint8_t>(v);
+    base[i + 1] = static_cast<uint8_t>(v >> 8);
+  }
+  for (uint32_t lo : {0u, 110u, 117u, 248u}) {
+    std::vector<ConditionalBlock> a(blocks), b(blocks);
+    internal::ClassifyBaseline(base.data(), blocks, lo, a.data());
+    internal::ClassifyAvx2(base.data(), blocks, lo, b.data());
+    for (uint32_t i = 0; i < blocks; ++i) {
+      for (int p = 0; p < 3; ++p) ASSERT_EQ(a[i].bit[p], b[i].bit[p]) << lo << " " << i;
+    }
+    // Members numbered class by class; a random share of them changed.
+    const uint64_t valid_last = (uint64_t{1} << 37) - 1;
+    uint64_t off_a[8], off_b[8];
+    uint64_t m = 0;
+    for (int c = 0; c < 8; ++c) {
+      off_a[c] = off_b[c] = m;
+      m += static_cast<uint64_t>(blocks) * 64;  // room for any class's members
+    }
+    std::vector<uint64_t> changed(m / 64 + 2);
+    for (auto& w : changed) w = rng() & rng();
+    std::vector<uint64_t> ha(blocks), hb(blocks);
+    internal::PlaceBaseline(a.data(), blocks, valid_last, changed.data(), off_a, ha.data());
+    internal::PlaceBmi2(a.data(), blocks, valid_last, changed.data(), off_b, hb.data());
+    EXPECT_EQ(ha, hb) << lo;
+    for (int c = 0; c < 8; ++c) EXPECT_EQ(off_a[c], off_b[c]) << lo << " class " << c;
+    EXPECT_EQ(hb.back() & ~valid_last, 0u);
+  }
+#else
+  GTEST_SKIP() << "only the baseline kernels are built for this CPU";
+#endif
 }
 
 }  // namespace

@@ -259,8 +259,10 @@ Status ParsePlacements(std::span<const uint8_t> buffer, const ChunkSpan& span,
     if (h.IsConditional()) {
       // No GPU decoder codes kind 5 yet (it needs the base's classes).
       return UnimplementedError("chunk " + std::to_string(index) + " of '" + tp.name +
-                                "' is conditional XOR, which the GPU receiver "
-                                "does not decode; encode without conditional chunks");
+                                "' is conditional XOR (kind 5), which the GPU receiver "
+                                "does not decode; nothing was written. Publish without "
+                                "conditional chunks (refit publish without --conditional, "
+                                "Publisher(conditional=False)), or receive on the CPU");
     }
     if (h.IsSparse()) {
       d.layout = kDevSparse;

@@ -161,7 +161,11 @@ class FoldTest : public testing::AnyStoreTest {
   // version commits) unless `abort`, when it stays silent.
   uint64_t Publish(double rate, bool abort = false) {
     const uint64_t v = ++version_;
-    trainer_.Step(rng_, rate);
+    if (by_one_) {
+      trainer_.StepByOne(rng_, rate);
+    } else {
+      trainer_.Step(rng_, rate);
+    }
     std::thread t;
     if (!abort) t = std::thread([&] { EXPECT_OK(follower_rcv_->SyncTo(v, 20000)); });
     auto report = pub_->Publish(v, trainer_.Views());
@@ -225,6 +229,7 @@ class FoldTest : public testing::AnyStoreTest {
   std::unique_ptr<Receiver> follower_rcv_;
   std::mt19937_64 rng_{12};
   uint64_t version_ = 0;
+  bool by_one_ = false;  // steps by one unit (Model::StepByOne)
 };
 
 TEST_P(FoldTest, FoldsTwoToSixVersionsBitExact) {
@@ -370,6 +375,36 @@ TEST_P(FoldTest, OverwriteChunksFold) {
   EXPECT_EQ(s->versions_folded, 4u);
   EXPECT_EQ(s->chunks_applied, chunks_[1] + chunks_[2] + chunks_[3] + chunks_[4]);
   EXPECT_TRUE(At(4).Matches(opts.checkpoint));
+}
+
+// Conditional XOR chunks (kind 5) fold: a cell's chunks apply in version
+// order, each one decoded against the range as the version before left it.
+TEST_P(FoldTest, ConditionalChunksFold) {
+  auto popts = MakePublisher();
+  popts.diff.allow_conditional = true;
+  OpenPublisher(popts);
+  by_one_ = true;
+  for (int i = 0; i < 4; ++i) Publish(0.03);
+  Publish(0.03, /*abort=*/true);
+  Publish(0.02);
+  EXPECT_GT(kinds_["conditional-xor"], 0u);
+  auto opts = Lagging("lag", 16);
+  auto r = Receiver::Open(store_.get(), opts);
+  ASSERT_OK(r);
+  auto s = (*r)->Step();
+  ASSERT_OK(s);
+  EXPECT_EQ(s->versions_folded, 5u);
+  EXPECT_EQ(s->version, 6u);
+  EXPECT_TRUE(At(6).Matches(opts.checkpoint));
+  Model memory = model_;
+  ReceiverOptions o = Base("mem");
+  o.tensors = memory.MutableViews();
+  auto m = Receiver::Open(store_.get(), o);
+  ASSERT_OK(m);
+  auto ms = (*m)->Step();
+  ASSERT_OK(ms);
+  EXPECT_EQ(ms->versions_folded, 5u);
+  EXPECT_EQ(memory.data, At(6).data);
 }
 
 TEST_P(FoldTest, InMemoryReceiverFolds) {

@@ -213,7 +213,7 @@ Result<Manifest> DecodeManifest(std::span<const uint8_t> body) {
     }
     if (!region_ok || c.tensor_id >= m.tensors.size() || c.count == 0 ||
         !AddWithin(c.start, span, m.tensors[c.tensor_id].num_elements) ||
-        c.kind < 1 || c.kind > 4) {
+        c.kind < 1 || c.kind > 5) {
       return DataLossError("manifest chunk " + std::to_string(i) + " is malformed");
     }
   }

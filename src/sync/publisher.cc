@@ -201,6 +201,12 @@ Result<std::unique_ptr<Publisher>> Publisher::Open(ObjectStore* store,
                                                    std::unique_ptr<PublisherBaseline> baseline,
                                                    PublisherOptions options) {
   REFIT_RETURN_IF_ERROR(ValidateMembers(options.members));
+  if (options.diff.allow_conditional && baseline->targets_on_device()) {
+    return InvalidArgumentError(
+        "conditional XOR chunks (kind 5) are encoded on the CPU only; a publisher "
+        "whose baseline is in device memory cannot publish them (leave the "
+        "conditional option off)");
+  }
   std::unique_ptr<Publisher> p(new Publisher(store, std::move(options)));
   p->baseline_ = std::move(baseline);
   // Announcements carry the base's tensor hashes: hash the baseline once

@@ -124,8 +124,11 @@ Result<std::optional<StepResult>> StagedPrepare::StageVersion(
       bad_reads = 0;
       seen.push_back(m ? m->chunks[i].sha256 : ComputeSha256(*got));
       if (Status s = opt_.staged->Add(k, a.tensors, bytes); !s.ok()) {
-        // A version the staging cannot hold cannot be applied here.
-        *version_fault = s.code() == StatusCode::kResourceExhausted;
+        // A version the staging cannot hold, or whose chunks the target
+        // does not decode (a GPU target and conditional XOR chunks),
+        // cannot be applied here.
+        *version_fault = s.code() == StatusCode::kResourceExhausted ||
+                         s.code() == StatusCode::kUnimplemented;
         return s;
       }
       result_.changed_elements += c->header.changed;
@@ -199,7 +202,8 @@ Result<StepResult> StagedPrepare::Chain(bool vote, bool* version_fault) {
     }
   }
   if (Status s = target.Seal(); !s.ok()) {
-    *version_fault = s.code() == StatusCode::kResourceExhausted;
+    *version_fault = s.code() == StatusCode::kResourceExhausted ||
+                     s.code() == StatusCode::kUnimplemented;
     return s;
   }
   const StagingUsage usage = target.usage();

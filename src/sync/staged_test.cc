@@ -242,6 +242,89 @@ TEST_F(StagedTest, DamagedChunkVotesFailedAndWritesNothing) {
   EXPECT_EQ(memory.data, trainer.data);
 }
 
+// Conditional XOR chunks (kind 5) apply on a host staging target.
+TEST_F(StagedTest, ConditionalChunksApplyOnTheHost) {
+  auto popts = MakePublisher(1);
+  popts.diff.allow_conditional = true;
+  auto pub = OpenPublisher(popts);
+  ASSERT_NE(pub, nullptr);
+  Model memory = model_;
+  auto r = Receiver::Open(store_.get(), MakeStaged(0, &memory));
+  ASSERT_OK(r);
+  Model trainer = model_;
+  std::mt19937_64 rng(9);
+  for (uint64_t v = 1; v <= 2; ++v) {
+    trainer.StepByOne(rng, 0.03);
+    ASSERT_NO_FATAL_FAILURE(PublishAndSync(pub.get(), {r->get()}, v, trainer));
+    EXPECT_EQ(memory.data, trainer.data) << "version " << v;
+  }
+}
+
+// A staging target that does not decode kind 5, as the GPU one (cuda/
+// batch.cc): it refuses such a chunk with UNIMPLEMENTED; everything else
+// goes to a host target.
+class NoConditionalTarget final : public StagedTarget {
+ public:
+  explicit NoConditionalTarget(std::shared_ptr<StagedTarget> host) : host_(std::move(host)) {}
+  Status Check(const std::vector<TensorEntry>& table) override { return host_->Check(table); }
+  Result<std::vector<std::optional<Hash128>>> Hashes(
+      const std::vector<TensorEntry>& table) override {
+    return host_->Hashes(table);
+  }
+  Status Begin() override { return host_->Begin(); }
+  Status Add(size_t version, const std::vector<TensorEntry>& table,
+             std::span<const uint8_t> chunk) override {
+    auto parsed = ParseChunk(chunk);
+    if (parsed.ok() && parsed->header.IsConditional()) {
+      return UnimplementedError("chunk is conditional XOR (kind 5), which this target "
+                                "does not decode");
+    }
+    return host_->Add(version, table, chunk);
+  }
+  Status Seal() override { return host_->Seal(); }
+  Result<StagedApplyReport> Apply() override { return host_->Apply(); }
+  Status Load(const TensorEntry& e, std::span<const uint8_t> bytes) override {
+    return host_->Load(e, bytes);
+  }
+  StagingUsage usage() const override { return host_->usage(); }
+
+ private:
+  std::shared_ptr<StagedTarget> host_;
+};
+
+// Such a target votes failed on a version with conditional chunks, naming
+// the chunk, before anything is written; the version aborts at once and
+// the next one, without them, applies.
+TEST_F(StagedTest, TargetWithoutConditionalDecoderVotesFailedAndWritesNothing) {
+  auto popts = MakePublisher(1);
+  popts.diff.allow_conditional = true;
+  auto pub = OpenPublisher(popts);
+  ASSERT_NE(pub, nullptr);
+  Model memory = model_;
+  ReceiverOptions o = MakeStaged(0, &memory);
+  o.staged = std::make_shared<NoConditionalTarget>(o.staged);
+  auto r = Receiver::Open(store_.get(), o);
+  ASSERT_OK(r);
+  Model trainer = model_;
+  std::mt19937_64 rng(10);
+  trainer.StepByOne(rng, 0.03);
+  auto [report, step] =
+      PublishWhileBusy(pub.get(), r->get(), /*prepare=*/false, 1, trainer);
+  ASSERT_OK(report);
+  EXPECT_GT(report->diff.chunks_by_kind["conditional-xor"], 0u);
+  EXPECT_FALSE(report->committed);
+  EXPECT_NE(report->reason.find("kind 5"), std::string::npos) << report->reason;
+  EXPECT_EQ(step.status().code(), StatusCode::kUnimplemented) << step.status().ToString();
+  EXPECT_EQ((*r)->failed_vote(), std::optional<uint64_t>(1));
+  EXPECT_EQ(memory.data, model_.data);
+  // A publisher without the option: the next version applies.
+  pub.reset();
+  pub = OpenPublisher(MakePublisher(1));
+  ASSERT_NE(pub, nullptr);
+  ASSERT_NO_FATAL_FAILURE(PublishAndSync(pub.get(), {r->get()}, 2, trainer));
+  EXPECT_EQ(memory.data, trainer.data);
+}
+
 // Memory that changed between Prepare() and ActivatePrepared() makes a
 // chunk fail in the pause: every tensor is restored and the receiver stays
 // at its version; the next preparation refuses the changed model.

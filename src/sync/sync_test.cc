@@ -31,6 +31,7 @@
 #include "sync/protocol.h"
 #include "sync/publisher.h"
 #include "sync/receiver.h"
+#include "transport/memory_store.h"
 #include "transport/object_store.h"
 
 namespace refit {
@@ -1392,6 +1393,118 @@ TEST_P(SyncTest, InMemoryReceiverFollowsVersions) {
   pw.join();
   EXPECT_THAT(refused, StatusIs(StatusCode::kFailedPrecondition));
   EXPECT_EQ(memory.data, at3.data);
+}
+
+// Versions with conditional XOR chunks (kind 5, PublisherOptions::diff.
+// allow_conditional) reach checkpoint and in-memory receivers bit for bit;
+// aborted ones roll back from the old bytes each receiver's journal kept
+// (such records cannot be decoded again once the range is at "after").
+TEST_P(SyncTest, ConditionalVersionsReachCpuReceiversAndRollBack) {
+  auto popts = MakePublisher(2);
+  popts.vote_timeout_ms = 1000;
+  popts.diff.allow_conditional = true;
+  auto pub = Publisher::Open(store_.get(), dir_.File("baseline.safetensors"), popts);
+  ASSERT_OK(pub);
+  Model memory = model_;  // r0's weights, in host memory
+  ReceiverOptions mem = MakeReceiver(0);
+  mem.checkpoint.clear();
+  mem.tensors = memory.MutableViews();
+  auto r0 = Receiver::Open(store_.get(), mem);
+  ASSERT_OK(r0);
+  auto r1 = Receiver::Open(store_.get(), MakeReceiver(1));
+  ASSERT_OK(r1);
+  Model trainer = model_;
+  std::mt19937_64 rng(41);
+  uint64_t conditional_chunks = 0;
+  for (uint64_t v = 1; v <= 3; ++v) {
+    trainer.StepByOne(rng, 0.03);
+    std::thread t0([&] { EXPECT_OK((*r0)->SyncTo(v, 20000)); });
+    std::thread t1([&] { EXPECT_OK((*r1)->SyncTo(v, 20000)); });
+    auto report = (*pub)->Publish(v, trainer.Views());
+    t0.join();
+    t1.join();
+    ASSERT_OK(report);
+    ASSERT_TRUE(report->committed) << report->reason;
+    conditional_chunks += report->diff.chunks_by_kind["conditional-xor"];
+    EXPECT_EQ(memory.data, trainer.data) << "version " << v;
+    EXPECT_TRUE(trainer.Matches(dir_.File("r1/model.safetensors"))) << "version " << v;
+    EXPECT_TRUE(trainer.Matches(dir_.File("baseline.safetensors"))) << "version " << v;
+  }
+  EXPECT_GT(conditional_chunks, 0u);
+  // Version 4: r1 stays silent, the in-memory receiver applies it and rolls
+  // back. Version 5: r0 stays silent, the checkpoint receiver does.
+  const Model at3 = trainer;
+  for (uint64_t v = 4; v <= 5; ++v) {
+    Model next = at3;
+    next.StepByOne(rng, 0.03);
+    Receiver* active = v == 4 ? r0->get() : r1->get();
+    Result<StepResult> step = InternalError("not run");
+    std::thread t = StepUntilBusy(active, &step, 2000);
+    auto report = (*pub)->Publish(v, next.Views());
+    t.join();
+    ASSERT_OK(report);
+    EXPECT_FALSE(report->committed);
+    EXPECT_GT(report->diff.chunks_by_kind["conditional-xor"], 0u);
+    ASSERT_OK(step);
+    EXPECT_EQ(step->outcome, StepResult::Outcome::kAborted) << "version " << v;
+    EXPECT_EQ(active->active_version(), 3u);
+  }
+  EXPECT_EQ(memory.data, at3.data);
+  EXPECT_TRUE(at3.Matches(dir_.File("r1/model.safetensors")));
+  EXPECT_TRUE(at3.Matches(dir_.File("baseline.safetensors")));
+  // The next version commits on both.
+  Model next = at3;
+  next.StepByOne(rng, 0.03);
+  std::thread t0([&] { EXPECT_OK((*r0)->SyncTo(6, 20000)); });
+  std::thread t1([&] { EXPECT_OK((*r1)->SyncTo(6, 20000)); });
+  auto report = (*pub)->Publish(6, next.Views());
+  t0.join();
+  t1.join();
+  ASSERT_OK(report);
+  EXPECT_TRUE(report->committed) << report->reason;
+  EXPECT_EQ(memory.data, next.data);
+  EXPECT_TRUE(next.Matches(dir_.File("r1/model.safetensors")));
+}
+
+// A baseline whose targets are device addresses, as a GPU publisher's is;
+// only its kind is ever asked for here.
+class DeviceLikeBaseline final : public PublisherBaseline {
+ public:
+  const std::vector<TensorView>& tensors() const override { return views_; }
+  std::string Describe() const override { return "a device baseline"; }
+  bool targets_on_device() const override { return true; }
+  Result<Hash128> HashTensor(size_t) override { return UnimplementedError("fake"); }
+  Result<Hash128> HashTarget(const TensorView&) override { return UnimplementedError("fake"); }
+  Result<DiffReport> Diff(const std::vector<TensorView>&, const DiffOptions&,
+                          ChunkSink*) override {
+    return UnimplementedError("fake");
+  }
+  Status Read(size_t, uint64_t, uint64_t, uint8_t*) override { return UnimplementedError("fake"); }
+  Status ReadTarget(const TensorView&, uint64_t, uint64_t, uint8_t*) override {
+    return UnimplementedError("fake");
+  }
+  Status Advance(const Manifest&, const std::vector<TensorView>&) override {
+    return UnimplementedError("fake");
+  }
+  Status ForEachSnapshotFile(const SnapshotFileFn&) override { return UnimplementedError("fake"); }
+
+ private:
+  std::vector<TensorView> views_;
+};
+
+// GPU publishers never emit conditional chunks: asking for them is refused
+// when the publisher opens, before it reads or writes the store.
+TEST(PublisherOptionsTest, ConditionalChunksNeedAHostBaseline) {
+  MemoryStore store;
+  PublisherOptions o;
+  o.members = {"r0"};
+  o.diff.allow_conditional = true;
+  auto pub = Publisher::Open(&store, std::make_unique<DeviceLikeBaseline>(), o);
+  EXPECT_THAT(pub, StatusIs(StatusCode::kInvalidArgument));
+  EXPECT_NE(pub.status().message().find("conditional"), std::string::npos);
+  auto keys = store.List("");
+  ASSERT_OK(keys);
+  EXPECT_TRUE(keys->empty());
 }
 
 // Reads member `member`'s vote on `version`, or nullopt when there is none.

@@ -316,7 +316,10 @@ Status VersionApply::RollBack() {
     if (h == c->header.before) continue;
     if (h == c->header.after) {
       auto it = state_->applied.find(i);
-      if (c->header.IsXor()) {
+      // XOR records toggle back, except conditional ones: they decode only
+      // against the base, so they are undone from the old bytes the
+      // journal kept, or re-sent when the journal has none.
+      if (c->header.IsXor() && !c->header.IsConditional()) {
         REFIT_RETURN_IF_ERROR(UndoChunkInPlace(*c, b_->data[t], &scratch_, {}));
       } else if (it != state_->applied.end()) {
         REFIT_RETURN_IF_ERROR(UndoChunkInPlace(*c, b_->data[t], &scratch_, it->second));
@@ -366,6 +369,10 @@ Status VersionApply::Drain(bool all) {
     result_.stages.apply_cpu += d.seconds;
     ++r_.chunks_applied_total_;
     REFIT_RETURN_IF_ERROR(journal_.Applied(job.index, d.undo.front()));
+    // The journal as a reload would read it: a rollback in this same step
+    // restores overwrite and conditional chunks from these pre-images
+    // rather than asking for re-sends.
+    state_->applied[job.index] = std::move(d.undo.front());
     ++result_.chunks_applied;
     result_.changed_elements += job.chunks.front().header.changed;
     // ApplyChunkInPlace re-hashed the range to the chunk's "after": the

@@ -260,6 +260,7 @@ int RunPublish(const PublishArgs& args) {
   options.auth = *auth;
   options.diff.chunk_bytes = *chunk_bytes;
   options.diff.threads = args.threads;
+  options.diff.allow_conditional = args.conditional;
   options.vote_timeout_ms = args.vote_timeout_ms;
   options.policy = *policy;
   options.upload_threads = std::max(1, args.upload_threads);

@@ -97,6 +97,8 @@ struct SyncBenchArgs {
   int full_base_check_every = ReceiverOptions().full_base_check_every;
   double full_measure_max_s = 40;
   uint64_t seed = 1;
+  // Versions may carry conditional XOR chunks (kind 5).
+  bool conditional = false;
   bool json = false;
 };
 
@@ -303,6 +305,7 @@ class Fleet {
       popt.diff.chunk_bytes =
           static_cast<uint64_t>(std::llround(args_->chunk_mib * (1 << 20)));
       popt.diff.threads = args_->threads;
+      popt.diff.allow_conditional = args_->conditional;
       popt.vote_timeout_ms = 300000;
       popt.upload_threads = args_->upload_threads;
       popt.poll_ms = args_->poll_ms;
@@ -989,6 +992,7 @@ int Run(const SyncBenchArgs& args, const std::string& command_line) {
   out["runs"] = jrows;
   out["encode_floor_gb_per_s_per_thread"] = {{"wall", encode_floor.wall / 1e9},
                                               {"cpu", encode_floor.cpu / 1e9}};
+  out["conditional"] = args.conditional;
   if (json) {
     PrintJson(out);
     return kExitOk;
@@ -999,6 +1003,9 @@ int Run(const SyncBenchArgs& args, const std::string& command_line) {
   fmt::print("link:    {}\n", link_text);
   fmt::print("store:   {}\n", store_text);
   fmt::print("receivers hold: {}\n", receiver_text);
+  fmt::print("coding:  {}\n", args.conditional
+                                   ? "today's kinds and conditional XOR (kind 5, --conditional)"
+                                   : "today's kinds (no --conditional)");
   for (const FullSend& f : fulls) {
     fmt::print(
         "full checkpoint over {:.0f} Mbit/s: {} bytes, wire time {:.2f} s{}\n",
@@ -1098,6 +1105,9 @@ std::function<int(bool, const std::string&)> RegisterBenchSync(
                   "send the full checkpoint through the link when that takes "
                   "at most this long; otherwise report the computed time")
       ->capture_default_str();
+  cmd->add_flag("--conditional", args->conditional,
+                "versions may carry conditional XOR chunks (kind 5, coded given "
+                "the base) where smaller");
   cmd->add_option("--seed", args->seed, "generator seed")
       ->capture_default_str()
       ->check(Unsigned());

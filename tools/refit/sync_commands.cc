@@ -164,6 +164,10 @@ void RegisterSyncCommands(CLI::App* app, SyncCommandArgs* args) {
   pub->add_option("--chunk-mib", p.chunk_mib,
                   "bytes of a tensor per chunk, in MiB (a multiple of 64 KiB)")
       ->capture_default_str();
+  pub->add_flag("--conditional", p.conditional,
+                "also code changes given the base (conditional XOR chunks, kind 5) "
+                "where smaller; every receiver must apply on the CPU (GPU "
+                "receivers refuse such versions)");
   pub->add_option("-j,--threads", p.threads, "encoder threads; 0 = all cores")
       ->capture_default_str()
       ->check(IntIn(0, kMaxThreads));

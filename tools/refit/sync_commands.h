@@ -58,6 +58,9 @@ struct PublishArgs {
   int poll_ms = 10;
   uint64_t snapshot_every = 0;  // full snapshot every N committed versions
   uint64_t keep_versions = 0;   // retention: the K newest versions (0 = all)
+  // Versions may carry conditional XOR chunks (kind 5), which CPU
+  // receivers apply and GPU receivers refuse.
+  bool conditional = false;
   bool json = false;
 };
 int RunPublish(const PublishArgs& args);
