@@ -482,21 +482,13 @@ Status DeviceBaseline::AdvanceLocked(const Manifest& m, const std::vector<Tensor
   std::map<std::string, size_t> base_index, target_index;
   for (size_t i = 0; i < views_.size(); ++i) base_index[views_[i].name] = i;
   for (size_t i = 0; i < target.size(); ++i) target_index[target[i].name] = i;
-  std::vector<bool> touched(views_.size(), false);
-  if (durable_) {
-    std::vector<DurableWriter::Range> ranges;
-    for (const ManifestChunk& mc : m.chunks) {
-      const TensorEntry& e = m.tensors.at(mc.tensor_id);
-      auto b = base_index.find(e.name);
-      if (b != base_index.end()) {
-        const uint64_t offset = mc.start * e.width, bytes = mc.count * e.width;
-        if (offset + bytes <= TensorBytes(views_[b->second])) {
-          ranges.push_back({b->second, offset, bytes});
-        }
-      }
-    }
-    durable_->Advancing(m.version, std::move(ranges));
-  }
+  // Every chunk's range is resolved and checked before anything is copied.
+  struct Update {
+    size_t base, target;
+    uint64_t offset, bytes;
+  };
+  std::vector<Update> updates;
+  updates.reserve(m.chunks.size());
   for (const ManifestChunk& mc : m.chunks) {
     const TensorEntry& e = m.tensors.at(mc.tensor_id);
     auto b = base_index.find(e.name);
@@ -508,11 +500,21 @@ Status DeviceBaseline::AdvanceLocked(const Manifest& m, const std::vector<Tensor
     if (offset + bytes > TensorBytes(views_[b->second])) {
       return InternalError("a chunk of tensor '" + e.name + "' lies past its end");
     }
+    updates.push_back({b->second, t->second, offset, bytes});
+  }
+  if (durable_) {
+    std::vector<DurableWriter::Range> changing;
+    changing.reserve(updates.size());
+    for (const Update& u : updates) changing.push_back({u.base, u.offset, u.bytes});
+    durable_->Advancing(m.version, std::move(changing));
+  }
+  std::vector<bool> touched(views_.size(), false);
+  for (const Update& u : updates) {
     REFIT_RETURN_IF_ERROR(Cuda(
-        cudaMemcpyAsync(const_cast<uint8_t*>(views_[b->second].data) + offset,
-                        target[t->second].data + offset, bytes, cudaMemcpyDefault, nullptr),
-        "baseline update of tensor '" + e.name + "'"));
-    touched[b->second] = true;
+        cudaMemcpyAsync(const_cast<uint8_t*>(views_[u.base].data) + u.offset,
+                        target[u.target].data + u.offset, u.bytes, cudaMemcpyDefault, nullptr),
+        "baseline update of tensor '" + views_[u.base].name + "'"));
+    touched[u.base] = true;
   }
   std::vector<DeviceRange> ranges;
   std::vector<size_t> which;

@@ -60,7 +60,6 @@ struct Receiver::Impl {
   std::array<cudaStream_t, kMaxStreams> compute{};
   std::array<cudaEvent_t, kMaxStreams> copied{}, done{};
   cudaEvent_t begin = nullptr, end = nullptr;
-  cudaEvent_t ready = nullptr;  // the status words are on the device
   std::vector<cudaEvent_t> marks;  // per batch: before kernels, before verify, after
   DeviceBuffer placements, pieces;
   // The staging arena (ReceiverOptions::staging_bytes), allocated once;
@@ -79,7 +78,6 @@ struct Receiver::Impl {
       if (h) cudaFreeHost(h);
     }
     if (copy) cudaStreamDestroy(copy);
-    if (ready) cudaEventDestroy(ready);
     for (int s = 0; s < kMaxStreams; ++s) {
       if (compute[s]) cudaStreamDestroy(compute[s]);
       if (copied[s]) cudaEventDestroy(copied[s]);
@@ -226,8 +224,6 @@ Result<std::unique_ptr<Receiver>> Receiver::Create(
   REFIT_CUDA_RETURN(cudaSetDevice(options.device), "cudaSetDevice");
   REFIT_CUDA_RETURN(cudaStreamCreateWithFlags(&impl->copy, cudaStreamNonBlocking),
                     "stream");
-  REFIT_CUDA_RETURN(cudaEventCreateWithFlags(&impl->ready, cudaEventDisableTiming),
-                    "event");
   for (int s = 0; s < kMaxStreams; ++s) {
     REFIT_CUDA_RETURN(
         cudaStreamCreateWithFlags(&impl->compute[s], cudaStreamNonBlocking),
@@ -416,16 +412,16 @@ Result<GpuApplyReport> Receiver::Run(std::span<const uint8_t> payload,
                                                           kMaxStreams))
              : m.slots;
   // The status words go first on the copy stream; every batch's kernels
-  // wait for them (slots: through their copy; staged: through `ready`).
+  // wait for them (slots: through their copy; staged: through `begin`,
+  // recorded after them).
   REFIT_CUDA_RETURN(cudaMemcpyAsync(m.status.data(), initial.data(),
                                     4 * initial.size(), cudaMemcpyHostToDevice,
                                     m.copy),
                     "copy status");
   if (staged) {
     REFIT_CUDA_RETURN(cudaEventRecord(m.begin, m.copy), "record");
-    REFIT_CUDA_RETURN(cudaEventRecord(m.ready, m.copy), "record");
     for (uint32_t s = 0; s < streams; ++s) {
-      REFIT_CUDA_RETURN(cudaStreamWaitEvent(m.compute[s], m.ready, 0), "wait");
+      REFIT_CUDA_RETURN(cudaStreamWaitEvent(m.compute[s], m.begin, 0), "wait");
     }
   }
   Status st;
