@@ -126,7 +126,7 @@ Result<PartList> DecodePartList(std::span<const uint8_t> body) {
 
 Result<std::unique_ptr<RankPublisher>> RankPublisher::Open(ObjectStore* parts,
                                                            ObjectStore* store,
-                                                           trainer::RankEncoder* encoder,
+                                                           trainer::RankEncoderInterface* encoder,
                                                            uint32_t rank, uint64_t committed,
                                                            RankPublisherOptions options) {
   if (parts == nullptr || store == nullptr || encoder == nullptr) {

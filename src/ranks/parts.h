@@ -96,7 +96,7 @@ class RankPublisher {
   // `parts` holds the parts; `store` is the protocol's store, read for
   // decisions and the head; `encoder` has its baseline at `committed`.
   static Result<std::unique_ptr<RankPublisher>> Open(ObjectStore* parts, ObjectStore* store,
-                                                     trainer::RankEncoder* encoder,
+                                                     trainer::RankEncoderInterface* encoder,
                                                      uint32_t rank, uint64_t committed,
                                                      RankPublisherOptions options);
 
@@ -127,7 +127,7 @@ class RankPublisher {
 
   ObjectStore* parts_ = nullptr;
   ObjectStore* store_ = nullptr;
-  trainer::RankEncoder* encoder_ = nullptr;
+  trainer::RankEncoderInterface* encoder_ = nullptr;
   uint32_t rank_ = 0;
   uint64_t committed_ = 0;
   uint64_t pending_ = 0;  // the version published last, 0 when none

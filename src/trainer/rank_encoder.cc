@@ -98,6 +98,7 @@ struct RankEncoder::Impl {
   std::vector<Job> jobs;
   std::map<uint32_t, ScaleState> scales;        // by quantized canonical index
   std::vector<uint8_t> baseline;
+  uint64_t owned_bytes = 0;
   // The last Encode's chunks, kept until Commit or Abort.
   std::vector<std::pair<uint32_t, std::vector<uint8_t>>> pending;  // job, chunk
   bool have_baseline = false;
@@ -118,7 +119,45 @@ RankEncoder::~RankEncoder() = default;
 const std::vector<layout::CanonicalTensor>& RankEncoder::canonical_tensors() const {
   return impl_->canonical;
 }
-uint64_t RankEncoder::owned_bytes() const { return impl_->baseline.size(); }
+uint64_t RankEncoder::owned_bytes() const { return impl_->owned_bytes; }
+const std::vector<layout::LocalTensor>& RankEncoder::local_tensors() const {
+  return impl_->local;
+}
+
+std::vector<RankJob> RankEncoder::jobs() const {
+  const Impl& m = *impl_;
+  std::vector<RankJob> out;
+  out.reserve(m.jobs.size());
+  for (const Job& j : m.jobs) {
+    RankJob rj;
+    rj.count = j.count;
+    rj.base_offset = j.base_offset;
+    if (j.scale_of >= 0) {
+      rj.tensor_id = m.scales.at(static_cast<uint32_t>(j.scale_of)).scale_canon;
+      rj.start = j.start;
+      rj.run = j.run;
+      rj.stride = j.stride;
+      rj.width = 4;
+    } else {
+      const Region& r = m.regions[j.region];
+      rj.in_place = r.in_place;
+      rj.local = r.local;
+      rj.local_element = r.LocalIndex(j.o0, j.i0);
+      rj.tensor_id = r.canon;
+      rj.start = r.start + j.o0 * r.stride + j.i0;
+      if (j.rows > 1) {
+        rj.run = r.inner;
+        rj.stride = r.stride;
+      }
+      rj.width = r.width;
+    }
+    // Canonical form (EncodeRegionChunk): one row, or rows without gaps, is
+    // a contiguous range.
+    if (!(rj.run != 0 && rj.run < rj.count && rj.stride > rj.run)) rj.run = rj.stride = 0;
+    out.push_back(rj);
+  }
+  return out;
+}
 
 Result<std::unique_ptr<RankEncoder>> RankEncoder::Create(const layout::Layout& layout,
                                                          uint32_t rank,
@@ -261,7 +300,8 @@ Result<std::unique_ptr<RankEncoder>> RankEncoder::Create(const layout::Layout& l
     offset += 4 * s.blocks.size();
     impl->scales[ci] = std::move(s);
   }
-  impl->baseline.assign(offset, 0);
+  impl->owned_bytes = offset;
+  if (!options.plan_only) impl->baseline.assign(offset, 0);
 
   // Jobs, in canonical order: (tensor, start) of each region.
   std::vector<uint32_t> order(impl->regions.size());
@@ -438,6 +478,7 @@ void RankEncoder::Impl::Gather(const Job& job, const std::vector<const uint8_t*>
 
 Status RankEncoder::SetBaseline(const std::vector<TensorView>& canonical) {
   Impl& m = *impl_;
+  if (m.opt.plan_only) return FailedPreconditionError("a plan-only rank encoder has no baseline");
   std::map<std::string, const TensorView*> by_name;
   for (const TensorView& v : canonical) by_name[v.name] = &v;
   auto find = [&](const CanonicalTensor& ct) -> Result<const TensorView*> {
@@ -472,6 +513,7 @@ Status RankEncoder::SetBaseline(const std::vector<TensorView>& canonical) {
 
 Status RankEncoder::SetBaselineFromLocal(const std::vector<TensorView>& local) {
   Impl& m = *impl_;
+  if (m.opt.plan_only) return FailedPreconditionError("a plan-only rank encoder has no baseline");
   std::vector<const uint8_t*> data;
   REFIT_RETURN_IF_ERROR(m.CheckLocal(local, &data));
   for (auto& [ci, s] : m.scales) REFIT_RETURN_IF_ERROR(m.ComputeScales(&s, data));
@@ -494,7 +536,7 @@ Result<RankReport> RankEncoder::Encode(uint64_t version, uint64_t base_version,
   for (auto& [ci, s] : m.scales) REFIT_RETURN_IF_ERROR(m.ComputeScales(&s, data));
   m.pending.clear();
   RankReport report;
-  report.owned_bytes = m.baseline.size();
+  report.owned_bytes = m.owned_bytes;
   for (const Region& r : m.regions) report.owned_elements += r.outer * r.inner;
 
   const int threads = m.opt.threads > 0 ? m.opt.threads : DefaultThreads();

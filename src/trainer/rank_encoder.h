@@ -49,6 +49,10 @@ struct RankEncoderOptions {
   codec::EncodeOptions codec;
   // Residual chunks as overwrite records instead of XOR.
   bool residual_overwrite = false;
+  // Plan only: no host baseline is allocated (SetBaseline*, Encode and
+  // Commit are refused). For encoders that keep the baseline elsewhere and
+  // follow jobs() (cuda::DeviceRankEncoder).
+  bool plan_only = false;
 };
 
 struct RankReport {
@@ -67,18 +71,58 @@ struct RankReport {
 // the canonical tensor's index in canonical_tensors().
 using EmitChunkFn = std::function<Status(std::span<const uint8_t>, const ChunkHeader&)>;
 
-class RankEncoder {
+// What a rank publisher (ranks/parts.h) needs of an encoder: RankEncoder
+// on the CPU, or cuda::DeviceRankEncoder, which keeps the baseline in
+// device memory and encodes local CUDA tensors on the GPU. The contract of
+// each call is RankEncoder's, below.
+class RankEncoderInterface {
+ public:
+  virtual ~RankEncoderInterface() = default;
+  virtual const std::vector<layout::CanonicalTensor>& canonical_tensors() const = 0;
+  virtual uint64_t owned_bytes() const = 0;
+  virtual Result<RankReport> Encode(uint64_t version, uint64_t base_version,
+                                    const std::vector<TensorView>& local,
+                                    const EmitChunkFn& emit) = 0;
+  virtual Status Commit() = 0;
+  virtual void Abort() = 0;
+  virtual size_t pending_chunks() const = 0;
+  virtual Result<std::span<const uint8_t>> PendingChunk(size_t index) const = 0;
+  virtual Result<std::vector<uint8_t>> PendingRegion(size_t index, bool after) const = 0;
+};
+
+// One chunk's worth of the owned regions, as Encode cuts them, in emit
+// order: canonical tensor `tensor_id`, region (start, count, run, stride)
+// in canonical form (run 0: contiguous), `width`-byte elements, held at
+// `base_offset` in the baseline (the owned bytes, gathered in chunk
+// order). `in_place`: the local elements are the checkpoint's bits and
+// lie consecutively in chunk order from element `local_element` of local
+// tensor `local` (an index into local_tensors()), so the chunk is a plain
+// range of local memory; the others are gathered or converted.
+struct RankJob {
+  bool in_place = false;
+  uint32_t local = 0;
+  uint64_t local_element = 0;
+  uint64_t tensor_id = 0;
+  uint64_t start = 0, count = 0, run = 0, stride = 0;
+  int width = 0;
+  uint64_t base_offset = 0;
+};
+
+class RankEncoder final : public RankEncoderInterface {
  public:
   // The layout is validated and ownership assigned here (every rank
   // computes the same ownership from the same layout).
   static Result<std::unique_ptr<RankEncoder>> Create(const layout::Layout& layout,
                                                      uint32_t rank,
                                                      RankEncoderOptions options);
-  ~RankEncoder();
+  ~RankEncoder() override;
 
   // The version's tensor table order: canonical tensors sorted by name.
-  const std::vector<layout::CanonicalTensor>& canonical_tensors() const;
-  uint64_t owned_bytes() const;
+  const std::vector<layout::CanonicalTensor>& canonical_tensors() const override;
+  uint64_t owned_bytes() const override;
+  // This rank's local tensors (the layout's order) and the chunk plan.
+  const std::vector<layout::LocalTensor>& local_tensors() const;
+  std::vector<RankJob> jobs() const;
 
   // Baseline from canonical tensors (a checkpoint at the committed
   // version): reads only the owned regions.
@@ -91,12 +135,12 @@ class RankEncoder {
   // tensors by local name, in its own layout) against the baseline.
   Result<RankReport> Encode(uint64_t version, uint64_t base_version,
                             const std::vector<TensorView>& local,
-                            const EmitChunkFn& emit);
+                            const EmitChunkFn& emit) override;
 
   // The version encoded last committed: the baseline becomes its bits.
-  Status Commit();
+  Status Commit() override;
   // The version encoded last aborted: the baseline stays.
-  void Abort();
+  void Abort() override;
 
   // Until Commit() or Abort(): the number of chunks the last Encode
   // emitted, and for chunk `index` of them (in emit order) the serialized
@@ -105,9 +149,9 @@ class RankEncoder {
   // What a rank serves as overwrite re-sends of its own regions while its
   // version is undecided (docs/protocol.md, "Versions from many ranks").
   // OUT_OF_RANGE for an index past the pending chunks.
-  size_t pending_chunks() const;
-  Result<std::span<const uint8_t>> PendingChunk(size_t index) const;
-  Result<std::vector<uint8_t>> PendingRegion(size_t index, bool after) const;
+  size_t pending_chunks() const override;
+  Result<std::span<const uint8_t>> PendingChunk(size_t index) const override;
+  Result<std::vector<uint8_t>> PendingRegion(size_t index, bool after) const override;
 
  private:
   struct Impl;

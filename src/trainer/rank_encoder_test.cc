@@ -368,6 +368,80 @@ TEST(RankEncoderTest, BaselineFromLocalEqualsBaselineFromCanonical) {
   }
 }
 
+// jobs() is the plan Encode follows: every emitted chunk's region is the
+// next changed job's, and an in-place job's local elements are the
+// region's canonical bits, consecutive from local_element. A plan-only
+// encoder has the same plan and no baseline.
+TEST(RankEncoderTest, JobsDescribeEveryChunkInEmitOrder) {
+  for (uint64_t chunk_bytes : {uint64_t{6}, uint64_t{40}, uint64_t{8} << 20}) {
+    std::mt19937_64 rng(17);
+    World world = MakeWorld(rng);
+    Named base = Assemble(world);
+    Step(&world, rng, 0.5);
+    Named target = Assemble(world);
+    RankEncoderOptions opt;
+    opt.chunk_bytes = chunk_bytes;
+    for (uint32_t r = 0; r < 2; ++r) {
+      auto e = RankEncoder::Create(world.layout, r, opt);
+      ASSERT_OK(e);
+      ASSERT_OK((*e)->SetBaseline(Views(base, world.layout)));
+      const std::vector<RankJob> jobs = (*e)->jobs();
+      std::vector<ChunkHeader> emitted;
+      ASSERT_OK((*e)->Encode(1, 0, LocalViews(world, r),
+                             [&](std::span<const uint8_t>, const ChunkHeader& h) {
+                               emitted.push_back(h);
+                               return Status();
+                             }));
+      ASSERT_FALSE(emitted.empty());
+      size_t k = 0;
+      bool any_in_place = false;
+      uint64_t offset = 0;
+      for (const RankJob& j : jobs) {
+        EXPECT_EQ(j.base_offset, offset);
+        offset += j.count * static_cast<uint64_t>(j.width);
+        const auto& ct = (*e)->canonical_tensors()[j.tensor_id];
+        if (j.in_place) {
+          any_in_place = true;
+          const LocalTensor& lt = (*e)->local_tensors()[j.local];
+          const Bytes& local = world.local[r].at(lt.name);
+          const Bytes& canon = target.at(ct.name);
+          const uint64_t w = static_cast<uint64_t>(j.width);
+          for (uint64_t i = 0; i < j.count; ++i) {
+            const uint64_t ci =
+                j.run == 0 ? j.start + i : j.start + (i / j.run) * j.stride + i % j.run;
+            ASSERT_EQ(0, std::memcmp(local.data() + (j.local_element + i) * w,
+                                     canon.data() + ci * w, w))
+                << ct.name << " element " << i;
+          }
+        }
+        if (k < emitted.size() && emitted[k].tensor_id == j.tensor_id &&
+            emitted[k].start == j.start && emitted[k].count == j.count) {
+          EXPECT_EQ(emitted[k].run, j.run);
+          EXPECT_EQ(emitted[k].stride, j.run == 0 ? 0 : j.stride);
+          EXPECT_EQ(emitted[k].width, j.width);
+          ++k;
+        }
+      }
+      EXPECT_EQ(k, emitted.size()) << "chunk_bytes " << chunk_bytes << " rank " << r;
+      EXPECT_EQ(offset, (*e)->owned_bytes());
+      EXPECT_TRUE(any_in_place);
+      RankEncoderOptions plan = opt;
+      plan.plan_only = true;
+      auto p = RankEncoder::Create(world.layout, r, plan);
+      ASSERT_OK(p);
+      EXPECT_EQ((*p)->owned_bytes(), (*e)->owned_bytes());
+      const std::vector<RankJob> again = (*p)->jobs();
+      ASSERT_EQ(again.size(), jobs.size());
+      for (size_t i = 0; i < jobs.size(); ++i) {
+        EXPECT_EQ(again[i].base_offset, jobs[i].base_offset);
+        EXPECT_EQ(again[i].in_place, jobs[i].in_place);
+      }
+      EXPECT_THAT((*p)->SetBaseline(Views(base, world.layout)),
+                  StatusIs(StatusCode::kFailedPrecondition));
+    }
+  }
+}
+
 TEST(RankEncoderTest, BadInputsAreRefused) {
   std::mt19937_64 rng(5);
   World world = MakeWorld(rng);
