@@ -146,7 +146,8 @@ class Publisher:
 class RankPublisher:
     def __init__(self, store: str, parts: str, layout: str, rank: int, committed: int,
                  baseline: str, initial: Sequence[Triple] | None, key: bytes | None,
-                 key_file: str, threads: int, chunk_bytes: int, upload_threads: int) -> None: ...
+                 key_file: str, threads: int, chunk_bytes: int, upload_threads: int,
+                 device: int = -1) -> None: ...
     @property
     def committed_version(self) -> int: ...
     @property

@@ -129,6 +129,15 @@ class Publisher:
       baseline, receivers apply the ranks' chunks directly). The
       rank's baseline is the canonical checkpoint ``baseline`` at the
       committed version, or its own local tensors ``initial``. With
+      ``baseline_memory="device"`` the rank keeps its owned bytes in device
+      memory (of ``initial``'s CUDA device, or the current one with
+      ``baseline=``) and encodes on the GPU; publish() then takes CUDA
+      tensors of that device. The GPU rank encoder takes pieces whose local
+      bits are the checkpoint's, stored in canonical order (row and column
+      shards, fused tensors, replicas); a layout with converted pieces (FP32
+      masters, FP8) or transposed storage raises UnsupportedError there.
+      The default, "file", is the CPU encoder (CUDA tensors are copied to
+      host memory on each publish). With
       ``layout=None`` (default) the tensors are canonical (Hugging Face
       names and shapes) and this object is the coordinator itself.
     key / key_file: HMAC key (bytes, at least 16) authenticating every object.
@@ -195,7 +204,8 @@ class Publisher:
                     "trainer ranks' versions are assembled by their Coordinator",
                     "INVALID_ARGUMENT")
             self._init_rank(store, layout, rank, baseline, initial, key, key_file, threads,
-                            chunk_bytes, upload_threads, parts, decision_timeout)
+                            chunk_bytes, upload_threads, parts, decision_timeout,
+                            baseline_memory)
             return
         if rank != 0:
             raise NotImplementedError(
@@ -264,7 +274,8 @@ class Publisher:
     def _init_rank(self, store: str, layout: Any, rank: int, baseline: Optional[PathLike],
                    initial: Any, key: Optional[bytes], key_file: Optional[PathLike],
                    threads: int, chunk_bytes: int, upload_threads: int,
-                   parts: Optional[str], decision_timeout: float) -> None:
+                   parts: Optional[str], decision_timeout: float,
+                   baseline_memory: Optional[str]) -> None:
         # One trainer rank of a version published by many (docs/trainer.md):
         # this rank's local tensors, in its own layout, become its part.
         text = _layout_text(layout)
@@ -279,20 +290,38 @@ class Publisher:
         if not local:
             raise InvalidArgumentError(f"the layout has no rank {rank}", "INVALID_ARGUMENT")
         self._dtypes = local
-        triples = None
-        if baseline is None:
-            if initial is None:
-                raise InvalidArgumentError(
-                    "a rank publisher needs baseline= (the canonical checkpoint at the "
-                    "committed version) or initial= (this rank's local tensors at it)",
-                    "INVALID_ARGUMENT")
-            self._initial = prepare(named_items(initial), writable=False, expected=local)
-            triples = self._initial.triples
+        if baseline is None and initial is None:
+            raise InvalidArgumentError(
+                "a rank publisher needs baseline= (the canonical checkpoint at the "
+                "committed version) or initial= (this rank's local tensors at it)",
+                "INVALID_ARGUMENT")
+        memory = baseline_memory or "file"
+        if memory not in ("file", "device"):
+            raise InvalidArgumentError(
+                "with layout=, baseline_memory must be 'file' (the CPU encoder) or 'device' "
+                f"(the GPU encoder), not {memory!r}", "INVALID_ARGUMENT")
         self._baseline = os.fspath(baseline) if baseline is not None else ""
         self._decision_timeout = float(decision_timeout)
-        self._native = _native.RankPublisher(
-            store, parts or "", text, rank, -1, self._baseline, triples, key,
-            os.fspath(key_file) if key_file else "", threads, chunk_bytes, upload_threads)
+        args = (store, parts or "", text, rank, -1, self._baseline)
+        rest = (key, os.fspath(key_file) if key_file else "", threads, chunk_bytes,
+                upload_threads)
+        if memory == "device":
+            # The GPU rank encoder (opt-in): the owned bytes in device memory.
+            device = _cuda_device_of(initial) if baseline is None else _current_cuda_device()
+            triples = None
+            if baseline is None:
+                self._initial = prepare(named_items(initial), writable=False, expected=local,
+                                        cuda_in_place=True)
+                _sync_cuda(initial)
+                triples = self._initial.triples
+            self._native = _native.RankPublisher(*args, triples, *rest, device=device)
+            self._device = True
+            return
+        triples = None
+        if baseline is None:
+            self._initial = prepare(named_items(initial), writable=False, expected=local)
+            triples = self._initial.triples
+        self._native = _native.RankPublisher(*args, triples, *rest)
 
     @property
     def committed_version(self) -> int:
@@ -433,6 +462,23 @@ def _cuda_tensors(named: Any) -> List[Any]:
 
 def _any_cuda(named: Any) -> bool:
     return bool(_cuda_tensors(named))
+
+
+def _cuda_device_of(named: Any) -> int:
+    """The one CUDA device index of the CUDA tensors in `named`."""
+    devices = {t.device.index for t in _cuda_tensors(named)}
+    if len(devices) != 1:
+        raise InvalidArgumentError(
+            "a baseline in device memory needs initial= tensors on one CUDA device "
+            f"(found devices {sorted(d for d in devices if d is not None)})",
+            "INVALID_ARGUMENT")
+    d = devices.pop()
+    return 0 if d is None else int(d)
+
+
+def _current_cuda_device() -> int:
+    import torch  # noqa: PLC0415 (only for a baseline in device memory)
+    return int(torch.cuda.current_device())
 
 
 def _sync_cuda(named: Any) -> None:

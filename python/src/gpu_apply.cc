@@ -20,6 +20,7 @@
 #include "base/file.h"
 #include "borrow.h"
 #include "cuda/device_baseline.h"
+#include "cuda/device_rank_encoder.h"
 #include "cuda/device_target.h"
 #include "cuda/layout_placement.h"
 #include "cuda/pipeline.h"
@@ -138,6 +139,21 @@ Result<DeviceBaselineMade> MakeDeviceBaseline(const std::vector<TensorView>& ini
   made.flush = [raw] { return raw->FlushDurable(); };
   made.baseline = std::move(baseline);
   return made;
+}
+
+Result<std::unique_ptr<trainer::RankEncoderInterface>> MakeDeviceRankEncoder(
+    const layout::Layout& layout, uint32_t rank, const trainer::RankEncoderOptions& options,
+    int device, const std::vector<TensorView>& initial_local,
+    const std::vector<TensorView>& initial_canonical) {
+  cuda::DeviceRankEncoderOptions d;
+  d.device = device;
+  REFIT_ASSIGN_OR_RETURN(auto encoder, cuda::DeviceRankEncoder::Create(layout, rank, options, d));
+  if (!initial_local.empty()) {
+    REFIT_RETURN_IF_ERROR(encoder->SetBaselineFromLocal(initial_local));
+  } else {
+    REFIT_RETURN_IF_ERROR(encoder->SetBaseline(initial_canonical));
+  }
+  return std::unique_ptr<trainer::RankEncoderInterface>(std::move(encoder));
 }
 
 Result<std::shared_ptr<StagedTarget>> MakeDeviceTarget(

@@ -14,6 +14,7 @@
 #include "refit/status.h"
 #include "sync/publisher_baseline.h"
 #include "sync/staged_target.h"
+#include "trainer/rank_encoder.h"
 
 namespace refit::python {
 
@@ -43,6 +44,16 @@ struct DeviceBaselineMade {
 };
 Result<DeviceBaselineMade> MakeDeviceBaseline(const std::vector<TensorView>& initial, int device,
                                               bool pinned_host, const std::string& durable_path);
+
+// A trainer rank's encoder on the GPU (cuda/device_rank_encoder.h) on CUDA
+// device `device`, its baseline from `initial_local` (this rank's local
+// tensors) or, when that is empty, from the canonical checkpoint views
+// `initial_canonical`. kUnimplemented for a layout the GPU encoder does not
+// take (converted or transposed pieces).
+Result<std::unique_ptr<trainer::RankEncoderInterface>> MakeDeviceRankEncoder(
+    const layout::Layout& layout, uint32_t rank, const trainer::RankEncoderOptions& options,
+    int device, const std::vector<TensorView>& initial_local,
+    const std::vector<TensorView>& initial_canonical);
 
 // Staging bounds of a GPU receiver (cuda/device_target.h).
 struct DeviceStaging {

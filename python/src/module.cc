@@ -14,6 +14,7 @@
 #include <exception>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <utility>
@@ -337,7 +338,7 @@ class PyRankPublisher {
                   const std::string& layout_json, uint32_t rank, int64_t committed,
                   const std::string& baseline, const py::object& initial, const py::object& key,
                   const std::string& key_file, int threads, uint64_t chunk_bytes,
-                  int upload_threads) {
+                  int upload_threads, int device) {
     layout::Layout l = Unwrap(layout::ParseLayout(layout_json));
     trainer::RankEncoderOptions eo;
     eo.threads = threads;
@@ -348,7 +349,10 @@ class PyRankPublisher {
     store_ = OpenStore(store_url);
     parts_ = parts_url.empty() ? store_ : OpenStore(parts_url);
     Borrowed init;
-    if (!initial.is_none()) init = Unwrap(BorrowAll(initial, /*writable=*/false));
+    if (!initial.is_none()) {
+      init = Unwrap(BorrowAll(initial, /*writable=*/false, /*allow_cuda=*/device >= 0));
+    }
+    device_ = device;
     py::gil_scoped_release release;
     if (committed < 0) {
       // The store's head: the version every rank's baseline must be at.
@@ -362,12 +366,31 @@ class PyRankPublisher {
         Check(head.status());
       }
     }
-    encoder_ = Unwrap(trainer::RankEncoder::Create(l, rank, eo));
-    if (!baseline.empty()) {
-      Checkpoint ck = Unwrap(Checkpoint::Open(baseline, Checkpoint::Mode::kReadOnly));
-      Check(encoder_->SetBaseline(CheckpointViews(ck)));
+    if (device >= 0) {
+      // The baseline in device memory, encoded on the GPU
+      // (cuda/device_rank_encoder.h).
+#ifdef REFIT_PYTHON_CUDA
+      std::vector<TensorView> canonical;
+      std::optional<Checkpoint> ck;
+      if (!baseline.empty()) {
+        ck.emplace(Unwrap(Checkpoint::Open(baseline, Checkpoint::Mode::kReadOnly)));
+        canonical = CheckpointViews(*ck);
+      }
+      encoder_ = Unwrap(MakeDeviceRankEncoder(l, rank, eo, device, Views(init), canonical));
+#else
+      throw StatusError(UnimplementedError(
+          "this build of refit has no CUDA module: a rank's baseline in device memory "
+          "needs one (build where nvcc is installed, or with -DREFIT_WITH_CUDA=ON)"));
+#endif
     } else {
-      Check(encoder_->SetBaselineFromLocal(Views(init)));
+      auto cpu = Unwrap(trainer::RankEncoder::Create(l, rank, eo));
+      if (!baseline.empty()) {
+        Checkpoint ck = Unwrap(Checkpoint::Open(baseline, Checkpoint::Mode::kReadOnly));
+        Check(cpu->SetBaseline(CheckpointViews(ck)));
+      } else {
+        Check(cpu->SetBaselineFromLocal(Views(init)));
+      }
+      encoder_ = std::move(cpu);
     }
     pub_ = Unwrap(ranks::RankPublisher::Open(parts_.get(), store_.get(), encoder_.get(), rank,
                                              static_cast<uint64_t>(committed), std::move(ro)));
@@ -377,7 +400,15 @@ class PyRankPublisher {
   uint64_t owned_bytes() const { return encoder_->owned_bytes(); }
 
   py::dict Publish(uint64_t version, py::handle triples) {
-    Borrowed b = Unwrap(BorrowAll(triples, /*writable=*/false));
+    Borrowed b = Unwrap(BorrowAll(triples, /*writable=*/false, /*allow_cuda=*/device_ >= 0));
+    if (device_ >= 0) {
+      const int d = Unwrap(OneDevice(b));
+      if (d != device_) {
+        throw StatusError(InvalidArgumentError(
+            "the tensors are on CUDA device " + std::to_string(d) +
+            " but the rank's baseline is on device " + std::to_string(device_)));
+      }
+    }
     std::vector<TensorView> views = Views(b);
     ranks::RankPartReport r;
     {
@@ -404,8 +435,9 @@ class PyRankPublisher {
 
  private:
   std::shared_ptr<ObjectStore> store_, parts_;  // outlive pub_ (declared first)
-  std::unique_ptr<trainer::RankEncoder> encoder_;
+  std::unique_ptr<trainer::RankEncoderInterface> encoder_;
   std::unique_ptr<ranks::RankPublisher> pub_;
+  int device_ = -1;  // the CUDA device of a baseline in device memory
 };
 
 class PyCoordinator {
@@ -974,11 +1006,11 @@ void BindClasses(py::module_& m) {
   py::class_<PyRankPublisher>(m, "RankPublisher")
       .def(py::init<const std::string&, const std::string&, const std::string&, uint32_t,
                     int64_t, const std::string&, const py::object&, const py::object&,
-                    const std::string&, int, uint64_t, int>(),
+                    const std::string&, int, uint64_t, int, int>(),
            py::arg("store"), py::arg("parts"), py::arg("layout"), py::arg("rank"),
            py::arg("committed"), py::arg("baseline"), py::arg("initial"), py::arg("key"),
            py::arg("key_file"), py::arg("threads"), py::arg("chunk_bytes"),
-           py::arg("upload_threads"))
+           py::arg("upload_threads"), py::arg("device") = -1)
       .def_property_readonly("committed_version", &PyRankPublisher::committed_version)
       .def_property_readonly("owned_bytes", &PyRankPublisher::owned_bytes)
       .def("publish", &PyRankPublisher::Publish, py::arg("version"), py::arg("tensors"))

@@ -203,3 +203,87 @@ def test_durable_baseline_file_restarts_a_trainer_at_the_head(tmp_path):
         refit.Publisher(str(tmp_path / "s2"), members=["r"], initial=other,
                         durable_baseline=durable)
     rcv.close()
+
+
+def _tp2_layout(master_dtype="BF16"):
+    """Two tensor-parallel ranks: w row-parallel (each rank a column half:
+    strided regions), u column-parallel (row halves), b replicated."""
+    def piece(canon, rows, cols, local, canon_map):
+        return {"canonical": canon, "rows": rows, "cols": cols, "local": local,
+                "canon": canon_map}
+    ranks = []
+    for r in (0, 1):
+        ranks.append({"rank": r, "tensors": [
+            {"name": "w", "dtype": master_dtype, "shape": [512, 384],
+             "pieces": [piece("w", 512, 384, [0, 384, 1], [r * 384, 768, 1])]},
+            {"name": "u", "dtype": "BF16", "shape": [512, 256],
+             "pieces": [piece("u", 512, 256, [0, 256, 1], [r * 512 * 256, 256, 1])]},
+            {"name": "b", "dtype": "BF16", "shape": [300],
+             "pieces": [piece("b", 1, 300, [0, 300, 1], [0, 300, 1])]}]})
+    return {"format": "refit-layout", "version": 1,
+            "canonical": [{"name": "b", "dtype": "BF16", "shape": [300]},
+                          {"name": "u", "dtype": "BF16", "shape": [1024, 256]},
+                          {"name": "w", "dtype": "BF16", "shape": [512, 768]}],
+            "ranks": ranks}
+
+
+def _tp2_local(canon, r):
+    return {"w": canon["w"][:, r * 384:(r + 1) * 384].contiguous(),
+            "u": canon["u"][r * 512:(r + 1) * 512].contiguous(), "b": canon["b"].clone()}
+
+
+def _part_chunks(store):
+    out = {}
+    for root, _, files in os.walk(store):
+        for f in files:
+            key = os.path.relpath(os.path.join(root, f), store)
+            if key.startswith("parts/") and "/chunk/" in key:
+                with open(os.path.join(root, f), "rb") as fh:
+                    out[key] = fh.read()
+    return out
+
+
+def test_rank_publishers_encode_on_the_device_as_on_the_cpu(tmp_path):
+    layout = _tp2_layout()
+    canon = initial_model(5, {"w": (512, 768), "u": (1024, 256), "b": (300,)})
+    base = tmp_path / "base.safetensors"
+    refit.save(base, host(canon), dtypes="BF16")
+    stores = {"gpu": str(tmp_path / "gpu"), "cpu": str(tmp_path / "cpu")}
+    key = b"k" * 32
+    ranks, coords, rcvs, mine = {}, {}, {}, {}
+    for kind, store in stores.items():
+        coords[kind] = refit.Coordinator(store, members=["r"], ranks=[0, 1], table=base,
+                                         key=key, vote_timeout=60, parts_timeout=60)
+        memory = "device" if kind == "gpu" else "file"
+        ranks[kind] = [refit.Publisher(store, layout=layout, rank=r, key=key,
+                                       initial=_tp2_local(canon, r), baseline_memory=memory,
+                                       decision_timeout=60) for r in (0, 1)]
+        assert [p.on_device for p in ranks[kind]] == [kind == "gpu"] * 2
+        mine[kind] = host(canon)
+        rcvs[kind] = refit.Receiver(store, member="r", tensors=mine[kind],
+                                    dtypes={n: "BF16" for n in mine[kind]},
+                                    key=key, decision_timeout=60)
+    for v in range(1, 9):
+        canon = step(canon, 100 + v, rate=0.02 if v % 2 else 0.2)
+        for kind in stores:
+            futures = [_POOL.submit(coords[kind].publish, v), follow(rcvs[kind], v)]
+            futures += [_POOL.submit(ranks[kind][r].publish, v, _tp2_local(canon, r))
+                        for r in (0, 1)]
+            results = [f.result(timeout=120) for f in futures]
+            assert results[0][0]["committed"], results[0][0]["reason"]
+            assert all(res["committed"] for res in results[2:])
+            want = host(canon)
+            for name, arr in want.items():
+                np.testing.assert_array_equal(mine[kind][name].reshape(arr.shape), arr)
+        assert _part_chunks(stores["gpu"]) == _part_chunks(stores["cpu"])
+
+
+def test_rank_publisher_on_the_device_refuses_converted_pieces(tmp_path):
+    layout = _tp2_layout(master_dtype="F32")
+    canon = initial_model(6, {"w": (512, 768), "u": (1024, 256), "b": (300,)})
+    local = _tp2_local(canon, 0)
+    local["w"] = local["w"].float()
+    store = str(tmp_path / "s")
+    assert not refit.Publisher(store, layout=layout, rank=0, initial=local).on_device
+    with pytest.raises(refit.UnsupportedError, match="converted"):
+        refit.Publisher(store, layout=layout, rank=0, initial=local, baseline_memory="device")

@@ -145,3 +145,17 @@ def test_direct_coordinator_refuses_assembling_options(tmp_path):
     with pytest.raises(refit.InvalidArgumentError, match="staging="):
         refit.Coordinator(str(tmp_path / "store"), members=["r0"], ranks=[0],
                           staging=tmp_path / "s")
+
+
+def test_rank_publisher_baseline_memory_is_checked(tmp_path):
+    rng = np.random.default_rng(3)
+    state = {"w1": rng.integers(0, 1 << 16, (8, 3), dtype=np.uint16),
+             "bias": rng.integers(0, 1 << 16, 6, dtype=np.uint16),
+             "m": rng.normal(0, 0.02, (4, 6)).astype(np.float32)}
+    store = str(tmp_path / "store")
+    with pytest.raises(refit.InvalidArgumentError, match="baseline_memory must be"):
+        refit.Publisher(store, layout=LAYOUT, rank=1, initial=state, baseline_memory="pinned")
+    # The GPU rank encoder takes CUDA tensors of one device.
+    with pytest.raises(refit.InvalidArgumentError, match="one CUDA device"):
+        refit.Publisher(store, layout=LAYOUT, rank=1, initial=state, baseline_memory="device")
+    assert not refit.Publisher(store, layout=LAYOUT, rank=1, initial=state).on_device

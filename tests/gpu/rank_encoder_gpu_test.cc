@@ -1,0 +1,255 @@
+// The GPU rank encoder against the CPU one (the oracle): for tensor-parallel
+// row and column shards, a fused QKV tensor and replicated tensors, every
+// version's chunks must be byte for byte the CPU RankEncoder's, over
+// commits and an abort, and the re-send regions the same.
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <map>
+#include <random>
+
+#include "cuda/device_rank_encoder.h"
+#include "layout/layout.h"
+#include "support/status_matchers.h"
+#include "support/testing.h"
+#include "trainer/rank_encoder.h"
+
+namespace refit::cuda {
+namespace {
+
+using ::refit::testing::StatusIs;
+using layout::CanonicalTensor;
+using layout::Layout;
+using layout::LocalTensor;
+using layout::Piece;
+using Bytes = std::vector<uint8_t>;
+using Named = std::map<std::string, Bytes>;
+
+Piece P(const std::string& canon, uint64_t rows, uint64_t cols, uint64_t lo, uint64_t lrs,
+        uint64_t co, uint64_t crs) {
+  Piece p;
+  p.canonical = canon;
+  p.rows = rows;
+  p.cols = cols;
+  p.local_offset = lo;
+  p.local_row_stride = lrs;
+  p.local_col_stride = 1;
+  p.canon_offset = co;
+  p.canon_row_stride = crs;
+  p.canon_col_stride = 1;
+  return p;
+}
+
+uint64_t Elements(const std::vector<uint64_t>& s) {
+  uint64_t n = 1;
+  for (uint64_t d : s) n *= d;
+  return n;
+}
+int Width(const std::string& dt) { return dt == "F32" ? 4 : 2; }
+
+// TP 2: a row-parallel matrix (column halves: strided regions), a
+// column-parallel one (row halves), q/k/v fused per rank, a replicated
+// BF16 norm and a replicated F32 bias.
+Layout Tp2Layout() {
+  Layout l;
+  auto canon = [&](const std::string& n, const std::string& dt, std::vector<uint64_t> shape) {
+    CanonicalTensor c;
+    c.name = n;
+    c.dtype = dt;
+    c.shape = std::move(shape);
+    l.canonical.push_back(c);
+  };
+  canon("a.weight", "BF16", {96, 1024});
+  canon("b.weight", "BF16", {1024, 384});
+  canon("q.weight", "BF16", {256, 128});
+  canon("k.weight", "BF16", {64, 128});
+  canon("v.weight", "BF16", {64, 128});
+  canon("n.weight", "BF16", {1000});
+  canon("e.bias", "F32", {333});
+  for (uint32_t r = 0; r < 2; ++r) {
+    layout::RankLayout rl;
+    rl.rank = r;
+    rl.tensors.push_back({"a", "BF16", {96, 512}, {P("a.weight", 96, 512, 0, 512, r * 512, 1024)}});
+    rl.tensors.push_back(
+        {"b", "BF16", {512, 384}, {P("b.weight", 512, 384, 0, 384, r * 512 * 384, 384)}});
+    rl.tensors.push_back({"qkv",
+                          "BF16",
+                          {192, 128},
+                          {P("q.weight", 128, 128, 0, 128, r * 128 * 128, 128),
+                           P("k.weight", 32, 128, 128 * 128, 128, r * 32 * 128, 128),
+                           P("v.weight", 32, 128, 160 * 128, 128, r * 32 * 128, 128)}});
+    rl.tensors.push_back({"norm", "BF16", {1000}, {P("n.weight", 1, 1000, 0, 1000, 0, 1000)}});
+    rl.tensors.push_back({"bias", "F32", {333}, {P("e.bias", 1, 333, 0, 333, 0, 333)}});
+    l.ranks.push_back(rl);
+  }
+  return l;
+}
+
+Named Scatter(const Layout& l, const Named& canon, size_t rank) {
+  Named out;
+  for (const LocalTensor& lt : l.ranks[rank].tensors) {
+    const uint64_t w = static_cast<uint64_t>(Width(lt.dtype));
+    Bytes b(Elements(lt.shape) * w, 0);
+    for (const Piece& p : lt.pieces) {
+      for (uint64_t i = 0; i < p.rows; ++i) {
+        std::memcpy(b.data() + (p.local_offset + i * p.local_row_stride) * w,
+                    canon.at(p.canonical).data() + (p.canon_offset + i * p.canon_row_stride) * w,
+                    p.cols * w);
+      }
+    }
+    out[lt.name] = std::move(b);
+  }
+  return out;
+}
+
+std::vector<TensorView> CanonViews(const Layout& l, const Named& canon) {
+  std::vector<TensorView> v;
+  for (const CanonicalTensor& c : l.canonical) {
+    v.push_back({c.name, c.dtype, Width(c.dtype), c.shape, canon.at(c.name).data()});
+  }
+  return v;
+}
+
+// The rank's local tensors, on the host and as device copies.
+struct Local {
+  Named host;
+  std::map<std::string, void*> device;
+  ~Local() {
+    for (auto& [n, p] : device) cudaFree(p);
+  }
+  void Upload() {
+    for (auto& [n, b] : host) {
+      if (!device.count(n)) ASSERT_EQ(cudaMalloc(&device[n], b.size()), cudaSuccess);
+      ASSERT_EQ(cudaMemcpy(device[n], b.data(), b.size(), cudaMemcpyHostToDevice), cudaSuccess);
+    }
+  }
+  std::vector<TensorView> Views(const Layout& l, size_t rank, bool on_device) const {
+    std::vector<TensorView> v;
+    for (const LocalTensor& lt : l.ranks[rank].tensors) {
+      const uint8_t* d = on_device ? static_cast<const uint8_t*>(device.at(lt.name))
+                                   : host.at(lt.name).data();
+      v.push_back({lt.name, lt.dtype, Width(lt.dtype), lt.shape, d});
+    }
+    return v;
+  }
+};
+
+std::vector<Bytes> EncodeAll(trainer::RankEncoderInterface& e, uint64_t version,
+                             const std::vector<TensorView>& local, trainer::RankReport* report) {
+  std::vector<Bytes> out;
+  auto r = e.Encode(version, version - 1, local, [&](std::span<const uint8_t> c, const ChunkHeader&) {
+    out.emplace_back(c.begin(), c.end());
+    return Status();
+  });
+  EXPECT_OK(r);
+  if (r.ok() && report != nullptr) *report = *r;
+  return out;
+}
+
+class DeviceRankEncoderTest : public ::testing::TestWithParam<uint64_t> {};
+
+TEST_P(DeviceRankEncoderTest, ChunksEqualTheCpuEncodersOverVersions) {
+  const Layout l = Tp2Layout();
+  std::mt19937_64 rng(GetParam());
+  Named canon;
+  for (const CanonicalTensor& c : l.canonical) {
+    Bytes b(Elements(c.shape) * static_cast<uint64_t>(Width(c.dtype)));
+    for (auto& x : b) x = static_cast<uint8_t>(rng());
+    canon[c.name] = std::move(b);
+  }
+  trainer::RankEncoderOptions opt;
+  opt.chunk_bytes = GetParam();
+  opt.threads = 2;
+  std::vector<std::unique_ptr<trainer::RankEncoder>> cpu;
+  std::vector<std::unique_ptr<DeviceRankEncoder>> gpu;
+  std::vector<std::unique_ptr<Local>> local;
+  for (uint32_t r = 0; r < 2; ++r) {
+    auto c = trainer::RankEncoder::Create(l, r, opt);
+    ASSERT_OK(c);
+    ASSERT_OK((*c)->SetBaseline(CanonViews(l, canon)));
+    auto g = DeviceRankEncoder::Create(l, r, opt, {});
+    ASSERT_OK(g);
+    local.push_back(std::make_unique<Local>());
+    local[r]->host = Scatter(l, canon, r);
+    local[r]->Upload();
+    // Rank 0 from the canonical checkpoint, rank 1 from its own tensors.
+    if (r == 0) {
+      ASSERT_OK((*g)->SetBaseline(CanonViews(l, canon)));
+    } else {
+      ASSERT_OK((*g)->SetBaselineFromLocal(local[r]->Views(l, r, /*on_device=*/true)));
+    }
+    EXPECT_EQ((*g)->owned_bytes(), (*c)->owned_bytes());
+    cpu.push_back(std::move(*c));
+    gpu.push_back(std::move(*g));
+  }
+  std::uniform_real_distribution<double> u(0, 1);
+  for (uint64_t version = 1; version <= 6; ++version) {
+    const double rate = version % 2 ? 0.02 : 0.3;  // sparse, and dense-prone
+    for (auto& [name, b] : canon) {
+      for (size_t i = 0; i < b.size(); i += 2) {
+        if (u(rng) < rate) b[i] ^= static_cast<uint8_t>(1 + rng() % 7);
+      }
+    }
+    for (uint32_t r = 0; r < 2; ++r) {
+      local[r]->host = Scatter(l, canon, r);
+      local[r]->Upload();
+      trainer::RankReport rc, rg;
+      const std::vector<Bytes> want = EncodeAll(*cpu[r], version, local[r]->Views(l, r, false), &rc);
+      const std::vector<Bytes> got = EncodeAll(*gpu[r], version, local[r]->Views(l, r, true), &rg);
+      ASSERT_FALSE(want.empty());
+      ASSERT_EQ(got.size(), want.size()) << "version " << version << " rank " << r;
+      for (size_t i = 0; i < want.size(); ++i) {
+        ASSERT_EQ(got[i], want[i]) << "chunk " << i << " version " << version << " rank " << r;
+      }
+      EXPECT_EQ(rg.changed_direct, rc.changed_direct);
+      EXPECT_EQ(rg.chunks, rc.chunks);
+      ASSERT_EQ(gpu[r]->pending_chunks(), cpu[r]->pending_chunks());
+      for (size_t i : {size_t{0}, want.size() / 2, want.size() - 1}) {
+        for (bool after : {false, true}) {
+          auto a = cpu[r]->PendingRegion(i, after);
+          auto b = gpu[r]->PendingRegion(i, after);
+          ASSERT_OK(a);
+          ASSERT_OK(b);
+          EXPECT_EQ(*a, *b) << "region " << i << " after " << after;
+        }
+      }
+      if (version == 3) {
+        cpu[r]->Abort();
+        gpu[r]->Abort();
+      } else {
+        ASSERT_OK(cpu[r]->Commit());
+        ASSERT_OK(gpu[r]->Commit());
+      }
+    }
+  }
+}
+
+// chunk_bytes: rows split into parts, a few rows a chunk, one chunk a region.
+INSTANTIATE_TEST_SUITE_P(ChunkSizes, DeviceRankEncoderTest,
+                         ::testing::Values(uint64_t{600}, uint64_t{64} << 10, uint64_t{8} << 20));
+
+TEST(DeviceRankEncoderRefusals, ConvertedPiecesAndHostTensors) {
+  Layout l = Tp2Layout();
+  // An FP32 master cast to a BF16 canonical tensor: residual, CPU only.
+  l.ranks[0].tensors[3].dtype = "F32";
+  EXPECT_THAT(DeviceRankEncoder::Create(l, 0, {}, {}).status(),
+              StatusIs(StatusCode::kUnimplemented));
+  const Layout ok = Tp2Layout();
+  Named canon;
+  for (const CanonicalTensor& c : ok.canonical) {
+    canon[c.name] = Bytes(Elements(c.shape) * static_cast<uint64_t>(Width(c.dtype)), 1);
+  }
+  auto g = DeviceRankEncoder::Create(ok, 1, {}, {});
+  ASSERT_OK(g);
+  EXPECT_THAT((*g)->Encode(1, 0, {}, nullptr), StatusIs(StatusCode::kFailedPrecondition));
+  ASSERT_OK((*g)->SetBaseline(CanonViews(ok, canon)));
+  Local host;
+  host.host = Scatter(ok, canon, 1);
+  EXPECT_THAT((*g)->Encode(1, 0, host.Views(ok, 1, /*on_device=*/false),
+                           [](std::span<const uint8_t>, const ChunkHeader&) { return Status(); }),
+              StatusIs(StatusCode::kInvalidArgument));
+}
+
+}  // namespace
+}  // namespace refit::cuda
