@@ -120,7 +120,9 @@ struct Local {
   }
   void Upload() {
     for (auto& [n, b] : host) {
-      if (!device.count(n)) ASSERT_EQ(cudaMalloc(&device[n], b.size()), cudaSuccess);
+      if (!device.count(n)) {
+        ASSERT_EQ(cudaMalloc(&device[n], b.size()), cudaSuccess);
+      }
       ASSERT_EQ(cudaMemcpy(device[n], b.data(), b.size(), cudaMemcpyHostToDevice), cudaSuccess);
     }
   }
