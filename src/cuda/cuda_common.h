@@ -10,6 +10,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <string>
 
@@ -21,6 +22,18 @@ namespace refit::cuda::internal {
 inline Status CudaError(cudaError_t e, const char* what) {
   return InternalError(std::string("CUDA ") + what + ": " +
                        cudaGetErrorString(e));
+}
+
+// OK for cudaSuccess, else CudaError(e, what).
+inline Status CudaStatus(cudaError_t e, const std::string& what) {
+  if (e == cudaSuccess) return Status::Ok();
+  return CudaError(e, what.c_str());
+}
+
+// Milliseconds of the steady clock since t.
+inline double MsSince(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t)
+      .count();
 }
 
 // Returns CudaError(e, what) from the calling function when the CUDA call

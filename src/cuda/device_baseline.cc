@@ -26,15 +26,10 @@ namespace refit::cuda {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+using internal::MsSince;
 
-double MsSince(Clock::time_point t) {
-  return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
-}
-
-Status Cuda(cudaError_t e, const std::string& what) {
-  if (e == cudaSuccess) return Status();
-  return internal::CudaError(e, what.c_str());
-}
+// CUDA calls as Status (cuda_common.h).
+Status Cuda(cudaError_t e, const std::string& what) { return internal::CudaStatus(e, what); }
 
 constexpr uint64_t kAlign = 256;  // each tensor starts on a 256-byte boundary
 

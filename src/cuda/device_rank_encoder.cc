@@ -17,22 +17,18 @@ namespace refit::cuda {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+using internal::MsSince;
 
-double MsSince(Clock::time_point t) {
-  return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
-}
+using internal::CudaStatus;
 
-Status Cuda(cudaError_t e, const std::string& what) {
-  if (e == cudaSuccess) return Status();
-  return internal::CudaError(e, what.c_str());
-}
-
-constexpr uint64_t kAlign = 256;       // each job's region on a 256-byte boundary
-constexpr uint64_t kRangeBytes = 64 << 10;  // the GPU encoder's chunk_bytes unit
+constexpr uint64_t kAlign = 256;  // each job's region on a 256-byte boundary
+constexpr uint64_t kRangeBytes = 64
+                                 << 10;  // the GPU encoder's chunk_bytes unit
 
 struct Pending {
   uint32_t job = 0;
-  std::vector<uint8_t> relative;   // the encoder's chunk: the job's region as a range
+  std::vector<uint8_t>
+      relative;  // the encoder's chunk: the job's region as a range
   std::vector<uint8_t> canonical;  // the same with the job's region header
 };
 
@@ -58,7 +54,8 @@ struct DeviceRankEncoder::Impl {
     if (memory != nullptr) cudaFree(memory);
   }
   Status SetDevice() const {
-    return Cuda(cudaSetDevice(dev.device), "set device " + std::to_string(dev.device));
+    return CudaStatus(cudaSetDevice(dev.device),
+                      "set device " + std::to_string(dev.device));
   }
   const std::string& CanonName(const trainer::RankJob& j) const {
     return plan->canonical_tensors()[j.tensor_id].name;
@@ -68,11 +65,13 @@ struct DeviceRankEncoder::Impl {
                    std::vector<const uint8_t*>* data) const;
 };
 
-DeviceRankEncoder::DeviceRankEncoder(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+DeviceRankEncoder::DeviceRankEncoder(std::unique_ptr<Impl> impl)
+    : impl_(std::move(impl)) {}
 DeviceRankEncoder::~DeviceRankEncoder() = default;
 
 Result<std::unique_ptr<DeviceRankEncoder>> DeviceRankEncoder::Create(
-    const layout::Layout& layout, uint32_t rank, const trainer::RankEncoderOptions& options,
+    const layout::Layout& layout, uint32_t rank,
+    const trainer::RankEncoderOptions& options,
     const DeviceRankEncoderOptions& device_options) {
   auto impl = std::make_unique<Impl>();
   impl->opt = options;
@@ -80,16 +79,20 @@ Result<std::unique_ptr<DeviceRankEncoder>> DeviceRankEncoder::Create(
   impl->rank = rank;
   trainer::RankEncoderOptions plan_options = options;
   plan_options.plan_only = true;
-  REFIT_ASSIGN_OR_RETURN(impl->plan, trainer::RankEncoder::Create(layout, rank, plan_options));
+  REFIT_ASSIGN_OR_RETURN(
+      impl->plan, trainer::RankEncoder::Create(layout, rank, plan_options));
   impl->jobs = impl->plan->jobs();
   uint64_t largest = 0;
   for (const trainer::RankJob& j : impl->jobs) {
     if (!j.in_place) {
       return UnimplementedError(
-          "rank " + std::to_string(rank) + ": an owned piece of canonical tensor '" +
-          impl->CanonName(j) + "' is converted (another local dtype, or FP8 scales the rank "
-          "computes) or stored transposed; the GPU rank encoder takes only pieces whose "
-          "local bits are the checkpoint's, in canonical order: encode this rank on the CPU "
+          "rank " + std::to_string(rank) +
+          ": an owned piece of canonical tensor '" + impl->CanonName(j) +
+          "' is converted (another local dtype, or FP8 scales the rank "
+          "computes) or stored transposed; the GPU rank encoder takes only "
+          "pieces whose "
+          "local bits are the checkpoint's, in canonical order: encode this "
+          "rank on the CPU "
           "(RankEncoder) instead");
     }
     impl->offset.push_back(impl->bytes);
@@ -98,31 +101,38 @@ Result<std::unique_ptr<DeviceRankEncoder>> DeviceRankEncoder::Create(
     largest = std::max(largest, b);
   }
   // Each job one range of the GPU encoder: its region, whole.
-  impl->gpu_chunk_bytes = std::max<uint64_t>((largest + kRangeBytes - 1) / kRangeBytes, 1) *
-                          kRangeBytes;
+  impl->gpu_chunk_bytes =
+      std::max<uint64_t>((largest + kRangeBytes - 1) / kRangeBytes, 1) *
+      kRangeBytes;
   REFIT_RETURN_IF_ERROR(impl->SetDevice());
   if (impl->bytes > 0) {
     void* p = nullptr;
     const cudaError_t e = cudaMalloc(&p, impl->bytes);
     if (e != cudaSuccess) {
-      return ResourceExhaustedError("cannot allocate rank " + std::to_string(rank) +
-                                    "'s baseline (" + std::to_string(impl->bytes) +
-                                    " bytes of device memory): " + cudaGetErrorString(e));
+      return ResourceExhaustedError(
+          "cannot allocate rank " + std::to_string(rank) + "'s baseline (" +
+          std::to_string(impl->bytes) +
+          " bytes of device memory): " + cudaGetErrorString(e));
     }
     impl->memory = static_cast<uint8_t*>(p);
   }
-  return std::unique_ptr<DeviceRankEncoder>(new DeviceRankEncoder(std::move(impl)));
+  return std::unique_ptr<DeviceRankEncoder>(
+      new DeviceRankEncoder(std::move(impl)));
 }
 
-const std::vector<layout::CanonicalTensor>& DeviceRankEncoder::canonical_tensors() const {
+const std::vector<layout::CanonicalTensor>&
+DeviceRankEncoder::canonical_tensors() const {
   return impl_->plan->canonical_tensors();
 }
-uint64_t DeviceRankEncoder::owned_bytes() const { return impl_->plan->owned_bytes(); }
+uint64_t DeviceRankEncoder::owned_bytes() const {
+  return impl_->plan->owned_bytes();
+}
 const DeviceRankStats& DeviceRankEncoder::stats() const { return impl_->stats; }
 uint64_t DeviceRankEncoder::device_bytes() const { return impl_->bytes; }
 
-Status DeviceRankEncoder::Impl::LocalData(const std::vector<TensorView>& views, bool device_only,
-                                          std::vector<const uint8_t*>* data) const {
+Status DeviceRankEncoder::Impl::LocalData(
+    const std::vector<TensorView>& views, bool device_only,
+    std::vector<const uint8_t*>* data) const {
   const std::vector<layout::LocalTensor>& local = plan->local_tensors();
   std::map<std::string, const TensorView*> by_name;
   for (const TensorView& v : views) by_name[v.name] = &v;
@@ -132,19 +142,23 @@ Status DeviceRankEncoder::Impl::LocalData(const std::vector<TensorView>& views, 
     const layout::LocalTensor& lt = local[j.local];
     auto it = by_name.find(lt.name);
     if (it == by_name.end()) {
-      return InvalidArgumentError("rank " + std::to_string(rank) + " has no local tensor '" +
-                                  lt.name + "' that the layout names");
+      return InvalidArgumentError("rank " + std::to_string(rank) +
+                                  " has no local tensor '" + lt.name +
+                                  "' that the layout names");
     }
     const TensorView& v = *it->second;
     if (v.dtype != lt.dtype || v.shape != lt.shape) {
-      return InvalidArgumentError("local tensor '" + lt.name +
-                                  "' has a different dtype or shape than the layout says");
+      return InvalidArgumentError(
+          "local tensor '" + lt.name +
+          "' has a different dtype or shape than the layout says");
     }
-    if (v.data == nullptr) return InvalidArgumentError("local tensor '" + lt.name + "' has no data");
+    if (v.data == nullptr)
+      return InvalidArgumentError("local tensor '" + lt.name + "' has no data");
     if (device_only) {
       cudaPointerAttributes a{};
       const cudaError_t e = cudaPointerGetAttributes(&a, v.data);
-      if (e != cudaSuccess || a.type != cudaMemoryTypeDevice || a.device != dev.device) {
+      if (e != cudaSuccess || a.type != cudaMemoryTypeDevice ||
+          a.device != dev.device) {
         cudaGetLastError();  // clear a sticky "invalid value" of a host pointer
         return InvalidArgumentError("local tensor '" + lt.name +
                                     "' is not in the memory of CUDA device " +
@@ -157,7 +171,8 @@ Status DeviceRankEncoder::Impl::LocalData(const std::vector<TensorView>& views, 
   return Status();
 }
 
-Status DeviceRankEncoder::SetBaseline(const std::vector<TensorView>& canonical) {
+Status DeviceRankEncoder::SetBaseline(
+    const std::vector<TensorView>& canonical) {
   Impl& m = *impl_;
   REFIT_RETURN_IF_ERROR(m.SetDevice());
   std::map<std::string, const TensorView*> by_name;
@@ -166,33 +181,39 @@ Status DeviceRankEncoder::SetBaseline(const std::vector<TensorView>& canonical) 
   m.pending.clear();
   for (size_t k = 0; k < m.jobs.size(); ++k) {
     const trainer::RankJob& j = m.jobs[k];
-    const layout::CanonicalTensor& ct = m.plan->canonical_tensors()[j.tensor_id];
+    const layout::CanonicalTensor& ct =
+        m.plan->canonical_tensors()[j.tensor_id];
     auto it = by_name.find(ct.name);
     if (it == by_name.end()) {
-      return InvalidArgumentError("the canonical baseline has no tensor '" + ct.name + "'");
+      return InvalidArgumentError("the canonical baseline has no tensor '" +
+                                  ct.name + "'");
     }
     const TensorView& v = *it->second;
     if (v.dtype != ct.dtype || v.shape != ct.shape || v.data == nullptr) {
-      return InvalidArgumentError("canonical tensor '" + ct.name +
-                                  "' has a different dtype or shape than the layout says");
+      return InvalidArgumentError(
+          "canonical tensor '" + ct.name +
+          "' has a different dtype or shape than the layout says");
     }
     const uint64_t w = static_cast<uint64_t>(j.width);
     const uint8_t* src = v.data + j.start * w;
     uint8_t* dst = m.memory + m.offset[k];
     if (j.run == 0) {
-      REFIT_RETURN_IF_ERROR(Cuda(cudaMemcpy(dst, src, j.count * w, cudaMemcpyDefault),
-                                 "copy of the baseline of '" + ct.name + "'"));
+      REFIT_RETURN_IF_ERROR(
+          CudaStatus(cudaMemcpy(dst, src, j.count * w, cudaMemcpyDefault),
+                     "copy of the baseline of '" + ct.name + "'"));
     } else {
-      REFIT_RETURN_IF_ERROR(Cuda(cudaMemcpy2D(dst, j.run * w, src, j.stride * w, j.run * w,
-                                              j.count / j.run, cudaMemcpyDefault),
-                                 "copy of the baseline of '" + ct.name + "'"));
+      REFIT_RETURN_IF_ERROR(
+          CudaStatus(cudaMemcpy2D(dst, j.run * w, src, j.stride * w, j.run * w,
+                                  j.count / j.run, cudaMemcpyDefault),
+                     "copy of the baseline of '" + ct.name + "'"));
     }
   }
   m.have_baseline = true;
   return Status();
 }
 
-Status DeviceRankEncoder::SetBaselineFromLocal(const std::vector<TensorView>& local) {
+Status DeviceRankEncoder::SetBaselineFromLocal(
+    const std::vector<TensorView>& local) {
   Impl& m = *impl_;
   REFIT_RETURN_IF_ERROR(m.SetDevice());
   std::vector<const uint8_t*> data;
@@ -202,21 +223,22 @@ Status DeviceRankEncoder::SetBaselineFromLocal(const std::vector<TensorView>& lo
   for (size_t k = 0; k < m.jobs.size(); ++k) {
     const trainer::RankJob& j = m.jobs[k];
     const uint64_t w = static_cast<uint64_t>(j.width);
-    REFIT_RETURN_IF_ERROR(Cuda(cudaMemcpy(m.memory + m.offset[k],
-                                          data[j.local] + j.local_element * w, j.count * w,
-                                          cudaMemcpyDefault),
-                               "copy of the baseline of '" + m.CanonName(j) + "'"));
+    REFIT_RETURN_IF_ERROR(CudaStatus(
+        cudaMemcpy(m.memory + m.offset[k], data[j.local] + j.local_element * w,
+                   j.count * w, cudaMemcpyDefault),
+        "copy of the baseline of '" + m.CanonName(j) + "'"));
   }
   m.have_baseline = true;
   return Status();
 }
 
-Result<trainer::RankReport> DeviceRankEncoder::Encode(uint64_t version, uint64_t base_version,
-                                                      const std::vector<TensorView>& local,
-                                                      const trainer::EmitChunkFn& emit) {
+Result<trainer::RankReport> DeviceRankEncoder::Encode(
+    uint64_t version, uint64_t base_version,
+    const std::vector<TensorView>& local, const trainer::EmitChunkFn& emit) {
   Impl& m = *impl_;
   if (!m.have_baseline) {
-    return FailedPreconditionError("the rank encoder has no baseline (SetBaseline first)");
+    return FailedPreconditionError(
+        "the rank encoder has no baseline (SetBaseline first)");
   }
   const auto t0 = Clock::now();
   REFIT_RETURN_IF_ERROR(m.SetDevice());
@@ -229,7 +251,8 @@ Result<trainer::RankReport> DeviceRankEncoder::Encode(uint64_t version, uint64_t
   for (size_t k = 0; k < m.jobs.size(); ++k) {
     const trainer::RankJob& j = m.jobs[k];
     pairs[k].old_data = m.memory + m.offset[k];
-    pairs[k].new_data = data[j.local] + j.local_element * static_cast<uint64_t>(j.width);
+    pairs[k].new_data =
+        data[j.local] + j.local_element * static_cast<uint64_t>(j.width);
     pairs[k].elements = j.count;
     pairs[k].width = j.width;
     pairs[k].tensor_id = k;
@@ -243,12 +266,13 @@ Result<trainer::RankReport> DeviceRankEncoder::Encode(uint64_t version, uint64_t
   eo.host_threads = m.opt.threads;
   eo.device = m.dev.device;
   auto encoded = EncodeOnDevice(
-      pairs, eo, [&](const GpuChunkInfo& info, std::span<const uint8_t> bytes) -> Status {
+      pairs, eo,
+      [&](const GpuChunkInfo& info, std::span<const uint8_t> bytes) -> Status {
         const trainer::RankJob& j = m.jobs.at(info.pair);
         REFIT_ASSIGN_OR_RETURN(ParsedChunk c, ParseChunk(bytes));
         if (c.header.start != 0 || c.header.count != j.count) {
-          return InternalError("the GPU encoder cut the region of '" + m.CanonName(j) +
-                               "' into more than one chunk");
+          return InternalError("the GPU encoder cut the region of '" +
+                               m.CanonName(j) + "' into more than one chunk");
         }
         ChunkHeader h = c.header;
         h.tensor_id = j.tensor_id;
@@ -290,16 +314,17 @@ Status DeviceRankEncoder::Commit() {
     std::vector<std::string> names;
     for (size_t k = 0; k < m.jobs.size(); ++k) {
       names.push_back(std::to_string(k));
-      REFIT_RETURN_IF_ERROR(plan.Add(WholePlacement(
-          names.back(), m.jobs[k].width, m.jobs[k].count, 1,
-          reinterpret_cast<uint64_t>(m.memory + m.offset[k]))));
+      REFIT_RETURN_IF_ERROR(plan.Add(
+          WholePlacement(names.back(), m.jobs[k].width, m.jobs[k].count, 1,
+                         reinterpret_cast<uint64_t>(m.memory + m.offset[k]))));
     }
     ReceiverOptions ro;
     ro.staging_bytes = m.dev.commit_staging_bytes;
     ro.verify = true;
     ro.host_threads = m.opt.threads;
     ro.device = m.dev.device;
-    REFIT_ASSIGN_OR_RETURN(m.committer, Receiver::Create(std::move(plan), std::move(names), ro));
+    REFIT_ASSIGN_OR_RETURN(
+        m.committer, Receiver::Create(std::move(plan), std::move(names), ro));
   }
   std::vector<uint8_t> payload;
   std::vector<ChunkSpan> spans;
@@ -308,16 +333,17 @@ Status DeviceRankEncoder::Commit() {
     payload.insert(payload.end(), p.relative.begin(), p.relative.end());
   }
   auto prepared = m.committer->Prepare(payload, spans);
-  Result<GpuApplyReport> applied =
-      prepared.ok() ? m.committer->Apply(payload, *prepared) : prepared.status();
+  Result<GpuApplyReport> applied = prepared.ok()
+                                       ? m.committer->Apply(payload, *prepared)
+                                       : prepared.status();
   m.pending.clear();
   if (!applied.ok()) {
     // Some regions may have advanced and others not.
     m.have_baseline = false;
-    return DataLossError("advancing rank " + std::to_string(m.rank) +
-                         "'s baseline in device memory failed (" +
-                         applied.status().ToString() +
-                         "); it holds no committed version until it is set again");
+    return DataLossError(
+        "advancing rank " + std::to_string(m.rank) +
+        "'s baseline in device memory failed (" + applied.status().ToString() +
+        "); it holds no committed version until it is set again");
   }
   m.stats.last_commit_ms = MsSince(t0);
   return Status();
@@ -325,32 +351,35 @@ Status DeviceRankEncoder::Commit() {
 
 void DeviceRankEncoder::Abort() { impl_->pending.clear(); }
 
-size_t DeviceRankEncoder::pending_chunks() const { return impl_->pending.size(); }
+size_t DeviceRankEncoder::pending_chunks() const {
+  return impl_->pending.size();
+}
 
-Result<std::span<const uint8_t>> DeviceRankEncoder::PendingChunk(size_t index) const {
+Result<std::span<const uint8_t>> DeviceRankEncoder::PendingChunk(
+    size_t index) const {
   if (index >= impl_->pending.size()) {
-    return OutOfRangeError("chunk " + std::to_string(index) + " of the pending version: it has " +
-                           std::to_string(impl_->pending.size()) + " chunk(s)");
+    return trainer::PendingChunkOutOfRange(index, impl_->pending.size());
   }
   return std::span<const uint8_t>(impl_->pending[index].canonical);
 }
 
-Result<std::vector<uint8_t>> DeviceRankEncoder::PendingRegion(size_t index, bool after) const {
+Result<std::vector<uint8_t>> DeviceRankEncoder::PendingRegion(
+    size_t index, bool after) const {
   const Impl& m = *impl_;
   REFIT_RETURN_IF_ERROR(PendingChunk(index).status());
   const Pending& p = m.pending[index];
   const trainer::RankJob& j = m.jobs[p.job];
   REFIT_RETURN_IF_ERROR(m.SetDevice());
   std::vector<uint8_t> out(j.count * static_cast<uint64_t>(j.width));
-  REFIT_RETURN_IF_ERROR(Cuda(cudaMemcpy(out.data(), m.memory + m.offset[p.job], out.size(),
-                                        cudaMemcpyDeviceToHost),
-                             "copy of a pending region to the host"));
+  REFIT_RETURN_IF_ERROR(
+      CudaStatus(cudaMemcpy(out.data(), m.memory + m.offset[p.job], out.size(),
+                            cudaMemcpyDeviceToHost),
+                 "copy of a pending region to the host"));
   if (after) {
-    // The encoder's own chunk: the region as a contiguous range.
-    REFIT_ASSIGN_OR_RETURN(ParsedChunk c, ParseChunk(p.relative));
     ApplyScratch scratch;
-    REFIT_RETURN_IF_ERROR(ApplyChunkInPlace(c, out.data(), &scratch, nullptr, nullptr)
-                              .WithContext("the region of a pending chunk at its version"));
+    REFIT_RETURN_IF_ERROR(
+        trainer::ApplyToGatheredRegion(p.canonical, out.data(), &scratch)
+            .WithContext("the region of a pending chunk at its version"));
   }
   return out;
 }

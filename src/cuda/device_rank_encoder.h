@@ -61,13 +61,15 @@ class DeviceRankEncoder final : public trainer::RankEncoderInterface {
   // `options` are the rank encoder's (chunk_bytes, codec's records per
   // lane, threads for the host's share); residual_overwrite must be off.
   static Result<std::unique_ptr<DeviceRankEncoder>> Create(
-      const layout::Layout& layout, uint32_t rank, const trainer::RankEncoderOptions& options,
+      const layout::Layout& layout, uint32_t rank,
+      const trainer::RankEncoderOptions& options,
       const DeviceRankEncoderOptions& device_options);
   ~DeviceRankEncoder() override;
   DeviceRankEncoder(const DeviceRankEncoder&) = delete;
   DeviceRankEncoder& operator=(const DeviceRankEncoder&) = delete;
 
-  const std::vector<layout::CanonicalTensor>& canonical_tensors() const override;
+  const std::vector<layout::CanonicalTensor>& canonical_tensors()
+      const override;
   uint64_t owned_bytes() const override;
 
   // Baseline from canonical tensors (host or device addresses), or from
@@ -83,7 +85,8 @@ class DeviceRankEncoder final : public trainer::RankEncoderInterface {
   void Abort() override;
   size_t pending_chunks() const override;
   Result<std::span<const uint8_t>> PendingChunk(size_t index) const override;
-  Result<std::vector<uint8_t>> PendingRegion(size_t index, bool after) const override;
+  Result<std::vector<uint8_t>> PendingRegion(size_t index,
+                                             bool after) const override;
 
   const DeviceRankStats& stats() const;
   uint64_t device_bytes() const;  // the baseline's allocation

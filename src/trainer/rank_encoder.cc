@@ -621,19 +621,28 @@ Result<RankReport> RankEncoder::Encode(uint64_t version, uint64_t base_version,
   return report;
 }
 
+Status ApplyToGatheredRegion(std::span<const uint8_t> chunk, uint8_t* region,
+                             ApplyScratch* scratch) {
+  REFIT_ASSIGN_OR_RETURN(ParsedChunk c, ParseChunk(chunk));
+  c.header.start = 0;
+  c.header.run = 0;
+  c.header.stride = 0;
+  return ApplyChunkInPlace(c, region, scratch, nullptr, nullptr);
+}
+
+Status PendingChunkOutOfRange(size_t index, size_t pending) {
+  return OutOfRangeError("chunk " + std::to_string(index) + " of the pending version: it has " +
+                         std::to_string(pending) + " chunk(s)");
+}
+
 Status RankEncoder::Commit() {
   Impl& m = *impl_;
   ApplyScratch scratch;
   for (const auto& [ji, bytes] : m.pending) {
-    const Job& j = m.jobs[ji];
-    REFIT_ASSIGN_OR_RETURN(ParsedChunk c, ParseChunk(bytes));
-    // The baseline holds the region gathered: apply as a contiguous range.
-    c.header.start = 0;
-    c.header.run = 0;
-    c.header.stride = 0;
-    REFIT_RETURN_IF_ERROR(ApplyChunkInPlace(c, m.baseline.data() + j.base_offset, &scratch,
-                                            nullptr, nullptr)
-                              .WithContext("advancing the rank's baseline"));
+    // The baseline holds the region gathered.
+    REFIT_RETURN_IF_ERROR(
+        ApplyToGatheredRegion(bytes, m.baseline.data() + m.jobs[ji].base_offset, &scratch)
+            .WithContext("advancing the rank's baseline"));
   }
   m.pending.clear();
   return Status();
@@ -644,10 +653,7 @@ void RankEncoder::Abort() { impl_->pending.clear(); }
 size_t RankEncoder::pending_chunks() const { return impl_->pending.size(); }
 
 Result<std::span<const uint8_t>> RankEncoder::PendingChunk(size_t index) const {
-  if (index >= impl_->pending.size()) {
-    return OutOfRangeError("chunk " + std::to_string(index) + " of the pending version: it has " +
-                           std::to_string(impl_->pending.size()) + " chunk(s)");
-  }
+  if (index >= impl_->pending.size()) return PendingChunkOutOfRange(index, impl_->pending.size());
   return std::span<const uint8_t>(impl_->pending[index].second);
 }
 
@@ -664,12 +670,8 @@ Result<std::vector<uint8_t>> RankEncoder::PendingRegion(size_t index, bool after
   std::vector<uint8_t> out(m.baseline.begin() + static_cast<std::ptrdiff_t>(j.base_offset),
                            m.baseline.begin() + static_cast<std::ptrdiff_t>(j.base_offset + length));
   if (after) {
-    // As Commit: the baseline holds the region gathered, a contiguous range.
-    c.header.start = 0;
-    c.header.run = 0;
-    c.header.stride = 0;
     ApplyScratch scratch;
-    REFIT_RETURN_IF_ERROR(ApplyChunkInPlace(c, out.data(), &scratch, nullptr, nullptr)
+    REFIT_RETURN_IF_ERROR(ApplyToGatheredRegion(bytes, out.data(), &scratch)
                               .WithContext("the region of a pending chunk at its version"));
   }
   return out;

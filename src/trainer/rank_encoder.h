@@ -39,6 +39,10 @@
 #include "refit/delta.h"
 #include "refit/status.h"
 
+namespace refit {
+struct ApplyScratch;  // delta/apply.h
+}  // namespace refit
+
 namespace refit::trainer {
 
 struct RankEncoderOptions {
@@ -107,6 +111,15 @@ struct RankJob {
   int width = 0;
   uint64_t base_offset = 0;
 };
+
+// For encoders (RankEncoderInterface): applies one of the rank's chunks to
+// its region held gathered (count * width bytes, in the chunk's element
+// order) as a contiguous range; how a baseline advances, and how a region
+// at the version is served.
+Status ApplyToGatheredRegion(std::span<const uint8_t> chunk, uint8_t* region,
+                             ApplyScratch* scratch);
+// OUT_OF_RANGE for chunk `index` of a pending version of `pending` chunks.
+Status PendingChunkOutOfRange(size_t index, size_t pending);
 
 class RankEncoder final : public RankEncoderInterface {
  public:

@@ -18,16 +18,16 @@
 namespace refit::cuda {
 namespace {
 
-using ::refit::testing::StatusIs;
 using layout::CanonicalTensor;
 using layout::Layout;
 using layout::LocalTensor;
 using layout::Piece;
+using ::refit::testing::StatusIs;
 using Bytes = std::vector<uint8_t>;
 using Named = std::map<std::string, Bytes>;
 
-Piece P(const std::string& canon, uint64_t rows, uint64_t cols, uint64_t lo, uint64_t lrs,
-        uint64_t co, uint64_t crs) {
+Piece P(const std::string& canon, uint64_t rows, uint64_t cols, uint64_t lo,
+        uint64_t lrs, uint64_t co, uint64_t crs) {
   Piece p;
   p.canonical = canon;
   p.rows = rows;
@@ -53,7 +53,8 @@ int Width(const std::string& dt) { return dt == "F32" ? 4 : 2; }
 // BF16 norm and a replicated F32 bias.
 Layout Tp2Layout() {
   Layout l;
-  auto canon = [&](const std::string& n, const std::string& dt, std::vector<uint64_t> shape) {
+  auto canon = [&](const std::string& n, const std::string& dt,
+                   std::vector<uint64_t> shape) {
     CanonicalTensor c;
     c.name = n;
     c.dtype = dt;
@@ -70,17 +71,26 @@ Layout Tp2Layout() {
   for (uint32_t r = 0; r < 2; ++r) {
     layout::RankLayout rl;
     rl.rank = r;
-    rl.tensors.push_back({"a", "BF16", {96, 512}, {P("a.weight", 96, 512, 0, 512, r * 512, 1024)}});
-    rl.tensors.push_back(
-        {"b", "BF16", {512, 384}, {P("b.weight", 512, 384, 0, 384, r * 512 * 384, 384)}});
-    rl.tensors.push_back({"qkv",
+    rl.tensors.push_back({"a",
                           "BF16",
-                          {192, 128},
-                          {P("q.weight", 128, 128, 0, 128, r * 128 * 128, 128),
-                           P("k.weight", 32, 128, 128 * 128, 128, r * 32 * 128, 128),
-                           P("v.weight", 32, 128, 160 * 128, 128, r * 32 * 128, 128)}});
-    rl.tensors.push_back({"norm", "BF16", {1000}, {P("n.weight", 1, 1000, 0, 1000, 0, 1000)}});
-    rl.tensors.push_back({"bias", "F32", {333}, {P("e.bias", 1, 333, 0, 333, 0, 333)}});
+                          {96, 512},
+                          {P("a.weight", 96, 512, 0, 512, r * 512, 1024)}});
+    rl.tensors.push_back(
+        {"b",
+         "BF16",
+         {512, 384},
+         {P("b.weight", 512, 384, 0, 384, r * 512 * 384, 384)}});
+    rl.tensors.push_back(
+        {"qkv",
+         "BF16",
+         {192, 128},
+         {P("q.weight", 128, 128, 0, 128, r * 128 * 128, 128),
+          P("k.weight", 32, 128, 128 * 128, 128, r * 32 * 128, 128),
+          P("v.weight", 32, 128, 160 * 128, 128, r * 32 * 128, 128)}});
+    rl.tensors.push_back(
+        {"norm", "BF16", {1000}, {P("n.weight", 1, 1000, 0, 1000, 0, 1000)}});
+    rl.tensors.push_back(
+        {"bias", "F32", {333}, {P("e.bias", 1, 333, 0, 333, 0, 333)}});
     l.ranks.push_back(rl);
   }
   return l;
@@ -94,7 +104,8 @@ Named Scatter(const Layout& l, const Named& canon, size_t rank) {
     for (const Piece& p : lt.pieces) {
       for (uint64_t i = 0; i < p.rows; ++i) {
         std::memcpy(b.data() + (p.local_offset + i * p.local_row_stride) * w,
-                    canon.at(p.canonical).data() + (p.canon_offset + i * p.canon_row_stride) * w,
+                    canon.at(p.canonical).data() +
+                        (p.canon_offset + i * p.canon_row_stride) * w,
                     p.cols * w);
       }
     }
@@ -106,7 +117,8 @@ Named Scatter(const Layout& l, const Named& canon, size_t rank) {
 std::vector<TensorView> CanonViews(const Layout& l, const Named& canon) {
   std::vector<TensorView> v;
   for (const CanonicalTensor& c : l.canonical) {
-    v.push_back({c.name, c.dtype, Width(c.dtype), c.shape, canon.at(c.name).data()});
+    v.push_back(
+        {c.name, c.dtype, Width(c.dtype), c.shape, canon.at(c.name).data()});
   }
   return v;
 }
@@ -123,14 +135,18 @@ struct Local {
       if (!device.count(n)) {
         ASSERT_EQ(cudaMalloc(&device[n], b.size()), cudaSuccess);
       }
-      ASSERT_EQ(cudaMemcpy(device[n], b.data(), b.size(), cudaMemcpyHostToDevice), cudaSuccess);
+      ASSERT_EQ(
+          cudaMemcpy(device[n], b.data(), b.size(), cudaMemcpyHostToDevice),
+          cudaSuccess);
     }
   }
-  std::vector<TensorView> Views(const Layout& l, size_t rank, bool on_device) const {
+  std::vector<TensorView> Views(const Layout& l, size_t rank,
+                                bool on_device) const {
     std::vector<TensorView> v;
     for (const LocalTensor& lt : l.ranks[rank].tensors) {
-      const uint8_t* d = on_device ? static_cast<const uint8_t*>(device.at(lt.name))
-                                   : host.at(lt.name).data();
+      const uint8_t* d = on_device
+                             ? static_cast<const uint8_t*>(device.at(lt.name))
+                             : host.at(lt.name).data();
       v.push_back({lt.name, lt.dtype, Width(lt.dtype), lt.shape, d});
     }
     return v;
@@ -138,12 +154,14 @@ struct Local {
 };
 
 std::vector<Bytes> EncodeAll(trainer::RankEncoderInterface& e, uint64_t version,
-                             const std::vector<TensorView>& local, trainer::RankReport* report) {
+                             const std::vector<TensorView>& local,
+                             trainer::RankReport* report) {
   std::vector<Bytes> out;
-  auto r = e.Encode(version, version - 1, local, [&](std::span<const uint8_t> c, const ChunkHeader&) {
-    out.emplace_back(c.begin(), c.end());
-    return Status();
-  });
+  auto r = e.Encode(version, version - 1, local,
+                    [&](std::span<const uint8_t> c, const ChunkHeader&) {
+                      out.emplace_back(c.begin(), c.end());
+                      return Status();
+                    });
   EXPECT_OK(r);
   if (r.ok() && report != nullptr) *report = *r;
   return out;
@@ -179,7 +197,8 @@ TEST_P(DeviceRankEncoderTest, ChunksEqualTheCpuEncodersOverVersions) {
     if (r == 0) {
       ASSERT_OK((*g)->SetBaseline(CanonViews(l, canon)));
     } else {
-      ASSERT_OK((*g)->SetBaselineFromLocal(local[r]->Views(l, r, /*on_device=*/true)));
+      ASSERT_OK((*g)->SetBaselineFromLocal(
+          local[r]->Views(l, r, /*on_device=*/true)));
     }
     EXPECT_EQ((*g)->owned_bytes(), (*c)->owned_bytes());
     cpu.push_back(std::move(*c));
@@ -197,12 +216,16 @@ TEST_P(DeviceRankEncoderTest, ChunksEqualTheCpuEncodersOverVersions) {
       local[r]->host = Scatter(l, canon, r);
       local[r]->Upload();
       trainer::RankReport rc, rg;
-      const std::vector<Bytes> want = EncodeAll(*cpu[r], version, local[r]->Views(l, r, false), &rc);
-      const std::vector<Bytes> got = EncodeAll(*gpu[r], version, local[r]->Views(l, r, true), &rg);
+      const std::vector<Bytes> want =
+          EncodeAll(*cpu[r], version, local[r]->Views(l, r, false), &rc);
+      const std::vector<Bytes> got =
+          EncodeAll(*gpu[r], version, local[r]->Views(l, r, true), &rg);
       ASSERT_FALSE(want.empty());
-      ASSERT_EQ(got.size(), want.size()) << "version " << version << " rank " << r;
+      ASSERT_EQ(got.size(), want.size())
+          << "version " << version << " rank " << r;
       for (size_t i = 0; i < want.size(); ++i) {
-        ASSERT_EQ(got[i], want[i]) << "chunk " << i << " version " << version << " rank " << r;
+        ASSERT_EQ(got[i], want[i])
+            << "chunk " << i << " version " << version << " rank " << r;
       }
       EXPECT_EQ(rg.changed_direct, rc.changed_direct);
       EXPECT_EQ(rg.chunks, rc.chunks);
@@ -229,7 +252,8 @@ TEST_P(DeviceRankEncoderTest, ChunksEqualTheCpuEncodersOverVersions) {
 
 // chunk_bytes: rows split into parts, a few rows a chunk, one chunk a region.
 INSTANTIATE_TEST_SUITE_P(ChunkSizes, DeviceRankEncoderTest,
-                         ::testing::Values(uint64_t{600}, uint64_t{64} << 10, uint64_t{8} << 20));
+                         ::testing::Values(uint64_t{600}, uint64_t{64} << 10,
+                                           uint64_t{8} << 20));
 
 TEST(DeviceRankEncoderRefusals, ConvertedPiecesAndHostTensors) {
   Layout l = Tp2Layout();
@@ -240,16 +264,20 @@ TEST(DeviceRankEncoderRefusals, ConvertedPiecesAndHostTensors) {
   const Layout ok = Tp2Layout();
   Named canon;
   for (const CanonicalTensor& c : ok.canonical) {
-    canon[c.name] = Bytes(Elements(c.shape) * static_cast<uint64_t>(Width(c.dtype)), 1);
+    canon[c.name] =
+        Bytes(Elements(c.shape) * static_cast<uint64_t>(Width(c.dtype)), 1);
   }
   auto g = DeviceRankEncoder::Create(ok, 1, {}, {});
   ASSERT_OK(g);
-  EXPECT_THAT((*g)->Encode(1, 0, {}, nullptr), StatusIs(StatusCode::kFailedPrecondition));
+  EXPECT_THAT((*g)->Encode(1, 0, {}, nullptr),
+              StatusIs(StatusCode::kFailedPrecondition));
   ASSERT_OK((*g)->SetBaseline(CanonViews(ok, canon)));
   Local host;
   host.host = Scatter(ok, canon, 1);
   EXPECT_THAT((*g)->Encode(1, 0, host.Views(ok, 1, /*on_device=*/false),
-                           [](std::span<const uint8_t>, const ChunkHeader&) { return Status(); }),
+                           [](std::span<const uint8_t>, const ChunkHeader&) {
+                             return Status();
+                           }),
               StatusIs(StatusCode::kInvalidArgument));
 }
 
