@@ -130,16 +130,12 @@ Result<std::unique_ptr<RankPublisher>> RankPublisher::Open(ObjectStore* store, O
   if (!committed) {
     REFIT_ASSIGN_OR_RETURN(committed, HeadVersion(store, options.auth));
   }
-  ranks::RankPublisherOptions o;
-  o.auth = std::move(options.auth);
-  o.upload_threads = options.upload_threads;
-  o.poll_ms = options.poll_ms;
   auto impl = std::make_unique<Impl>();
   REFIT_ASSIGN_OR_RETURN(
       impl->publisher,
       ranks::RankPublisher::Open(parts != nullptr ? parts : store, store,
                                  encoder->impl_->encoder.get(), encoder->rank(), *committed,
-                                 std::move(o)));
+                                 std::move(options)));
   return std::unique_ptr<RankPublisher>(new RankPublisher(std::move(impl)));
 }
 
@@ -202,20 +198,7 @@ uint64_t DirectCoordinator::committed_version() const {
 }
 
 Result<DirectReport> DirectCoordinator::Publish(uint64_t version) {
-  REFIT_ASSIGN_OR_RETURN(ranks::DirectReport r, impl_->coordinator->Publish(version));
-  DirectReport p;
-  p.version = r.version;
-  p.base_version = r.base_version;
-  p.committed = r.committed;
-  p.reason = std::move(r.reason);
-  p.part_chunks = r.part_chunks;
-  p.part_bytes = r.part_bytes;
-  p.changed_elements = r.changed_elements;
-  p.wait_seconds = r.wait_seconds;
-  p.manifest_seconds = r.manifest_seconds;
-  p.vote_seconds = r.vote_seconds;
-  p.seconds = r.seconds;
-  return p;
+  return impl_->coordinator->Publish(version);
 }
 
 Result<std::vector<uint32_t>> DirectCoordinator::PartsStored(uint64_t version) {
