@@ -292,14 +292,18 @@ struct PartsCoordinatorOptions {
   int threads = 0;  // checking and applying the parts; 0 = all cores
 };
 
-// What one PartsCoordinator::Publish() did.
-struct PartsReport {
-  SyncPublishReport publish;      // the assembled version's joint commit
+// What a PartsCoordinator did with the ranks' parts of one version.
+struct PartsTotals {
   uint64_t part_chunks = 0;       // chunks received from the ranks
   uint64_t part_bytes = 0;
   uint64_t changed_elements = 0;  // over all parts
   double wait_seconds = 0;        // until every part was stored
   double apply_seconds = 0;       // checking and applying the parts
+};
+
+// What one PartsCoordinator::Publish() did.
+struct PartsReport : PartsTotals {
+  SyncPublishReport publish;  // the assembled version's joint commit
 };
 
 // Assembles the ranks' parts into versions of canonical ranges. It holds

@@ -146,13 +146,9 @@ struct CoordinatorOptions {
   int threads = 0;
 };
 
-struct CoordinatedReport {
-  PublishReport publish;          // the joint commit (docs/protocol.md)
-  uint64_t part_chunks = 0;       // chunks received from the ranks
-  uint64_t part_bytes = 0;
-  uint64_t changed_elements = 0;  // over all parts
-  double wait_seconds = 0;        // until every part was stored
-  double apply_seconds = 0;       // checking and applying the parts
+// The parts' totals (refit/trainer.h) and the joint commit.
+struct CoordinatedReport : PartsTotals {
+  PublishReport publish;  // the joint commit (docs/protocol.md)
 };
 
 class PartsCoordinator {

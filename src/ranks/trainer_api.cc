@@ -245,12 +245,8 @@ uint64_t PartsCoordinator::committed_version() const {
 Result<PartsReport> PartsCoordinator::Publish(uint64_t version) {
   REFIT_ASSIGN_OR_RETURN(ranks::CoordinatedReport r, impl_->coordinator->Publish(version));
   PartsReport p;
+  static_cast<PartsTotals&>(p) = r;
   p.publish = ToSyncPublishReport(std::move(r.publish));
-  p.part_chunks = r.part_chunks;
-  p.part_bytes = r.part_bytes;
-  p.changed_elements = r.changed_elements;
-  p.wait_seconds = r.wait_seconds;
-  p.apply_seconds = r.apply_seconds;
   return p;
 }
 
