@@ -32,7 +32,10 @@ bool WriteCheckpoint(const std::string& path, const std::vector<float>& w,
                      std::vector<uint64_t> shape = {}) {
   if (shape.empty()) shape = {w.size()};
   std::string dims;
-  for (uint64_t d : shape) dims += (dims.empty() ? "" : ",") + std::to_string(d);
+  for (uint64_t d : shape) {
+    if (!dims.empty()) dims += ',';
+    dims += std::to_string(d);
+  }
   const uint64_t bytes = w.size() * sizeof(float);
   const std::string header = "{\"w\":{\"dtype\":\"F32\",\"shape\":[" + dims +
                              "],\"data_offsets\":[0," + std::to_string(bytes) +
