@@ -70,7 +70,7 @@ struct RankEncodeReport {
   uint64_t changed_direct = 0;    // changed canonical elements, local dtype = checkpoint's
   uint64_t changed_residual = 0;  // changed canonical elements, converted dtypes
   uint64_t chunks = 0;
-  uint64_t payload_bytes = 0;     // serialized chunk bytes
+  uint64_t payload_bytes = 0;  // serialized chunk bytes
   uint64_t peak_scratch_bytes = 0;
   double seconds = 0;
 };
@@ -79,11 +79,11 @@ struct RankEncodeReport {
 // (docs/format.md §3) and the serialized chunk that changes it.
 struct RankChunk {
   std::span<const uint8_t> bytes;  // the serialized chunk; valid during the call
-  uint64_t tensor_id = 0;  // index into RankEncoder::canonical_tensors()
+  uint64_t tensor_id = 0;          // index into RankEncoder::canonical_tensors()
   // The region: `count` elements from `start` (run 0), or count / run rows
   // of `run` elements, row r starting at start + r * stride.
   uint64_t start = 0, count = 0, run = 0, stride = 0;
-  uint64_t changed = 0;  // elements whose bits differ
+  uint64_t changed = 0;   // elements whose bits differ
   std::string_view kind;  // "sparse-xor", "dense-xor", "sparse-overwrite", "raw"
 };
 
@@ -103,8 +103,7 @@ class RankEncoder {
   // from the same layout. Errors: those of layout::AssignOwnership (which
   // validates first); kInvalidArgument when the layout has no such rank.
   // The baseline is unset until SetBaseline*.
-  static Result<std::unique_ptr<RankEncoder>> Create(const layout::Layout& layout,
-                                                     uint32_t rank,
+  static Result<std::unique_ptr<RankEncoder>> Create(const layout::Layout& layout, uint32_t rank,
                                                      RankEncoderOptions options = {});
   ~RankEncoder();
   RankEncoder(const RankEncoder&) = delete;
@@ -148,6 +147,8 @@ class RankEncoder {
   void Abort();
   // Chunks of the last Encode() not yet committed or aborted.
   size_t pending_chunks() const;
+  // Note 4: while a RankPublisher is open on the encoder, only the
+  // publisher encodes, commits and aborts (Publish, AwaitDecision).
 
  private:
   friend class RankPublisher;
@@ -180,8 +181,10 @@ class RankPublisher {
   // (parts/<V>/<rank>/...): nullptr or `store` itself for the direct path
   // (DirectCoordinator), a store the ranks and a PartsCoordinator share
   // otherwise. `encoder` has its baseline at `committed`; nullopt reads
-  // the store's head (0 when the store has none). kInvalidArgument for a
-  // null store or encoder.
+  // the store's head (0 when the store has none), which fails as the
+  // store's Get does, or as Authenticator::Open for a head that
+  // `options.auth` does not open (kUnauthenticated, kDataLoss). kInvalidArgument for a null store or
+  // encoder.
   static Result<std::unique_ptr<RankPublisher>> Open(ObjectStore* store, ObjectStore* parts,
                                                      RankEncoder* encoder,
                                                      std::optional<uint64_t> committed,
@@ -294,7 +297,7 @@ struct PartsCoordinatorOptions {
 
 // What a PartsCoordinator did with the ranks' parts of one version.
 struct PartsTotals {
-  uint64_t part_chunks = 0;       // chunks received from the ranks
+  uint64_t part_chunks = 0;  // chunks received from the ranks
   uint64_t part_bytes = 0;
   uint64_t changed_elements = 0;  // over all parts
   double wait_seconds = 0;        // until every part was stored

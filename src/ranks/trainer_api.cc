@@ -131,20 +131,17 @@ Result<std::unique_ptr<RankPublisher>> RankPublisher::Open(ObjectStore* store, O
     REFIT_ASSIGN_OR_RETURN(committed, HeadVersion(store, options.auth));
   }
   auto impl = std::make_unique<Impl>();
-  REFIT_ASSIGN_OR_RETURN(
-      impl->publisher,
-      ranks::RankPublisher::Open(parts != nullptr ? parts : store, store,
-                                 encoder->impl_->encoder.get(), encoder->rank(), *committed,
-                                 std::move(options)));
+  REFIT_ASSIGN_OR_RETURN(impl->publisher,
+                         ranks::RankPublisher::Open(parts != nullptr ? parts : store, store,
+                                                    encoder->impl_->encoder.get(), encoder->rank(),
+                                                    *committed, std::move(options)));
   return std::unique_ptr<RankPublisher>(new RankPublisher(std::move(impl)));
 }
 
 RankPublisher::RankPublisher(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 RankPublisher::~RankPublisher() = default;
 
-uint64_t RankPublisher::committed_version() const {
-  return impl_->publisher->committed_version();
-}
+uint64_t RankPublisher::committed_version() const { return impl_->publisher->committed_version(); }
 
 Result<RankPartReport> RankPublisher::Publish(uint64_t version,
                                               const std::vector<TensorView>& local) {
@@ -228,10 +225,10 @@ Result<std::unique_ptr<PartsCoordinator>> PartsCoordinator::Open(ObjectStore* st
   REFIT_ASSIGN_OR_RETURN(
       impl->publisher,
       Publisher::Open(store, baseline, ToPublisherOptions(std::move(options.publisher))));
-  REFIT_ASSIGN_OR_RETURN(impl->coordinator,
-                         ranks::PartsCoordinator::Open(parts != nullptr ? parts : store,
-                                                       impl->publisher.get(), baseline, staging,
-                                                       std::move(o)));
+  REFIT_ASSIGN_OR_RETURN(
+      impl->coordinator,
+      ranks::PartsCoordinator::Open(parts != nullptr ? parts : store, impl->publisher.get(),
+                                    baseline, staging, std::move(o)));
   return std::unique_ptr<PartsCoordinator>(new PartsCoordinator(std::move(impl)));
 }
 

@@ -4,8 +4,6 @@
 // published by both ranks through the direct coordinator and through the
 // assembling one to a receiver that holds the weights in memory. Only the
 // setup (scratch folders, checkpoint files) uses test support.
-#include "refit/trainer.h"
-
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -18,6 +16,7 @@
 
 #include "refit/checkpoint.h"
 #include "refit/receiver.h"
+#include "refit/trainer.h"
 #include "support/safetensors_builder.h"
 #include "support/status_matchers.h"
 #include "support/testing.h"
@@ -82,8 +81,8 @@ struct Model {
   }
 
   void Write(const std::string& path) const {
-    testing::WriteSafetensors(path, {{"v", "F32", {4, 32}, canon.at("v")},
-                                     {"w", "BF16", {8, 64}, canon.at("w")}});
+    testing::WriteSafetensors(
+        path, {{"v", "F32", {4, 32}, canon.at("v")}, {"w", "BF16", {8, 64}, canon.at("w")}});
   }
 };
 
