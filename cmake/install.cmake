@@ -1,8 +1,8 @@
 # The installable library: one target, refit::refit, for programs that
-# publish or receive versions or use the file codec through the public
-# headers (include/refit/*.h). `cmake --install <build> --component dev`
-# puts the headers, the static layers behind them and a CMake package into
-# the prefix, so that
+# publish or receive versions (also from many trainer ranks) or use the
+# file codec through the public headers (include/refit/*.h).
+# `cmake --install <build> --component dev` puts the headers, the static
+# layers behind them and a CMake package into the prefix, so that
 #
 #   find_package(refit REQUIRED)
 #   target_link_libraries(app PRIVATE refit::refit)
@@ -13,7 +13,7 @@ include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
 
 set(REFIT_INSTALLED_LAYERS refit_base refit_format refit_codec refit_delta refit_layout
-                           refit_transport refit_sync)
+                           refit_trainer refit_transport refit_sync refit_ranks)
 # (`refit` itself names the command-line tool's target.)
 add_library(refit_library INTERFACE)
 add_library(refit::refit ALIAS refit_library)

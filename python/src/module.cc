@@ -30,6 +30,7 @@
 #include "refit/layout.h"
 #include "refit/status.h"
 #include "refit/store.h"
+#include "refit/trainer.h"
 #include "sync/follow.h"
 #include "sync/host_staged_target.h"
 #include "sync/protocol.h"
@@ -499,25 +500,22 @@ class PyDirectCoordinator {
                       std::vector<uint32_t> ranks, const py::object& key,
                       const std::string& key_file, double vote_timeout, double parts_timeout,
                       const std::string& table) {
-    ranks::DirectCoordinatorOptions o;
+    DirectCoordinatorOptions o;
     o.members = std::move(members);
     o.ranks = std::move(ranks);
     o.auth = MakeAuth(key, key_file);
     o.vote_timeout_ms = Millis(vote_timeout);
     o.parts_timeout_ms = Millis(parts_timeout);
+    o.initial_checkpoint = table;
     store_ = OpenStore(store_url);
     py::gil_scoped_release release;
-    if (!table.empty()) {
-      Checkpoint ck = Unwrap(Checkpoint::Open(table, Checkpoint::Mode::kReadOnly));
-      o.initial = ranks::TensorTableOf(ck);
-    }
-    coord_ = Unwrap(ranks::DirectCoordinator::Open(store_.get(), std::move(o)));
+    coord_ = Unwrap(DirectCoordinator::Open(store_.get(), std::move(o)));
   }
 
   uint64_t committed_version() const { return coord_->committed_version(); }
 
   py::tuple Publish(uint64_t version) {
-    ranks::DirectReport r;
+    DirectReport r;
     {
       py::gil_scoped_release release;
       r = Unwrap(coord_->Publish(version));
@@ -545,7 +543,7 @@ class PyDirectCoordinator {
 
  private:
   std::shared_ptr<ObjectStore> store_;  // outlives coord_ (declared first)
-  std::unique_ptr<ranks::DirectCoordinator> coord_;
+  std::unique_ptr<DirectCoordinator> coord_;
 };
 
 class PyReceiver {

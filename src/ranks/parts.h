@@ -33,6 +33,7 @@
 #include "refit/checkpoint.h"
 #include "refit/delta.h"
 #include "refit/status.h"
+#include "refit/trainer.h"
 #include "sync/auth.h"
 #include "sync/publisher.h"
 #include "trainer/rank_encoder.h"
@@ -77,11 +78,8 @@ Result<PartList> DecodePartList(std::span<const uint8_t> body);
 // XXH3-64 over the sorted canonical names, each followed by a zero byte.
 uint64_t HashTensorNames(std::vector<std::string> names);
 
-struct RankPublisherOptions {
-  Authenticator auth = Authenticator::None();
-  int upload_threads = 4;
-  int poll_ms = 20;
-};
+// The public options (refit/trainer.h).
+using RankPublisherOptions = ::refit::RankPublisherOptions;
 
 struct RankPartReport {
   uint64_t version = 0;
@@ -148,13 +146,9 @@ struct CoordinatorOptions {
   int threads = 0;
 };
 
-struct CoordinatedReport {
-  PublishReport publish;          // the joint commit (docs/protocol.md)
-  uint64_t part_chunks = 0;       // chunks received from the ranks
-  uint64_t part_bytes = 0;
-  uint64_t changed_elements = 0;  // over all parts
-  double wait_seconds = 0;        // until every part was stored
-  double apply_seconds = 0;       // checking and applying the parts
+// The parts' totals (refit/trainer.h) and the joint commit.
+struct CoordinatedReport : PartsTotals {
+  PublishReport publish;  // the joint commit (docs/protocol.md)
 };
 
 class PartsCoordinator {
@@ -209,19 +203,9 @@ struct DirectCoordinatorOptions {
   std::vector<TensorEntry> initial;
 };
 
-struct DirectReport {
-  uint64_t version = 0;
-  uint64_t base_version = 0;
-  bool committed = false;
-  std::string reason;             // of an abort
-  uint64_t part_chunks = 0;       // chunks the manifest lists
-  uint64_t part_bytes = 0;        // their stored sizes, as the part lists state
-  uint64_t changed_elements = 0;  // over all parts
-  double wait_seconds = 0;        // until every part list was stored
-  double manifest_seconds = 0;    // checking the lists, announcement and manifest
-  double vote_seconds = 0;        // until every vote (or the deadline)
-  double seconds = 0;
-};
+// What one DirectCoordinator::Publish() did: the public report
+// (refit/trainer.h).
+using DirectReport = ::refit::DirectReport;
 
 // The tensor table of a checkpoint: every tensor's name, dtype, shape and
 // hash, as a coordinator's `initial`.

@@ -1,14 +1,15 @@
 // The public publisher (include/refit/publisher.h) over the library's own
 // (sync/publisher.h).
+#include "sync/sync_publisher.h"
+
 #include <utility>
 
 #include "refit/publisher.h"
 #include "sync/publisher.h"
 
 namespace refit {
-namespace {
 
-SyncPublishReport ToPublic(PublishReport r) {
+SyncPublishReport ToSyncPublishReport(PublishReport r) {
   SyncPublishReport s;
   s.version = r.version;
   s.base_version = r.base_version;
@@ -28,15 +29,7 @@ SyncPublishReport ToPublic(PublishReport r) {
   return s;
 }
 
-}  // namespace
-
-struct SyncPublisher::Impl {
-  std::unique_ptr<Publisher> publisher;
-};
-
-Result<std::unique_ptr<SyncPublisher>> SyncPublisher::Open(
-    ObjectStore* store, const std::string& baseline,
-    SyncPublisherOptions options) {
+PublisherOptions ToPublisherOptions(SyncPublisherOptions options) {
   PublisherOptions o;
   o.members = std::move(options.members);
   o.auth = std::move(options.auth);
@@ -47,9 +40,20 @@ Result<std::unique_ptr<SyncPublisher>> SyncPublisher::Open(
   o.poll_ms = options.poll_ms;
   o.snapshot_every = options.snapshot_every;
   o.keep_versions = options.keep_versions;
+  return o;
+}
+
+struct SyncPublisher::Impl {
+  std::unique_ptr<Publisher> publisher;
+};
+
+Result<std::unique_ptr<SyncPublisher>> SyncPublisher::Open(
+    ObjectStore* store, const std::string& baseline,
+    SyncPublisherOptions options) {
   auto impl = std::make_unique<Impl>();
-  REFIT_ASSIGN_OR_RETURN(impl->publisher,
-                         Publisher::Open(store, baseline, std::move(o)));
+  REFIT_ASSIGN_OR_RETURN(
+      impl->publisher,
+      Publisher::Open(store, baseline, ToPublisherOptions(std::move(options))));
   return std::unique_ptr<SyncPublisher>(new SyncPublisher(std::move(impl)));
 }
 
@@ -65,14 +69,14 @@ Result<SyncPublishReport> SyncPublisher::Publish(
     uint64_t version, const std::vector<TensorView>& target) {
   REFIT_ASSIGN_OR_RETURN(PublishReport r,
                          impl_->publisher->Publish(version, target));
-  return ToPublic(std::move(r));
+  return ToSyncPublishReport(std::move(r));
 }
 
 Result<SyncPublishReport> SyncPublisher::PublishCheckpoint(
     uint64_t version, const std::string& target_path) {
   REFIT_ASSIGN_OR_RETURN(
       PublishReport r, impl_->publisher->PublishCheckpoint(version, target_path));
-  return ToPublic(std::move(r));
+  return ToSyncPublishReport(std::move(r));
 }
 
 Status SyncPublisher::Serve(uint64_t version, int ms) {

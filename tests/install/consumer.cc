@@ -1,11 +1,13 @@
 // Uses the installed public headers only: a directory store, an
-// authenticated envelope, a trainer layout, and one version published by a
-// SyncPublisher and received by a SyncReceiver over the store.
+// authenticated envelope, a trainer layout, one version published by a
+// SyncPublisher and received by a SyncReceiver over the store, and a
+// trainer rank's encoder and publisher with a direct coordinator.
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -15,6 +17,7 @@
 #include "refit/publisher.h"
 #include "refit/receiver.h"
 #include "refit/store.h"
+#include "refit/trainer.h"
 
 namespace {
 
@@ -23,11 +26,18 @@ int Fail(const std::string& what, const refit::Status& status) {
   return 1;
 }
 
-// A one-tensor safetensors file: "w", F32, the given values.
-bool WriteCheckpoint(const std::string& path, const std::vector<float>& w) {
+// A one-tensor safetensors file: "w", F32, the given values, of shape
+// `shape` (empty: one dimension).
+bool WriteCheckpoint(const std::string& path, const std::vector<float>& w,
+                     std::vector<uint64_t> shape = {}) {
+  if (shape.empty()) shape = {w.size()};
+  std::string dims;
+  for (uint64_t d : shape) {
+    if (!dims.empty()) dims += ',';
+    dims += std::to_string(d);
+  }
   const uint64_t bytes = w.size() * sizeof(float);
-  const std::string header = "{\"w\":{\"dtype\":\"F32\",\"shape\":[" +
-                             std::to_string(w.size()) +
+  const std::string header = "{\"w\":{\"dtype\":\"F32\",\"shape\":[" + dims +
                              "],\"data_offsets\":[0," + std::to_string(bytes) +
                              "]}}";
   uint8_t length[8];
@@ -77,6 +87,70 @@ int CheckLayout() {
   return 0;
 }
 
+// One trainer rank that holds all of "w" (F32 [4, 256]): its encoder emits
+// a chunk for a changed element, and the version it publishes through
+// `store` is decided by a direct coordinator (no receiver votes: the
+// deadline passes and the version aborts, keeping the rank's baseline).
+int CheckTrainer(const std::string& dir) {
+  auto opened = refit::OpenObjectStore(dir + "/ranks");
+  if (!opened.ok()) return Fail("open store", opened.status());
+  refit::ObjectStore* store = opened->get();
+  const std::string json = R"({"format": "refit-layout", "version": 1,
+    "canonical": [{"name": "w", "dtype": "F32", "shape": [4, 256]}],
+    "ranks": [{"rank": 0, "tensors": [{"name": "w", "dtype": "F32", "shape": [4, 256],
+      "pieces": [{"canonical": "w", "rows": 4, "cols": 256,
+                  "local": [0, 256, 1], "canon": [0, 256, 1]}]}]}]})";
+  auto layout = refit::layout::ParseLayout(json);
+  if (!layout.ok()) return Fail("parse layout", layout.status());
+  auto encoder = refit::RankEncoder::Create(*layout, 0);
+  if (!encoder.ok()) return Fail("rank encoder", encoder.status());
+  std::vector<float> w(1024, 1.0f);
+  const std::string initial = dir + "/initial.safetensors";
+  if (!WriteCheckpoint(initial, w, {4, 256})) {
+    std::fprintf(stderr, "cannot write %s\n", initial.c_str());
+    return 1;
+  }
+  const refit::TensorView local{"w", "F32", 4, {4, 256},
+                                reinterpret_cast<const uint8_t*>(w.data())};
+  if (auto st = (*encoder)->SetBaselineFromLocal({local}); !st.ok()) {
+    return Fail("baseline", st);
+  }
+  w[300] = 2.0f;
+  uint64_t changed = 0;
+  auto encoded = (*encoder)->Encode(1, 0, {local}, [&](const refit::RankChunk& c) {
+    changed += c.changed;
+    return refit::Status();
+  });
+  if (!encoded.ok()) return Fail("encode", encoded.status());
+  if (changed != 1 || encoded->chunks == 0) {
+    std::fprintf(stderr, "encode: %llu changed elements in the chunks, want 1\n",
+                 static_cast<unsigned long long>(changed));
+    return 1;
+  }
+  (*encoder)->Abort();
+
+  auto rank = refit::RankPublisher::Open(store, nullptr, encoder->get(), std::nullopt);
+  if (!rank.ok()) return Fail("rank publisher", rank.status());
+  auto part = (*rank)->Publish(1, {local});
+  if (!part.ok()) return Fail("publish part", part.status());
+  refit::DirectCoordinatorOptions options;
+  options.ranks = {0};
+  options.members = {"absent"};
+  options.vote_timeout_ms = 200;
+  options.initial_checkpoint = initial;
+  auto coordinator = refit::DirectCoordinator::Open(store, std::move(options));
+  if (!coordinator.ok()) return Fail("coordinator", coordinator.status());
+  auto decided = (*coordinator)->Publish(1);
+  if (!decided.ok()) return Fail("coordinate", decided.status());
+  auto committed = (*rank)->AwaitDecision(30000);
+  if (!committed.ok()) return Fail("await decision", committed.status());
+  if (decided->committed || *committed || (*rank)->committed_version() != 0) {
+    std::fprintf(stderr, "a version without votes was committed\n");
+    return 1;
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -101,6 +175,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   if (int rc = CheckLayout(); rc != 0) return rc;
+  if (int rc = CheckTrainer(dir); rc != 0) return rc;
 
   // Version 0 is the baseline file; version 1 changes three of its weights.
   std::vector<float> v0(1024);
