@@ -174,6 +174,13 @@ class Publisher:
       them; GPU receivers refuse such a version before writing anything,
       and a baseline in device memory cannot publish them. With ``layout=``
       (trainer ranks) it is not available.
+    pack_bytes: chunk packs (docs/protocol.md, "Chunk packs"): consecutive
+      chunks whose sealed objects are smaller than this are stored together,
+      one object of at most this many bytes, for checkpoints of many small
+      tensors (each object costs a PUT, or a file and two fsyncs in a
+      directory store). 0 (default): one object per chunk; receivers of
+      releases before packs cannot read packed versions. Not with
+      ``layout=``.
 
     Not thread-safe, except that :meth:`publish_async` runs publishes on one
     background thread, in order.
@@ -191,17 +198,20 @@ class Publisher:
                  decision_timeout: float = 600.0,
                  baseline_memory: Optional[str] = None,
                  durable_baseline: Optional[PathLike] = None,
-                 conditional: bool = False) -> None:
+                 conditional: bool = False, pack_bytes: int = 0) -> None:
         self._executor: Optional[concurrent.futures.ThreadPoolExecutor] = None
         self._lock = threading.Lock()
         self._layout = layout
         self._rank = rank
         self._device = False
+        if pack_bytes < 0:
+            raise InvalidArgumentError(f"pack_bytes must be >= 0, not {pack_bytes}",
+                                       "INVALID_ARGUMENT")
         if layout is not None:
-            if conditional:
+            if conditional or pack_bytes:
                 raise InvalidArgumentError(
-                    "conditional=True is for a publisher of canonical tensors (layout=None); "
-                    "trainer ranks' versions are assembled by their Coordinator",
+                    "conditional=True and pack_bytes= are for a publisher of canonical tensors "
+                    "(layout=None); a trainer rank uploads its chunks as its part",
                     "INVALID_ARGUMENT")
             self._init_rank(store, layout, rank, baseline, initial, key, key_file, threads,
                             chunk_bytes, upload_threads, parts, decision_timeout,
@@ -249,7 +259,8 @@ class Publisher:
                 float(vote_timeout), policy, threads, chunk_bytes, upload_threads,
                 snapshot_every, keep_versions, device_initial=p.triples,
                 pinned_host=memory == "pinned",
-                durable_path=os.fspath(durable_baseline) if durable_baseline else "")
+                durable_path=os.fspath(durable_baseline) if durable_baseline else "",
+                pack_bytes=int(pack_bytes))
             self._decision_timeout = float(decision_timeout)
             return
         if baseline is None:
@@ -268,7 +279,7 @@ class Publisher:
         self._native = _native.Publisher(
             store, baseline, list(members), key, os.fspath(key_file) if key_file else "",
             sign_key, os.fspath(sign_key_file) if sign_key_file else "", float(vote_timeout), policy, threads, chunk_bytes, upload_threads, snapshot_every,
-            keep_versions, conditional=bool(conditional))
+            keep_versions, conditional=bool(conditional), pack_bytes=int(pack_bytes))
         self._decision_timeout = float(decision_timeout)
 
     def _init_rank(self, store: str, layout: Any, rank: int, baseline: Optional[PathLike],

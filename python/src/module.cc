@@ -224,8 +224,9 @@ class PyPublisher {
               const std::string& sign_key_file, double vote_timeout, const std::string& policy,
               int threads, uint64_t chunk_bytes, int upload_threads, uint64_t snapshot_every,
               uint64_t keep_versions, const py::object& device_initial, bool pinned_host,
-              const std::string& durable_path, bool conditional) {
+              const std::string& durable_path, bool conditional, uint64_t pack_bytes) {
     PublisherOptions o;
+    o.pack_bytes = pack_bytes;
     o.members = std::move(members);
     o.auth = MakeAuth(key, key_file, sign_key, sign_key_file, /*signing=*/true);
     o.vote_timeout_ms = Millis(vote_timeout);
@@ -984,14 +985,15 @@ void BindClasses(py::module_& m) {
       .def(py::init<const std::string&, const std::string&, std::vector<std::string>,
                     const py::object&, const std::string&, const py::object&,
                     const std::string&, double, const std::string&, int, uint64_t, int,
-                    uint64_t, uint64_t, const py::object&, bool, const std::string&, bool>(),
+                    uint64_t, uint64_t, const py::object&, bool, const std::string&, bool,
+                    uint64_t>(),
            py::arg("store"), py::arg("baseline"), py::arg("members"), py::arg("key"),
            py::arg("key_file"), py::arg("sign_key"), py::arg("sign_key_file"),
            py::arg("vote_timeout"), py::arg("policy"), py::arg("threads"),
            py::arg("chunk_bytes"), py::arg("upload_threads"), py::arg("snapshot_every"),
            py::arg("keep_versions"), py::arg("device_initial") = py::none(),
            py::arg("pinned_host") = false, py::arg("durable_path") = "",
-           py::arg("conditional") = false)
+           py::arg("conditional") = false, py::arg("pack_bytes") = 0)
       .def_property_readonly("committed_version", &PyPublisher::committed_version)
       .def_property_readonly("device", &PyPublisher::device)
       .def("durable", &PyPublisher::Durable)

@@ -369,3 +369,22 @@ def test_conditional_needs_a_file_baseline(tmp_path):
     with pytest.raises(refit.InvalidArgumentError, match="conditional"):
         refit.Publisher(str(tmp_path / "store"), initial=model, members=["r0"],
                         baseline_memory="device", conditional=True)
+
+
+def test_chunk_packs_reach_receivers(tmp_path):
+    model = synthetic_model(seed=7)
+    store, pub = open_publisher(tmp_path, model, ["r"], pack_bytes=1 << 20, chunk_bytes=64 << 10)
+    mine = {n: a.copy() for n, a in model.items()}
+    rcv = refit.Receiver(store, member="r", tensors=mine, dtypes=SYNTH_DTYPES)
+    target = perturb(model, 8)
+    future = pub.publish_async(1, target)
+    report = rcv.sync(1, timeout=30)
+    assert future.result(timeout=30).committed
+    assert report.active_version == 1
+    assert_holds(mine, target)
+    # Several chunks, fewer objects: packs hold the small ones together.
+    chunks = os.listdir(os.path.join(store, "v", "00000000000000000001", "chunk"))
+    assert 0 < len(chunks) < future.result().diff.chunks
+    with pytest.raises(refit.InvalidArgumentError, match="pack_bytes"):
+        refit.Publisher(store, baseline=tmp_path / "b.safetensors", members=["r"],
+                        pack_bytes=-1)
