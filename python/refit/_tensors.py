@@ -16,7 +16,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, Union
 
 import numpy as np
 
-from .errors import InvalidArgumentError
+from .errors import InvalidArgumentError, UnsupportedError
 
 # Element widths of the safetensors dtypes refit knows (include/refit/checkpoint.h).
 DTYPE_WIDTHS: Dict[str, int] = {
@@ -244,15 +244,27 @@ def to_torch(array: np.ndarray, dtype: str) -> Any:
     torch = import_torch()
     import warnings
 
-    with warnings.catch_warnings():
-        # Read-only mappings: torch warns that it cannot mark them read-only.
-        warnings.simplefilter("ignore", UserWarning)
-        t = torch.from_numpy(array)
     target = {
         "BF16": "bfloat16", "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2",
         "F8_E4M3FNUZ": "float8_e4m3fnuz", "F8_E5M2FNUZ": "float8_e5m2fnuz",
         "F8_E8M0": "float8_e8m0fnu",
     }.get(dtype)
+    with warnings.catch_warnings():
+        # Read-only mappings: torch warns that it cannot mark them read-only.
+        warnings.simplefilter("ignore", UserWarning)
+        try:
+            t = torch.from_numpy(array)
+        except TypeError:
+            # PyTorch before 2.3 has no uint16/32/64 tensors. Bit patterns of
+            # another dtype (BF16 is read as uint16) pass through the signed
+            # integer of the same width; real unsigned integers cannot.
+            signed = {2: np.int16, 4: np.int32, 8: np.int64}.get(array.dtype.itemsize)
+            if target is None or array.dtype.kind != "u" or signed is None:
+                raise UnsupportedError(
+                    f"this PyTorch ({torch.__version__}) has no tensor type for {dtype} "
+                    f"({array.dtype}) data; use the NumPy arrays (tensor(name, "
+                    "framework='numpy')) or PyTorch 2.3 or newer", "UNIMPLEMENTED") from None
+            t = torch.from_numpy(array.view(signed))
     if target is not None and hasattr(torch, target):
         t = t.view(getattr(torch, target))
     return t

@@ -134,3 +134,20 @@ def test_apply_cuda_through_host_memory(qwen, tmp_path, monkeypatch):
     for n, t in model.items():
         assert t.data_ptr() == pointers[n]
         assert torch.equal(t.cpu(), target.torch(n)), n
+
+
+def test_unsigned_tensors_on_a_pytorch_without_them(tmp_path):
+    import numpy as np
+    path = tmp_path / "u.safetensors"
+    refit.save(path, {"u": np.arange(6, dtype=np.uint16).reshape(2, 3),
+                      "b": np.array([0x3F80, 0x4000], dtype=np.uint16)},
+               dtypes={"u": "U16", "b": "BF16"})
+    ck = refit.load(path)
+    # BF16 bits read as uint16 reach every PyTorch (through int16 before 2.3).
+    assert ck.torch("b").dtype == torch.bfloat16
+    assert ck.torch("b").float().tolist() == [1.0, 2.0]
+    if hasattr(torch, "uint16"):
+        assert ck.torch("u").tolist() == [[0, 1, 2], [3, 4, 5]]
+    else:
+        with pytest.raises(refit.UnsupportedError, match="U16"):
+            ck.torch("u")
