@@ -20,6 +20,7 @@ PACKAGES=(
   python3              # test helpers
   python3-dev pybind11-dev       # the Python package (bindings)
   python3-numpy python3-pytest   # Python tests
+  python3-torch        # PyTorch tensors and torch.distributed (gloo) in the Python tests
 )
 
 missing=()

@@ -24,6 +24,7 @@ from ._tensors import Typed
 from .errors import (AbortedError, AuthenticationError, CorruptDataError, DeadlineExceededError,
                      Error, InvalidArgumentError, NotFoundError, TransportError,
                      UnsupportedError, VersionMismatchError)
+from .fanout import FanoutReceiver
 from .files import Checkpoint, apply, copy_checkpoint, diff, inspect, load, save, verify
 from .sync import Coordinator, Publisher, Receiver, SyncReport
 
@@ -52,7 +53,7 @@ def as_dtype(tensor, dtype: str) -> Typed:
 
 __all__ = [
     "AbortedError", "ApplyReport", "AuthenticationError", "Checkpoint", "CorruptDataError",
-    "DeadlineExceededError", "DiffReport", "Error", "InspectReport", "InvalidArgumentError",
+    "DeadlineExceededError", "DiffReport", "Error", "FanoutReceiver", "InspectReport", "InvalidArgumentError",
     "NotFoundError", "PublishReport", "Publisher", "Coordinator", "Receiver", "StepResult", "SyncReport",
     "TensorInspect", "TransportError", "UnsupportedError", "VerifyReport",
     "VersionMismatchError", "adapters", "apply", "as_dtype", "copy_checkpoint", "diff",

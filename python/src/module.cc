@@ -15,7 +15,9 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -215,6 +217,49 @@ class PyCheckpoint {
 std::shared_ptr<ObjectStore> OpenStore(const std::string& url) {
   return std::shared_ptr<ObjectStore>(Unwrap(OpenObjectStore(url)).release());
 }
+
+// A store opened by URL, for Python code that moves objects between
+// stores (refit.fanout). Bytes in and out; the GIL is released meanwhile.
+class PyStore {
+ public:
+  explicit PyStore(const std::string& url) : store_(OpenStore(url)) {}
+
+  py::bytes Get(const std::string& key) {
+    std::vector<uint8_t> got;
+    {
+      py::gil_scoped_release release;
+      got = Unwrap(store_->Get(key));
+    }
+    return py::bytes(reinterpret_cast<const char*>(got.data()), got.size());
+  }
+
+  void Put(const std::string& key, const py::bytes& data) {
+    std::string_view v = data;
+    std::span<const uint8_t> bytes(reinterpret_cast<const uint8_t*>(v.data()), v.size());
+    py::gil_scoped_release release;
+    Check(store_->Put(key, bytes));
+  }
+
+  std::vector<std::pair<std::string, uint64_t>> List(const std::string& prefix) {
+    std::vector<ObjectInfo> got;
+    {
+      py::gil_scoped_release release;
+      got = Unwrap(store_->List(prefix));
+    }
+    std::vector<std::pair<std::string, uint64_t>> out;
+    out.reserve(got.size());
+    for (const ObjectInfo& o : got) out.emplace_back(o.key, o.size);
+    return out;
+  }
+
+  void Delete(const std::string& key) {
+    py::gil_scoped_release release;
+    Check(store_->Delete(key));
+  }
+
+ private:
+  std::shared_ptr<ObjectStore> store_;
+};
 
 class PyPublisher {
  public:
@@ -1025,6 +1070,13 @@ void BindClasses(py::module_& m) {
            py::arg("vote_timeout"), py::arg("parts_timeout"), py::arg("threads"))
       .def_property_readonly("committed_version", &PyCoordinator::committed_version)
       .def("publish", &PyCoordinator::Publish, py::arg("version"));
+
+  py::class_<PyStore>(m, "Store")
+      .def(py::init<const std::string&>(), py::arg("url"))
+      .def("get", &PyStore::Get, py::arg("key"))
+      .def("put", &PyStore::Put, py::arg("key"), py::arg("data"))
+      .def("list", &PyStore::List, py::arg("prefix") = "")
+      .def("delete", &PyStore::Delete, py::arg("key"));
 
   py::class_<PyDirectCoordinator>(m, "DirectCoordinator")
       .def(py::init<const std::string&, std::vector<std::string>, std::vector<uint32_t>,

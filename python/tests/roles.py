@@ -2,6 +2,7 @@
 
 python roles.py publish STORE BASELINE FIXTURES MEMBERS VERSIONS
 python roles.py receive STORE MEMBER CHECKPOINT_DIR VERSIONS
+python roles.py fanout STORE FIXTURES RANK WORLD INIT_FILE VERSIONS
 Each prints one JSON object per version on stdout.
 """
 
@@ -38,5 +39,27 @@ def receive(store, member, checkpoint_dir, versions):
                           "sha256": digest.hexdigest()}), flush=True)
 
 
+def fanout(store, fixtures, rank, world, init_file, versions):
+    """Member `rank` of a gloo group of `world` engines holding the model in
+    host memory; only rank 0 reads the store (refit.FanoutReceiver)."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=int(rank),
+                            world_size=int(world))
+    base = refit.load(f"{fixtures}/step0.safetensors")
+    mine = {n: np.array(a) for n, a in base.items()}
+    dtypes = dict(base.dtypes)
+    with refit.FanoutReceiver(store, member=f"r{rank}", tensors=mine, dtypes=dtypes) as rcv:
+        for v in range(1, int(versions) + 1):
+            report = rcv.sync(v, timeout=60)
+            digest = hashlib.sha256()
+            for name in sorted(mine):
+                digest.update(name.encode())
+                digest.update(mine[name].tobytes())
+            print(json.dumps({"version": report.active_version, "leader": rcv.is_leader,
+                              "sha256": digest.hexdigest(), **rcv.stats}), flush=True)
+    dist.destroy_process_group()
+
+
 if __name__ == "__main__":
-    {"publish": publish, "receive": receive}[sys.argv[1]](*sys.argv[2:])
+    {"publish": publish, "receive": receive, "fanout": fanout}[sys.argv[1]](*sys.argv[2:])
