@@ -448,7 +448,7 @@ TEST(RelayTreeTest, SilentChildIsDeclaredDead) {
       "300)\n",
       static_cast<long long>(ms));
   EXPECT_GE(ms, 250);
-  EXPECT_LT(ms, 600);
+  EXPECT_LT(ms, 1500);  // about dead_after_ms; slack for a loaded machine
   EXPECT_EQ((*root)->status().children, 0);
   Status e = (*root)->last_error();
   EXPECT_NE(e.message().find("child mute"), std::string_view::npos)
