@@ -26,6 +26,7 @@
 #include "support/test_layout.h"
 #include "support/testing.h"
 #include "sync/follow.h"
+#include "sync/host_staged_target.h"
 #include "sync/receiver.h"
 
 namespace refit::ranks {
@@ -663,6 +664,195 @@ TEST_P(DirectTest, StoppedReceiversFoldDirectVersions) {
     EXPECT_GT(step->chunks_applied, 0u);
   }
   ExpectReceiversHoldCanon();
+}
+
+// A two-phase receiver (host staging) applies direct versions: Prepare
+// stages the ranks' chunks, strided regions included, and votes the
+// tensors' hashes after the version without writing; the pause applies
+// them. A damaged chunk is voted failed with nothing written; a version
+// aborted by a silent member is dropped; memory changed under a prepared
+// version fails the pause, which restores every tensor; a late two-phase
+// receiver folds the committed versions into one pause. Every receiver
+// ends bit-exact with the target.
+TEST_P(DirectTest, TwoPhaseReceiverAppliesDirectVersions) {
+  std::mt19937_64 rng(static_cast<uint64_t>(GetParam()) + 31);
+  TensorBytes held = canon_, late = canon_;
+  auto staged = [&](const std::string& name, TensorBytes* memory) {
+    ReceiverOptions o = MakeReceiver(2);
+    o.member = name;
+    std::filesystem::create_directories(dir_.File("state-" + name));
+    o.state_dir = dir_.File("state-" + name);
+    std::vector<MutableTensorView> views;
+    for (const auto& c : layout_.canonical) {
+      views.push_back({c.name, c.dtype, 2, c.shape, memory->at(c.name).data()});
+    }
+    o.tensors.clear();
+    o.staged = std::make_shared<HostStagedTarget>(std::move(views), uint64_t{1} << 30);
+    o.chunk_timeout_ms = 30000;
+    return o;
+  };
+  auto opened = Receiver::Open(store_.get(), staged("s0", &held));
+  ASSERT_OK(opened);
+  Receiver& s0 = **opened;
+  DirectCoordinatorOptions co = CoordinatorOptions(60000);
+  co.members = {"s0"};
+  auto coordinator = DirectCoordinator::Open(store_.get(), co);
+  ASSERT_OK(coordinator);
+  // Publishes every rank's part of v and decides it while s0 prepares
+  // (or steps) until it is not idle.
+  auto decide = [&](DirectCoordinator* c, uint64_t v, bool prepare,
+                    Result<StepResult>* step) -> Result<DirectReport> {
+    for (size_t ri = 0; ri < ranks_.size(); ++ri) PublishRank(ri, v);
+    std::thread t([&] {
+      for (int i = 0; i < 20000; ++i) {
+        *step = prepare ? s0.Prepare() : s0.Step();
+        if (!step->ok() || (*step)->outcome != StepResult::Outcome::kIdle) return;
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+    });
+    auto report = c->Publish(v);
+    t.join();
+    return report;
+  };
+  bool strided = false;
+  auto note_strided = [&](uint64_t v) {
+    auto bytes = store_->Get(ManifestKey(v));
+    ASSERT_OK(bytes);
+    auto body = Key().Open(*bytes);
+    ASSERT_OK(body);
+    auto m = DecodeManifest(*body);
+    ASSERT_OK(m);
+    for (const ManifestChunk& c : m->chunks) strided = strided || c.run != 0;
+  };
+
+  // 1: prepared (voted, nothing written), then activated.
+  TrainStep(rng);
+  const TensorBytes at0 = held;
+  Result<StepResult> step = InternalError("not run");
+  auto r1 = decide(coordinator->get(), 1, /*prepare=*/true, &step);
+  ASSERT_OK(r1);
+  EXPECT_TRUE(r1->committed) << r1->reason;
+  AwaitRanks(true, 1);
+  note_strided(1);
+  ASSERT_OK(step);
+  ASSERT_EQ(step->outcome, StepResult::Outcome::kPrepared);
+  EXPECT_EQ(held, at0) << "prepare wrote";
+  auto active = s0.ActivatePrepared();
+  ASSERT_OK(active);
+  EXPECT_EQ(active->outcome, StepResult::Outcome::kCommitted);
+  EXPECT_GT(active->chunks_applied, 0u);
+  EXPECT_EQ(held, canon_);
+  EXPECT_EQ(s0.active_version(), 1u);
+  const TensorBytes at1 = canon_;
+
+  // 2: a chunk object damaged in the store: s0 votes failed, the version
+  // aborts, nothing was written.
+  TrainStep(rng);
+  for (size_t ri = 0; ri < ranks_.size(); ++ri) PublishRank(ri, 2);
+  {
+    auto listed = store_->List("parts/" + IndexKey(2).substr(6) + "/");
+    ASSERT_OK(listed);
+    std::string victim;
+    for (const auto& o : *listed) {
+      if (o.key.find("/chunk/") != std::string::npos) victim = o.key;
+    }
+    ASSERT_FALSE(victim.empty());
+    auto bytes = store_->Get(victim);
+    ASSERT_OK(bytes);
+    (*bytes)[bytes->size() / 2] ^= 0x40;
+    ASSERT_OK(store_->Put(victim, *bytes));
+  }
+  {
+    Result<StepResult> failed = InternalError("not run");
+    std::thread t([&] {
+      for (int i = 0; i < 20000; ++i) {
+        failed = s0.Step();
+        if (!failed.ok() || failed->outcome != StepResult::Outcome::kIdle) return;
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+    });
+    auto r2 = (*coordinator)->Publish(2);
+    t.join();
+    ASSERT_OK(r2);
+    EXPECT_FALSE(r2->committed);
+    EXPECT_FALSE(failed.ok());
+    EXPECT_EQ(s0.failed_vote(), std::optional<uint64_t>(2));
+  }
+  AwaitRanks(false, 1);
+  EXPECT_EQ(held, at1);
+  EXPECT_EQ(s0.active_version(), 1u);
+
+  // 3 (on base 1): a member that never votes: the version aborts, s0
+  // drops what it staged.
+  canon_ = at1;
+  TrainStep(rng);
+  {
+    DirectCoordinatorOptions two = co;
+    two.members = {"s0", "silent"};
+    two.vote_timeout_ms = 300;
+    auto impatient = DirectCoordinator::Open(store_.get(), two);
+    ASSERT_OK(impatient);
+    auto r3 = decide(impatient->get(), 3, /*prepare=*/false, &step);
+    ASSERT_OK(r3);
+    EXPECT_FALSE(r3->committed);
+  }
+  AwaitRanks(false, 1);
+  ASSERT_OK(step);
+  EXPECT_EQ(step->outcome, StepResult::Outcome::kAborted);
+  EXPECT_FALSE(s0.prepared());
+  EXPECT_EQ(held, at1);
+
+  // 4 (on base 1): prepared; then an element inside a region the version
+  // writes (a strided one when there is) changes under s0 before the
+  // pause: the pause fails and restores every tensor; once the element is
+  // back, the committed version applies.
+  canon_ = at1;
+  TrainStep(rng);
+  auto r4 = decide(coordinator->get(), 4, /*prepare=*/true, &step);
+  ASSERT_OK(r4);
+  EXPECT_TRUE(r4->committed) << r4->reason;
+  AwaitRanks(true, 4);
+  note_strided(4);
+  ASSERT_OK(step);
+  ASSERT_EQ(step->outcome, StepResult::Outcome::kPrepared);
+  {
+    auto bytes = store_->Get(ManifestKey(4));
+    ASSERT_OK(bytes);
+    auto m = DecodeManifest(*Key().Open(*bytes));
+    ASSERT_OK(m);
+    const ManifestChunk* victim = nullptr;
+    for (const ManifestChunk& c : m->chunks) {
+      if (c.changed > 0 && (victim == nullptr || (victim->run == 0 && c.run != 0))) victim = &c;
+    }
+    ASSERT_NE(victim, nullptr);
+    uint8_t* at = held.at(m->tensors[victim->tensor_id].name).data() + victim->start * 2;
+    at[0] ^= 0x40;
+    const TensorBytes changed = held;
+    auto failed = s0.ActivatePrepared();
+    EXPECT_EQ(failed.status().code(), StatusCode::kDataLoss) << failed.status().ToString();
+    EXPECT_NE(failed.status().ToString().find("restored"), std::string::npos)
+        << failed.status().ToString();
+    EXPECT_EQ(held, changed);
+    EXPECT_EQ(s0.active_version(), 1u);
+    at[0] ^= 0x40;
+  }
+  auto caught = s0.Step();
+  ASSERT_OK(caught);
+  EXPECT_EQ(caught->outcome, StepResult::Outcome::kCaughtUp);
+  EXPECT_EQ(s0.active_version(), 4u);
+  EXPECT_EQ(held, canon_);
+
+  // A two-phase receiver still at version 0 folds 1 and 4 (2 and 3 were
+  // aborted) into one pause.
+  auto l = Receiver::Open(store_.get(), staged("s9", &late));
+  ASSERT_OK(l);
+  auto folded = (*l)->Step();
+  ASSERT_OK(folded);
+  EXPECT_EQ(folded->outcome, StepResult::Outcome::kCaughtUp);
+  EXPECT_EQ(folded->version, 4u);
+  EXPECT_EQ(folded->versions_folded, 2u);
+  EXPECT_EQ(late, canon_);
+  EXPECT_TRUE(strided) << "the layout gave no strided region";
 }
 
 INSTANTIATE_TEST_SUITE_P(RandomLayouts, DirectTest, ::testing::Range(0, 3));
