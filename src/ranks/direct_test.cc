@@ -181,6 +181,29 @@ class DirectTest : public ::testing::TestWithParam<int> {
     }
   }
 
+  // Damages a chunk object of version v's parts in the store after its rank
+  // listed it (the coordinator never reads it).
+  void DamageAPartChunk(uint64_t v) {
+    auto listed = store_->List("parts/" + IndexKey(v).substr(6) + "/");
+    ASSERT_OK(listed);
+    std::string victim;
+    for (const auto& o : *listed) {
+      if (o.key.find("/chunk/") != std::string::npos) victim = o.key;
+    }
+    ASSERT_FALSE(victim.empty());
+    auto bytes = store_->Get(victim);
+    ASSERT_OK(bytes);
+    (*bytes)[bytes->size() / 2] ^= 0x40;
+    ASSERT_OK(store_->Put(victim, *bytes));
+  }
+
+  // Version v's manifest as stored.
+  Result<Manifest> StoredManifest(uint64_t v) {
+    REFIT_ASSIGN_OR_RETURN(auto bytes, store_->Get(ManifestKey(v)));
+    REFIT_ASSIGN_OR_RETURN(auto body, Key().Open(bytes));
+    return DecodeManifest(body);
+  }
+
   void ExpectReceiversHoldCanon() {
     for (int i = 0; i < 2; ++i) {
       auto ck = Checkpoint::Open(dir_.File("c" + std::to_string(i) + "/model.safetensors"),
@@ -246,11 +269,7 @@ TEST_P(DirectTest, ReceiversApplyRanksChunksDirectly) {
     for (size_t ri = 0; ri < ranks_.size(); ++ri) PublishRank(ri, v);
   };
   auto note_strided = [&](uint64_t v) {
-    auto bytes = store_->Get(ManifestKey(v));
-    ASSERT_OK(bytes);
-    auto body = Key().Open(*bytes);
-    ASSERT_OK(body);
-    auto m = DecodeManifest(*body);
+    auto m = StoredManifest(v);
     ASSERT_OK(m);
     EXPECT_TRUE(m->direct);
     for (const ManifestChunk& c : m->chunks) {
@@ -296,19 +315,7 @@ TEST_P(DirectTest, ReceiversApplyRanksChunksDirectly) {
   // failed, the version aborts and every rank keeps its baseline.
   TrainStep(rng);
   publish_all(3);
-  {
-    auto listed = store_->List("parts/" + IndexKey(3).substr(6) + "/");
-    ASSERT_OK(listed);
-    std::string victim;
-    for (const auto& o : *listed) {
-      if (o.key.find("/chunk/") != std::string::npos) victim = o.key;
-    }
-    ASSERT_FALSE(victim.empty());
-    auto bytes = store_->Get(victim);
-    ASSERT_OK(bytes);
-    (*bytes)[bytes->size() / 2] ^= 0x40;
-    ASSERT_OK(store_->Put(victim, *bytes));
-  }
+  ASSERT_NO_FATAL_FAILURE(DamageAPartChunk(3));
   auto r3 = coordinator.Publish(3);
   ASSERT_OK(r3);
   EXPECT_FALSE(r3->committed);
@@ -488,11 +495,7 @@ TEST_P(DirectTest, RegionTornByAKillIsRepairedByItsRank) {
   ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << status;
 
   // Tear a region the kill left at its base, a strided one when there is.
-  auto mbytes = store_->Get(ManifestKey(1));
-  ASSERT_OK(mbytes);
-  auto mbody = Key().Open(*mbytes);
-  ASSERT_OK(mbody);
-  auto m = DecodeManifest(*mbody);
+  auto m = StoredManifest(1);
   ASSERT_OK(m);
   {
     auto ck = Checkpoint::Open(dir_.File("c0/model.safetensors"), Checkpoint::Mode::kReadWrite);
@@ -612,19 +615,7 @@ TEST_P(DirectTest, StoppedReceiversFoldDirectVersions) {
   const TensorBytes at2 = canon_;
   TrainStep(rng);
   for (size_t ri = 0; ri < ranks_.size(); ++ri) PublishRank(ri, 3);
-  {
-    auto listed = store_->List("parts/" + IndexKey(3).substr(6) + "/");
-    ASSERT_OK(listed);
-    std::string victim;
-    for (const auto& o : *listed) {
-      if (o.key.find("/chunk/") != std::string::npos) victim = o.key;
-    }
-    ASSERT_FALSE(victim.empty());
-    auto bytes = store_->Get(victim);
-    ASSERT_OK(bytes);
-    (*bytes)[bytes->size() / 2] ^= 0x40;
-    ASSERT_OK(store_->Put(victim, *bytes));
-  }
+  ASSERT_NO_FATAL_FAILURE(DamageAPartChunk(3));
   auto r3 = coordinator.Publish(3);
   ASSERT_OK(r3);
   EXPECT_FALSE(r3->committed);
@@ -641,11 +632,7 @@ TEST_P(DirectTest, StoppedReceiversFoldDirectVersions) {
 
   bool strided = false;
   for (uint64_t v : {1, 2, 4, 5}) {
-    auto bytes = store_->Get(ManifestKey(v));
-    ASSERT_OK(bytes);
-    auto body = Key().Open(*bytes);
-    ASSERT_OK(body);
-    auto m = DecodeManifest(*body);
+    auto m = StoredManifest(v);
     ASSERT_OK(m);
     EXPECT_TRUE(m->direct);
     for (const ManifestChunk& c : m->chunks) strided = strided || c.run != 0;
@@ -698,44 +685,48 @@ TEST_P(DirectTest, TwoPhaseReceiverAppliesDirectVersions) {
   co.members = {"s0"};
   auto coordinator = DirectCoordinator::Open(store_.get(), co);
   ASSERT_OK(coordinator);
-  // Publishes every rank's part of v and decides it while s0 prepares
-  // (or steps) until it is not idle.
-  auto decide = [&](DirectCoordinator* c, uint64_t v, bool prepare,
-                    Result<StepResult>* step) -> Result<DirectReport> {
-    for (size_t ri = 0; ri < ranks_.size(); ++ri) PublishRank(ri, v);
-    std::thread t([&] {
+  // s0 prepares (or steps) on a thread of its own until it is not idle.
+  auto busy = [&](bool prepare, Result<StepResult>* step) {
+    return std::thread([&s0, prepare, step] {
       for (int i = 0; i < 20000; ++i) {
         *step = prepare ? s0.Prepare() : s0.Step();
         if (!step->ok() || (*step)->outcome != StepResult::Outcome::kIdle) return;
         std::this_thread::sleep_for(std::chrono::milliseconds(1));
       }
     });
+  };
+  // Publishes every rank's part of v and decides it while s0 is busy.
+  auto decide = [&](DirectCoordinator* c, uint64_t v, bool prepare,
+                    Result<StepResult>* step) -> Result<DirectReport> {
+    for (size_t ri = 0; ri < ranks_.size(); ++ri) PublishRank(ri, v);
+    std::thread t = busy(prepare, step);
     auto report = c->Publish(v);
     t.join();
     return report;
   };
   bool strided = false;
   auto note_strided = [&](uint64_t v) {
-    auto bytes = store_->Get(ManifestKey(v));
-    ASSERT_OK(bytes);
-    auto body = Key().Open(*bytes);
-    ASSERT_OK(body);
-    auto m = DecodeManifest(*body);
+    auto m = StoredManifest(v);
     ASSERT_OK(m);
     for (const ManifestChunk& c : m->chunks) strided = strided || c.run != 0;
+  };
+
+  // Version v decided while s0 prepares it: committed and prepared.
+  Result<StepResult> step = InternalError("not run");
+  auto prepare_committed = [&](uint64_t v) {
+    auto r = decide(coordinator->get(), v, /*prepare=*/true, &step);
+    ASSERT_OK(r);
+    EXPECT_TRUE(r->committed) << r->reason;
+    AwaitRanks(true, v);
+    note_strided(v);
+    ASSERT_OK(step);
+    ASSERT_EQ(step->outcome, StepResult::Outcome::kPrepared);
   };
 
   // 1: prepared (voted, nothing written), then activated.
   TrainStep(rng);
   const TensorBytes at0 = held;
-  Result<StepResult> step = InternalError("not run");
-  auto r1 = decide(coordinator->get(), 1, /*prepare=*/true, &step);
-  ASSERT_OK(r1);
-  EXPECT_TRUE(r1->committed) << r1->reason;
-  AwaitRanks(true, 1);
-  note_strided(1);
-  ASSERT_OK(step);
-  ASSERT_EQ(step->outcome, StepResult::Outcome::kPrepared);
+  ASSERT_NO_FATAL_FAILURE(prepare_committed(1));
   EXPECT_EQ(held, at0) << "prepare wrote";
   auto active = s0.ActivatePrepared();
   ASSERT_OK(active);
@@ -749,28 +740,10 @@ TEST_P(DirectTest, TwoPhaseReceiverAppliesDirectVersions) {
   // aborts, nothing was written.
   TrainStep(rng);
   for (size_t ri = 0; ri < ranks_.size(); ++ri) PublishRank(ri, 2);
-  {
-    auto listed = store_->List("parts/" + IndexKey(2).substr(6) + "/");
-    ASSERT_OK(listed);
-    std::string victim;
-    for (const auto& o : *listed) {
-      if (o.key.find("/chunk/") != std::string::npos) victim = o.key;
-    }
-    ASSERT_FALSE(victim.empty());
-    auto bytes = store_->Get(victim);
-    ASSERT_OK(bytes);
-    (*bytes)[bytes->size() / 2] ^= 0x40;
-    ASSERT_OK(store_->Put(victim, *bytes));
-  }
+  ASSERT_NO_FATAL_FAILURE(DamageAPartChunk(2));
   {
     Result<StepResult> failed = InternalError("not run");
-    std::thread t([&] {
-      for (int i = 0; i < 20000; ++i) {
-        failed = s0.Step();
-        if (!failed.ok() || failed->outcome != StepResult::Outcome::kIdle) return;
-        std::this_thread::sleep_for(std::chrono::milliseconds(1));
-      }
-    });
+    std::thread t = busy(/*prepare=*/false, &failed);
     auto r2 = (*coordinator)->Publish(2);
     t.join();
     ASSERT_OK(r2);
@@ -808,17 +781,9 @@ TEST_P(DirectTest, TwoPhaseReceiverAppliesDirectVersions) {
   // back, the committed version applies.
   canon_ = at1;
   TrainStep(rng);
-  auto r4 = decide(coordinator->get(), 4, /*prepare=*/true, &step);
-  ASSERT_OK(r4);
-  EXPECT_TRUE(r4->committed) << r4->reason;
-  AwaitRanks(true, 4);
-  note_strided(4);
-  ASSERT_OK(step);
-  ASSERT_EQ(step->outcome, StepResult::Outcome::kPrepared);
+  ASSERT_NO_FATAL_FAILURE(prepare_committed(4));
   {
-    auto bytes = store_->Get(ManifestKey(4));
-    ASSERT_OK(bytes);
-    auto m = DecodeManifest(*Key().Open(*bytes));
+    auto m = StoredManifest(4);
     ASSERT_OK(m);
     const ManifestChunk* victim = nullptr;
     for (const ManifestChunk& c : m->chunks) {

@@ -76,6 +76,16 @@ struct Chain {
   }
 };
 
+// The cells of a chain that must fold (empty, with a failure, otherwise).
+std::vector<FoldCell> CellsOf(const Chain& c) {
+  auto plan = c.Plan();
+  if (!plan.ok() || !plan->has_value()) {
+    ADD_FAILURE() << "the chain does not fold: " << plan.status().ToString();
+    return {};
+  }
+  return **plan;
+}
+
 TEST(FoldPlanTest, CellsGroupEachRangesChunksInVersionOrder) {
   Chain c(5, 3);
   c.Add(0, 0, 0, 2048).Add(0, 0, 2048, 2048).Add(0, 1, 0, 1000);  // version 5
@@ -193,10 +203,7 @@ TEST(FoldPlanTest, InterleavedStridedRegionsFold) {
     }
     c.Add(j, 1, 0, 1000);
   }
-  auto plan = c.Plan();
-  ASSERT_OK(plan);
-  ASSERT_TRUE(plan->has_value());
-  const std::vector<FoldCell>& cells = **plan;
+  const std::vector<FoldCell> cells = CellsOf(c);
   ASSERT_EQ(cells.size(), 9u);
   EXPECT_EQ(cells[0].start, 0u);
   EXPECT_EQ(cells[1].start, 32u);
