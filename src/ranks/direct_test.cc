@@ -182,14 +182,16 @@ class DirectTest : public ::testing::TestWithParam<int> {
   }
 
   // Damages a chunk object of version v's parts in the store after its rank
-  // listed it (the coordinator never reads it).
-  void DamageAPartChunk(uint64_t v) {
+  // listed it (the coordinator never reads it): `victim`, or the last one
+  // listed. Damaging one twice restores it.
+  void DamageAPartChunk(uint64_t v, std::string victim = "") {
     auto listed = store_->List("parts/" + IndexKey(v).substr(6) + "/");
     ASSERT_OK(listed);
-    std::string victim;
+    std::string last;
     for (const auto& o : *listed) {
-      if (o.key.find("/chunk/") != std::string::npos) victim = o.key;
+      if (o.key.find("/chunk/") != std::string::npos) last = o.key;
     }
+    if (victim.empty()) victim = last;
     ASSERT_FALSE(victim.empty());
     auto bytes = store_->Get(victim);
     ASSERT_OK(bytes);
@@ -570,9 +572,12 @@ TEST_P(DirectTest, RegionTornByAKillIsRepairedByItsRank) {
 // Receivers that were stopped while several direct versions were decided
 // (one of them aborted) catch up by folding them: a checkpoint receiver
 // and two in-memory ones fold the committed versions, strided regions
-// included, in one step each, and end bit-exact with the target.
+// included, in one step each, and end bit-exact with the target. A chunk
+// damaged in the store stops a fold, which rolls back to the active
+// version.
 TEST_P(DirectTest, StoppedReceiversFoldDirectVersions) {
   std::mt19937_64 rng(static_cast<uint64_t>(GetParam()) + 29);
+  const TensorBytes at0 = canon_;
   DirectCoordinatorOptions co = CoordinatorOptions(60000);
   co.members = {"c0"};
   auto opened = DirectCoordinator::Open(store_.get(), co);
@@ -638,6 +643,39 @@ TEST_P(DirectTest, StoppedReceiversFoldDirectVersions) {
     for (const ManifestChunk& c : m->chunks) strided = strided || c.run != 0;
   }
   EXPECT_TRUE(strided) << "the layout gave no strided region";
+
+  // A chunk of version 4 damaged in the store after its commit: c1's fold
+  // refuses it, rolls back what it applied (strided regions included) and
+  // holds version 0 exactly; once the chunk is intact again, it folds.
+  std::string last;  // version 4's chunk of the last cell a fold reaches
+  {
+    auto m = StoredManifest(4);
+    ASSERT_OK(m);
+    const ManifestChunk* c = &m->chunks.front();
+    for (const ManifestChunk& mc : m->chunks) {
+      if (std::pair(mc.tensor_id, mc.start) > std::pair(c->tensor_id, c->start)) c = &mc;
+    }
+    last = PartChunkKey(4, c->rank, c->part_index);
+  }
+  ASSERT_NO_FATAL_FAILURE(DamageAPartChunk(4, last));
+  {
+    auto r = Receiver::Open(store_.get(), MakeReceiver(1));
+    ASSERT_OK(r);
+    auto refused = (*r)->Step();
+    ASSERT_EQ(refused.status().code(), StatusCode::kDataLoss) << refused.status().ToString();
+    EXPECT_NE(refused.status().ToString().find("rolled back to version 0"), std::string::npos)
+        << refused.status().ToString();
+    EXPECT_EQ((*r)->active_version(), 0u);
+    auto ck = Checkpoint::Open(dir_.File("c1/model.safetensors"), Checkpoint::Mode::kReadOnly);
+    ASSERT_OK(ck);
+    for (size_t t = 0; t < ck->tensors().size(); ++t) {
+      auto d = ck->Data(t);
+      const auto& want = at0.at(ck->tensors()[t].name);
+      EXPECT_TRUE(std::equal(d.begin(), d.end(), want.begin(), want.end()))
+          << "rolled back " << ck->tensors()[t].name;
+    }
+  }
+  ASSERT_NO_FATAL_FAILURE(DamageAPartChunk(4, last));  // the same byte again: intact
 
   // c1 (a checkpoint), m0 and m1 (memory) were stopped since version 0.
   for (int i : {1, 2, 3}) {
