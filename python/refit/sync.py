@@ -54,7 +54,7 @@ class Coordinator:
       the store); the coordinator applies them to its staging copy of the
       canonical checkpoint (``staging``, default: baseline + ".staging")
       and publishes that, for receivers that cannot apply a direct version
-      (two-phase and GPU receivers).
+      (GPU receivers; host two-phase receivers apply direct versions).
     """
 
     def __init__(self, store: str, *, members: Sequence[str], ranks: Sequence[int],

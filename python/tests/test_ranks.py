@@ -74,14 +74,16 @@ def test_ranks_publish_parts_and_receivers_follow(tmp_path, direct):
     layout_file = tmp_path / "layout.json"
     layout_file.write_text(json.dumps(LAYOUT))
 
+    # A two-phase receiver of host tensors votes beside the checkpoints.
+    voters = members + ["h0"]
     if direct:
         # No baseline: receivers apply the ranks' chunks (rank 0's column
         # block of w is a strided region); the checkpoint gives the first
         # version's tensor table only.
-        coordinator = refit.Coordinator(store, members=members, ranks=[0, 1], table=base,
+        coordinator = refit.Coordinator(store, members=voters, ranks=[0, 1], table=base,
                                         key=key, vote_timeout=30, parts_timeout=30)
     else:
-        coordinator = refit.Coordinator(store, baseline=base, members=members, ranks=[0, 1],
+        coordinator = refit.Coordinator(store, baseline=base, members=voters, ranks=[0, 1],
                                         key=key, vote_timeout=30, parts_timeout=30)
     assert coordinator.direct == direct
     # Rank 0 starts from the canonical checkpoint, rank 1 from its own tensors.
@@ -91,6 +93,9 @@ def test_ranks_publish_parts_and_receivers_follow(tmp_path, direct):
                              decision_timeout=30)]
     receivers = [refit.Receiver(store, member=m, checkpoint_dir=tmp_path / f"{m}.safetensors",
                                 key=key, decision_timeout=30) for m in members]
+    held = {n: a.copy() for n, a in canonical(state).items()}
+    receivers.append(refit.Receiver(store, member="h0", tensors=held, dtypes="BF16",
+                                    two_phase=True, key=key, decision_timeout=30))
 
     for version in (1, 2):
         state["w0"] = state["w0"].copy()
@@ -110,7 +115,7 @@ def test_ranks_publish_parts_and_receivers_follow(tmp_path, direct):
         threads += [threading.Thread(target=run, args=(f"rank{r}", (lambda r=r: ranks[r].publish(version, local(state, r)))))
                     for r in (0, 1)]
         threads += [threading.Thread(target=run, args=(m, (lambda rc=rc: rc.sync(version))))
-                    for m, rc in zip(members, receivers)]
+                    for m, rc in zip(voters, receivers)]
         for t in threads:
             t.start()
         for t in threads:
@@ -132,6 +137,8 @@ def test_ranks_publish_parts_and_receivers_follow(tmp_path, direct):
             got = refit.load(tmp_path / f"{m}.safetensors")
             for name, arr in want.items():
                 np.testing.assert_array_equal(np.asarray(got[name]).view(np.uint16).reshape(arr.shape), arr)
+        for name, arr in want.items():
+            np.testing.assert_array_equal(held[name].view(np.uint16).reshape(arr.shape), arr)
 
 
 def test_rank_publisher_refuses_unknown_rank_and_missing_baseline(tmp_path):

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "base/bytes.h"
 #include "codec/conditional.h"
@@ -187,12 +188,32 @@ Result<ParsedChunk> ParseChunk(std::span<const uint8_t> bytes) {
 Hash128 RegionHash(const ChunkHeader& h, const uint8_t* tensor_data) {
   const uint64_t w = h.width;
   if (!h.IsStrided()) return RangeHash(tensor_data + h.start * w, h.count * w);
-  RangeHasher hasher;
-  const uint64_t rows = h.count / h.run;
-  for (uint64_t r = 0; r < rows; ++r) {
-    hasher.Update(tensor_data + (h.start + r * h.stride) * w, h.run * w);
+  // The rows are gathered one 64 KiB segment at a time and each segment
+  // hashed in one call, as RangeHash hashes a contiguous range: feeding
+  // the rows to a streaming hasher one by one was about 4x slower.
+  thread_local std::vector<uint8_t> segment(kRangeHashSegment);
+  std::vector<Hash128> digests;
+  digests.reserve((h.count * w + kRangeHashSegment - 1) / kRangeHashSegment);
+  const uint64_t row_bytes = h.run * w;
+  uint64_t row = 0, in_row = 0;  // the next byte to gather
+  const uint64_t total = h.count * w;
+  for (uint64_t done = 0; done < total;) {
+    const uint64_t n = std::min<uint64_t>(kRangeHashSegment, total - done);
+    for (uint64_t filled = 0; filled < n;) {
+      const uint64_t take = std::min(n - filled, row_bytes - in_row);
+      std::memcpy(segment.data() + filled, tensor_data + (h.start + row * h.stride) * w + in_row,
+                  take);
+      filled += take;
+      in_row += take;
+      if (in_row == row_bytes) {
+        ++row;
+        in_row = 0;
+      }
+    }
+    digests.push_back(HashBytes(segment.data(), n));
+    done += n;
   }
-  return hasher.Finish();
+  return HashSegmentDigests(digests.data(), digests.size());
 }
 
 }  // namespace refit

@@ -170,5 +170,24 @@ TEST(RegionTest, MalformedRegionsAreRejectedByTheParser) {
   EXPECT_FALSE(parses(4, uint64_t{1} << 61));  // beyond 2^62
 }
 
+// A region of several 64 KiB segments whose rows straddle segment
+// boundaries hashes as its gathered bytes do (RegionHash gathers one
+// segment at a time).
+TEST(RegionTest, RegionHashOverManySegmentsIsTheGatheredRangeHash) {
+  std::mt19937_64 rng(11);
+  Matrix m(700, 1000, 2, rng);
+  for (uint64_t cols : {uint64_t{1}, uint64_t{333}, uint64_t{999}}) {
+    const uint64_t r0 = 3, r1 = 697, c0 = 1;
+    ChunkHeader h = Ids(2);
+    h.start = r0 * 1000 + c0;
+    h.count = (r1 - r0) * cols;
+    h.run = cols;
+    h.stride = 1000;
+    const auto gathered = Gather(m, r0, r1, c0, c0 + cols);
+    EXPECT_EQ(RegionHash(h, m.bytes.data()), RangeHash(gathered.data(), gathered.size()))
+        << cols;
+  }
+}
+
 }  // namespace
 }  // namespace refit

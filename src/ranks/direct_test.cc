@@ -26,6 +26,7 @@
 #include "support/test_layout.h"
 #include "support/testing.h"
 #include "sync/follow.h"
+#include "sync/host_staged_target.h"
 #include "sync/receiver.h"
 
 namespace refit::ranks {
@@ -180,6 +181,31 @@ class DirectTest : public ::testing::TestWithParam<int> {
     }
   }
 
+  // Damages a chunk object of version v's parts in the store after its rank
+  // listed it (the coordinator never reads it): `victim`, or the last one
+  // listed. Damaging one twice restores it.
+  void DamageAPartChunk(uint64_t v, std::string victim = "") {
+    auto listed = store_->List("parts/" + IndexKey(v).substr(6) + "/");
+    ASSERT_OK(listed);
+    std::string last;
+    for (const auto& o : *listed) {
+      if (o.key.find("/chunk/") != std::string::npos) last = o.key;
+    }
+    if (victim.empty()) victim = last;
+    ASSERT_FALSE(victim.empty());
+    auto bytes = store_->Get(victim);
+    ASSERT_OK(bytes);
+    (*bytes)[bytes->size() / 2] ^= 0x40;
+    ASSERT_OK(store_->Put(victim, *bytes));
+  }
+
+  // Version v's manifest as stored.
+  Result<Manifest> StoredManifest(uint64_t v) {
+    REFIT_ASSIGN_OR_RETURN(auto bytes, store_->Get(ManifestKey(v)));
+    REFIT_ASSIGN_OR_RETURN(auto body, Key().Open(bytes));
+    return DecodeManifest(body);
+  }
+
   void ExpectReceiversHoldCanon() {
     for (int i = 0; i < 2; ++i) {
       auto ck = Checkpoint::Open(dir_.File("c" + std::to_string(i) + "/model.safetensors"),
@@ -245,11 +271,7 @@ TEST_P(DirectTest, ReceiversApplyRanksChunksDirectly) {
     for (size_t ri = 0; ri < ranks_.size(); ++ri) PublishRank(ri, v);
   };
   auto note_strided = [&](uint64_t v) {
-    auto bytes = store_->Get(ManifestKey(v));
-    ASSERT_OK(bytes);
-    auto body = Key().Open(*bytes);
-    ASSERT_OK(body);
-    auto m = DecodeManifest(*body);
+    auto m = StoredManifest(v);
     ASSERT_OK(m);
     EXPECT_TRUE(m->direct);
     for (const ManifestChunk& c : m->chunks) {
@@ -295,19 +317,7 @@ TEST_P(DirectTest, ReceiversApplyRanksChunksDirectly) {
   // failed, the version aborts and every rank keeps its baseline.
   TrainStep(rng);
   publish_all(3);
-  {
-    auto listed = store_->List("parts/" + IndexKey(3).substr(6) + "/");
-    ASSERT_OK(listed);
-    std::string victim;
-    for (const auto& o : *listed) {
-      if (o.key.find("/chunk/") != std::string::npos) victim = o.key;
-    }
-    ASSERT_FALSE(victim.empty());
-    auto bytes = store_->Get(victim);
-    ASSERT_OK(bytes);
-    (*bytes)[bytes->size() / 2] ^= 0x40;
-    ASSERT_OK(store_->Put(victim, *bytes));
-  }
+  ASSERT_NO_FATAL_FAILURE(DamageAPartChunk(3));
   auto r3 = coordinator.Publish(3);
   ASSERT_OK(r3);
   EXPECT_FALSE(r3->committed);
@@ -487,11 +497,7 @@ TEST_P(DirectTest, RegionTornByAKillIsRepairedByItsRank) {
   ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << status;
 
   // Tear a region the kill left at its base, a strided one when there is.
-  auto mbytes = store_->Get(ManifestKey(1));
-  ASSERT_OK(mbytes);
-  auto mbody = Key().Open(*mbytes);
-  ASSERT_OK(mbody);
-  auto m = DecodeManifest(*mbody);
+  auto m = StoredManifest(1);
   ASSERT_OK(m);
   {
     auto ck = Checkpoint::Open(dir_.File("c0/model.safetensors"), Checkpoint::Mode::kReadWrite);
@@ -561,6 +567,295 @@ TEST_P(DirectTest, RegionTornByAKillIsRepairedByItsRank) {
     EXPECT_TRUE(std::equal(d.begin(), d.end(), want.begin(), want.end()))
         << ck->tensors()[t].name;
   }
+}
+
+// Receivers that were stopped while several direct versions were decided
+// (one of them aborted) catch up by folding them: a checkpoint receiver
+// and two in-memory ones fold the committed versions, strided regions
+// included, in one step each, and end bit-exact with the target. A chunk
+// damaged in the store stops a fold, which rolls back to the active
+// version.
+TEST_P(DirectTest, StoppedReceiversFoldDirectVersions) {
+  std::mt19937_64 rng(static_cast<uint64_t>(GetParam()) + 29);
+  const TensorBytes at0 = canon_;
+  DirectCoordinatorOptions co = CoordinatorOptions(60000);
+  co.members = {"c0"};
+  auto opened = DirectCoordinator::Open(store_.get(), co);
+  ASSERT_OK(opened);
+  DirectCoordinator& coordinator = **opened;
+  constexpr uint64_t kLast = 5;
+  std::atomic<bool> stop{false};
+  Status followed;
+  std::thread c0([&] {
+    ReceiverOptions o = MakeReceiver(0);
+    auto r = Receiver::Open(store_.get(), o);
+    if (!r.ok()) {
+      followed = r.status();
+      return;
+    }
+    FollowOptions f;
+    f.until = kLast;
+    f.timeout_ms = 120000;
+    f.poll_ms = 2;
+    f.stop = [&] { return stop.load(); };
+    f.on_error = [](const Status&) { return std::optional<int>(5); };
+    auto res = Follow(**r, f);
+    followed = res.status();
+    if (res.ok() && res->end != FollowEnd::kReached) followed = InternalError("not reached");
+  });
+  auto decide = [&](uint64_t v, bool commit) {
+    for (size_t ri = 0; ri < ranks_.size(); ++ri) PublishRank(ri, v);
+    auto r = coordinator.Publish(v);
+    ASSERT_OK(r);
+    EXPECT_EQ(r->committed, commit) << "version " << v << ": " << r->reason;
+  };
+  // 1, 2 commit; 3 carries a damaged chunk and aborts; 4 (on base 2) and
+  // 5 commit.
+  TrainStep(rng);
+  decide(1, true);
+  AwaitRanks(true, 1);
+  TrainStep(rng);
+  decide(2, true);
+  AwaitRanks(true, 2);
+  const TensorBytes at2 = canon_;
+  TrainStep(rng);
+  for (size_t ri = 0; ri < ranks_.size(); ++ri) PublishRank(ri, 3);
+  ASSERT_NO_FATAL_FAILURE(DamageAPartChunk(3));
+  auto r3 = coordinator.Publish(3);
+  ASSERT_OK(r3);
+  EXPECT_FALSE(r3->committed);
+  AwaitRanks(false, 2);
+  canon_ = at2;
+  TrainStep(rng);
+  decide(4, true);
+  AwaitRanks(true, 4);
+  TrainStep(rng);
+  decide(5, true);
+  AwaitRanks(true, 5);
+  c0.join();
+  ASSERT_TRUE(followed.ok()) << followed.ToString();
+
+  bool strided = false;
+  for (uint64_t v : {1, 2, 4, 5}) {
+    auto m = StoredManifest(v);
+    ASSERT_OK(m);
+    EXPECT_TRUE(m->direct);
+    for (const ManifestChunk& c : m->chunks) strided = strided || c.run != 0;
+  }
+  EXPECT_TRUE(strided) << "the layout gave no strided region";
+
+  // A chunk of version 4 damaged in the store after its commit: c1's fold
+  // refuses it, rolls back what it applied (strided regions included) and
+  // holds version 0 exactly; once the chunk is intact again, it folds.
+  std::string last;  // version 4's chunk of the last cell a fold reaches
+  {
+    auto m = StoredManifest(4);
+    ASSERT_OK(m);
+    const ManifestChunk* c = &m->chunks.front();
+    for (const ManifestChunk& mc : m->chunks) {
+      if (std::pair(mc.tensor_id, mc.start) > std::pair(c->tensor_id, c->start)) c = &mc;
+    }
+    last = PartChunkKey(4, c->rank, c->part_index);
+  }
+  ASSERT_NO_FATAL_FAILURE(DamageAPartChunk(4, last));
+  {
+    auto r = Receiver::Open(store_.get(), MakeReceiver(1));
+    ASSERT_OK(r);
+    auto refused = (*r)->Step();
+    ASSERT_EQ(refused.status().code(), StatusCode::kDataLoss) << refused.status().ToString();
+    EXPECT_NE(refused.status().ToString().find("rolled back to version 0"), std::string::npos)
+        << refused.status().ToString();
+    EXPECT_EQ((*r)->active_version(), 0u);
+    auto ck = Checkpoint::Open(dir_.File("c1/model.safetensors"), Checkpoint::Mode::kReadOnly);
+    ASSERT_OK(ck);
+    for (size_t t = 0; t < ck->tensors().size(); ++t) {
+      auto d = ck->Data(t);
+      const auto& want = at0.at(ck->tensors()[t].name);
+      EXPECT_TRUE(std::equal(d.begin(), d.end(), want.begin(), want.end()))
+          << "rolled back " << ck->tensors()[t].name;
+    }
+  }
+  ASSERT_NO_FATAL_FAILURE(DamageAPartChunk(4, last));  // the same byte again: intact
+
+  // c1 (a checkpoint), m0 and m1 (memory) were stopped since version 0.
+  for (int i : {1, 2, 3}) {
+    auto r = Receiver::Open(store_.get(), MakeReceiver(i));
+    ASSERT_OK(r);
+    auto step = (*r)->Step();
+    ASSERT_OK(step);
+    EXPECT_EQ(step->outcome, StepResult::Outcome::kCaughtUp);
+    EXPECT_EQ(step->version, kLast);
+    EXPECT_EQ(step->versions_folded, 4u) << "receiver " << i;
+    EXPECT_GT(step->chunks_applied, 0u);
+  }
+  ExpectReceiversHoldCanon();
+}
+
+// A two-phase receiver (host staging) applies direct versions: Prepare
+// stages the ranks' chunks, strided regions included, and votes the
+// tensors' hashes after the version without writing; the pause applies
+// them. A damaged chunk is voted failed with nothing written; a version
+// aborted by a silent member is dropped; memory changed under a prepared
+// version fails the pause, which restores every tensor; a late two-phase
+// receiver folds the committed versions into one pause. Every receiver
+// ends bit-exact with the target.
+TEST_P(DirectTest, TwoPhaseReceiverAppliesDirectVersions) {
+  std::mt19937_64 rng(static_cast<uint64_t>(GetParam()) + 31);
+  TensorBytes held = canon_, late = canon_;
+  auto staged = [&](const std::string& name, TensorBytes* memory) {
+    ReceiverOptions o = MakeReceiver(2);
+    o.member = name;
+    std::filesystem::create_directories(dir_.File("state-" + name));
+    o.state_dir = dir_.File("state-" + name);
+    std::vector<MutableTensorView> views;
+    for (const auto& c : layout_.canonical) {
+      views.push_back({c.name, c.dtype, 2, c.shape, memory->at(c.name).data()});
+    }
+    o.tensors.clear();
+    o.staged = std::make_shared<HostStagedTarget>(std::move(views), uint64_t{1} << 30);
+    o.chunk_timeout_ms = 30000;
+    return o;
+  };
+  auto opened = Receiver::Open(store_.get(), staged("s0", &held));
+  ASSERT_OK(opened);
+  Receiver& s0 = **opened;
+  DirectCoordinatorOptions co = CoordinatorOptions(60000);
+  co.members = {"s0"};
+  auto coordinator = DirectCoordinator::Open(store_.get(), co);
+  ASSERT_OK(coordinator);
+  // s0 prepares (or steps) on a thread of its own until it is not idle.
+  auto busy = [&](bool prepare, Result<StepResult>* step) {
+    return std::thread([&s0, prepare, step] {
+      for (int i = 0; i < 20000; ++i) {
+        *step = prepare ? s0.Prepare() : s0.Step();
+        if (!step->ok() || (*step)->outcome != StepResult::Outcome::kIdle) return;
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+    });
+  };
+  // Publishes every rank's part of v and decides it while s0 is busy.
+  auto decide = [&](DirectCoordinator* c, uint64_t v, bool prepare,
+                    Result<StepResult>* step) -> Result<DirectReport> {
+    for (size_t ri = 0; ri < ranks_.size(); ++ri) PublishRank(ri, v);
+    std::thread t = busy(prepare, step);
+    auto report = c->Publish(v);
+    t.join();
+    return report;
+  };
+  bool strided = false;
+  auto note_strided = [&](uint64_t v) {
+    auto m = StoredManifest(v);
+    ASSERT_OK(m);
+    for (const ManifestChunk& c : m->chunks) strided = strided || c.run != 0;
+  };
+
+  // Version v decided while s0 prepares it: committed and prepared.
+  Result<StepResult> step = InternalError("not run");
+  auto prepare_committed = [&](uint64_t v) {
+    auto r = decide(coordinator->get(), v, /*prepare=*/true, &step);
+    ASSERT_OK(r);
+    EXPECT_TRUE(r->committed) << r->reason;
+    AwaitRanks(true, v);
+    note_strided(v);
+    ASSERT_OK(step);
+    ASSERT_EQ(step->outcome, StepResult::Outcome::kPrepared);
+  };
+
+  // 1: prepared (voted, nothing written), then activated.
+  TrainStep(rng);
+  const TensorBytes at0 = held;
+  ASSERT_NO_FATAL_FAILURE(prepare_committed(1));
+  EXPECT_EQ(held, at0) << "prepare wrote";
+  auto active = s0.ActivatePrepared();
+  ASSERT_OK(active);
+  EXPECT_EQ(active->outcome, StepResult::Outcome::kCommitted);
+  EXPECT_GT(active->chunks_applied, 0u);
+  EXPECT_EQ(held, canon_);
+  EXPECT_EQ(s0.active_version(), 1u);
+  const TensorBytes at1 = canon_;
+
+  // 2: a chunk object damaged in the store: s0 votes failed, the version
+  // aborts, nothing was written.
+  TrainStep(rng);
+  for (size_t ri = 0; ri < ranks_.size(); ++ri) PublishRank(ri, 2);
+  ASSERT_NO_FATAL_FAILURE(DamageAPartChunk(2));
+  {
+    Result<StepResult> failed = InternalError("not run");
+    std::thread t = busy(/*prepare=*/false, &failed);
+    auto r2 = (*coordinator)->Publish(2);
+    t.join();
+    ASSERT_OK(r2);
+    EXPECT_FALSE(r2->committed);
+    EXPECT_FALSE(failed.ok());
+    EXPECT_EQ(s0.failed_vote(), std::optional<uint64_t>(2));
+  }
+  AwaitRanks(false, 1);
+  EXPECT_EQ(held, at1);
+  EXPECT_EQ(s0.active_version(), 1u);
+
+  // 3 (on base 1): a member that never votes: the version aborts, s0
+  // drops what it staged.
+  canon_ = at1;
+  TrainStep(rng);
+  {
+    DirectCoordinatorOptions two = co;
+    two.members = {"s0", "silent"};
+    two.vote_timeout_ms = 300;
+    auto impatient = DirectCoordinator::Open(store_.get(), two);
+    ASSERT_OK(impatient);
+    auto r3 = decide(impatient->get(), 3, /*prepare=*/false, &step);
+    ASSERT_OK(r3);
+    EXPECT_FALSE(r3->committed);
+  }
+  AwaitRanks(false, 1);
+  ASSERT_OK(step);
+  EXPECT_EQ(step->outcome, StepResult::Outcome::kAborted);
+  EXPECT_FALSE(s0.prepared());
+  EXPECT_EQ(held, at1);
+
+  // 4 (on base 1): prepared; then an element inside a region the version
+  // writes (a strided one when there is) changes under s0 before the
+  // pause: the pause fails and restores every tensor; once the element is
+  // back, the committed version applies.
+  canon_ = at1;
+  TrainStep(rng);
+  ASSERT_NO_FATAL_FAILURE(prepare_committed(4));
+  {
+    auto m = StoredManifest(4);
+    ASSERT_OK(m);
+    const ManifestChunk* victim = nullptr;
+    for (const ManifestChunk& c : m->chunks) {
+      if (c.changed > 0 && (victim == nullptr || (victim->run == 0 && c.run != 0))) victim = &c;
+    }
+    ASSERT_NE(victim, nullptr);
+    uint8_t* at = held.at(m->tensors[victim->tensor_id].name).data() + victim->start * 2;
+    at[0] ^= 0x40;
+    const TensorBytes changed = held;
+    auto failed = s0.ActivatePrepared();
+    EXPECT_EQ(failed.status().code(), StatusCode::kDataLoss) << failed.status().ToString();
+    EXPECT_NE(failed.status().ToString().find("restored"), std::string::npos)
+        << failed.status().ToString();
+    EXPECT_EQ(held, changed);
+    EXPECT_EQ(s0.active_version(), 1u);
+    at[0] ^= 0x40;
+  }
+  auto caught = s0.Step();
+  ASSERT_OK(caught);
+  EXPECT_EQ(caught->outcome, StepResult::Outcome::kCaughtUp);
+  EXPECT_EQ(s0.active_version(), 4u);
+  EXPECT_EQ(held, canon_);
+
+  // A two-phase receiver still at version 0 folds 1 and 4 (2 and 3 were
+  // aborted) into one pause.
+  auto l = Receiver::Open(store_.get(), staged("s9", &late));
+  ASSERT_OK(l);
+  auto folded = (*l)->Step();
+  ASSERT_OK(folded);
+  EXPECT_EQ(folded->outcome, StepResult::Outcome::kCaughtUp);
+  EXPECT_EQ(folded->version, 4u);
+  EXPECT_EQ(folded->versions_folded, 2u);
+  EXPECT_EQ(late, canon_);
+  EXPECT_TRUE(strided) << "the layout gave no strided region";
 }
 
 INSTANTIATE_TEST_SUITE_P(RandomLayouts, DirectTest, ::testing::Range(0, 3));

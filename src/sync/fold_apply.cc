@@ -78,12 +78,9 @@ Result<std::optional<StepResult>> FoldApply::Run() {
 Result<bool> FoldApply::ReadAndPlan() {
   for (const Announcement& a : chain_) {
     Sha256 sha;
+    // A direct version's manifest comes with the tensor hashes its commit
+    // records (Receiver::ReadManifest): they are its "after" hashes.
     REFIT_ASSIGN_OR_RETURN(Manifest m, r_.ReadManifest(a.version, &sha));
-    // Versions published by several ranks (strided regions, chunks in the
-    // ranks' parts) are not folded: the step applies them one at a time.
-    bool parts = m.direct;
-    for (const ManifestChunk& c : m.chunks) parts = parts || c.run != 0 || c.in_part;
-    if (parts) return false;
     REFIT_RETURN_IF_ERROR(CheckFoldManifest(a, m));
     manifests_.push_back(std::move(m));
   }
@@ -231,8 +228,8 @@ Status FoldApply::RollBack() {
                            FetchOrResend(it->position, it->chunk, &object, &resent));
     const ChunkHeader& h = c.header;
     const size_t t = h.tensor_id;
-    const uint64_t off = h.start * h.width, len = h.count * h.width;
-    const Hash128 now = b_->Range(t, off, len);
+    const uint64_t off = h.start * h.width, len = (h.End() - h.start) * h.width;
+    const Hash128 now = RegionHash(h, b_->data[t]);
     if (now == h.before) continue;
     const std::string name = "chunk " + std::to_string(it->chunk) + " of " +
                              VersionName(it->position) + " (tensor '" +
@@ -242,7 +239,7 @@ Status FoldApply::RollBack() {
     }
     REFIT_RETURN_IF_ERROR(UndoChunkInPlace(c, b_->data[t], &scratch, it->undo));
     flusher_->Add(t, off, len);
-    if (b_->Range(t, off, len) != h.before) {
+    if (RegionHash(h, b_->data[t]) != h.before) {
       return DataLossError("undoing " + name + " did not restore its range");
     }
   }
@@ -280,7 +277,9 @@ Status FoldApply::ApplyCells() {
     const FoldCell& cell = cells_[n];
     const size_t t = cell.tensor;
     const uint64_t w = first_.tensors[t].width;
-    const uint64_t off = cell.start * w, len = cell.count * w;
+    // The bytes the region spans (a strided region: from its first row's
+    // start to its last row's end; other cells' rows may lie between).
+    const uint64_t off = cell.start * w, len = (cell.End() - cell.start) * w;
     // The cell's chunks, fetched now (one cell's worth of payload in
     // memory per job in flight), each starting where the previous ended.
     ApplyPool::Job job;
@@ -306,7 +305,10 @@ Status FoldApply::ApplyCells() {
       job.resent.push_back(resent);
     }
     REFIT_RETURN_IF_ERROR(base_check_->Through(t));
-    const Hash128 h = digests_->Range(*b_, t, off, len);
+    // Cells share no element (PlanFold), so a strided region is hashed
+    // over its rows while workers write other cells' rows between them.
+    const Hash128 h = cell.run != 0 ? RegionHash(job.chunks.back().header, b_->data[t])
+                                    : digests_->Range(*b_, t, off, len);
     const size_t m = job.chunks.size();
     if (h == job.chunks.back().header.after) {
       result_.chunks_skipped += m;
@@ -369,7 +371,16 @@ Status FoldApply::RepairTorn() {
     const uint64_t off = cell.start * static_cast<uint64_t>(w);
     const uint64_t len = cell.count * static_cast<uint64_t>(w);
     const uint32_t n = static_cast<uint32_t>(cell.count);
-    std::vector<uint8_t> range(b_->data[t] + off, b_->data[t] + off + len);
+    // The region's elements in order (a strided region's rows gathered),
+    // as re-sends and range hashes number them.
+    const uint64_t run = cell.run != 0 ? cell.run : cell.count;
+    const uint64_t stride = cell.run != 0 ? cell.stride : cell.count;
+    const uint64_t row_bytes = run * static_cast<uint64_t>(w);
+    auto row_at = [&](uint64_t r) { return b_->data[t] + off + r * stride * w; };
+    std::vector<uint8_t> range(len);
+    for (uint64_t r = 0; r < cell.count / run; ++r) {
+      std::memcpy(range.data() + r * row_bytes, row_at(r), row_bytes);
+    }
     for (const FoldRef& r : cell.chunks) {
       const std::string name =
           "the re-send of chunk " + std::to_string(r.chunk) + " of " + VersionName(r.position);
@@ -422,9 +433,12 @@ Status FoldApply::RepairTorn() {
           "; the serving publisher's baseline no longer holds that range as at version " +
           std::to_string(last_.version) + "; resync this receiver from a snapshot");
     }
-    std::memcpy(b_->data[t] + off, range.data(), len);
-    digests_->Written(t, off, len);
-    flusher_->Add(t, off, len);
+    for (uint64_t r = 0; r < cell.count / run; ++r) {
+      std::memcpy(row_at(r), range.data() + r * row_bytes, row_bytes);
+    }
+    const uint64_t span = (cell.End() - cell.start) * static_cast<uint64_t>(w);
+    digests_->Written(t, off, span);
+    flusher_->Add(t, off, span);
   }
   return Status();
 }

@@ -62,10 +62,29 @@ struct Chain {
     manifests[j].chunks.push_back(mc);
     return *this;
   }
+  // The same for a strided region: count / run rows of `run`, `stride`
+  // apart (a rank's block of a matrix).
+  Chain& AddStrided(size_t j, uint64_t t, uint64_t start, uint64_t count, uint64_t run,
+                    uint64_t stride) {
+    Add(j, t, start, count);
+    manifests[j].chunks.back().run = run;
+    manifests[j].chunks.back().stride = stride;
+    return *this;
+  }
   Result<std::optional<std::vector<FoldCell>>> Plan() const {
     return PlanFold(versions, manifests);
   }
 };
+
+// The cells of a chain that must fold (empty, with a failure, otherwise).
+std::vector<FoldCell> CellsOf(const Chain& c) {
+  auto plan = c.Plan();
+  if (!plan.ok() || !plan->has_value()) {
+    ADD_FAILURE() << "the chain does not fold: " << plan.status().ToString();
+    return {};
+  }
+  return **plan;
+}
 
 TEST(FoldPlanTest, CellsGroupEachRangesChunksInVersionOrder) {
   Chain c(5, 3);
@@ -168,6 +187,94 @@ TEST(FoldPlanTest, VersionsWithoutChunksFoldToNoCells) {
   ASSERT_OK(plan);
   ASSERT_TRUE(plan->has_value());
   EXPECT_TRUE((*plan)->empty());
+}
+
+// Versions published by several ranks: tensor "a" as 64 rows of 64
+// elements, its columns split between two ranks (blocks of 32 and 32 at
+// stride 64), each block cut into chunks of 16 rows. The blocks of one
+// rows interleave without sharing an element: they fold, each region a
+// cell of its own in start order.
+TEST(FoldPlanTest, InterleavedStridedRegionsFold) {
+  Chain c(1, 2);
+  for (size_t j = 0; j < 2; ++j) {
+    for (uint64_t q = 0; q < 4; ++q) {
+      c.AddStrided(j, 0, q * 16 * 64, 16 * 32, 32, 64);       // rank 0's columns
+      c.AddStrided(j, 0, q * 16 * 64 + 32, 16 * 32, 32, 64);  // rank 1's
+    }
+    c.Add(j, 1, 0, 1000);
+  }
+  const std::vector<FoldCell> cells = CellsOf(c);
+  ASSERT_EQ(cells.size(), 9u);
+  EXPECT_EQ(cells[0].start, 0u);
+  EXPECT_EQ(cells[1].start, 32u);
+  EXPECT_EQ(cells[1].run, 32u);
+  EXPECT_EQ(cells[1].stride, 64u);
+  EXPECT_EQ(cells[1].End(), 15u * 64 + 64);
+  EXPECT_EQ(cells[1].chunks.size(), 2u);
+}
+
+// A region that changes shape between versions, or that shares elements
+// with another one, does not fold (applied one version at a time).
+TEST(FoldPlanTest, StridedRegionsThatOverlapDoNotFold) {
+  {
+    Chain c(1, 2);  // the layout changed: same start, another run
+    c.AddStrided(0, 0, 0, 16 * 32, 32, 64);
+    c.AddStrided(1, 0, 0, 16 * 16, 16, 64);
+    auto plan = c.Plan();
+    ASSERT_OK(plan);
+    EXPECT_FALSE(plan->has_value());
+  }
+  {
+    Chain c(1, 2);  // a column block against rows it crosses
+    c.AddStrided(0, 0, 0, 16 * 32, 32, 64);
+    c.Add(1, 0, 64 * 3 + 10, 10);
+    auto plan = c.Plan();
+    ASSERT_OK(plan);
+    EXPECT_FALSE(plan->has_value());
+  }
+  {
+    Chain c(1, 2);  // ... and a range that fits between its rows
+    c.AddStrided(0, 0, 0, 16 * 32, 32, 64);
+    c.Add(1, 0, 64 * 3 + 32, 32);
+    auto plan = c.Plan();
+    ASSERT_OK(plan);
+    EXPECT_TRUE(plan->has_value());
+  }
+}
+
+TEST(FoldPlanTest, RegionsDisjointIsExactForOneStride) {
+  auto region = [](uint64_t start, uint64_t count, uint64_t run, uint64_t stride) {
+    return FoldCell{0, start, count, run, stride, {}};
+  };
+  // Brute force over small regions of stride 8 against every range and
+  // every other region of stride 8.
+  auto elements = [](const FoldCell& x) {
+    std::vector<bool> in(256, false);
+    for (uint64_t i = 0; i < x.count; ++i) {
+      in[x.run == 0 ? x.start + i : x.start + (i / x.run) * x.stride + i % x.run] = true;
+    }
+    return in;
+  };
+  std::vector<FoldCell> all;
+  for (uint64_t start = 0; start < 20; ++start) {
+    for (uint64_t run = 1; run < 8; ++run) {
+      for (uint64_t rows = 2; rows < 4; ++rows) all.push_back(region(start, run * rows, run, 8));
+    }
+    for (uint64_t count = 1; count < 20; count += 3) all.push_back(region(start, count, 0, 0));
+  }
+  for (const FoldCell& x : all) {
+    const auto ex = elements(x);
+    for (const FoldCell& y : all) {
+      const auto ey = elements(y);
+      bool shared = false;
+      for (size_t e = 0; e < ex.size(); ++e) shared = shared || (ex[e] && ey[e]);
+      EXPECT_EQ(RegionsDisjoint(x, y), !shared)
+          << x.start << "/" << x.count << "/" << x.run << " vs " << y.start << "/" << y.count
+          << "/" << y.run;
+    }
+  }
+  // Different strides whose spans overlap are not proven disjoint.
+  EXPECT_FALSE(RegionsDisjoint(region(0, 4, 2, 8), region(2, 4, 2, 6)));
 }
 
 }  // namespace

@@ -104,9 +104,7 @@ Result<StagedApplyReport> HostStagedTarget::Apply() {
       break;
     }
     const ChunkHeader& h = c->header;
-    const uint64_t w = h.width;
-    if (ClassifyRange(h, RangeHash(*data + h.start * w, h.count * w)) !=
-        RangeState::kBefore) {
+    if (ClassifyRange(h, RegionHash(h, *data)) != RangeState::kBefore) {
       failed =
           DataLossError("chunk of tensor '" + (*s.table)[h.tensor_id].name +
                         "' at element " + std::to_string(h.start) +
@@ -133,6 +131,46 @@ Result<StagedApplyReport> HostStagedTarget::Apply() {
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
           .count();
   return report;
+}
+
+Result<std::vector<Hash128>> HostStagedTarget::HashesAfter(
+    const std::vector<TensorEntry>& table) {
+  REFIT_RETURN_IF_ERROR(Check(table));
+  // The staged chunks of each held tensor, in staging order (versions in
+  // the order they apply).
+  std::map<size_t, std::vector<ParsedChunk>> by_tensor;
+  for (const Staged& s : staging_.items()) {
+    REFIT_ASSIGN_OR_RETURN(ParsedChunk c, ParseChunk(s.bytes));
+    if (c.header.tensor_id >= s.table->size())
+      return DataLossError("a chunk names a tensor outside its table");
+    auto it = by_name_.find((*s.table)[c.header.tensor_id].name);
+    if (it == by_name_.end()) continue;  // Seal() refuses it
+    by_tensor[it->second].push_back(c);
+  }
+  std::vector<Hash128> out;
+  std::vector<uint8_t> copy;
+  ApplyScratch scratch;
+  for (const TensorEntry& e : table) {
+    const size_t i = by_name_.at(e.name);
+    const uint64_t bytes = e.num_elements * static_cast<uint64_t>(e.width);
+    auto chunks = by_tensor.find(i);
+    if (chunks == by_tensor.end()) {
+      out.push_back(RangeHash(tensors_[i].data, bytes));
+      continue;
+    }
+    copy.assign(tensors_[i].data, tensors_[i].data + bytes);
+    for (const ParsedChunk& c : chunks->second) {
+      if (ClassifyRange(c.header, RegionHash(c.header, copy.data())) != RangeState::kBefore) {
+        return DataLossError("chunk of tensor '" + e.name + "' at element " +
+                             std::to_string(c.header.start) +
+                             ": its range does not hold the chunk's base");
+      }
+      REFIT_RETURN_IF_ERROR(ApplyChunkInPlace(c, copy.data(), &scratch, nullptr, nullptr)
+                                .WithContext("tensor '" + e.name + "'"));
+    }
+    out.push_back(RangeHash(copy.data(), bytes));
+  }
+  return out;
 }
 
 Status HostStagedTarget::Load(const TensorEntry& e,

@@ -2,7 +2,8 @@
 // host memory. It stages chunk bytes in ordinary memory (bounded by
 // `staging_limit`), applies them with the CPU apply (delta/apply.h) in the
 // pause, and restores from undo records (XOR chunks: applying them again)
-// when a chunk fails. For engines on the CPU that want a version applied
+// when a chunk fails. It applies versions published by several ranks
+// (strided regions) as well. For engines on the CPU that want a version applied
 // in one short pause, and as the reference the GPU target is tested
 // against.
 #ifndef REFIT_SYNC_HOST_STAGED_TARGET_H_
@@ -35,6 +36,10 @@ class HostStagedTarget : public StagedTarget {
   Result<StagedApplyReport> Apply() override;
   Status Load(const TensorEntry& e, std::span<const uint8_t> bytes) override;
   StagingUsage usage() const override;
+  bool AppliesDirectVersions() const override { return true; }
+  // Applies the staged chunks of each tensor to a copy of it, one tensor
+  // at a time: host memory for the largest tensor with chunks.
+  Result<std::vector<Hash128>> HashesAfter(const std::vector<TensorEntry>& table) override;
 
  private:
   struct Staged {

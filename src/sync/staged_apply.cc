@@ -80,11 +80,12 @@ Result<std::optional<StepResult>> StagedPrepare::StageVersion(
     }
     bool parts = got->direct;
     for (const ManifestChunk& c : got->chunks) parts = parts || c.run != 0 || c.in_part;
-    if (parts) {
+    if (parts && !opt_.staged->AppliesDirectVersions()) {
+      *version_fault = true;  // a member votes failed at once
       return FailedPreconditionError(
           "version " + V + " was published by several trainer ranks (strided regions, "
-          "chunks in the ranks' parts), which two-phase receivers (host staging and the GPU "
-          "target) do not apply yet; use a receiver that applies in place");
+          "chunks in the ranks' parts), which this two-phase receiver's target does not "
+          "apply (the host target does; the GPU target does not yet)");
     }
     m = std::move(*got);
     return Status();
@@ -210,9 +211,21 @@ Result<StepResult> StagedPrepare::Chain(bool vote, bool* version_fault) {
   result_.staged_host_bytes = usage.host_bytes;
   result_.staged_device_bytes = usage.device_bytes;
   if (vote) {
+    Vote ready{true, "", {}};
+    if (manifests_.back().direct) {
+      // The hashes every member votes on a direct version, computed from
+      // the held tensors and the staged chunks without writing (a chunk
+      // that does not reach its "after" is the version's fault).
+      auto after = target.HashesAfter(chain.back().tensors);
+      if (!after.ok()) {
+        *version_fault = FailsItsChecks(after.status()) ||
+                         after.status().code() == StatusCode::kUnimplemented;
+        return after.status();
+      }
+      ready.tensors = std::move(*after);
+    }
     REFIT_RETURN_IF_ERROR(
-        r_.store_->Put(VoteKey(v, opt_.member),
-                       opt_.auth.SealMember(EncodeVote(Vote{true, "", {}}))));
+        r_.store_->Put(VoteKey(v, opt_.member), opt_.auth.SealMember(EncodeVote(ready))));
     std::optional<Decision> decision;
     REFIT_RETURN_IF_ERROR(r_.AwaitDecision(
         v, &decision, "ready for",

@@ -85,6 +85,24 @@ class StagedTarget {
   virtual Status Load(const TensorEntry& e, std::span<const uint8_t> bytes) = 0;
 
   virtual StagingUsage usage() const = 0;
+
+  // Versions published by several trainer ranks (docs/protocol.md,
+  // "Versions from many ranks": strided regions, and ready votes that
+  // carry every tensor's hash after the version): whether this target
+  // applies them. The GPU target does not.
+  virtual bool AppliesDirectVersions() const { return false; }
+
+  // The range hash of every tensor of `table` as Apply() would leave it
+  // with what is staged now, computed without writing any tensor (a ready
+  // vote on a direct version carries them before anything is applied).
+  // Each staged chunk is checked as Apply() checks it (its region at
+  // "before", then at "after"), so a chunk that would fail the pause fails
+  // here, with DATA_LOSS. UNIMPLEMENTED unless AppliesDirectVersions().
+  virtual Result<std::vector<Hash128>> HashesAfter(const std::vector<TensorEntry>& table) {
+    (void)table;
+    return UnimplementedError("this staging target does not apply versions published by "
+                              "several trainer ranks");
+  }
 };
 
 }  // namespace refit
