@@ -1,0 +1,272 @@
+// Packed FP4 checkpoints across ranks: a gpt-oss-style MoE layer whose
+// expert weights the checkpoint stores as MXFP4 (`*_blocks` U8 [E, R, C/32,
+// 16], `*_scales` E8M0 [E, R, C/32]) while four ranks hold them as BF16,
+// split by expert, by rows, by columns on block boundaries, in transposed
+// storage, and replicated (ownership cuts the replicas between blocks).
+// Every rank encodes from its own tensors over several versions, and the
+// union of all ranks' chunks takes the reference-quantized checkpoint of
+// each step to the next bit for bit, scales included; the reference
+// quantizes whole canonical rows (trainer/quantize_reference.h). A layout
+// that splits a scale block between ranks is refused, naming the block.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+
+#include "delta/apply.h"
+#include "layout/layout.h"
+#include "refit/checkpoint.h"
+#include "support/test_layout.h"
+#include "support/testing.h"
+#include "trainer/convert.h"
+#include "trainer/quantize_reference.h"
+#include "trainer/rank_encoder.h"
+
+namespace refit::trainer {
+namespace {
+
+using layout::CanonicalTensor;
+using layout::Layout;
+using layout::LocalTensor;
+using layout::Piece;
+using layout::testing::TensorBytes;
+
+constexpr char kGateUp[] = "model.layers.0.mlp.experts.gate_up_proj_blocks";
+constexpr char kDown[] = "model.layers.0.mlp.experts.down_proj_blocks";
+constexpr char kShared[] = "model.layers.1.mlp.experts.gate_up_proj_blocks";
+constexpr char kNorm[] = "model.norm.weight";
+
+std::string ScalesOf(const std::string& blocks) {
+  return blocks.substr(0, blocks.size() - 7) + "_scales";
+}
+
+Piece MakePiece(const std::string& canonical, uint64_t rows, uint64_t cols,
+                std::vector<uint64_t> local, std::vector<uint64_t> canon) {
+  Piece p;
+  p.canonical = canonical;
+  p.rows = rows;
+  p.cols = cols;
+  p.local_offset = local[0];
+  p.local_row_stride = local[1];
+  p.local_col_stride = local[2];
+  p.canon_offset = canon[0];
+  p.canon_row_stride = canon[1];
+  p.canon_col_stride = canon[2];
+  return p;
+}
+
+// Logical shapes [E, R, C] of the expert weights.
+struct Expert {
+  const char* name;
+  uint64_t e, r, c;
+};
+constexpr Expert kExperts[] = {{kGateUp, 2, 4, 128}, {kDown, 2, 6, 64}, {kShared, 2, 256, 256}};
+
+// Four ranks, rank = 2 * expert + half: gate_up split by rows, down_proj by
+// columns at `split` (rank 3 stores its part transposed), the second
+// layer's experts and the norm replicated on every rank. `quantized`: the
+// checkpoint is MXFP4, else BF16 with the same logical shapes.
+Layout MakeLayout(bool quantized, uint64_t split) {
+  Layout l;
+  for (const Expert& x : kExperts) {
+    CanonicalTensor c;
+    c.name = x.name;
+    if (quantized) {
+      c.dtype = "U8";
+      c.shape = {x.e, x.r, x.c / 32, 16};
+      c.scale = ScalesOf(x.name);
+      c.scale_kind = "mxfp4";
+      l.canonical.push_back(c);
+      l.canonical.push_back({ScalesOf(x.name), "U8", {x.e, x.r, x.c / 32}, "", "", 0, 0});
+    } else {
+      c.dtype = "BF16";
+      c.shape = {x.e, x.r, x.c};
+      l.canonical.push_back(c);
+    }
+  }
+  l.canonical.push_back({kNorm, "BF16", {64}, "", "", 0, 0});
+  for (uint32_t rank = 0; rank < 4; ++rank) {
+    const uint64_t e = rank / 2, h = rank % 2;
+    layout::RankLayout rl;
+    rl.rank = rank;
+    rl.tensors.push_back({"experts.fc1", "BF16", {2, 128},
+                          {MakePiece(kGateUp, 2, 128, {0, 128, 1}, {e * 512 + h * 256, 128, 1})}});
+    const uint64_t c0 = h ? split : 0, w = h ? 64 - split : split;
+    if (rank == 3) {
+      rl.tensors.push_back({"experts.fc2", "BF16", {w, 6},
+                            {MakePiece(kDown, w, 6, {0, 6, 1}, {e * 384 + c0, 1, 64})}});
+    } else {
+      rl.tensors.push_back({"experts.fc2", "BF16", {6, w},
+                            {MakePiece(kDown, 6, w, {0, w, 1}, {e * 384 + c0, 64, 1})}});
+    }
+    rl.tensors.push_back({"layer1.experts.fc1", "BF16", {512, 256},
+                          {MakePiece(kShared, 512, 256, {0, 256, 1}, {0, 256, 1})}});
+    rl.tensors.push_back({"norm", "BF16", {64}, {MakePiece(kNorm, 1, 64, {0, 0, 1}, {0, 0, 1})}});
+    l.ranks.push_back(rl);
+  }
+  return l;
+}
+
+uint16_t Bf16Bits(const std::vector<uint8_t>& b, size_t i) {
+  uint16_t x;
+  std::memcpy(&x, &b[i * 2], 2);
+  return x;
+}
+
+// BF16 values of trained weights, with all-zero blocks (scale byte 0) and
+// an outlier now and then (a larger scale).
+TensorBytes RandomValues(const Layout& l, std::mt19937_64& rng) {
+  std::normal_distribution<float> normal(0.0f, 0.02f);
+  TensorBytes out;
+  for (const CanonicalTensor& c : l.canonical) {
+    uint64_t n = 1;
+    for (uint64_t d : c.shape) n *= d;
+    std::vector<uint8_t>& b = out[c.name];
+    b.resize(n * 2);
+    for (uint64_t i = 0; i < n; ++i) {
+      float x = (i / 32) % 7 == 3 ? 0.0f : normal(rng);
+      if (rng() % 500 == 0) x *= 40.0f;
+      const uint16_t v = Bf16FromF32(x);
+      std::memcpy(&b[i * 2], &v, 2);
+    }
+  }
+  return out;
+}
+
+// An RL step: ~3% of the elements move by a unit or two in the last
+// place; one in a thousand doubles or halves (its block's scale may move).
+TensorBytes Step(const TensorBytes& a, std::mt19937_64& rng) {
+  TensorBytes b = a;
+  std::uniform_real_distribution<double> u(0, 1);
+  for (auto& [name, bytes] : b) {
+    for (size_t i = 0; i < bytes.size() / 2; ++i) {
+      const double r = u(rng);
+      if (r >= 0.03 || Bf16Bits(bytes, i) == 0) continue;
+      uint16_t x = Bf16Bits(bytes, i);
+      x = static_cast<uint16_t>(x + (rng() % 2 ? 1 : -1) * static_cast<int>(1 + rng() % 2));
+      if (r < 0.001) x = static_cast<uint16_t>(x ^ 0x0080);
+      std::memcpy(&bytes[i * 2], &x, 2);
+    }
+  }
+  return b;
+}
+
+// The MXFP4 checkpoint of BF16 `values`, one logical row at a time.
+TensorBytes Reference(const Layout& q, const TensorBytes& values) {
+  TensorBytes out;
+  for (const CanonicalTensor& c : q.canonical) {
+    if (c.scale_kind != "mxfp4") {
+      if (values.count(c.name)) out[c.name] = values.at(c.name);
+      continue;
+    }
+    const std::vector<uint8_t>& v = values.at(c.name);
+    const uint64_t cols = layout::LogicalShape(c).back(), n = v.size() / 2;
+    std::vector<uint8_t>& packed = out[c.name];
+    std::vector<uint8_t>& scales = out[c.scale];
+    for (uint64_t row = 0; row < n / cols; ++row) {
+      std::vector<float> x(cols);
+      for (uint64_t i = 0; i < cols; ++i) x[i] = F32FromBf16(Bf16Bits(v, row * cols + i));
+      reference::RefMxfp4(x, &packed, &scales);
+    }
+  }
+  return out;
+}
+
+std::vector<TensorView> Views(const Layout& l, size_t ri, const TensorBytes& bytes) {
+  std::vector<TensorView> v;
+  for (const LocalTensor& t : l.ranks[ri].tensors) {
+    v.push_back({t.name, t.dtype, 2, t.shape, bytes.at(t.name).data()});
+  }
+  return v;
+}
+
+TEST(Fp4LayoutTest, RanksPatchTheReferenceMxfp4CheckpointEveryVersion) {
+  const Layout lq = MakeLayout(true, 32), lb = MakeLayout(false, 32);
+  ASSERT_OK(layout::ValidateLayout(lq));
+  ASSERT_EQ(lq.ranks, lb.ranks);
+  for (bool overwrite : {false, true}) {
+    SCOPED_TRACE(overwrite ? "overwrite" : "xor");
+    std::mt19937_64 rng(overwrite ? 7 : 3);
+    std::vector<TensorBytes> steps = {RandomValues(lb, rng)};
+    for (int v = 1; v <= 3; ++v) steps.push_back(Step(steps.back(), rng));
+
+    RankEncoderOptions opt;
+    opt.chunk_bytes = 40;  // parts of rows: whole blocks of 16 bytes
+    opt.threads = 2;
+    opt.residual_overwrite = overwrite;
+    std::vector<std::unique_ptr<RankEncoder>> encoders;
+    uint64_t owned = 0;
+    for (size_t ri = 0; ri < lq.ranks.size(); ++ri) {
+      auto enc = RankEncoder::Create(lq, lq.ranks[ri].rank, opt);
+      ASSERT_OK(enc);
+      for (const RankJob& j : (*enc)->jobs()) {
+        const std::string& name = (*enc)->canonical_tensors()[j.tensor_id].name;
+        if (name != kNorm) {
+          EXPECT_FALSE(j.in_place) << name;
+          EXPECT_EQ(j.width, 1) << name;
+        }
+      }
+      auto local = layout::testing::ScatterToRanks(lb, steps[0]);
+      ASSERT_OK(local);
+      ASSERT_OK((*enc)->SetBaselineFromLocal(Views(lq, ri, (*local)[ri])));
+      owned += (*enc)->owned_bytes();
+      encoders.push_back(std::move(*enc));
+    }
+    TensorBytes applied = Reference(lq, steps[0]);
+    uint64_t canon_bytes = 0;
+    for (const auto& [n, bytes] : applied) canon_bytes += bytes.size();
+    EXPECT_EQ(owned, canon_bytes);  // every byte and scale owned once
+
+    for (uint64_t v = 1; v < steps.size(); ++v) {
+      SCOPED_TRACE("version " + std::to_string(v));
+      const TensorBytes want = Reference(lq, steps[v]);
+      ASSERT_NE(want.at(ScalesOf(kShared)), applied.at(ScalesOf(kShared)));
+      auto local = layout::testing::ScatterToRanks(lb, steps[v]);
+      ASSERT_OK(local);
+      std::vector<std::vector<uint8_t>> chunks;
+      uint64_t residual = 0;
+      for (size_t ri = 0; ri < encoders.size(); ++ri) {
+        auto report = encoders[ri]->Encode(v, v - 1, Views(lq, ri, (*local)[ri]),
+                                           [&](std::span<const uint8_t> c, const ChunkHeader&) {
+                                             chunks.emplace_back(c.begin(), c.end());
+                                             return Status();
+                                           });
+        ASSERT_OK(report);
+        residual += report->changed_residual;
+        ASSERT_OK(encoders[ri]->Commit());
+      }
+      EXPECT_GT(residual, 0u);
+      const auto& names = encoders[0]->canonical_tensors();
+      ApplyScratch scratch;
+      for (const auto& c : chunks) {
+        auto parsed = ParseChunk(c);
+        ASSERT_OK(parsed);
+        auto& t = applied.at(names[parsed->header.tensor_id].name);
+        ASSERT_EQ(ClassifyRange(parsed->header, RegionHash(parsed->header, t.data())),
+                  RangeState::kBefore);
+        ASSERT_OK(ApplyChunkInPlace(*parsed, t.data(), &scratch, nullptr, nullptr));
+      }
+      for (const auto& [name, bytes] : want) ASSERT_TRUE(applied.at(name) == bytes) << name;
+    }
+  }
+}
+
+TEST(Fp4LayoutTest, ASplitScaleBlockIsRefusedByName) {
+  // down_proj split at column 16: ranks 0 and 1 would share block 0 of
+  // every row of expert 0.
+  const Layout lq = MakeLayout(true, 16);
+  ASSERT_OK(layout::ValidateLayout(lq));
+  auto enc = RankEncoder::Create(lq, 0, RankEncoderOptions{});
+  ASSERT_FALSE(enc.ok());
+  const std::string msg = enc.status().ToString();
+  EXPECT_NE(msg.find(kDown), std::string::npos) << msg;
+  EXPECT_NE(msg.find("scale block 0 "), std::string::npos) << msg;
+  // The other half of the block, from the other side.
+  auto other = RankEncoder::Create(lq, 1, RankEncoderOptions{});
+  ASSERT_FALSE(other.ok());
+  EXPECT_NE(other.status().ToString().find("scale block 0 "), std::string::npos);
+}
+
+}  // namespace
+}  // namespace refit::trainer
