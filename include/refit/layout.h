@@ -76,6 +76,10 @@ struct CanonicalTensor {
 // PackedBlock is 0 and LogicalShape the shape itself for other tensors.
 uint64_t PackedBlock(const CanonicalTensor& tensor);
 std::vector<uint64_t> LogicalShape(const CanonicalTensor& tensor);
+// An "nvfp4" tensor also has a global scale, named as ModelOpt names it:
+// `scale` + "_2" (weight_scale -> weight_scale_2), a canonical F32 tensor of
+// one element, derived like `scale`. Empty for other tensors.
+std::string GlobalScaleName(const CanonicalTensor& tensor);
 
 struct RankLayout {
   uint32_t rank = 0;

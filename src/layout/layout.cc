@@ -310,6 +310,19 @@ Result<CanonInfo> CheckCanonical(const Layout& l) {
     info.derived[it->second] = true;
     if (PackedBlock(c) != 0) {
       REFIT_RETURN_IF_ERROR(CheckPacked(c, s, info.numel[i], info.numel[it->second]));
+      const std::string global = GlobalScaleName(c);
+      if (!global.empty()) {
+        auto g = info.index.find(global);
+        if (g == info.index.end() || g->second == i || info.derived[g->second] ||
+            !l.canonical[g->second].scale.empty() || l.canonical[g->second].dtype != "F32" ||
+            info.numel[g->second] != 1) {
+          return InvalidArgumentError(what + ": its global scale " +
+                                      QuoteForMessage(global) +
+                                      " must be a canonical F32 tensor of 1 element, not "
+                                      "quantized and the scale of nothing else");
+        }
+        info.derived[g->second] = true;
+      }
       continue;
     }
     if (c.scale_kind == "per_tensor") {
@@ -575,6 +588,10 @@ uint64_t PackedBlock(const CanonicalTensor& tensor) {
   return 0;
 }
 
+std::string GlobalScaleName(const CanonicalTensor& tensor) {
+  return tensor.scale_kind == "nvfp4" ? tensor.scale + "_2" : std::string();
+}
+
 std::vector<uint64_t> LogicalShape(const CanonicalTensor& tensor) {
   std::vector<uint64_t> shape = tensor.shape;
   if (tensor.scale_kind == "mxfp4" && shape.size() >= 2) {
@@ -623,7 +640,8 @@ Piece SubPiece(const Piece& p, uint64_t r0, uint64_t nr, uint64_t c0,
 bool CanCut(const CanonicalTensor& ct, const Piece& p, uint64_t i) {
   if (ct.scale_kind.empty()) return true;
   const uint64_t packed = PackedBlock(ct);
-  if (ct.scale_kind != "per_block" && packed == 0) return false;
+  // nvfp4's global scale is the amax of the whole tensor: never cut.
+  if ((ct.scale_kind != "per_block" && packed == 0) || ct.scale_kind == "nvfp4") return false;
   // A packed tensor's blocks are 1 x PackedBlock in logical coordinates.
   const std::vector<uint64_t> shape = LogicalShape(ct);
   uint64_t width = shape.empty() ? 1 : shape.back();

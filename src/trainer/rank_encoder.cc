@@ -48,11 +48,13 @@ struct Region {
 // A chunk's worth of one region: rows [o0, o0 + rows) whole, or the part
 // [i0, i0 + n) of row o0 (rows == 1). scale_of >= 0: elements
 // [first, first + count) of the owned scales of canonical tensor
-// `scale_of` instead, which lie in its scale tensor at start/run/stride.
+// `scale_of` instead, which lie in its scale tensor at start/run/stride;
+// with `global`, the one F32 element of its nvfp4 global scale tensor.
 struct Job {
   uint32_t region = 0;
   uint64_t o0 = 0, rows = 0, i0 = 0, n = 0;
   int64_t scale_of = -1;
+  bool global = false;
   uint64_t first = 0;
   uint64_t start = 0, run = 0, stride = 0;  // scale jobs' region
   uint64_t base_offset = 0;  // bytes into the baseline
@@ -76,6 +78,11 @@ struct ScaleState {
   std::map<uint64_t, uint32_t> slot;  // scale index -> position in blocks
   std::vector<float> current;    // FP8: per owned block, computed by Encode
   std::vector<uint8_t> codes;    // packed: per owned block, computed by Encode
+  // nvfp4: the global scale tensor and its value (the rank owns the whole
+  // tensor), computed by Encode; global_canon < 0 for other kinds.
+  int64_t global_canon = -1;
+  float global = 1.0f;
+  uint64_t global_offset = 0;    // its bytes in the baseline
   uint64_t base_offset = 0;      // the owned scales' bytes in the baseline
 
   uint64_t BlockOf(uint64_t canonical_index) const {
@@ -137,6 +144,14 @@ struct RankEncoder::Impl {
   bool have_baseline = false;
 
   const CanonicalTensor& Canon(const Region& r) const { return canonical[r.canon]; }
+  // A scale job's canonical tensor and element width.
+  uint32_t ScaleTensor(const Job& j) const {
+    const ScaleState& s = scales.at(static_cast<uint32_t>(j.scale_of));
+    return j.global ? static_cast<uint32_t>(s.global_canon) : s.scale_canon;
+  }
+  int ScaleWidth(const Job& j) const {
+    return j.global ? 4 : scales.at(static_cast<uint32_t>(j.scale_of)).width;
+  }
   Status CheckLocal(const std::vector<TensorView>& views,
                     std::vector<const uint8_t*>* data) const;
   // Writes the job's current canonical bytes into out (count * width).
@@ -151,6 +166,9 @@ struct RankEncoder::Impl {
   Status QuantizePacked(const Region& r, uint64_t o, uint64_t i0, uint64_t n,
                         const std::vector<const uint8_t*>& data, uint8_t* packed,
                         std::vector<float>* x, std::vector<uint8_t>* codes) const;
+  // The logical elements of those bytes, as FP32.
+  void LoadPacked(const Region& r, uint64_t o, uint64_t i0, uint64_t n,
+                  const std::vector<const uint8_t*>& data, std::vector<float>* x) const;
 };
 
 RankEncoder::RankEncoder(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -173,11 +191,11 @@ std::vector<RankJob> RankEncoder::jobs() const {
     rj.count = j.count;
     rj.base_offset = j.base_offset;
     if (j.scale_of >= 0) {
-      rj.tensor_id = m.scales.at(static_cast<uint32_t>(j.scale_of)).scale_canon;
+      rj.tensor_id = m.ScaleTensor(j);
       rj.start = j.start;
       rj.run = j.run;
       rj.stride = j.stride;
-      rj.width = m.scales.at(static_cast<uint32_t>(j.scale_of)).width;
+      rj.width = m.ScaleWidth(j);
     } else {
       const Region& r = m.regions[j.region];
       rj.in_place = r.in_place;
@@ -362,6 +380,21 @@ Result<std::unique_ptr<RankEncoder>> RankEncoder::Create(const layout::Layout& l
     }
     s.base_offset = offset;
     offset += static_cast<uint64_t>(s.width) * s.blocks.size();
+    if (!layout::GlobalScaleName(ct).empty()) {
+      uint64_t owned_elements = 0;
+      for (const auto& [b, count] : per_block) owned_elements += count;
+      if (owned_elements != s.rows * s.cols) {
+        return InvalidArgumentError(
+            "canonical tensor '" + ct.name + "' (nvfp4): rank " + std::to_string(rank) +
+            " owns " + std::to_string(owned_elements) + " of its " +
+            std::to_string(s.rows * s.cols) + " elements; its global scale '" +
+            layout::GlobalScaleName(ct) + "' is the amax of the whole tensor, so one rank must own "
+            "all of it");
+      }
+      s.global_canon = canon_index.at(layout::GlobalScaleName(ct));
+      s.global_offset = offset;
+      offset += 4;
+    }
     impl->scales[ci] = std::move(s);
   }
   impl->owned_bytes = offset;
@@ -409,10 +442,31 @@ Result<std::unique_ptr<RankEncoder>> RankEncoder::Create(const layout::Layout& l
       first += count;
       impl->jobs.push_back(j);
     };
-    if (rectangle) {
-      push(runs[0].first, runs.size() * runs[0].second, runs[0].second, s.nbc);
+    // At most chunk_bytes of scales a chunk (an MXFP4 tensor has one per
+    // 16 bytes): whole block rows of the rectangle, else parts of runs.
+    const uint64_t most = std::max<uint64_t>(1, limit / static_cast<uint64_t>(s.width));
+    if (rectangle && runs[0].second <= most) {
+      const uint64_t len = runs[0].second, per = std::max<uint64_t>(1, most / len);
+      for (size_t k = 0; k < runs.size(); k += per) {
+        const uint64_t rows = std::min<uint64_t>(per, runs.size() - k);
+        if (rows == 1) {
+          push(runs[k].first, len, 0, 0);
+        } else {
+          push(runs[k].first, rows * len, len, s.nbc);
+        }
+      }
     } else {
-      for (const auto& [b, n] : runs) push(b, n, 0, 0);
+      for (const auto& [b, n] : runs) {
+        for (uint64_t i = 0; i < n; i += most) push(b + i, std::min(most, n - i), 0, 0);
+      }
+    }
+    if (s.global_canon >= 0) {
+      Job j;
+      j.scale_of = canon;
+      j.global = true;
+      j.count = 1;
+      j.base_offset = s.global_offset;
+      impl->jobs.push_back(j);
     }
   };
   for (size_t k = 0; k < order.size(); ++k) {
@@ -493,20 +547,42 @@ Status RankEncoder::Impl::QuantizePacked(const Region& r, uint64_t o, uint64_t i
                                           const std::vector<const uint8_t*>& data,
                                           uint8_t* packed, std::vector<float>* x,
                                           std::vector<uint8_t>* codes) const {
+  LoadPacked(r, o, i0, n, data, x);
+  codes->resize(2 * n / r.packed);
+  const std::span<uint8_t> out(packed, n);
+  Status st = r.packed == kMxfp4Block
+                  ? QuantizeMxfp4Row(*x, out, *codes)
+                  : QuantizeNvfp4Row(*x, scales.at(r.canon).global, out, *codes);
+  return st.WithContext("canonical tensor '" + canonical[r.canon].name + "'");
+}
+
+void RankEncoder::Impl::LoadPacked(const Region& r, uint64_t o, uint64_t i0, uint64_t n,
+                                   const std::vector<const uint8_t*>& data,
+                                   std::vector<float>* x) const {
   const std::string& dt = local[r.local].dtype;
   x->resize(2 * n);
   for (uint64_t i = 0; i < 2 * n; ++i) {
     (*x)[i] = LoadAsF32(dt, data[r.local], r.LocalIndex(o, 2 * i0 + i));
   }
-  codes->resize(2 * n / r.packed);
-  Status st = QuantizeMxfp4Row(*x, std::span<uint8_t>(packed, n), *codes);
-  return st.WithContext("canonical tensor '" + canonical[r.canon].name + "'");
 }
 
 Status RankEncoder::Impl::ComputePackedScales(ScaleState* s,
                                                const std::vector<const uint8_t*>& data) const {
   std::vector<float> x;
   std::vector<uint8_t> bytes, codes;
+  if (s->global_canon >= 0) {
+    // The rank owns the whole tensor (Create); NaN and infinity are refused
+    // below, block by block.
+    float amax = 0;
+    for (const Region& r : regions) {
+      if (r.canon != s->canon) continue;
+      for (uint64_t o = 0; o < r.outer; ++o) {
+        LoadPacked(r, o, 0, r.inner, data, &x);
+        for (float v : x) amax = std::max(amax, std::fabs(v));
+      }
+    }
+    s->global = Nvfp4GlobalScale(amax);
+  }
   for (const Region& r : regions) {
     if (r.canon != s->canon) continue;
     bytes.resize(r.inner);
@@ -549,7 +625,9 @@ void RankEncoder::Impl::Gather(const Job& job, const std::vector<const uint8_t*>
                                uint8_t* out) const {
   if (job.scale_of >= 0) {
     const ScaleState& sc = scales.at(static_cast<uint32_t>(job.scale_of));
-    if (sc.packed) {
+    if (job.global) {
+      std::memcpy(out, &sc.global, 4);
+    } else if (sc.packed) {
       std::memcpy(out, sc.codes.data() + job.first, job.count);
     } else {
       std::memcpy(out, sc.current.data() + job.first, job.count * 4);
@@ -619,6 +697,10 @@ Status RankEncoder::SetBaseline(const std::vector<TensorView>& canonical) {
       const uint64_t w = static_cast<uint64_t>(s.width);
       std::memcpy(m.baseline.data() + s.base_offset + w * b, v->data + w * s.blocks[b], w);
     }
+    if (s.global_canon >= 0) {
+      REFIT_ASSIGN_OR_RETURN(const TensorView* g, find(m.canonical[s.global_canon]));
+      std::memcpy(m.baseline.data() + s.global_offset, g->data, 4);
+    }
   }
   m.pending.clear();
   m.have_baseline = true;
@@ -666,8 +748,7 @@ Result<RankReport> RankEncoder::Encode(uint64_t version, uint64_t base_version,
         Scratch& s = scratch[static_cast<size_t>(worker)];
         const bool is_scale = j.scale_of >= 0;
         const Region* r = is_scale ? nullptr : &m.regions[j.region];
-        const int w =
-            is_scale ? m.scales.at(static_cast<uint32_t>(j.scale_of)).width : r->width;
+        const int w = is_scale ? m.ScaleWidth(j) : r->width;
         const uint8_t* cur = nullptr;
         if (!is_scale && r->in_place) {
           const uint64_t li = r->LocalIndex(j.o0, j.i0);
@@ -688,7 +769,7 @@ Result<RankReport> RankEncoder::Encode(uint64_t version, uint64_t base_version,
         ChunkResult out;
         uint64_t start = 0, run = 0, stride = 0;
         if (is_scale) {
-          ids.tensor_id = m.scales.at(static_cast<uint32_t>(j.scale_of)).scale_canon;
+          ids.tensor_id = m.ScaleTensor(j);
           start = j.start;
           run = j.run;
           stride = j.stride;
