@@ -24,6 +24,7 @@
 #include "support/test_layout.h"
 #include "support/testing.h"
 #include "trainer/convert.h"
+#include "trainer/layout_test_steps.h"
 #include "trainer/quantize_reference.h"
 #include "trainer/rank_encoder.h"
 
@@ -32,7 +33,6 @@ namespace {
 
 using layout::CanonicalTensor;
 using layout::Layout;
-using layout::LocalTensor;
 using layout::Piece;
 using layout::testing::TensorBytes;
 
@@ -146,16 +146,19 @@ Layout MakeNvfp4Layout(bool quantized, bool split_q) {
       rl.tensors.push_back({"q", "BF16", {16, 64},
                             {MakePiece(kNvQ, 16, 64, {0, 64, 1}, {rank * 1024, 64, 1})}});
     } else if (rank == 0) {
-      rl.tensors.push_back({"q", "BF16", {32, 64}, {MakePiece(kNvQ, 32, 64, {0, 64, 1}, {0, 64, 1})}});
+      rl.tensors.push_back(
+          {"q", "BF16", {32, 64}, {MakePiece(kNvQ, 32, 64, {0, 64, 1}, {0, 64, 1})}});
     }
     if (rank == 1) {
-      rl.tensors.push_back({"o", "BF16", {32, 16}, {MakePiece(kNvO, 32, 16, {0, 16, 1}, {0, 1, 32})}});
+      rl.tensors.push_back(
+          {"o", "BF16", {32, 16}, {MakePiece(kNvO, 32, 16, {0, 16, 1}, {0, 1, 32})}});
     }
     if (rank >= 2) {
       rl.tensors.push_back(
           {"down", "BF16", {24, 48}, {MakePiece(kNvDown, 24, 48, {0, 48, 1}, {0, 48, 1})}});
     }
-    rl.tensors.push_back({"input_scale", "F32", {}, {MakePiece(kNvInput, 1, 1, {0, 0, 1}, {0, 0, 1})}});
+    rl.tensors.push_back(
+        {"input_scale", "F32", {}, {MakePiece(kNvInput, 1, 1, {0, 0, 1}, {0, 0, 1})}});
     l.ranks.push_back(rl);
   }
   return l;
@@ -199,25 +202,16 @@ TensorBytes RandomValues(const Layout& l, std::mt19937_64& rng) {
 // (NVFP4's global scale moves).
 TensorBytes Step(const TensorBytes& a, std::mt19937_64& rng) {
   TensorBytes b = a;
-  std::uniform_real_distribution<double> u(0, 1);
   for (auto& [name, bytes] : b) {
-    for (size_t i = 0; i < bytes.size() / 2; ++i) {
-      const double r = u(rng);
-      if (r >= 0.03 || Bf16Bits(bytes, i) == 0) continue;
-      uint16_t x = Bf16Bits(bytes, i);
-      x = static_cast<uint16_t>(x + (rng() % 2 ? 1 : -1) * static_cast<int>(1 + rng() % 2));
-      if (r < 0.001) x = static_cast<uint16_t>(x ^ 0x0080);
-      std::memcpy(&bytes[i * 2], &x, 2);
-    }
+    layout_test::MoveSomeElements(&bytes, &rng, 2);
     if (bytes.size() <= 4) continue;  // an F32 scalar
     const size_t i = rng() % (bytes.size() / 2);
     const uint16_t x = Bf16FromF32(3.0f * F32FromBf16(Bf16Bits(bytes, i)));
     std::memcpy(&bytes[i * 2], &x, 2);
+    auto magnitude = [&](size_t k) { return std::fabs(F32FromBf16(Bf16Bits(bytes, k))); };
     size_t top = 0;
     for (size_t k = 0; k < bytes.size() / 2; ++k) {
-      if (std::fabs(F32FromBf16(Bf16Bits(bytes, k))) > std::fabs(F32FromBf16(Bf16Bits(bytes, top)))) {
-        top = k;
-      }
+      if (magnitude(k) > magnitude(top)) top = k;
     }
     const uint16_t y = Bf16FromF32(1.25f * F32FromBf16(Bf16Bits(bytes, top)));
     std::memcpy(&bytes[top * 2], &y, 2);
@@ -225,45 +219,38 @@ TensorBytes Step(const TensorBytes& a, std::mt19937_64& rng) {
   return b;
 }
 
-// The checkpoint of `q` from BF16 `values`, one logical row at a time; an
-// NVFP4 tensor's global scale from its whole amax, as ModelOpt computes it.
-TensorBytes Reference(const Layout& q, const TensorBytes& values) {
-  TensorBytes out;
-  for (const CanonicalTensor& c : q.canonical) {
-    if (c.scale_kind.empty()) {
-      if (values.count(c.name)) out[c.name] = values.at(c.name);
-      continue;
-    }
-    const std::vector<uint8_t>& v = values.at(c.name);
-    const uint64_t cols = layout::LogicalShape(c).back(), n = v.size() / 2;
-    float amax = 0;
-    for (uint64_t i = 0; i < n; ++i) amax = std::max(amax, std::fabs(F32FromBf16(Bf16Bits(v, i))));
-    const float global = amax == 0 ? 1.0f : amax / (6.0f * 448.0f);
-    if (c.scale_kind == "nvfp4") {
-      out[c.scale + "_2"].resize(4);
-      std::memcpy(out[c.scale + "_2"].data(), &global, 4);
-    }
-    std::vector<uint8_t>& packed = out[c.name];
-    std::vector<uint8_t>& scales = out[c.scale];
-    for (uint64_t row = 0; row < n / cols; ++row) {
-      std::vector<float> x(cols);
-      for (uint64_t i = 0; i < cols; ++i) x[i] = F32FromBf16(Bf16Bits(v, row * cols + i));
-      if (c.scale_kind == "mxfp4") {
-        reference::RefMxfp4(x, &packed, &scales);
-      } else {
-        reference::RefNvfp4(x, global, &packed, &scales);
-      }
+// Packed tensor `c` of the checkpoint from its BF16 logical values `v`, one
+// logical row at a time, with its scales; an NVFP4 tensor's global scale
+// from its whole amax, as ModelOpt computes it.
+void QuantizeTensor(const CanonicalTensor& c, const std::vector<uint8_t>& v, TensorBytes* out) {
+  const uint64_t cols = layout::LogicalShape(c).back(), n = v.size() / 2;
+  float amax = 0;
+  for (uint64_t i = 0; i < n; ++i) amax = std::max(amax, std::fabs(F32FromBf16(Bf16Bits(v, i))));
+  const float global = amax == 0 ? 1.0f : amax / (6.0f * 448.0f);
+  if (c.scale_kind == "nvfp4") {
+    (*out)[c.scale + "_2"].resize(4);
+    std::memcpy((*out)[c.scale + "_2"].data(), &global, 4);
+  }
+  std::vector<uint8_t>& packed = (*out)[c.name];
+  std::vector<uint8_t>& scales = (*out)[c.scale];
+  for (uint64_t row = 0; row < n / cols; ++row) {
+    std::vector<float> x(cols);
+    for (uint64_t i = 0; i < cols; ++i) x[i] = F32FromBf16(Bf16Bits(v, row * cols + i));
+    if (c.scale_kind == "mxfp4") {
+      reference::RefMxfp4(x, &packed, &scales);
+    } else {
+      reference::RefNvfp4(x, global, &packed, &scales);
     }
   }
-  return out;
 }
 
-std::vector<TensorView> Views(const Layout& l, size_t ri, const TensorBytes& bytes) {
-  std::vector<TensorView> v;
-  for (const LocalTensor& t : l.ranks[ri].tensors) {
-    v.push_back({t.name, t.dtype, t.dtype == "F32" ? 4 : 2, t.shape, bytes.at(t.name).data()});
+// The checkpoint of layout `q` from BF16 canonical `values`.
+TensorBytes Reference(const Layout& q, const TensorBytes& values) {
+  TensorBytes out = layout_test::Unquantized(q, values);
+  for (const CanonicalTensor& c : q.canonical) {
+    if (layout::PackedBlock(c) != 0) QuantizeTensor(c, values.at(c.name), &out);
   }
-  return v;
+  return out;
 }
 
 // Encodes versions 1..3 of random steps on every rank of `lq` (the packed
@@ -297,7 +284,7 @@ void CheckVersions(const Layout& lq, const Layout& lb) {
       }
       auto local = layout::testing::ScatterToRanks(lb, steps[0]);
       ASSERT_OK(local);
-      ASSERT_OK((*enc)->SetBaselineFromLocal(Views(lq, ri, (*local)[ri])));
+      ASSERT_OK((*enc)->SetBaselineFromLocal(layout_test::RankViews(lq, ri, (*local)[ri])));
       owned += (*enc)->owned_bytes();
       encoders.push_back(std::move(*enc));
     }
@@ -323,7 +310,7 @@ void CheckVersions(const Layout& lq, const Layout& lb) {
       std::vector<std::vector<uint8_t>> chunks;
       uint64_t residual = 0;
       for (size_t ri = 0; ri < encoders.size(); ++ri) {
-        auto report = encoders[ri]->Encode(v, v - 1, Views(lq, ri, (*local)[ri]),
+        auto report = encoders[ri]->Encode(v, v - 1, layout_test::RankViews(lq, ri, (*local)[ri]),
                                            [&](std::span<const uint8_t> c, const ChunkHeader&) {
                                              chunks.emplace_back(c.begin(), c.end());
                                              return Status();
@@ -333,17 +320,9 @@ void CheckVersions(const Layout& lq, const Layout& lb) {
         ASSERT_OK(encoders[ri]->Commit());
       }
       EXPECT_GT(residual, 0u);
-      const auto& names = encoders[0]->canonical_tensors();
-      ApplyScratch scratch;
-      for (const auto& c : chunks) {
-        auto parsed = ParseChunk(c);
-        ASSERT_OK(parsed);
-        auto& t = applied.at(names[parsed->header.tensor_id].name);
-        ASSERT_EQ(ClassifyRange(parsed->header, RegionHash(parsed->header, t.data())),
-                  RangeState::kBefore);
-        ASSERT_OK(ApplyChunkInPlace(*parsed, t.data(), &scratch, nullptr, nullptr));
-      }
-      for (const auto& [name, bytes] : want) ASSERT_TRUE(applied.at(name) == bytes) << name;
+      std::vector<std::string> names;
+      for (const CanonicalTensor& c : encoders[0]->canonical_tensors()) names.push_back(c.name);
+      ASSERT_NO_FATAL_FAILURE(layout_test::ApplyAndCompare(chunks, names, &applied, want));
     }
   }
 }
