@@ -57,12 +57,29 @@ struct CanonicalTensor {
   std::vector<uint64_t> shape;
   // Optional quantization of the checkpoint tensor: empty scale = none.
   // "per_tensor" (scale tensor of 1 element) or "per_block" with
-  // block_rows x block_cols.
+  // block_rows x block_cols; or a packed FP4 format ("mxfp4", "nvfp4";
+  // docs/layout.md, section 3), whose pieces map logical (unpacked)
+  // elements: see LogicalShape.
   std::string scale;       // name of the canonical scale tensor
-  std::string scale_kind;  // "", "per_tensor", "per_block"
+  std::string scale_kind;  // "", "per_tensor", "per_block", "mxfp4", "nvfp4"
   uint64_t block_rows = 0, block_cols = 0;
   bool operator==(const CanonicalTensor&) const = default;
 };
+
+// Packed FP4 tensors (scale_kind "mxfp4" or "nvfp4") hold two logical
+// elements per U8 byte, the even one in the low nibble, and one scale per
+// PackedBlock() logical elements along a logical row. Pieces, coverage and
+// ownership count logical elements: logical flat element i lives in byte
+// i / 2, under scale element i / PackedBlock().
+//   mxfp4: shape [..., C/32, 16] -> logical [..., C], blocks of 32;
+//   nvfp4: shape [..., K/2]      -> logical [..., K], blocks of 16.
+// PackedBlock is 0 and LogicalShape the shape itself for other tensors.
+uint64_t PackedBlock(const CanonicalTensor& tensor);
+std::vector<uint64_t> LogicalShape(const CanonicalTensor& tensor);
+// An "nvfp4" tensor also has a global scale, named as ModelOpt names it:
+// `scale` + "_2" (weight_scale -> weight_scale_2), a canonical F32 tensor of
+// one element, derived like `scale`. Empty for other tensors.
+std::string GlobalScaleName(const CanonicalTensor& tensor);
 
 struct RankLayout {
   uint32_t rank = 0;
@@ -135,8 +152,9 @@ Status ValidateLayout(const Layout& layout);
 // the piece's rows (its columns when it has one row) into at most k parts of
 // about equal size, none smaller than options.min_split_bytes; the largest
 // part goes to the replica with the fewest owned bytes so far, which
-// balances bytes across replicas. per_block quantized tensors are cut only
-// between quantization blocks; per_tensor ones are not cut. Validates first.
+// balances bytes across replicas. per_block and packed FP4 quantized
+// tensors are cut only between quantization blocks; per_tensor ones are not
+// cut. Validates first.
 // Errors: those of ValidateLayout; kUnimplemented for a quantized tensor
 // whose replicas overlap only in part (pieces that differ between replicas).
 Result<Ownership> AssignOwnership(const Layout& layout,

@@ -221,6 +221,35 @@ struct CanonInfo {
   std::vector<bool> derived;  // the scale of another tensor: mapped by no piece
 };
 
+// A packed FP4 tensor `c` of `logical` elements and its scale tensor `s`
+// of `scales` elements (docs/layout.md, section 3).
+Status CheckPacked(const CanonicalTensor& c, const CanonicalTensor& s,
+                   uint64_t logical, uint64_t scales) {
+  const std::string what = "canonical tensor " + QuoteForMessage(c.name) + " (" +
+                           c.scale_kind + ")";
+  const uint64_t block = PackedBlock(c);
+  const bool mx = c.scale_kind == "mxfp4";
+  if (c.dtype != "U8") return InvalidArgumentError(what + ": dtype must be U8, two codes a byte");
+  if (c.block_rows != 0 || c.block_cols != 0) {
+    return InvalidArgumentError(what + ": has a \"block\"; its blocks are implied");
+  }
+  const std::vector<uint64_t> shape = LogicalShape(c);
+  if (mx ? c.shape.size() < 2 || c.shape.back() != block / 2 : c.shape.empty() ||
+           shape.back() % block != 0) {
+    return InvalidArgumentError(
+        what + (mx ? ": shape must be [..., C/32, 16]" : ": shape must be [..., K/2], K a "
+                                                          "multiple of 16"));
+  }
+  const std::string scale_dtype = mx ? "U8" : "F8_E4M3";
+  if (s.dtype != scale_dtype || scales != logical / block) {
+    return InvalidArgumentError(what + ": scale tensor " + QuoteForMessage(s.name) +
+                                " must be " + std::to_string(logical / block) + " " +
+                                scale_dtype + " element(s), one per " +
+                                std::to_string(block) + " elements");
+  }
+  return Status();
+}
+
 Result<CanonInfo> CheckCanonical(const Layout& l) {
   CanonInfo info;
   DTypeRegistry dtypes;
@@ -245,16 +274,21 @@ Result<CanonInfo> CheckCanonical(const Layout& l) {
     if (!ne || *ne == 0) {
       return InvalidArgumentError(what + ": shape has no elements or overflows");
     }
-    info.numel[i] = *ne;
+    if (PackedBlock(c) != 0 && __builtin_mul_overflow(*ne, uint64_t{2}, &*ne)) {
+      return InvalidArgumentError(what + ": shape overflows");
+    }
+    info.numel[i] = *ne;  // logical elements: pieces map those
   }
   for (size_t i = 0; i < n; ++i) {
     const CanonicalTensor& c = l.canonical[i];
     std::string what = "canonical tensor " + QuoteForMessage(c.name);
     if (c.scale_kind.empty() && c.scale.empty()) continue;
-    if (c.scale_kind != "per_tensor" && c.scale_kind != "per_block") {
+    if (c.scale_kind != "per_tensor" && c.scale_kind != "per_block" &&
+        PackedBlock(c) == 0) {
       return InvalidArgumentError(what + ": scale_kind " +
                                   QuoteForMessage(c.scale_kind) +
-                                  " is not \"per_tensor\" or \"per_block\"");
+                                  " is not \"per_tensor\", \"per_block\", "
+                                  "\"mxfp4\" or \"nvfp4\"");
     }
     auto it = info.index.find(c.scale);
     if (it == info.index.end()) {
@@ -274,6 +308,23 @@ Result<CanonInfo> CheckCanonical(const Layout& l) {
                                   " is the scale of another tensor too");
     }
     info.derived[it->second] = true;
+    if (PackedBlock(c) != 0) {
+      REFIT_RETURN_IF_ERROR(CheckPacked(c, s, info.numel[i], info.numel[it->second]));
+      const std::string global = GlobalScaleName(c);
+      if (!global.empty()) {
+        auto g = info.index.find(global);
+        if (g == info.index.end() || g->second == i || info.derived[g->second] ||
+            !l.canonical[g->second].scale.empty() || l.canonical[g->second].dtype != "F32" ||
+            info.numel[g->second] != 1) {
+          return InvalidArgumentError(what + ": its global scale " +
+                                      QuoteForMessage(global) +
+                                      " must be a canonical F32 tensor of 1 element, not "
+                                      "quantized and the scale of nothing else");
+        }
+        info.derived[g->second] = true;
+      }
+      continue;
+    }
     if (c.scale_kind == "per_tensor") {
       if (info.numel[it->second] != 1) {
         return InvalidArgumentError(what + ": per_tensor scale " +
@@ -349,8 +400,11 @@ Result<std::vector<Mapped>> CheckPieces(const Layout& l, const CanonInfo& ci) {
               pw + ": maps a scale tensor, which is derived from the tensor "
                    "it scales and must not be mapped");
         }
-        if (t.dtype != ct.dtype &&
-            !(IsFloatDType(t.dtype) && IsFloatDType(ct.dtype))) {
+        // A packed FP4 tensor is always a conversion (its pieces map
+        // logical elements, two a byte).
+        if (PackedBlock(ct) != 0 ? !IsFloatDType(t.dtype)
+                                 : t.dtype != ct.dtype && !(IsFloatDType(t.dtype) &&
+                                                            IsFloatDType(ct.dtype))) {
           return InvalidArgumentError(pw + ": local dtype " + t.dtype +
                                       " cannot hold canonical dtype " +
                                       ct.dtype);
@@ -382,7 +436,7 @@ Result<std::vector<Mapped>> CheckPieces(const Layout& l, const CanonInfo& ci) {
         if (cr->end() > ci.numel[c]) {
           return InvalidArgumentError(
               pw + ": canonical block (" + PieceShape(p) + ") reaches " +
-              ElementName(ct.shape, cr->end() - 1) + ", past the canonical "
+              ElementName(LogicalShape(ct), cr->end() - 1) + ", past the canonical "
               "tensor's " + std::to_string(ci.numel[c]) +
               " elements (shape mismatch)");
         }
@@ -448,7 +502,7 @@ Status CheckCanonicalCoverage(const Layout& l, const CanonInfo& ci, size_t c,
   Status st;
   Problem problem = FirstProblem(unique, ci.numel[c]);
   if (problem.kind == Problem::kGap) {
-    return InvalidArgumentError(what + ": gap: " + ElementName(ct.shape, problem.at) +
+    return InvalidArgumentError(what + ": gap: " + ElementName(LogicalShape(ct), problem.at) +
                                 " is mapped by no piece on any rank");
   }
   if (!same_dtype || problem.kind != Problem::kNone) {
@@ -456,7 +510,7 @@ Status CheckCanonicalCoverage(const Layout& l, const CanonInfo& ci, size_t c,
     size_t holder = 0;
     SweepRuns(m.runs, [&](size_t src, uint64_t b, uint64_t e) {
       if (b > reach) {
-        st = InvalidArgumentError(what + ": gap: " + ElementName(ct.shape, reach) +
+        st = InvalidArgumentError(what + ": gap: " + ElementName(LogicalShape(ct), reach) +
                                   " is mapped by no piece on any rank");
         return false;
       }
@@ -464,7 +518,7 @@ Status CheckCanonicalCoverage(const Layout& l, const CanonInfo& ci, size_t c,
         const PieceRef& a = m.refs[src];
         const PieceRef& h = m.refs[holder];
         st = InvalidArgumentError(
-            what + ": replicas disagree on storage at " + ElementName(ct.shape, b) +
+            what + ": replicas disagree on storage at " + ElementName(LogicalShape(ct), b) +
             ": " + DescribePiece(l, a.rank, a.tensor, a.piece) + " holds " +
             dtype_of(src) + ", " + DescribePiece(l, h.rank, h.tensor, h.piece) +
             " holds " + dtype_of(holder));
@@ -475,7 +529,7 @@ Status CheckCanonicalCoverage(const Layout& l, const CanonInfo& ci, size_t c,
     });
     REFIT_RETURN_IF_ERROR(st);
     if (reach < ci.numel[c]) {
-      return InvalidArgumentError(what + ": gap: " + ElementName(ct.shape, reach) +
+      return InvalidArgumentError(what + ": gap: " + ElementName(LogicalShape(ct), reach) +
                                   " is mapped by no piece on any rank");
     }
   }
@@ -496,7 +550,7 @@ Status CheckCanonicalCoverage(const Layout& l, const CanonInfo& ci, size_t c,
         const PieceRef& a = m.refs[idx[src]];
         const PieceRef& h = m.refs[idx[rh]];
         st = InvalidArgumentError(
-            what + ": " + ElementName(ct.shape, b) + " is mapped twice on one "
+            what + ": " + ElementName(LogicalShape(ct), b) + " is mapped twice on one "
             "rank: by " + DescribePiece(l, a.rank, a.tensor, a.piece) +
             " and by " + DescribePiece(l, h.rank, h.tensor, h.piece));
         return false;
@@ -528,6 +582,28 @@ Result<Validated> ValidateImpl(const Layout& l) {
 
 }  // namespace
 
+uint64_t PackedBlock(const CanonicalTensor& tensor) {
+  if (tensor.scale_kind == "mxfp4") return 32;
+  if (tensor.scale_kind == "nvfp4") return 16;
+  return 0;
+}
+
+std::string GlobalScaleName(const CanonicalTensor& tensor) {
+  return tensor.scale_kind == "nvfp4" ? tensor.scale + "_2" : std::string();
+}
+
+std::vector<uint64_t> LogicalShape(const CanonicalTensor& tensor) {
+  std::vector<uint64_t> shape = tensor.shape;
+  if (tensor.scale_kind == "mxfp4" && shape.size() >= 2) {
+    const uint64_t last = shape.back();
+    shape.pop_back();
+    shape.back() *= 2 * last;
+  } else if (tensor.scale_kind == "nvfp4" && !shape.empty()) {
+    shape.back() *= 2;
+  }
+  return shape;
+}
+
 Status ValidateLayout(const Layout& layout) {
   return ValidateImpl(layout).status();
 }
@@ -536,6 +612,7 @@ uint64_t PieceBytes(const Layout& layout, const Piece& piece) {
   DTypeRegistry dtypes;
   for (const CanonicalTensor& c : layout.canonical) {
     if (c.name != piece.canonical) continue;
+    if (PackedBlock(c) != 0) return piece.rows * piece.cols / 2;
     Result<int> w = dtypes.ElementWidth(c.dtype);
     return piece.rows * piece.cols * static_cast<uint64_t>(w.ok() ? *w : 0);
   }
@@ -562,9 +639,13 @@ Piece SubPiece(const Piece& p, uint64_t r0, uint64_t nr, uint64_t c0,
 // canonical tensor `ct`.
 bool CanCut(const CanonicalTensor& ct, const Piece& p, uint64_t i) {
   if (ct.scale_kind.empty()) return true;
-  if (ct.scale_kind != "per_block") return false;
-  uint64_t width = ct.shape.empty() ? 1 : ct.shape.back();
-  uint64_t br = ct.block_rows, bc = ct.block_cols;
+  const uint64_t packed = PackedBlock(ct);
+  // nvfp4's global scale is the amax of the whole tensor: never cut.
+  if ((ct.scale_kind != "per_block" && packed == 0) || ct.scale_kind == "nvfp4") return false;
+  // A packed tensor's blocks are 1 x PackedBlock in logical coordinates.
+  const std::vector<uint64_t> shape = LogicalShape(ct);
+  uint64_t width = shape.empty() ? 1 : shape.back();
+  uint64_t br = packed ? 1 : ct.block_rows, bc = packed ? packed : ct.block_cols;
   if (p.rows > 1) {
     if (p.cols == 1 || p.canon_col_stride == 1) {
       // Piece rows ascend through the canonical rows: cut between the last
@@ -875,7 +956,7 @@ Status CheckCoverage(const Layout& layout, const Ownership& owned) {
     Problem problem = FirstProblem(m.runs, v.info.numel[c]);
     if (problem.kind == Problem::kNone) continue;
     if (problem.kind == Problem::kGap) {
-      return InvalidArgumentError(what + ": gap: " + ElementName(ct.shape, problem.at) +
+      return InvalidArgumentError(what + ": gap: " + ElementName(LogicalShape(ct), problem.at) +
                                   " is owned by no rank");
     }
     uint64_t reach = 0;
@@ -883,13 +964,13 @@ Status CheckCoverage(const Layout& layout, const Ownership& owned) {
     Status st;
     SweepRuns(m.runs, [&](size_t src, uint64_t b, uint64_t e) {
       if (b > reach) {
-        st = InvalidArgumentError(what + ": gap: " + ElementName(ct.shape, reach) +
+        st = InvalidArgumentError(what + ": gap: " + ElementName(LogicalShape(ct), reach) +
                                   " is owned by no rank");
         return false;
       }
       if (b < reach) {
         st = InvalidArgumentError(
-            what + ": overlap: " + ElementName(ct.shape, b) +
+            what + ": overlap: " + ElementName(LogicalShape(ct), b) +
             " is owned twice, by rank " +
             std::to_string(layout.ranks[m.refs[src].rank].rank) + " (owned piece " +
             std::to_string(m.refs[src].piece) + ") and by rank " +
@@ -903,7 +984,7 @@ Status CheckCoverage(const Layout& layout, const Ownership& owned) {
     });
     REFIT_RETURN_IF_ERROR(st);
     if (reach < v.info.numel[c]) {
-      return InvalidArgumentError(what + ": gap: " + ElementName(ct.shape, reach) +
+      return InvalidArgumentError(what + ": gap: " + ElementName(LogicalShape(ct), reach) +
                                   " is owned by no rank");
     }
   }

@@ -62,7 +62,7 @@ std::map<std::string, std::vector<int>> OwnerCounts(const Layout& l, const Owner
   std::map<std::string, std::vector<int>> counts;
   for (const CanonicalTensor& c : l.canonical) {
     uint64_t n = 1;
-    for (uint64_t d : c.shape) n *= d;
+    for (uint64_t d : LogicalShape(c)) n *= d;
     counts[c.name].assign(n, 0);
   }
   for (const auto& rank : o) {
@@ -106,8 +106,10 @@ void CheckAll(const Layout& l, uint64_t seed, const OwnershipOptions& opt = {},
   ASSERT_OK(owned);
   ASSERT_OK(CheckCoverage(l, *owned));
   std::map<std::string, std::vector<int>> counts = OwnerCounts(l, *owned);
+  std::set<std::string> derived;
+  for (const CanonicalTensor& c : l.canonical) derived.insert({c.scale, GlobalScaleName(c)});
   for (const CanonicalTensor& c : l.canonical) {
-    if (c.name.ends_with("_scale")) continue;
+    if (derived.count(c.name)) continue;
     const std::vector<int>& n = counts[c.name];
     for (size_t i = 0; i < n.size(); ++i) {
       ASSERT_EQ(n[i], 1) << c.name << " element " << i;
@@ -399,6 +401,88 @@ TEST(Layout, OwnershipKeepsQuantizationBlocksWhole) {
                                          << (transposed ? " (transposed)" : "");
     }
     EXPECT_EQ(t_owners.size(), 1u) << "a per_tensor tensor is owned whole";
+  }
+}
+
+// Packed FP4 tensors: pieces map logical elements (two a byte), ownership
+// cuts MXFP4 replicas only between 32-element blocks and never cuts an
+// NVFP4 tensor (its global scale is the whole tensor's amax).
+Layout Packed() {
+  Layout l;
+  l.canonical = {{"e", "U8", {2, 4, 2, 16}, "e_scales", "mxfp4", 0, 0},  // logical [2, 4, 64]
+                 {"e_scales", "U8", {2, 4, 2}, "", "", 0, 0},
+                 {"r", "U8", {1, 6, 16}, "r_scales", "mxfp4", 0, 0},  // logical [1, 192]
+                 {"r_scales", "U8", {1, 6}, "", "", 0, 0},
+                 {"n", "U8", {8, 16}, "n_scale", "nvfp4", 0, 0},  // logical [8, 32]
+                 {"n_scale", "F8_E4M3", {8, 2}, "", "", 0, 0},
+                 {"n_scale_2", "F32", {}, "", "", 0, 0}};
+  for (uint32_t r = 0; r < 3; ++r) {  // three replicas
+    RankLayout rl;
+    rl.rank = r;
+    rl.tensors.push_back({"e", "BF16", {8, 64}, {Rows("e", 8, 64, 0, 0, 64, 64)}});
+    rl.tensors.push_back({"r", "F32", {192}, {Rows("r", 1, 192, 0, 0, 192, 192)}});
+    rl.tensors.push_back({"n", "BF16", {8, 32}, {Rows("n", 8, 32, 0, 0, 32, 32)}});
+    l.ranks.push_back(rl);
+  }
+  return l;
+}
+
+TEST(Layout, PackedFp4TensorsMapLogicalElementsAndKeepBlocksWhole) {
+  const Layout l = Packed();
+  EXPECT_EQ(LogicalShape(l.canonical[0]), (std::vector<uint64_t>{2, 4, 64}));
+  EXPECT_EQ(LogicalShape(l.canonical[4]), (std::vector<uint64_t>{8, 32}));
+  EXPECT_EQ(PackedBlock(l.canonical[0]), 32u);
+  EXPECT_EQ(PackedBlock(l.canonical[4]), 16u);
+  EXPECT_EQ(GlobalScaleName(l.canonical[4]), "n_scale_2");
+  EXPECT_EQ(GlobalScaleName(l.canonical[0]), "");
+  OwnershipOptions opt;
+  opt.min_split_bytes = 1;
+  CheckAll(l, 11, opt, /*bytes=*/false);  // BF16 / F32 storage: a conversion
+  Result<Ownership> o = AssignOwnership(l, opt);
+  ASSERT_OK(o);
+  std::map<std::string, std::set<size_t>> owners;
+  for (size_t r = 0; r < o->size(); ++r) {
+    for (const OwnedPiece& op : (*o)[r]) {
+      const Piece& p = op.piece;
+      owners[p.canonical].insert(r);
+      if (p.canonical == "n") continue;
+      // Runs of whole blocks: starts and lengths multiples of 32.
+      EXPECT_EQ(p.canon_offset % 32, 0u) << p.canonical;
+      EXPECT_EQ(p.cols % 32, 0u) << p.canonical;
+    }
+  }
+  EXPECT_EQ(owners["e"].size(), 3u);
+  EXPECT_EQ(owners["r"].size(), 3u);  // cut at logical columns 64 and 128
+  EXPECT_EQ(owners["n"].size(), 1u);
+  {
+    Layout b = Packed();  // a piece past the logical end
+    b.ranks[0].tensors[0] = {"e", "BF16", {9, 64}, {Rows("e", 9, 64, 0, 0, 64, 64)}};
+    ExpectError(b, "past the canonical tensor's 512 elements");
+  }
+  {
+    Layout b = Packed();
+    b.canonical[0].shape = {2, 4, 4, 8};
+    ExpectError(b, "shape must be [..., C/32, 16]");
+  }
+  {
+    Layout b = Packed();
+    b.canonical[1].dtype = "F32";
+    ExpectError(b, "scale tensor 'e_scales' must be 16 U8 element(s), one per 32 elements");
+  }
+  {
+    Layout b = Packed();
+    b.canonical[6].name = "n_global";
+    ExpectError(b, "its global scale 'n_scale_2' must be a canonical F32 tensor of 1 element");
+  }
+  {
+    Layout b = Packed();
+    b.ranks[1].tensors[2].dtype = "U8";
+    ExpectError(b, "local dtype U8 cannot hold canonical dtype U8");
+  }
+  {
+    Layout b = Packed();
+    b.canonical[4].block_rows = b.canonical[4].block_cols = 16;
+    ExpectError(b, "its blocks are implied");
   }
 }
 

@@ -1,9 +1,10 @@
 // Conversions from a trainer's storage dtype to a checkpoint's (the
 // residual path of docs/layout.md): FP32 master weights to BF16, FP32 or
-// BF16 to FP8 E4M3 with a scale. Each is bit-exact with the reference
-// casts (round to nearest even; PyTorch's float -> bfloat16 and
-// float -> float8_e4m3fn), so a receiver's bits equal a checkpoint written
-// by the trainer framework. Pure functions, thread-safe.
+// BF16 to FP8 E4M3 with a scale, and to packed MXFP4 or NVFP4 rows (the
+// rank encoder's "mxfp4" / "nvfp4" tensors). Each is bit-exact with the
+// reference casts (round to nearest even; PyTorch's float -> bfloat16 and
+// float -> float8_e4m3fn) and quantizers, so a receiver's bits equal a
+// checkpoint written by the trainer framework. Pure functions, thread-safe.
 #ifndef REFIT_TRAINER_CONVERT_H_
 #define REFIT_TRAINER_CONVERT_H_
 

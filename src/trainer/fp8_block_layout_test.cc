@@ -18,6 +18,7 @@
 #include "support/test_layout.h"
 #include "support/testing.h"
 #include "trainer/convert.h"
+#include "trainer/layout_test_steps.h"
 #include "trainer/rank_encoder.h"
 
 namespace refit::trainer {
@@ -80,22 +81,12 @@ TensorBytes RandomWeights(const Layout& l, std::mt19937_64& rng) {
 // place; a few by a lot (so some block amaxes, hence scales, change).
 TensorBytes Step(const TensorBytes& a, std::mt19937_64& rng) {
   TensorBytes b = a;
-  std::uniform_real_distribution<double> u(0, 1);
   for (auto& [name, bytes] : b) {
     if (name.find("expert_bias") != std::string::npos ||
         name.find("e_score_correction_bias") != std::string::npos) {
       continue;  // F32: left as is
     }
-    for (size_t i = 0; i + 1 < bytes.size(); i += 2) {
-      double r = u(rng);
-      if (r < 0.03) {
-        uint16_t x;
-        std::memcpy(&x, &bytes[i], 2);
-        x = static_cast<uint16_t>(x + (rng() % 2 ? 1 : -1) * static_cast<int>(1 + rng() % 3));
-        if (r < 0.001) x = static_cast<uint16_t>(x ^ 0x0080);  // exponent +-1
-        std::memcpy(&bytes[i], &x, 2);
-      }
-    }
+    layout_test::MoveSomeElements(&bytes, &rng, 3);
   }
   return b;
 }
@@ -103,12 +94,9 @@ TensorBytes Step(const TensorBytes& a, std::mt19937_64& rng) {
 // The checkpoint of `q` (the quantized layout) from BF16 / F32 canonical
 // values, each FP8 tensor quantized whole per its blocks.
 TensorBytes Reference(const Layout& q, const TensorBytes& values) {
-  TensorBytes out;
+  TensorBytes out = layout_test::Unquantized(q, values);
   for (const CanonicalTensor& c : q.canonical) {
-    if (c.scale_kind.empty()) {
-      if (values.count(c.name)) out[c.name] = values.at(c.name);
-      continue;
-    }
+    if (c.scale_kind.empty()) continue;
     const std::vector<uint8_t>& v = values.at(c.name);
     const uint64_t rows = c.shape[0], cols = c.shape[1];
     const uint64_t br = c.block_rows, bc = c.block_cols;
@@ -136,14 +124,6 @@ TensorBytes Reference(const Layout& q, const TensorBytes& values) {
     }
   }
   return out;
-}
-
-std::vector<TensorView> Views(const Layout& l, size_t ri, const TensorBytes& bytes) {
-  std::vector<TensorView> v;
-  for (const auto& t : l.ranks[ri].tensors) {
-    v.push_back({t.name, t.dtype, t.dtype == "F32" ? 4 : 2, t.shape, bytes.at(t.name).data()});
-  }
-  return v;
 }
 
 TEST(Fp8BlockLayoutTest, RanksPatchTheReferenceCheckpoint) {
@@ -190,9 +170,9 @@ TEST(Fp8BlockLayoutTest, RanksPatchTheReferenceCheckpoint) {
       for (size_t ri = 0; ri < lq->ranks.size(); ++ri) {
         auto enc = RankEncoder::Create(*lq, lq->ranks[ri].rank, opt);
         ASSERT_OK(enc);
-        ASSERT_OK((*enc)->SetBaselineFromLocal(Views(*lq, ri, (*local_a)[ri])));
+        ASSERT_OK((*enc)->SetBaselineFromLocal(layout_test::RankViews(*lq, ri, (*local_a)[ri])));
         owned += (*enc)->owned_bytes();
-        auto report = (*enc)->Encode(1, 0, Views(*lq, ri, (*local_b)[ri]),
+        auto report = (*enc)->Encode(1, 0, layout_test::RankViews(*lq, ri, (*local_b)[ri]),
                                      [&](std::span<const uint8_t> c, const ChunkHeader&) {
                                        chunks.emplace_back(c.begin(), c.end());
                                        return Status();
@@ -208,18 +188,7 @@ TEST(Fp8BlockLayoutTest, RanksPatchTheReferenceCheckpoint) {
       EXPECT_EQ(owned, canon_bytes);  // every element and scale owned once
       EXPECT_GT(residual, 0u);
       TensorBytes applied = ref_a;
-      ApplyScratch scratch;
-      for (const auto& c : chunks) {
-        auto parsed = ParseChunk(c);
-        ASSERT_OK(parsed);
-        auto& t = applied.at(names[parsed->header.tensor_id]);
-        ASSERT_EQ(ClassifyRange(parsed->header, RegionHash(parsed->header, t.data())),
-                  RangeState::kBefore);
-        ASSERT_OK(ApplyChunkInPlace(*parsed, t.data(), &scratch, nullptr, nullptr));
-      }
-      for (const auto& [name, bytes] : ref_b) {
-        ASSERT_TRUE(applied.at(name) == bytes) << name;
-      }
+      ASSERT_NO_FATAL_FAILURE(layout_test::ApplyAndCompare(chunks, names, &applied, ref_b));
     }
   }
 }

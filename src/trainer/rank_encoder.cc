@@ -21,7 +21,10 @@ using layout::Piece;
 // One owned piece, walked in canonical order: `outer` canonical rows of
 // `inner` contiguous elements, `stride` apart from canonical element
 // `start`. Region element (o, i) is piece element (r, c) = (o, i), or
-// (i, o) for transposed storage.
+// (i, o) for transposed storage. A packed FP4 tensor (pack 2) counts
+// outer/inner/start/stride in bytes, two logical elements each, and its
+// piece in logical elements: byte i of a row holds logical elements 2i and
+// 2i + 1, LocalIndex(o, 2i) and LocalIndex(o, 2i + 1).
 struct Region {
   uint32_t local = 0;   // index into the rank's local tensors
   uint32_t canon = 0;   // index into the sorted canonical tensors
@@ -31,6 +34,8 @@ struct Region {
   int width = 0;             // canonical element width
   bool direct = false;       // local dtype is the checkpoint's
   bool in_place = false;     // direct, and the local block is in canonical order
+  uint64_t pack = 1;         // logical elements per canonical element
+  uint64_t packed = 0;       // layout::PackedBlock of the canonical tensor
   uint64_t base_offset = 0;  // bytes into the baseline
 
   uint64_t LocalIndex(uint64_t o, uint64_t i) const {
@@ -43,30 +48,41 @@ struct Region {
 // A chunk's worth of one region: rows [o0, o0 + rows) whole, or the part
 // [i0, i0 + n) of row o0 (rows == 1). scale_of >= 0: elements
 // [first, first + count) of the owned scales of canonical tensor
-// `scale_of` instead, which lie in its scale tensor at start/run/stride.
+// `scale_of` instead, which lie in its scale tensor at start/run/stride;
+// with `global`, the one F32 element of its nvfp4 global scale tensor.
 struct Job {
   uint32_t region = 0;
   uint64_t o0 = 0, rows = 0, i0 = 0, n = 0;
   int64_t scale_of = -1;
+  bool global = false;
   uint64_t first = 0;
   uint64_t start = 0, run = 0, stride = 0;  // scale jobs' region
   uint64_t base_offset = 0;  // bytes into the baseline
   uint64_t count = 0;        // elements
 };
 
-// The FP8 scales of one quantized canonical tensor that this rank owns:
+// The scales of one quantized canonical tensor that this rank owns:
 // per_tensor is one block covering the whole tensor. The tensor is viewed
-// as `rows` x `cols` (its first dimension by the rest); block (bi, bj)
-// covers rows [bi*br, ...) and columns [bj*bc, ...), and its scale is
-// element bi * nbc + bj of the scale tensor.
+// as `rows` x `cols` (its first dimension by the rest; logical elements for
+// a packed FP4 tensor, whose blocks are 1 x 32 or 1 x 16 along its logical
+// rows); block (bi, bj) covers rows [bi*br, ...) and columns [bj*bc, ...),
+// and its scale is element bi * nbc + bj of the scale tensor.
 struct ScaleState {
   uint32_t canon = 0;            // the quantized tensor
   uint32_t scale_canon = 0;      // its scale tensor
   bool per_tensor = true;
+  uint64_t packed = 0;           // layout::PackedBlock of the tensor
+  int width = 4;                 // scale element bytes: F32, or 1 when packed
   uint64_t rows = 1, cols = 1, br = 1, bc = 1, nbc = 1;
   std::vector<uint64_t> blocks;  // owned scale-tensor indices, ascending
   std::map<uint64_t, uint32_t> slot;  // scale index -> position in blocks
-  std::vector<float> current;    // per owned block, computed by Encode
+  std::vector<float> current;    // FP8: per owned block, computed by Encode
+  std::vector<uint8_t> codes;    // packed: per owned block, computed by Encode
+  // nvfp4: the global scale tensor and its value (the rank owns the whole
+  // tensor), computed by Encode; global_canon < 0 for other kinds.
+  int64_t global_canon = -1;
+  float global = 1.0f;
+  uint64_t global_offset = 0;    // its bytes in the baseline
   uint64_t base_offset = 0;      // the owned scales' bytes in the baseline
 
   uint64_t BlockOf(uint64_t canonical_index) const {
@@ -87,6 +103,30 @@ struct Encoded {
   uint64_t changed = 0;
 };
 
+// Converts region `r` of packed FP4 tensor `ct`, in logical elements, to
+// bytes (Region, pack 2). Each row segment must be whole `block`-element
+// scale blocks: the rank quantizes and packs them alone.
+Status PackRegion(const CanonicalTensor& ct, uint32_t rank, uint64_t block, Region* r) {
+  auto split = [&](uint64_t logical) {
+    return InvalidArgumentError(
+        "canonical tensor '" + ct.name + "' (" + ct.scale_kind + "): rank " +
+        std::to_string(rank) + " owns part of the " + std::to_string(block) +
+        "-element scale block " + std::to_string(logical / block) + " (logical element " +
+        std::to_string(logical) + "); a scale is the amax of its block and a byte holds "
+        "two elements, so one rank must own the whole block (splits must fall on block "
+        "boundaries)");
+  };
+  if (r->start % block != 0) return split(r->start);
+  if (r->inner % block != 0) return split(r->start + r->inner - 1);
+  if (r->outer > 1 && r->stride % block != 0) return split(r->start + r->stride);
+  r->pack = 2;
+  r->packed = block;
+  r->start /= 2;
+  r->inner /= 2;
+  r->stride /= 2;
+  return Status();
+}
+
 }  // namespace
 
 struct RankEncoder::Impl {
@@ -104,13 +144,31 @@ struct RankEncoder::Impl {
   bool have_baseline = false;
 
   const CanonicalTensor& Canon(const Region& r) const { return canonical[r.canon]; }
+  // A scale job's canonical tensor and element width.
+  uint32_t ScaleTensor(const Job& j) const {
+    const ScaleState& s = scales.at(static_cast<uint32_t>(j.scale_of));
+    return j.global ? static_cast<uint32_t>(s.global_canon) : s.scale_canon;
+  }
+  int ScaleWidth(const Job& j) const {
+    return j.global ? 4 : scales.at(static_cast<uint32_t>(j.scale_of)).width;
+  }
   Status CheckLocal(const std::vector<TensorView>& views,
                     std::vector<const uint8_t*>* data) const;
   // Writes the job's current canonical bytes into out (count * width).
   void Gather(const Job& job, const std::vector<const uint8_t*>& data, uint8_t* out) const;
   // The current scale of every owned block of s (amax / 448; 1 where the
-  // block is all zeros, so its elements encode as zeros).
+  // block is all zeros, so its elements encode as zeros), or of a packed
+  // tensor the scale codes its quantizer writes.
   Status ComputeScales(ScaleState* s, const std::vector<const uint8_t*>& data) const;
+  Status ComputePackedScales(ScaleState* s, const std::vector<const uint8_t*>& data) const;
+  // Quantizes bytes [i0, i0 + n) of row o of packed region r: writes n
+  // bytes to `packed` and their blocks' scale codes to `codes`.
+  Status QuantizePacked(const Region& r, uint64_t o, uint64_t i0, uint64_t n,
+                        const std::vector<const uint8_t*>& data, uint8_t* packed,
+                        std::vector<float>* x, std::vector<uint8_t>* codes) const;
+  // The logical elements of those bytes, as FP32.
+  void LoadPacked(const Region& r, uint64_t o, uint64_t i0, uint64_t n,
+                  const std::vector<const uint8_t*>& data, std::vector<float>* x) const;
 };
 
 RankEncoder::RankEncoder(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -133,11 +191,11 @@ std::vector<RankJob> RankEncoder::jobs() const {
     rj.count = j.count;
     rj.base_offset = j.base_offset;
     if (j.scale_of >= 0) {
-      rj.tensor_id = m.scales.at(static_cast<uint32_t>(j.scale_of)).scale_canon;
+      rj.tensor_id = m.ScaleTensor(j);
       rj.start = j.start;
       rj.run = j.run;
       rj.stride = j.stride;
-      rj.width = 4;
+      rj.width = m.ScaleWidth(j);
     } else {
       const Region& r = m.regions[j.region];
       rj.in_place = r.in_place;
@@ -194,10 +252,15 @@ Result<std::unique_ptr<RankEncoder>> RankEncoder::Create(const layout::Layout& l
     const CanonicalTensor& ct = impl->canonical[r.canon];
     const layout::LocalTensor& lt = impl->local[op.tensor];
     REFIT_ASSIGN_OR_RETURN(r.width, DTypeRegistry().ElementWidth(ct.dtype));
-    REFIT_RETURN_IF_ERROR(CheckConversion(lt.dtype, ct.dtype)
-                              .WithContext("rank " + std::to_string(rank) + " local tensor '" +
-                                           lt.name + "' -> '" + ct.name + "'"));
-    r.direct = lt.dtype == ct.dtype;
+    const uint64_t packed = layout::PackedBlock(ct);
+    const std::string what =
+        "rank " + std::to_string(rank) + " local tensor '" + lt.name + "' -> '" + ct.name + "'";
+    if (packed && !IsConvertibleSource(lt.dtype)) {
+      return InvalidArgumentError(what + ": " + ct.scale_kind + " is quantized from F32 or "
+                                  "BF16, not from local dtype " + lt.dtype);
+    }
+    if (!packed) REFIT_RETURN_IF_ERROR(CheckConversion(lt.dtype, ct.dtype).WithContext(what));
+    r.direct = lt.dtype == ct.dtype && packed == 0;
     if (ct.dtype == "F8_E4M3" && !r.direct && ct.scale_kind.empty()) {
       return InvalidArgumentError("canonical tensor '" + ct.name +
                                   "' is F8_E4M3 converted from " + lt.dtype +
@@ -218,6 +281,9 @@ Result<std::unique_ptr<RankEncoder>> RankEncoder::Create(const layout::Layout& l
     r.in_place = r.direct && !r.transposed &&
                  (p.cols == 1 || p.local_col_stride == 1) &&
                  (p.rows == 1 || p.local_row_stride == p.cols * p.local_col_stride);
+    if (packed) {
+      REFIT_RETURN_IF_ERROR(PackRegion(ct, rank, packed, &r));
+    }
     r.base_offset = offset;
     offset += r.outer * r.inner * static_cast<uint64_t>(r.width);
     if (!ct.scale_kind.empty() && !r.direct) owned_elements_of[r.canon] += r.outer * r.inner;
@@ -239,6 +305,7 @@ Result<std::unique_ptr<RankEncoder>> RankEncoder::Create(const layout::Layout& l
     s.canon = ci;
     s.scale_canon = it->second;
     s.per_tensor = ct.scale_kind == "per_tensor";
+    s.packed = layout::PackedBlock(ct);
     s.rows = ct.shape.empty() ? 1 : ct.shape[0];
     s.cols = 1;
     for (size_t d = 1; d < ct.shape.size(); ++d) s.cols *= ct.shape[d];
@@ -247,7 +314,17 @@ Result<std::unique_ptr<RankEncoder>> RankEncoder::Create(const layout::Layout& l
       s.rows = 1;
     }
     uint64_t want = 1;
-    if (!s.per_tensor) {
+    if (s.packed) {
+      // Validated by the layout: U8 codes, logical rows of whole blocks.
+      const std::vector<uint64_t> logical = layout::LogicalShape(ct);
+      s.cols = logical.back();
+      s.rows = 1;
+      for (size_t d = 0; d + 1 < logical.size(); ++d) s.rows *= logical[d];
+      s.br = 1;
+      s.bc = s.packed;
+      s.nbc = s.cols / s.bc;
+      s.width = 1;
+    } else if (!s.per_tensor) {
       if (ct.block_rows == 0 || ct.block_cols == 0) {
         return InvalidArgumentError("canonical tensor '" + ct.name + "' has per_block scales "
                                     "without a block size");
@@ -259,7 +336,8 @@ Result<std::unique_ptr<RankEncoder>> RankEncoder::Create(const layout::Layout& l
     }
     uint64_t st_elements = 1;
     for (uint64_t d : st.shape) st_elements *= d;
-    if (st.dtype != "F32" || st_elements != want) {
+    // A packed tensor's scale dtype and size are the layout's rules.
+    if (!s.packed && (st.dtype != "F32" || st_elements != want)) {
       return InvalidArgumentError("scale tensor '" + st.name + "' must be " +
                                   std::to_string(want) + " F32 element(s)");
     }
@@ -268,8 +346,8 @@ Result<std::unique_ptr<RankEncoder>> RankEncoder::Create(const layout::Layout& l
     for (const Region& r : impl->regions) {
       if (r.canon != ci) continue;
       for (uint64_t o = 0; o < r.outer; ++o) {
-        uint64_t a = r.start + o * r.stride;
-        const uint64_t end = a + r.inner;
+        uint64_t a = (r.start + o * r.stride) * r.pack;
+        const uint64_t end = a + r.inner * r.pack;
         while (a < end) {
           // The segment up to the end of this block's columns (and row).
           const uint64_t col = a % s.cols;
@@ -295,9 +373,28 @@ Result<std::unique_ptr<RankEncoder>> RankEncoder::Create(const layout::Layout& l
       s.slot[b] = static_cast<uint32_t>(s.blocks.size());
       s.blocks.push_back(b);
     }
-    s.current.assign(s.blocks.size(), 1.0f);
+    if (s.packed) {
+      s.codes.assign(s.blocks.size(), 0);
+    } else {
+      s.current.assign(s.blocks.size(), 1.0f);
+    }
     s.base_offset = offset;
-    offset += 4 * s.blocks.size();
+    offset += static_cast<uint64_t>(s.width) * s.blocks.size();
+    if (!layout::GlobalScaleName(ct).empty()) {
+      uint64_t owned_elements = 0;
+      for (const auto& [b, count] : per_block) owned_elements += count;
+      if (owned_elements != s.rows * s.cols) {
+        return InvalidArgumentError(
+            "canonical tensor '" + ct.name + "' (nvfp4): rank " + std::to_string(rank) +
+            " owns " + std::to_string(owned_elements) + " of its " +
+            std::to_string(s.rows * s.cols) + " elements; its global scale '" +
+            layout::GlobalScaleName(ct) + "' is the amax of the whole tensor, so one rank must own "
+            "all of it");
+      }
+      s.global_canon = canon_index.at(layout::GlobalScaleName(ct));
+      s.global_offset = offset;
+      offset += 4;
+    }
     impl->scales[ci] = std::move(s);
   }
   impl->owned_bytes = offset;
@@ -341,21 +438,47 @@ Result<std::unique_ptr<RankEncoder>> RankEncoder::Create(const layout::Layout& l
       j.start = start;
       j.run = run;
       j.stride = stride;
-      j.base_offset = s.base_offset + 4 * first;
+      j.base_offset = s.base_offset + static_cast<uint64_t>(s.width) * first;
       first += count;
       impl->jobs.push_back(j);
     };
-    if (rectangle) {
-      push(runs[0].first, runs.size() * runs[0].second, runs[0].second, s.nbc);
+    // At most chunk_bytes of scales a chunk (an MXFP4 tensor has one per
+    // 16 bytes): whole block rows of the rectangle, else parts of runs.
+    const uint64_t most = std::max<uint64_t>(1, limit / static_cast<uint64_t>(s.width));
+    if (rectangle && runs[0].second <= most) {
+      const uint64_t len = runs[0].second, per = std::max<uint64_t>(1, most / len);
+      for (size_t k = 0; k < runs.size(); k += per) {
+        const uint64_t rows = std::min<uint64_t>(per, runs.size() - k);
+        if (rows == 1) {
+          push(runs[k].first, len, 0, 0);
+        } else {
+          push(runs[k].first, rows * len, len, s.nbc);
+        }
+      }
     } else {
-      for (const auto& [b, n] : runs) push(b, n, 0, 0);
+      for (const auto& [b, n] : runs) {
+        for (uint64_t i = 0; i < n; i += most) push(b + i, std::min(most, n - i), 0, 0);
+      }
+    }
+    if (s.global_canon >= 0) {
+      Job j;
+      j.scale_of = canon;
+      j.global = true;
+      j.count = 1;
+      j.base_offset = s.global_offset;
+      impl->jobs.push_back(j);
     }
   };
   for (size_t k = 0; k < order.size(); ++k) {
     const Region& r = impl->regions[order[k]];
     const uint64_t row_bytes = r.inner * static_cast<uint64_t>(r.width);
-    const uint64_t max_elems = std::min<uint64_t>(
+    uint64_t max_elems = std::min<uint64_t>(
         kMaxChunkElements, std::max<uint64_t>(limit / static_cast<uint64_t>(r.width), 1));
+    if (r.packed) {
+      // A part of a row holds whole scale blocks (packed / 2 bytes each).
+      const uint64_t block_bytes = r.packed / 2;
+      max_elems = std::max(block_bytes, max_elems / block_bytes * block_bytes);
+    }
     if (row_bytes <= limit && r.inner <= max_elems) {
       const uint64_t rows_per = std::max<uint64_t>(1, std::min(limit / row_bytes, max_elems / r.inner));
       for (uint64_t o = 0; o < r.outer; o += rows_per) {
@@ -420,8 +543,61 @@ Status RankEncoder::Impl::CheckLocal(const std::vector<TensorView>& views,
   return Status();
 }
 
+Status RankEncoder::Impl::QuantizePacked(const Region& r, uint64_t o, uint64_t i0, uint64_t n,
+                                          const std::vector<const uint8_t*>& data,
+                                          uint8_t* packed, std::vector<float>* x,
+                                          std::vector<uint8_t>* codes) const {
+  LoadPacked(r, o, i0, n, data, x);
+  codes->resize(2 * n / r.packed);
+  const std::span<uint8_t> out(packed, n);
+  Status st = r.packed == kMxfp4Block
+                  ? QuantizeMxfp4Row(*x, out, *codes)
+                  : QuantizeNvfp4Row(*x, scales.at(r.canon).global, out, *codes);
+  return st.WithContext("canonical tensor '" + canonical[r.canon].name + "'");
+}
+
+void RankEncoder::Impl::LoadPacked(const Region& r, uint64_t o, uint64_t i0, uint64_t n,
+                                   const std::vector<const uint8_t*>& data,
+                                   std::vector<float>* x) const {
+  const std::string& dt = local[r.local].dtype;
+  x->resize(2 * n);
+  for (uint64_t i = 0; i < 2 * n; ++i) {
+    (*x)[i] = LoadAsF32(dt, data[r.local], r.LocalIndex(o, 2 * i0 + i));
+  }
+}
+
+Status RankEncoder::Impl::ComputePackedScales(ScaleState* s,
+                                               const std::vector<const uint8_t*>& data) const {
+  std::vector<float> x;
+  std::vector<uint8_t> bytes, codes;
+  if (s->global_canon >= 0) {
+    // The rank owns the whole tensor (Create); NaN and infinity are refused
+    // below, block by block.
+    float amax = 0;
+    for (const Region& r : regions) {
+      if (r.canon != s->canon) continue;
+      for (uint64_t o = 0; o < r.outer; ++o) {
+        LoadPacked(r, o, 0, r.inner, data, &x);
+        for (float v : x) amax = std::max(amax, std::fabs(v));
+      }
+    }
+    s->global = Nvfp4GlobalScale(amax);
+  }
+  for (const Region& r : regions) {
+    if (r.canon != s->canon) continue;
+    bytes.resize(r.inner);
+    for (uint64_t o = 0; o < r.outer; ++o) {
+      REFIT_RETURN_IF_ERROR(QuantizePacked(r, o, 0, r.inner, data, bytes.data(), &x, &codes));
+      const uint64_t first = (r.start + o * r.stride) * 2 / s->packed;
+      for (size_t k = 0; k < codes.size(); ++k) s->codes[s->slot.at(first + k)] = codes[k];
+    }
+  }
+  return Status();
+}
+
 Status RankEncoder::Impl::ComputeScales(ScaleState* s,
                                          const std::vector<const uint8_t*>& data) const {
+  if (s->packed) return ComputePackedScales(s, data);
   std::vector<float> amax(s->blocks.size(), 0.0f);
   for (const Region& r : regions) {
     if (r.canon != s->canon) continue;
@@ -449,7 +625,13 @@ void RankEncoder::Impl::Gather(const Job& job, const std::vector<const uint8_t*>
                                uint8_t* out) const {
   if (job.scale_of >= 0) {
     const ScaleState& sc = scales.at(static_cast<uint32_t>(job.scale_of));
-    std::memcpy(out, sc.current.data() + job.first, job.count * 4);
+    if (job.global) {
+      std::memcpy(out, &sc.global, 4);
+    } else if (sc.packed) {
+      std::memcpy(out, sc.codes.data() + job.first, job.count);
+    } else {
+      std::memcpy(out, sc.current.data() + job.first, job.count * 4);
+    }
     return;
   }
   const Region& r = regions[job.region];
@@ -457,6 +639,15 @@ void RankEncoder::Impl::Gather(const Job& job, const std::vector<const uint8_t*>
   const uint8_t* src = data[r.local];
   const uint64_t w = static_cast<uint64_t>(r.width);
   const CanonicalTensor& ct = canonical[r.canon];
+  if (r.packed) {
+    std::vector<float> x;
+    std::vector<uint8_t> codes;
+    for (uint64_t o = job.o0; o < job.o0 + job.rows; ++o) {
+      // Cannot fail: ComputeScales quantized every owned block already.
+      (void)QuantizePacked(r, o, job.i0, job.n, data, out + (o - job.o0) * job.n, &x, &codes);
+    }
+    return;
+  }
   const ScaleState* sc = nullptr;
   if (!r.direct && ct.dtype == "F8_E4M3") sc = &scales.at(r.canon);
   uint8_t* p = out;
@@ -503,7 +694,12 @@ Status RankEncoder::SetBaseline(const std::vector<TensorView>& canonical) {
   for (auto& [ci, s] : m.scales) {
     REFIT_ASSIGN_OR_RETURN(const TensorView* v, find(m.canonical[s.scale_canon]));
     for (size_t b = 0; b < s.blocks.size(); ++b) {
-      std::memcpy(m.baseline.data() + s.base_offset + 4 * b, v->data + 4 * s.blocks[b], 4);
+      const uint64_t w = static_cast<uint64_t>(s.width);
+      std::memcpy(m.baseline.data() + s.base_offset + w * b, v->data + w * s.blocks[b], w);
+    }
+    if (s.global_canon >= 0) {
+      REFIT_ASSIGN_OR_RETURN(const TensorView* g, find(m.canonical[s.global_canon]));
+      std::memcpy(m.baseline.data() + s.global_offset, g->data, 4);
     }
   }
   m.pending.clear();
@@ -552,7 +748,7 @@ Result<RankReport> RankEncoder::Encode(uint64_t version, uint64_t base_version,
         Scratch& s = scratch[static_cast<size_t>(worker)];
         const bool is_scale = j.scale_of >= 0;
         const Region* r = is_scale ? nullptr : &m.regions[j.region];
-        const int w = is_scale ? 4 : r->width;
+        const int w = is_scale ? m.ScaleWidth(j) : r->width;
         const uint8_t* cur = nullptr;
         if (!is_scale && r->in_place) {
           const uint64_t li = r->LocalIndex(j.o0, j.i0);
@@ -573,7 +769,7 @@ Result<RankReport> RankEncoder::Encode(uint64_t version, uint64_t base_version,
         ChunkResult out;
         uint64_t start = 0, run = 0, stride = 0;
         if (is_scale) {
-          ids.tensor_id = m.scales.at(static_cast<uint32_t>(j.scale_of)).scale_canon;
+          ids.tensor_id = m.ScaleTensor(j);
           start = j.start;
           run = j.run;
           stride = j.stride;

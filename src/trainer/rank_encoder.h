@@ -10,10 +10,13 @@
 //   order is compared in place; others (transposed storage) are gathered
 //   one chunk at a time.
 // - residual: the local dtype differs (FP32 masters -> BF16, FP32/BF16 ->
-//   FP8 E4M3 with a per-tensor scale). The owned fragment is converted,
-//   one chunk at a time, and compared with the canonical baseline; one
-//   scale change can change every element of its tensor. The scale tensor
-//   itself is emitted by the rank that owns its tensor.
+//   FP8 E4M3 with a per-tensor or per-block scale, FP32/BF16 -> packed
+//   MXFP4 or NVFP4, two logical elements a byte, whose owned runs must be
+//   whole scale blocks). The owned fragment is converted, one chunk at a
+//   time, and compared with the canonical baseline; one scale change can
+//   change every element of its block or tensor. The owned scale elements
+//   (and NVFP4's global scale) are emitted by the rank that owns their
+//   blocks.
 // Either path emits XOR records (the rank holds the exact canonical base
 // bits), or overwrite records for residual chunks when asked.
 //

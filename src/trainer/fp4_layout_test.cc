@@ -1,0 +1,372 @@
+// Packed FP4 checkpoints across ranks. MXFP4: a gpt-oss-style MoE layer
+// whose expert weights the checkpoint stores as `*_blocks` U8 [E, R, C/32,
+// 16] and `*_scales` E8M0 [E, R, C/32] while four ranks hold them as BF16,
+// split by expert, by rows, by columns on block boundaries, in transposed
+// storage, and replicated (ownership cuts the replicas between blocks).
+// NVFP4: ModelOpt-style linear weights (`weight` U8 [N, K/2], `weight_scale`
+// E4M3 [N, K/16], `weight_scale_2` F32, `input_scale` F32 sent as is), each
+// whole on one rank (its global scale is the amax of the whole tensor), one
+// stored transposed, one replicated. Every rank encodes from its own
+// tensors over several versions, and the union of all ranks' chunks takes
+// the reference-quantized checkpoint of each step to the next bit for bit,
+// scales included; the reference quantizes whole canonical rows
+// (trainer/quantize_reference.h). Layouts that split a scale block, or an
+// NVFP4 tensor, between ranks are refused by name.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+
+#include "delta/apply.h"
+#include "layout/layout.h"
+#include "refit/checkpoint.h"
+#include "support/test_layout.h"
+#include "support/testing.h"
+#include "trainer/convert.h"
+#include "trainer/layout_test_steps.h"
+#include "trainer/quantize_reference.h"
+#include "trainer/rank_encoder.h"
+
+namespace refit::trainer {
+namespace {
+
+using layout::CanonicalTensor;
+using layout::Layout;
+using layout::Piece;
+using layout::testing::TensorBytes;
+
+constexpr char kGateUp[] = "model.layers.0.mlp.experts.gate_up_proj_blocks";
+constexpr char kDown[] = "model.layers.0.mlp.experts.down_proj_blocks";
+constexpr char kShared[] = "model.layers.1.mlp.experts.gate_up_proj_blocks";
+constexpr char kNorm[] = "model.norm.weight";
+constexpr char kNvQ[] = "model.layers.0.self_attn.q_proj.weight";
+constexpr char kNvO[] = "model.layers.0.self_attn.o_proj.weight";
+constexpr char kNvDown[] = "model.layers.0.mlp.down_proj.weight";
+constexpr char kNvInput[] = "model.layers.0.mlp.down_proj.input_scale";
+
+std::string ScalesOf(const std::string& blocks) {
+  return blocks.substr(0, blocks.size() - 7) + "_scales";
+}
+
+Piece MakePiece(const std::string& canonical, uint64_t rows, uint64_t cols,
+                std::vector<uint64_t> local, std::vector<uint64_t> canon) {
+  Piece p;
+  p.canonical = canonical;
+  p.rows = rows;
+  p.cols = cols;
+  p.local_offset = local[0];
+  p.local_row_stride = local[1];
+  p.local_col_stride = local[2];
+  p.canon_offset = canon[0];
+  p.canon_row_stride = canon[1];
+  p.canon_col_stride = canon[2];
+  return p;
+}
+
+// Logical shapes [E, R, C] of the expert weights.
+struct Expert {
+  const char* name;
+  uint64_t e, r, c;
+};
+constexpr Expert kExperts[] = {{kGateUp, 2, 4, 128}, {kDown, 2, 6, 64}, {kShared, 2, 256, 256}};
+
+// Four ranks, rank = 2 * expert + half: gate_up split by rows, down_proj by
+// columns at `split` (rank 3 stores its part transposed), the second
+// layer's experts and the norm replicated on every rank. `quantized`: the
+// checkpoint is MXFP4, else BF16 with the same logical shapes.
+Layout MakeMxfp4Layout(bool quantized, uint64_t split) {
+  Layout l;
+  for (const Expert& x : kExperts) {
+    CanonicalTensor c;
+    c.name = x.name;
+    if (quantized) {
+      c.dtype = "U8";
+      c.shape = {x.e, x.r, x.c / 32, 16};
+      c.scale = ScalesOf(x.name);
+      c.scale_kind = "mxfp4";
+      l.canonical.push_back(c);
+      l.canonical.push_back({ScalesOf(x.name), "U8", {x.e, x.r, x.c / 32}, "", "", 0, 0});
+    } else {
+      c.dtype = "BF16";
+      c.shape = {x.e, x.r, x.c};
+      l.canonical.push_back(c);
+    }
+  }
+  l.canonical.push_back({kNorm, "BF16", {64}, "", "", 0, 0});
+  for (uint32_t rank = 0; rank < 4; ++rank) {
+    const uint64_t e = rank / 2, h = rank % 2;
+    layout::RankLayout rl;
+    rl.rank = rank;
+    rl.tensors.push_back({"experts.fc1", "BF16", {2, 128},
+                          {MakePiece(kGateUp, 2, 128, {0, 128, 1}, {e * 512 + h * 256, 128, 1})}});
+    const uint64_t c0 = h ? split : 0, w = h ? 64 - split : split;
+    if (rank == 3) {
+      rl.tensors.push_back({"experts.fc2", "BF16", {w, 6},
+                            {MakePiece(kDown, w, 6, {0, 6, 1}, {e * 384 + c0, 1, 64})}});
+    } else {
+      rl.tensors.push_back({"experts.fc2", "BF16", {6, w},
+                            {MakePiece(kDown, 6, w, {0, w, 1}, {e * 384 + c0, 64, 1})}});
+    }
+    rl.tensors.push_back({"layer1.experts.fc1", "BF16", {512, 256},
+                          {MakePiece(kShared, 512, 256, {0, 256, 1}, {0, 256, 1})}});
+    rl.tensors.push_back({"norm", "BF16", {64}, {MakePiece(kNorm, 1, 64, {0, 0, 1}, {0, 0, 1})}});
+    l.ranks.push_back(rl);
+  }
+  return l;
+}
+
+// Three linear weights [N, K]: q_proj on rank 0, o_proj on rank 1 stored
+// transposed ([K, N] locally), down_proj replicated on ranks 2 and 3 (its
+// owner computes its global scale), and down_proj's input_scale, an F32
+// scalar every rank holds. `split_q`: q_proj's rows split over ranks 0 and
+// 1 instead, which a global scale cannot follow.
+Layout MakeNvfp4Layout(bool quantized, bool split_q) {
+  struct Linear {
+    const char* name;
+    uint64_t n, k;
+  };
+  constexpr Linear kLinears[] = {{kNvQ, 32, 64}, {kNvO, 16, 32}, {kNvDown, 24, 48}};
+  Layout l;
+  for (const Linear& x : kLinears) {
+    const std::string scale = std::string(x.name) + "_scale";
+    if (quantized) {
+      l.canonical.push_back({x.name, "U8", {x.n, x.k / 2}, scale, "nvfp4", 0, 0});
+      l.canonical.push_back({scale, "F8_E4M3", {x.n, x.k / 16}, "", "", 0, 0});
+      l.canonical.push_back({scale + "_2", "F32", {}, "", "", 0, 0});
+    } else {
+      l.canonical.push_back({x.name, "BF16", {x.n, x.k}, "", "", 0, 0});
+    }
+  }
+  l.canonical.push_back({kNvInput, "F32", {}, "", "", 0, 0});
+  for (uint32_t rank = 0; rank < 4; ++rank) {
+    layout::RankLayout rl;
+    rl.rank = rank;
+    if (split_q && rank < 2) {
+      rl.tensors.push_back({"q", "BF16", {16, 64},
+                            {MakePiece(kNvQ, 16, 64, {0, 64, 1}, {rank * 1024, 64, 1})}});
+    } else if (rank == 0) {
+      rl.tensors.push_back(
+          {"q", "BF16", {32, 64}, {MakePiece(kNvQ, 32, 64, {0, 64, 1}, {0, 64, 1})}});
+    }
+    if (rank == 1) {
+      rl.tensors.push_back(
+          {"o", "BF16", {32, 16}, {MakePiece(kNvO, 32, 16, {0, 16, 1}, {0, 1, 32})}});
+    }
+    if (rank >= 2) {
+      rl.tensors.push_back(
+          {"down", "BF16", {24, 48}, {MakePiece(kNvDown, 24, 48, {0, 48, 1}, {0, 48, 1})}});
+    }
+    rl.tensors.push_back(
+        {"input_scale", "F32", {}, {MakePiece(kNvInput, 1, 1, {0, 0, 1}, {0, 0, 1})}});
+    l.ranks.push_back(rl);
+  }
+  return l;
+}
+
+uint16_t Bf16Bits(const std::vector<uint8_t>& b, size_t i) {
+  uint16_t x;
+  std::memcpy(&x, &b[i * 2], 2);
+  return x;
+}
+
+// BF16 values of trained weights, with all-zero blocks (scale byte 0) and
+// an outlier now and then (a larger scale).
+TensorBytes RandomValues(const Layout& l, std::mt19937_64& rng) {
+  std::normal_distribution<float> normal(0.0f, 0.02f);
+  TensorBytes out;
+  for (const CanonicalTensor& c : l.canonical) {
+    uint64_t n = 1;
+    for (uint64_t d : c.shape) n *= d;
+    std::vector<uint8_t>& b = out[c.name];
+    if (c.dtype == "F32") {  // an input_scale
+      const float x = 0.5f + std::fabs(normal(rng));
+      b.resize(4);
+      std::memcpy(b.data(), &x, 4);
+      continue;
+    }
+    b.resize(n * 2);
+    for (uint64_t i = 0; i < n; ++i) {
+      float x = (i / 32) % 7 == 3 ? 0.0f : normal(rng);
+      if (rng() % 500 == 0) x *= 40.0f;
+      const uint16_t v = Bf16FromF32(x);
+      std::memcpy(&b[i * 2], &v, 2);
+    }
+  }
+  return out;
+}
+
+// An RL step: ~3% of the elements move by a unit or two in the last
+// place; one in a thousand doubles or halves; one element per tensor
+// triples (its block's scale moves) and the largest grows by a quarter
+// (NVFP4's global scale moves).
+TensorBytes Step(const TensorBytes& a, std::mt19937_64& rng) {
+  TensorBytes b = a;
+  for (auto& [name, bytes] : b) {
+    layout_test::MoveSomeElements(&bytes, &rng, 2);
+    if (bytes.size() <= 4) continue;  // an F32 scalar
+    const size_t i = rng() % (bytes.size() / 2);
+    const uint16_t x = Bf16FromF32(3.0f * F32FromBf16(Bf16Bits(bytes, i)));
+    std::memcpy(&bytes[i * 2], &x, 2);
+    auto magnitude = [&](size_t k) { return std::fabs(F32FromBf16(Bf16Bits(bytes, k))); };
+    size_t top = 0;
+    for (size_t k = 0; k < bytes.size() / 2; ++k) {
+      if (magnitude(k) > magnitude(top)) top = k;
+    }
+    const uint16_t y = Bf16FromF32(1.25f * F32FromBf16(Bf16Bits(bytes, top)));
+    std::memcpy(&bytes[top * 2], &y, 2);
+  }
+  return b;
+}
+
+// Packed tensor `c` of the checkpoint from its BF16 logical values `v`, one
+// logical row at a time, with its scales; an NVFP4 tensor's global scale
+// from its whole amax, as ModelOpt computes it.
+void QuantizeTensor(const CanonicalTensor& c, const std::vector<uint8_t>& v, TensorBytes* out) {
+  const uint64_t cols = layout::LogicalShape(c).back(), n = v.size() / 2;
+  float amax = 0;
+  for (uint64_t i = 0; i < n; ++i) amax = std::max(amax, std::fabs(F32FromBf16(Bf16Bits(v, i))));
+  const float global = amax == 0 ? 1.0f : amax / (6.0f * 448.0f);
+  if (c.scale_kind == "nvfp4") {
+    (*out)[c.scale + "_2"].resize(4);
+    std::memcpy((*out)[c.scale + "_2"].data(), &global, 4);
+  }
+  std::vector<uint8_t>& packed = (*out)[c.name];
+  std::vector<uint8_t>& scales = (*out)[c.scale];
+  for (uint64_t row = 0; row < n / cols; ++row) {
+    std::vector<float> x(cols);
+    for (uint64_t i = 0; i < cols; ++i) x[i] = F32FromBf16(Bf16Bits(v, row * cols + i));
+    if (c.scale_kind == "mxfp4") {
+      reference::RefMxfp4(x, &packed, &scales);
+    } else {
+      reference::RefNvfp4(x, global, &packed, &scales);
+    }
+  }
+}
+
+// The checkpoint of layout `q` from BF16 canonical `values`.
+TensorBytes Reference(const Layout& q, const TensorBytes& values) {
+  TensorBytes out = layout_test::Unquantized(q, values);
+  for (const CanonicalTensor& c : q.canonical) {
+    if (layout::PackedBlock(c) != 0) QuantizeTensor(c, values.at(c.name), &out);
+  }
+  return out;
+}
+
+// Encodes versions 1..3 of random steps on every rank of `lq` (the packed
+// checkpoint; `lb` is its BF16 twin, same ranks) and checks that the
+// chunks patch the reference checkpoint of each step into the next, and
+// that some scale changes at every step.
+void CheckVersions(const Layout& lq, const Layout& lb) {
+  ASSERT_OK(layout::ValidateLayout(lq));
+  ASSERT_EQ(lq.ranks, lb.ranks);
+  for (bool overwrite : {false, true}) {
+    SCOPED_TRACE(overwrite ? "overwrite" : "xor");
+    std::mt19937_64 rng(overwrite ? 7 : 3);
+    std::vector<TensorBytes> steps = {RandomValues(lb, rng)};
+    for (int v = 1; v <= 3; ++v) steps.push_back(Step(steps.back(), rng));
+
+    RankEncoderOptions opt;
+    opt.chunk_bytes = 40;  // parts of rows: whole blocks of 16 bytes
+    opt.threads = 2;
+    opt.residual_overwrite = overwrite;
+    std::vector<std::unique_ptr<RankEncoder>> encoders;
+    uint64_t owned = 0;
+    for (size_t ri = 0; ri < lq.ranks.size(); ++ri) {
+      auto enc = RankEncoder::Create(lq, lq.ranks[ri].rank, opt);
+      ASSERT_OK(enc);
+      for (const RankJob& j : (*enc)->jobs()) {
+        const CanonicalTensor& c = (*enc)->canonical_tensors()[j.tensor_id];
+        if (layout::PackedBlock(c) != 0) {  // converted, a byte an element
+          EXPECT_FALSE(j.in_place) << c.name;
+          EXPECT_EQ(j.width, 1) << c.name;
+        }
+      }
+      auto local = layout::testing::ScatterToRanks(lb, steps[0]);
+      ASSERT_OK(local);
+      ASSERT_OK((*enc)->SetBaselineFromLocal(layout_test::RankViews(lq, ri, (*local)[ri])));
+      owned += (*enc)->owned_bytes();
+      encoders.push_back(std::move(*enc));
+    }
+    TensorBytes applied = Reference(lq, steps[0]);
+    uint64_t canon_bytes = 0;
+    for (const auto& [n, bytes] : applied) canon_bytes += bytes.size();
+    EXPECT_EQ(owned, canon_bytes);  // every byte and scale owned once
+
+    for (uint64_t v = 1; v < steps.size(); ++v) {
+      SCOPED_TRACE("version " + std::to_string(v));
+      const TensorBytes want = Reference(lq, steps[v]);
+      bool scale_moved = false;
+      for (const CanonicalTensor& c : lq.canonical) {
+        if (!c.scale.empty()) scale_moved |= want.at(c.scale) != applied.at(c.scale);
+        const std::string global = layout::GlobalScaleName(c);
+        if (!global.empty()) {
+          EXPECT_NE(want.at(global), applied.at(global)) << global;
+        }
+      }
+      ASSERT_TRUE(scale_moved);
+      auto local = layout::testing::ScatterToRanks(lb, steps[v]);
+      ASSERT_OK(local);
+      std::vector<std::vector<uint8_t>> chunks;
+      uint64_t residual = 0;
+      for (size_t ri = 0; ri < encoders.size(); ++ri) {
+        auto report = encoders[ri]->Encode(v, v - 1, layout_test::RankViews(lq, ri, (*local)[ri]),
+                                           [&](std::span<const uint8_t> c, const ChunkHeader&) {
+                                             chunks.emplace_back(c.begin(), c.end());
+                                             return Status();
+                                           });
+        ASSERT_OK(report);
+        residual += report->changed_residual;
+        ASSERT_OK(encoders[ri]->Commit());
+      }
+      EXPECT_GT(residual, 0u);
+      std::vector<std::string> names;
+      for (const CanonicalTensor& c : encoders[0]->canonical_tensors()) names.push_back(c.name);
+      ASSERT_NO_FATAL_FAILURE(layout_test::ApplyAndCompare(chunks, names, &applied, want));
+    }
+  }
+}
+
+TEST(Fp4LayoutTest, RanksPatchTheReferenceMxfp4CheckpointEveryVersion) {
+  CheckVersions(MakeMxfp4Layout(true, 32), MakeMxfp4Layout(false, 32));
+}
+
+TEST(Fp4LayoutTest, RanksPatchTheReferenceNvfp4CheckpointEveryVersion) {
+  CheckVersions(MakeNvfp4Layout(true, false), MakeNvfp4Layout(false, false));
+}
+
+TEST(Fp4LayoutTest, ASplitScaleBlockIsRefusedByName) {
+  // down_proj split at column 16: ranks 0 and 1 would share block 0 of
+  // every row of expert 0.
+  const Layout lq = MakeMxfp4Layout(true, 16);
+  ASSERT_OK(layout::ValidateLayout(lq));
+  auto enc = RankEncoder::Create(lq, 0, RankEncoderOptions{});
+  ASSERT_FALSE(enc.ok());
+  const std::string msg = enc.status().ToString();
+  EXPECT_NE(msg.find(kDown), std::string::npos) << msg;
+  EXPECT_NE(msg.find("scale block 0 "), std::string::npos) << msg;
+  // The other half of the block, from the other side.
+  auto other = RankEncoder::Create(lq, 1, RankEncoderOptions{});
+  ASSERT_FALSE(other.ok());
+  EXPECT_NE(other.status().ToString().find("scale block 0 "), std::string::npos);
+}
+
+TEST(Fp4LayoutTest, AnNvfp4TensorSplitBetweenRanksIsRefusedByName) {
+  const Layout lq = MakeNvfp4Layout(true, true);
+  ASSERT_OK(layout::ValidateLayout(lq));
+  for (uint32_t rank : {0u, 1u}) {
+    auto enc = RankEncoder::Create(lq, rank, RankEncoderOptions{});
+    ASSERT_FALSE(enc.ok());
+    const std::string msg = enc.status().ToString();
+    EXPECT_NE(msg.find(std::string("'") + kNvQ + "' (nvfp4): rank " + std::to_string(rank) +
+                       " owns 1024 of its 2048 elements"),
+              std::string::npos)
+        << msg;
+    EXPECT_NE(msg.find(std::string(kNvQ) + "_scale_2"), std::string::npos) << msg;
+  }
+  // The ranks that hold other tensors whole are not affected.
+  EXPECT_OK(RankEncoder::Create(lq, 2, RankEncoderOptions{}).status());
+}
+
+}  // namespace
+}  // namespace refit::trainer
