@@ -193,28 +193,42 @@ Status FileBaseline::Advance(const Manifest& m, const std::vector<TensorView>& t
   std::mutex mu;
   std::vector<std::pair<size_t, uint64_t>> partial;  // tensor, segment
   std::atomic<uint64_t> stored{0};
+  Status failed;  // the first write that failed, under mu
   constexpr uint64_t kBlock = 4096;
   ParallelForEach(ranges.size(), opt_.threads, [&](size_t r, int) {
     const Range& g = ranges[r];
-    uint8_t* dst = ckpt_.MutableData(g.tensor).data();
-    const uint64_t size = TensorBytes(views_[g.tensor]);
+    const uint8_t* dst = ckpt_.Data(g.tensor).data();
+    const TensorInfo& info = ckpt_.tensors()[g.tensor];
+    const std::string& file = ckpt_.files()[info.file_index].path;
+    const uint64_t size = info.byte_size;
     const uint64_t end = g.offset + g.bytes;
     uint64_t written = 0;
-    for (uint64_t seg = g.offset / kRangeHashSegment * kRangeHashSegment; seg < end;
-         seg += kRangeHashSegment) {
+    Status st;
+    for (uint64_t seg = g.offset / kRangeHashSegment * kRangeHashSegment;
+         seg < end && st.ok(); seg += kRangeHashSegment) {
       const uint64_t lo = std::max(seg, g.offset);
       const uint64_t seg_end = std::min<uint64_t>(seg + kRangeHashSegment, size);
       const uint64_t hi = std::min(seg_end, end);
       // Compared in blocks: a page that holds no change is not dirtied,
-      // so the sync does not write it back.
-      for (uint64_t p = lo; p < hi; p += kBlock) {
+      // so the sync does not write it back. Runs of blocks that differ are
+      // written through the file, not stored through the mapping (which
+      // sees them at once, one page cache): a store to a clean mapped page
+      // faults, once per page, and in virtual machines a fault costs
+      // more than copying the page.
+      uint64_t run = hi;  // start of the run of differing blocks, or none
+      for (uint64_t p = lo; st.ok();) {
         const uint64_t n = std::min(kBlock, hi - p);
-        if (std::memcmp(dst + p, g.from + p, n) != 0) {
-          std::memcpy(dst + p, g.from + p, n);
-          written += n;
+        const bool differs = n > 0 && std::memcmp(dst + p, g.from + p, n) != 0;
+        if (differs && run == hi) run = p;
+        if (!differs && run != hi) {
+          st = WriteFileRange(file, info.offset + run, {g.from + run, p - run}, false);
+          written += p - run;
+          run = hi;
         }
+        if (n == 0) break;
+        p += n;
       }
-      if (whole[g.tensor]) continue;
+      if (!st.ok() || whole[g.tensor]) continue;
       if (lo == seg && hi == seg_end) {
         // Chunks are disjoint, so no other range writes this digest.
         digests_[g.tensor][seg / kRangeHashSegment] = HashBytes(dst + seg, seg_end - seg);
@@ -224,7 +238,12 @@ Status FileBaseline::Advance(const Manifest& m, const std::vector<TensorView>& t
       }
     }
     stored += written;
+    if (!st.ok()) {
+      std::lock_guard<std::mutex> lock(mu);
+      if (failed.ok()) failed = st;
+    }
   });
+  REFIT_RETURN_IF_ERROR(failed);
   std::vector<size_t> rehash;
   for (size_t i = 0; i < views_.size(); ++i) {
     if (whole[i]) rehash.push_back(i);
