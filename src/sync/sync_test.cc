@@ -394,6 +394,21 @@ class SyncTest : public testing::AnyStoreTest {
     return o;
   }
 
+  // A publisher of baseline.safetensors for one receiver, r0, both at
+  // version 1: the trainer stepped once from version 0 with `rng`.
+  void PublishVersionOne(std::mt19937_64& rng, std::unique_ptr<Publisher>* pub,
+                         std::vector<std::unique_ptr<Receiver>>* rcv, Model* trainer) {
+    auto p = Publisher::Open(store_.get(), dir_.File("baseline.safetensors"), MakePublisher(1));
+    ASSERT_OK(p);
+    *pub = std::move(*p);
+    auto r0 = Receiver::Open(store_.get(), MakeReceiver(0));
+    ASSERT_OK(r0);
+    rcv->push_back(std::move(*r0));
+    *trainer = model_;
+    trainer->Step(rng, 0.03);
+    ASSERT_NO_FATAL_FAILURE(testing::PublishToAll(**pub, *rcv, 1, *trainer, 20000));
+  }
+
   PublisherOptions MakePublisher(int members) {
     PublisherOptions o;
     for (int i = 0; i < members; ++i) o.members.push_back("r" + std::to_string(i));
@@ -1562,16 +1577,11 @@ TEST_P(SyncTest, PublisherWithAnotherBaselineIsRefusedBeforeItWritesAnything) {
 // manifest.
 TEST_P(SyncTest, BaselineChangedBetweenVersionsIsRefusedBeforeItsManifest) {
   const std::string baseline = dir_.File("baseline.safetensors");
-  auto pub = Publisher::Open(store_.get(), baseline, MakePublisher(1));
-  ASSERT_OK(pub);
+  std::unique_ptr<Publisher> pub;
   std::vector<std::unique_ptr<Receiver>> rcv;
-  auto r0 = Receiver::Open(store_.get(), MakeReceiver(0));
-  ASSERT_OK(r0);
-  rcv.push_back(std::move(*r0));
   Model trainer = model_;
   std::mt19937_64 rng(61);
-  trainer.Step(rng, 0.03);
-  ASSERT_NO_FATAL_FAILURE(testing::PublishToAll(**pub, rcv, 1, trainer, 20000));
+  ASSERT_NO_FATAL_FAILURE(PublishVersionOne(rng, &pub, &rcv, &trainer));
   // Timestamps tick coarsely: a write in the tick of the advance's sync
   // could keep the stamp.
   std::this_thread::sleep_for(std::chrono::milliseconds(50));
@@ -1583,7 +1593,7 @@ TEST_P(SyncTest, BaselineChangedBetweenVersionsIsRefusedBeforeItsManifest) {
   }
   Model next = trainer;
   next.Step(rng, 0.03);
-  EXPECT_THAT((*pub)->Publish(2, next.Views()), StatusIs(StatusCode::kDataLoss));
+  EXPECT_THAT(pub->Publish(2, next.Views()), StatusIs(StatusCode::kDataLoss));
   EXPECT_FALSE(store_->Get(ManifestKey(2)).ok());
 }
 
