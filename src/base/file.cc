@@ -328,6 +328,17 @@ std::optional<FileId> GetFileId(const std::string& path) {
                 .inode = static_cast<uint64_t>(st.st_ino)};
 }
 
+std::optional<FileStamp> GetFileStamp(const std::string& path) {
+  struct stat st;
+  if (stat(path.c_str(), &st) != 0) return std::nullopt;
+  return FileStamp{
+      .device = static_cast<uint64_t>(st.st_dev),
+      .inode = static_cast<uint64_t>(st.st_ino),
+      .size = static_cast<uint64_t>(st.st_size),
+      .mtime_ns = int64_t{st.st_mtim.tv_sec} * 1000000000 + st.st_mtim.tv_nsec,
+      .ctime_ns = int64_t{st.st_ctim.tv_sec} * 1000000000 + st.st_ctim.tv_nsec};
+}
+
 bool IsWithinDirectory(const std::string& path, const FileId& dir) {
   std::error_code ec;
   std::filesystem::path p = std::filesystem::absolute(path, ec);

@@ -107,6 +107,19 @@ struct FileId {
 // is there or it cannot be examined.
 std::optional<FileId> GetFileId(const std::string& path);
 
+// What stat() says of a file's identity, size and times: a file whose
+// stamp is unchanged was not written, replaced or truncated since (writes
+// through a shared mapping update the times when a clean page is first
+// stored to, on file systems with page_mkwrite; tmpfs does not).
+struct FileStamp {
+  uint64_t device = 0, inode = 0, size = 0;
+  int64_t mtime_ns = 0, ctime_ns = 0;
+  friend bool operator==(const FileStamp&, const FileStamp&) = default;
+};
+
+// The stamp of `path`; nullopt when it cannot be examined.
+std::optional<FileStamp> GetFileStamp(const std::string& path);
+
 // Whether `path`, existing or not, is the directory `dir` or lies anywhere
 // under it: true when `path` or one of its ancestors (taken lexically from
 // its absolute form, each looked up with symbolic links followed) has id

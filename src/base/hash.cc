@@ -97,6 +97,18 @@ Hash128 RangeHash(const void* data, size_t size) {
   return Hash128{h.low64, h.high64};
 }
 
+uint64_t SegmentCount(uint64_t bytes) {
+  return bytes == 0 ? 1 : (bytes + kRangeHashSegment - 1) / kRangeHashSegment;
+}
+
+void SegmentDigests(const uint8_t* p, uint64_t bytes, Hash128* out) {
+  uint64_t i = 0;
+  for (uint64_t off = 0; off < bytes; off += kRangeHashSegment, ++i) {
+    out[i] = HashBytes(p + off, std::min<uint64_t>(kRangeHashSegment, bytes - off));
+  }
+  if (bytes == 0) out[0] = HashBytes(p, 0);
+}
+
 RangeHasher::RangeHasher()
     : segment_state_(XXH3_createState()), outer_state_(XXH3_createState()) {
   XXH3_128bits_reset(static_cast<XXH3_state_t*>(segment_state_));

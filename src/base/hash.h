@@ -35,6 +35,13 @@ Hash128 RangeHash(const void* data, size_t size);
 // step of RangeHash, so range hashes compose from cached segment digests.
 Hash128 HashSegmentDigests(const Hash128* digests, size_t n);
 
+// The number of segments of a range of `bytes` bytes: at least one (an
+// empty range has one empty segment).
+uint64_t SegmentCount(uint64_t bytes);
+
+// The SegmentCount(bytes) segment digests of `bytes` bytes at p, to out.
+void SegmentDigests(const uint8_t* p, uint64_t bytes, Hash128* out);
+
 // Incremental form of RangeHash: feed bytes in any split, then Finish().
 class RangeHasher {
  public:

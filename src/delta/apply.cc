@@ -17,19 +17,6 @@ namespace {
 using codec::ChunkKind;
 constexpr uint64_t kPage = 4096;
 
-// Segment digests of `bytes` bytes at p (at least one, for an empty range).
-void SegmentDigests(const uint8_t* p, uint64_t bytes, Hash128* out) {
-  uint64_t i = 0;
-  for (uint64_t off = 0; off < bytes; off += kRangeHashSegment, ++i) {
-    out[i] = HashBytes(p + off, std::min<uint64_t>(kRangeHashSegment, bytes - off));
-  }
-  if (bytes == 0) out[0] = HashBytes(p, 0);
-}
-
-uint64_t SegmentCount(uint64_t bytes) {
-  return bytes == 0 ? 1 : (bytes + kRangeHashSegment - 1) / kRangeHashSegment;
-}
-
 // Counts distinct pages among ascending addresses as they are stored to,
 // and remembers the first and last, so that a page two adjacent chunks
 // share can be counted once over a whole apply.

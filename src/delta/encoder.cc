@@ -121,7 +121,9 @@ Status EncodeElements(const ChunkHeader& ids, const uint8_t* a, const uint8_t* b
           break;
       }
     }
-    Hash128 before = HashBytes(a + off, len);
+    const Hash128 before = options.base_digests
+                               ? options.base_digests[off / kRangeHashSegment]
+                               : HashBytes(a + off, len);
     out->before_digests.push_back(before);
     out->after_digests.push_back(found > 0 ? HashBytes(b + off, len) : before);
   }
@@ -295,7 +297,8 @@ Result<std::vector<TensorEntry>> MatchTensors(
 
 Result<DiffReport> DiffTensorsToSink(const std::vector<TensorView>& base,
                                      const std::vector<TensorView>& target,
-                                     const DiffOptions& options, ChunkSink* sink) {
+                                     const DiffOptions& options, ChunkSink* sink,
+                                     const std::vector<std::vector<Hash128>>* base_digests) {
   auto t0 = std::chrono::steady_clock::now();
   if (options.chunk_bytes == 0 || options.chunk_bytes % kRangeHashSegment != 0) {
     return InvalidArgumentError("chunk size must be a positive multiple of 64 KiB");
@@ -366,10 +369,18 @@ Result<DiffReport> DiffTensorsToSink(const std::vector<TensorView>& base,
         ids.tensor_id = task.tensor;
         ids.width = e.width;
         ChunkResult result;
+        ChunkEncodeOptions range_opts = copts;
+        const size_t b = base_order[task.tensor];
+        // Chunk starts are whole segments (chunk_bytes is a multiple of
+        // 64 KiB, as is kMaxChunkElements times any width).
+        if (base_digests && b < base_digests->size() &&
+            (*base_digests)[b].size() == SegmentCount(e.num_elements * e.width)) {
+          range_opts.base_digests =
+              (*base_digests)[b].data() + task.start * e.width / kRangeHashSegment;
+        }
         Status st = EncodeChunkRange(
-            ids, base[base_order[task.tensor]].data,
-            target[target_order[task.tensor]].data, task.start, task.count,
-            copts, &scratch[static_cast<size_t>(worker)], &result);
+            ids, base[b].data, target[target_order[task.tensor]].data, task.start,
+            task.count, range_opts, &scratch[static_cast<size_t>(worker)], &result);
         if (!st.ok()) return st.WithContext("tensor '" + e.name + "'");
         return result;
       },

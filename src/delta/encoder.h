@@ -26,6 +26,13 @@ struct ChunkEncodeOptions {
   // Also try conditional XOR (kind 5, BF16-width ranges), which receivers
   // decode given the base; off for receivers that cannot decode it.
   bool allow_conditional = false;
+  // The 64 KiB segment digests (docs/format.md "Range hash") of the range's
+  // old bytes, one per segment from the range's first byte (which must
+  // start a segment), when the caller keeps them: each segment's "before"
+  // digest is taken from here instead of hashing the old bytes. The caller
+  // vouches for them; nothing here checks them against the bytes. Null:
+  // hash the old bytes.
+  const Hash128* base_digests = nullptr;
 };
 
 // Per-thread buffers reused across chunks.
@@ -81,9 +88,16 @@ Result<std::vector<TensorEntry>> MatchTensors(
 // chunks, in order, to `sink` as they are ready, then Finish()es it. The
 // sink's AddChunk runs on the calling thread and may block (back-pressure):
 // at most 2 * threads chunks are held in memory.
-Result<DiffReport> DiffTensorsToSink(const std::vector<TensorView>& base,
-                                     const std::vector<TensorView>& target,
-                                     const DiffOptions& options, ChunkSink* sink);
+//
+// `base_digests`, when not null, holds for each tensor of `base` (same
+// index) its 64 KiB segment digests, which the caller keeps (a publisher's
+// baseline: docs/protocol.md, "Publisher"): the table's "before" hashes and
+// the chunks' are composed from them and the base's bytes are not hashed.
+// A tensor whose digest count does not match its size is hashed.
+Result<DiffReport> DiffTensorsToSink(
+    const std::vector<TensorView>& base, const std::vector<TensorView>& target,
+    const DiffOptions& options, ChunkSink* sink,
+    const std::vector<std::vector<Hash128>>* base_digests = nullptr);
 
 }  // namespace refit
 

@@ -193,7 +193,11 @@ Result<std::unique_ptr<Publisher>> Publisher::Open(ObjectStore* store,
                                                    const std::string& baseline,
                                                    PublisherOptions options) {
   REFIT_RETURN_IF_ERROR(ValidateMembers(options.members));
-  REFIT_ASSIGN_OR_RETURN(std::unique_ptr<FileBaseline> file, FileBaseline::Open(baseline));
+  FileBaselineOptions file_options;
+  file_options.full_check_every = options.full_baseline_check_every;
+  file_options.threads = options.diff.threads;
+  REFIT_ASSIGN_OR_RETURN(std::unique_ptr<FileBaseline> file,
+                         FileBaseline::Open(baseline, file_options));
   return Open(store, std::move(file), std::move(options));
 }
 
@@ -584,6 +588,7 @@ Result<PublishReport> Publisher::Publish(uint64_t version,
     diff.base_version = committed_;
     Clock::time_point stage = Clock::now();
     REFIT_ASSIGN_OR_RETURN(report.diff, baseline_->Diff(target, diff, &sink));
+    report.base_hashed = baseline_->last_diff_hashed_base();
     report.stages.upload_drain = sink.finish_seconds();
     report.stages.encode = SecondsSince(stage) - report.stages.upload_drain;
     report.stages.encode_blocked = sink.blocked_seconds();
@@ -619,6 +624,10 @@ Result<PublishReport> Publisher::Publish(uint64_t version,
     Clock::time_point stage = Clock::now();
     REFIT_RETURN_IF_ERROR(AdvanceBaseline(m, target));
     report.stages.advance = SecondsSince(stage);
+    const PublisherBaseline::AdvanceStages adv = baseline_->last_advance();
+    report.stages.advance_sync = adv.sync;
+    report.advance_compared_bytes = adv.compared_bytes;
+    report.advance_stored_bytes = adv.stored_bytes;
     stage = Clock::now();
     committed_ = version;
     for (const TensorEntry& e : m.tensors) {

@@ -57,6 +57,11 @@ struct PublisherOptions {
   // the K newest that are not newer than the newest snapshot, and snapshots
   // older than the newest two. 0 = keep everything.
   uint64_t keep_versions = 0;
+  // A checkpoint baseline (Open with a path) keeps its 64 KiB segment
+  // digests across versions and hashes its bytes only in every N-th
+  // version's diff, or when its files changed (FileBaselineOptions::
+  // full_check_every; docs/protocol.md, "Publisher"). 1: every version.
+  int full_baseline_check_every = FileBaselineOptions().full_check_every;
 };
 
 struct PublishReport {
@@ -87,9 +92,16 @@ struct PublishReport {
     double vote_wait = 0;       // manifest stored -> every vote read
     double decision = 0;        // the decision stored
     double advance = 0;         // the baseline advanced (copy, check, sync)
+    double advance_sync = 0;    // of which making it durable (file baselines)
     double finish = 0;          // snapshot, head, retention
   };
   Stages stages;
+  // The diff hashed the baseline's bytes (else its kept digests served).
+  bool base_hashed = true;
+  // Bytes of the committed chunks' ranges the advance compared, and of
+  // those the bytes it stored (file baselines; 0 where not measured).
+  uint64_t advance_compared_bytes = 0;
+  uint64_t advance_stored_bytes = 0;
 };
 
 class Publisher {

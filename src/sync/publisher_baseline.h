@@ -33,6 +33,7 @@
 #include <string>
 #include <vector>
 
+#include "base/file.h"
 #include "base/hash.h"
 #include "delta/delta_file.h"
 #include "refit/checkpoint.h"
@@ -74,6 +75,19 @@ class PublisherBaseline {
   // differs). Durable when the implementation is (file baselines sync).
   virtual Status Advance(const Manifest& m, const std::vector<TensorView>& target) = 0;
 
+  // Where the last Advance spent its time, for benchmarks; zeros where an
+  // implementation does not measure it.
+  struct AdvanceStages {
+    double apply = 0;  // wall seconds storing the chunks' ranges and checking
+    double sync = 0;   // wall seconds making them durable
+    uint64_t compared_bytes = 0;  // bytes of the chunks' ranges
+    uint64_t stored_bytes = 0;    // of which stored (4 KiB blocks that differed)
+  };
+  virtual AdvanceStages last_advance() const { return {}; }
+  // Whether the last Diff hashed the baseline's bytes (else it took the
+  // base's hashes from digests it keeps).
+  virtual bool last_diff_hashed_base() const { return true; }
+
   // The files of a snapshot of the baseline (docs/protocol.md, "Snapshots
   // and retention"), handed to `put` one at a time, in order: a name
   // relative to the checkpoint and the file's bytes (valid during the
@@ -83,10 +97,37 @@ class PublisherBaseline {
   virtual Status ForEachSnapshotFile(const SnapshotFileFn& put) = 0;
 };
 
+struct FileBaselineOptions {
+  // Kept digests (docs/protocol.md, "Publisher", "The baseline's
+  // digests"): the baseline keeps the 64 KiB segment digests of what it
+  // holds (hashed from its bytes by HashTensor, which the Publisher calls
+  // once when it opens, and kept current by every Advance, which hashes
+  // the segments it stores to), and a Diff takes the base's hashes from
+  // them instead of hashing the baseline's bytes again, except in every
+  // full_check_every-th Diff and whenever the checkpoint's files changed
+  // (FileStamp) since the baseline last synced them, which hash the bytes
+  // and refuse the version if they are not what the digests say. 1: hash
+  // the baseline's bytes in every Diff (as before digests were kept); 0:
+  // never again while the files' stamps are unchanged.
+  int full_check_every = 16;
+  // Threads of Advance; 0: every core.
+  int threads = 0;
+};
+
 // A checkpoint file or directory, opened read-write.
+//
+// Advance stores only the 4 KiB blocks of the chunks' ranges that differ
+// from the target (a block that holds no change is neither written nor
+// dirtied), hashes the 64 KiB segments of those ranges while they are in
+// cache, checks every tensor against the manifest (segments outside the
+// ranges from the kept digests), then msyncs and fsyncs the checkpoint:
+// only the pages it stored to are written back. A crash in the middle
+// leaves tensors that hash to neither version, which the next Publisher
+// refuses (docs/protocol.md, "Publisher", step 0).
 class FileBaseline final : public PublisherBaseline {
  public:
-  static Result<std::unique_ptr<FileBaseline>> Open(const std::string& path);
+  static Result<std::unique_ptr<FileBaseline>> Open(const std::string& path,
+                                                    FileBaselineOptions options = {});
 
   const std::vector<TensorView>& tensors() const override { return views_; }
   std::string Describe() const override;
@@ -100,11 +141,31 @@ class FileBaseline final : public PublisherBaseline {
                     uint8_t* out) override;
   Status Advance(const Manifest& m, const std::vector<TensorView>& target) override;
   Status ForEachSnapshotFile(const SnapshotFileFn& put) override;
+  AdvanceStages last_advance() const override { return last_advance_; }
+  bool last_diff_hashed_base() const override { return last_diff_hashed_base_; }
 
  private:
-  explicit FileBaseline(Checkpoint ckpt);
+  class ConfirmingSink;
+  FileBaseline(Checkpoint ckpt, FileBaselineOptions options);
+  std::vector<FileStamp> Stamps() const;
+  // Whether every tensor's digests are kept and the files are as stamped.
+  bool DigestsCurrent() const;
+  // Called by a Diff that hashed the bytes, with its tensor table: whether
+  // every "before" hash is what the kept digests compose to.
+  bool DigestsMatch(const std::vector<TensorEntry>& tensors) const;
+
   Checkpoint ckpt_;
+  FileBaselineOptions opt_;
   std::vector<TensorView> views_;
+  // Per tensor (views_' order), the segment digests of its bytes; empty:
+  // not kept.
+  std::vector<std::vector<Hash128>> digests_;
+  // The checkpoint's files when the digests were last known to match
+  // (opened, synced by Advance, or checked by a Diff).
+  std::vector<FileStamp> stamps_;
+  int reused_ = 0;  // Diffs from kept digests since the bytes were hashed
+  bool last_diff_hashed_base_ = true;
+  AdvanceStages last_advance_;
 };
 
 }  // namespace refit

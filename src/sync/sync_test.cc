@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <filesystem>
 #include <mutex>
@@ -391,6 +392,21 @@ class SyncTest : public testing::AnyStoreTest {
     o.decision_timeout_ms = 20000;
     o.resend_timeout_ms = 20000;
     return o;
+  }
+
+  // A publisher of baseline.safetensors for one receiver, r0, both at
+  // version 1: the trainer stepped once from version 0 with `rng`.
+  void PublishVersionOne(std::mt19937_64& rng, std::unique_ptr<Publisher>* pub,
+                         std::vector<std::unique_ptr<Receiver>>* rcv, Model* trainer) {
+    auto p = Publisher::Open(store_.get(), dir_.File("baseline.safetensors"), MakePublisher(1));
+    ASSERT_OK(p);
+    *pub = std::move(*p);
+    auto r0 = Receiver::Open(store_.get(), MakeReceiver(0));
+    ASSERT_OK(r0);
+    rcv->push_back(std::move(*r0));
+    *trainer = model_;
+    trainer->Step(rng, 0.03);
+    ASSERT_NO_FATAL_FAILURE(testing::PublishToAll(**pub, *rcv, 1, *trainer, 20000));
   }
 
   PublisherOptions MakePublisher(int members) {
@@ -1553,6 +1569,32 @@ TEST_P(SyncTest, PublisherWithAnotherBaselineIsRefusedBeforeItWritesAnything) {
   EXPECT_FALSE(store_->Get(IndexKey(3)).ok());
   // The right baseline publishes version 3 as usual.
   ASSERT_NO_FATAL_FAILURE(testing::PublishToAll(**pub, rcv, 3, next, 20000));
+}
+
+// The baseline's file written by someone else between versions: the
+// publisher's kept digests no longer describe it, but its stamps changed,
+// so the diff hashes its bytes and the version is refused before its
+// manifest.
+TEST_P(SyncTest, BaselineChangedBetweenVersionsIsRefusedBeforeItsManifest) {
+  const std::string baseline = dir_.File("baseline.safetensors");
+  std::unique_ptr<Publisher> pub;
+  std::vector<std::unique_ptr<Receiver>> rcv;
+  Model trainer = model_;
+  std::mt19937_64 rng(61);
+  ASSERT_NO_FATAL_FAILURE(PublishVersionOne(rng, &pub, &rcv, &trainer));
+  // Timestamps tick coarsely: a write in the tick of the advance's sync
+  // could keep the stamp.
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  {
+    auto ck = Checkpoint::Open(baseline, Checkpoint::Mode::kReadOnly);
+    ASSERT_OK(ck);
+    std::vector<uint8_t> flipped = {static_cast<uint8_t>(ck->Data(0)[3] ^ 1)};
+    ASSERT_OK(WriteFileRange(baseline, ck->tensors()[0].offset + 3, flipped, false));
+  }
+  Model next = trainer;
+  next.Step(rng, 0.03);
+  EXPECT_THAT(pub->Publish(2, next.Views()), StatusIs(StatusCode::kDataLoss));
+  EXPECT_FALSE(store_->Get(ManifestKey(2)).ok());
 }
 
 // A version announced on a base this receiver does not hold (its

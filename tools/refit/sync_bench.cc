@@ -95,6 +95,7 @@ struct SyncBenchArgs {
   int upload_threads = 4;
   int poll_ms = 20;
   int full_base_check_every = ReceiverOptions().full_base_check_every;
+  int full_baseline_check_every = PublisherOptions().full_baseline_check_every;
   double full_measure_max_s = 40;
   uint64_t seed = 1;
   // Versions may carry conditional XOR chunks (kind 5).
@@ -309,6 +310,7 @@ class Fleet {
       popt.vote_timeout_ms = 300000;
       popt.upload_threads = args_->upload_threads;
       popt.poll_ms = args_->poll_ms;
+      popt.full_baseline_check_every = args_->full_baseline_check_every;
       REFIT_ASSIGN_OR_RETURN(
           publisher_, Publisher::Open(&publisher_link_, publisher_ckpt_, popt));
     }
@@ -621,7 +623,11 @@ Json RowJson(const Row& r) {
                              {"vote_wait", p.vote_wait},
                              {"decision", p.decision},
                              {"advance", p.advance},
+                             {"advance_sync", p.advance_sync},
                              {"finish", p.finish}};
+  j["base_hashed"] = v.publish.base_hashed;
+  j["advance_compared_bytes"] = v.publish.advance_compared_bytes;
+  j["advance_stored_bytes"] = v.publish.advance_stored_bytes;
   j["encoder"] = {{"threads", v.publish.diff.threads},
                   {"gb_per_s_per_thread", EncodePerThread(v) / 1e9},
                   {"scan_worker_s", v.publish.diff.scan_seconds},
@@ -711,8 +717,11 @@ void PrintStages(const std::vector<Row>& rows) {
       "check + announcement; encode = diff until the last chunk was queued "
       "(blk: of which waiting for the upload queue); drain = uploads left "
       "after it; man = manifest; votes = manifest stored -> every vote read; "
-      "dec = decision stored; adv = baseline advanced (after the decision); "
-      "fin = head. receiver (the one that finished last; wall on its "
+      "dec = decision stored; adv = baseline advanced (after the decision: "
+      "the committed ranges stored, checked and synced); sync = of adv, "
+      "msync + fsync; stored = of the bytes of those ranges, the share "
+      "stored (4 KiB blocks that differed); bh = the diff hashed the "
+      "baseline's bytes (y) or took its kept digests (n); fin = head. receiver (the one that finished last; wall on its "
       "stepping thread): base = base check hashing; fetch = chunk Gets and "
       "checks; cwait = waiting for chunks; await = waiting for apply "
       "workers; acpu = apply worker seconds (overlaps the rest); check = "
@@ -720,22 +729,28 @@ void PrintStages(const std::vector<Row>& rows) {
       "stored; dwait = vote -> decision read; act = activation\n");
   fmt::print(
       "{:>6} {:>7} {:>4} | {:>6} {:>6} {:>6} {:>6} {:>6} {:>6} {:>6} {:>6} "
-      "{:>6} | {:>6} {:>6} {:>6} {:>6} {:>6} {:>6} {:>6} {:>6} {:>6} {:>6} | "
-      "{:>7}\n",
+      "{:>6} {:>6} {:>2} {:>6} | {:>6} {:>6} {:>6} {:>6} {:>6} {:>6} {:>6} "
+      "{:>6} {:>6} {:>6} | {:>7}\n",
       "rate", "Mbit/s", "rcv", "prep", "encode", "blk", "drain", "man", "votes",
-      "dec", "adv", "fin", "base", "fetch", "cwait", "await", "acpu", "check",
+      "dec", "adv", "sync", "stored", "bh", "fin", "base", "fetch", "cwait", "await", "acpu", "check",
       "flush", "vote", "dwait", "act", "refit s");
   for (const Row& r : rows) {
     const PublishReport::Stages& p = r.v.publish.stages;
     const StepResult::Stages& q = r.v.receiver_stages;
     fmt::print(
         "{:>6} {:>7.0f} {:>4} | {:>6.3f} {:>6.3f} {:>6.3f} {:>6.3f} {:>6.3f} "
-        "{:>6.3f} {:>6.3f} {:>6.3f} {:>6.3f} | {:>6.3f} {:>6.3f} {:>6.3f} "
-        "{:>6.3f} {:>6.3f} {:>6.3f} {:>6.3f} {:>6.3f} {:>6.3f} {:>6.3f} | "
-        "{:>7.3f}\n",
+        "{:>6.3f} {:>6.3f} {:>6.3f} {:>6.3f} {:>6} {:>2} {:>6.3f} | {:>6.3f} "
+        "{:>6.3f} {:>6.3f} {:>6.3f} {:>6.3f} {:>6.3f} {:>6.3f} {:>6.3f} "
+        "{:>6.3f} {:>6.3f} | {:>7.3f}\n",
         r.rate > 0 ? Percent(r.rate, 1) : "-", r.mbit, r.receivers, p.prepare,
         p.encode, p.encode_blocked, p.upload_drain, p.manifest, p.vote_wait,
-        p.decision, p.advance, p.finish, q.base_check, q.fetch, q.chunk_wait,
+        p.decision, p.advance, p.advance_sync,
+        r.v.publish.advance_compared_bytes > 0
+            ? Percent(static_cast<double>(r.v.publish.advance_stored_bytes) /
+                          static_cast<double>(r.v.publish.advance_compared_bytes),
+                      0)
+            : "-",
+        r.v.publish.base_hashed ? "y" : "n", p.finish, q.base_check, q.fetch, q.chunk_wait,
         q.apply_wait, q.apply_cpu, q.check, q.flush, q.vote, q.decision_wait,
         q.activate, r.v.refit_seconds);
   }
@@ -1099,6 +1114,13 @@ std::function<int(bool, const std::string&)> RegisterBenchSync(
                   "receivers hash their whole base every N-th version and "
                   "check the others from the digests they kept (1: every "
                   "version; ReceiverOptions::full_base_check_every)")
+      ->capture_default_str()
+      ->check(IntIn(0, 1 << 30));
+  cmd->add_option("--full-baseline-check-every", args->full_baseline_check_every,
+                  "the publisher hashes its baseline's bytes in every N-th "
+                  "version's diff and takes the others' base hashes from the "
+                  "digests it kept (1: every version; "
+                  "PublisherOptions::full_baseline_check_every)")
       ->capture_default_str()
       ->check(IntIn(0, 1 << 30));
   cmd->add_option("--full-measure-max-s", args->full_measure_max_s,
