@@ -454,10 +454,19 @@ class ScratchLease {
 
 }  // namespace
 
+void SampleConditional(const uint8_t* base, uint32_t first, uint32_t end,
+                       std::span<const uint32_t> positions, ConditionalSample* sample) {
+  SampleExponents(base, first, end, &sample->sampled);
+  uint32_t r = 0;
+  for (const uint32_t p : positions) {
+    ++sample->changed[r++ & 3][Exponent(Load16(base + 2 * size_t{p}))];
+  }
+}
+
 Status EncodeConditional(uint32_t n, const uint8_t* base,
                          std::span<const uint32_t> positions,
                          const uint8_t* xor_values, const EncodeOptions& opt,
-                         std::vector<uint8_t>* out) {
+                         std::vector<uint8_t>* out, const ConditionalSample* sample) {
   const uint32_t k = static_cast<uint32_t>(positions.size());
   if (n == 0 || n > kMaxChunkElements || k == 0 || k > n) {
     return InvalidArgumentError("conditional payload needs 1 <= k <= n <= 2^28");
@@ -468,15 +477,33 @@ Status EncodeConditional(uint32_t n, const uint8_t* base,
   if (opt.records_per_lane == 0) {
     return InvalidArgumentError("records_per_lane must be >= 1");
   }
+  if (sample != nullptr && (sample->from % 8 != 0 || positions[0] < sample->from)) {
+    return InvalidArgumentError("the exponent sample starts past a record");
+  }
   ScratchLease scratch;
   // One pass over spans of the base: the sampled exponents, then the
   // span's records (validated) and their exponents, while the span is in
-  // cache.
+  // cache. With the caller's sample, only the records are validated and
+  // the elements below sample->from sampled.
   ExponentCounts sampled{}, changed{};
+  if (sample != nullptr) {
+    sampled = sample->sampled;
+    changed = sample->changed;
+    SampleExponents(base, 0, std::min(n, sample->from), &sampled);
+  }
   {
     uint32_t r = 0;
     for (uint32_t i = 0; i < n; i += kSpanBlocks * kBlock) {
       const uint32_t end = std::min(n, i + kSpanBlocks * kBlock);
+      if (sample != nullptr) {
+        for (; r < k && positions[r] < end; ++r) {
+          if (r > 0 && positions[r] <= positions[r - 1]) break;
+          if (Load16(xor_values + 2 * size_t{r}) == 0) {
+            return InvalidArgumentError("a sparse XOR value is zero");
+          }
+        }
+        continue;
+      }
       SampleExponents(base, i, end, &sampled);
       for (; r < k && positions[r] < end; ++r) {
         if (r > 0 && positions[r] <= positions[r - 1]) break;
@@ -493,8 +520,14 @@ Status EncodeConditional(uint32_t n, const uint8_t* base,
     }
   }
   std::array<uint64_t, 256> changes;
+  uint64_t total_changes = 0;
   for (int e = 0; e < 256; ++e) {
     changes[e] = uint64_t{changed[0][e]} + changed[1][e] + changed[2][e] + changed[3][e];
+    total_changes += changes[e];
+  }
+  if (total_changes != k) {
+    return InvalidArgumentError("the exponent sample counts " + std::to_string(total_changes) +
+                                " changes, the records are " + std::to_string(k));
   }
   Header h;
   h.lo = ChooseLo(sampled, changes, &h.k);
@@ -507,6 +540,8 @@ Status EncodeConditional(uint32_t n, const uint8_t* base,
   // before each block (in cache), then the span's records, each one's rank
   // its class's members before its block plus those below it in the block.
   std::array<uint32_t, C> fill = h.first;
+  std::array<uint32_t, C> class_end;
+  for (int c = 0; c < C; ++c) class_end[c] = h.first[c] + h.k[c];
   std::array<uint32_t, C> members{};  // members before the span's next block
   const uint32_t blocks = (n + kBlock - 1) / kBlock;
   const uint32_t span_blocks = std::min(blocks, kSpanBlocks);
@@ -532,6 +567,10 @@ Status EncodeConditional(uint32_t n, const uint8_t* base,
       // Elements below `bit` are in the block, so no validity mask is needed.
       const uint64_t below = MaskOf(classes[b], c, (uint64_t{1} << bit) - 1);
       const uint32_t at = fill[c]++;
+      // Holds unless a caller's sample miscounted the class's changes.
+      if (at >= class_end[c]) {
+        return InvalidArgumentError("the exponent sample does not match the records");
+      }
       rank[at] = before[b][c] + static_cast<uint32_t>(std::popcount(below));
       const uint16_t old = Load16(base + 2 * size_t{p});
       zz[at] = Zigzag(old, old ^ Load16(xor_values + 2 * size_t{r}));
