@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <cstring>
 #include <random>
+#include <span>
 #include <vector>
 
 #include "codec/conditional.h"
@@ -78,25 +79,44 @@ void BM_EncodeSparse(benchmark::State& state) {
   SetCounters(state, in.positions.size(), out.size());
 }
 
-void BM_DecodeSparse(benchmark::State& state) {
-  const SparseInput& in = Sparse(static_cast<int>(state.range(0)));
+// Times decode(payload, positions, values) of the k records that encode(out)
+// wrote; `elements` per iteration.
+template <typename EncodeFn, typename DecodeFn>
+void TimeDecode(benchmark::State& state, uint32_t elements, uint32_t k, EncodeFn&& encode,
+                DecodeFn&& decode) {
   std::vector<uint8_t> payload;
-  if (!EncodeSparse(ChunkKind::kSparseXor, kElements, kWidth, in.positions,
-                    in.values.data(), EncodeOptions(), &payload)
-           .ok()) {
+  if (!encode(&payload).ok()) {
     state.SkipWithError("encode failed");
     return;
   }
-  const uint32_t k = static_cast<uint32_t>(in.positions.size());
   std::vector<uint32_t> positions(k);
   std::vector<uint8_t> values(size_t{k} * kWidth);
   for (auto _ : state) {
-    const Status s = DecodeSparse(payload, ChunkKind::kSparseXor, kElements,
-                                  kWidth, k, positions.data(), values.data());
+    const Status s = decode(payload, positions.data(), values.data());
     if (!s.ok()) state.SkipWithError(s.ToString().c_str());
     benchmark::DoNotOptimize(values.data());
   }
-  SetCounters(state, k, payload.size());
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * elements * kWidth);
+  state.counters["payload_bits/record"] =
+      8.0 * static_cast<double>(payload.size()) / static_cast<double>(k);
+}
+
+void BM_DecodeSparse(benchmark::State& state) {
+  const SparseInput& in = Sparse(static_cast<int>(state.range(0)));
+  const uint32_t k = static_cast<uint32_t>(in.positions.size());
+  TimeDecode(
+      state, kElements, k,
+      [&](std::vector<uint8_t>* out) {
+        return EncodeSparse(ChunkKind::kSparseXor, kElements, kWidth, in.positions,
+                            in.values.data(), EncodeOptions(), out);
+      },
+      [&](std::span<const uint8_t> payload, uint32_t* positions, uint8_t* values) {
+        return DecodeSparse(payload, ChunkKind::kSparseXor, kElements, kWidth, k, positions,
+                            values);
+      });
+  state.counters["records/s"] = benchmark::Counter(
+      static_cast<double>(k) * static_cast<double>(state.iterations()),
+      benchmark::Counter::kIsRate);
 }
 
 // A dense XOR plane where `per_mille` of elements changed (zeros elsewhere).
@@ -178,11 +198,12 @@ const StepInput& Step(int per_mille) {
   return in;
 }
 
-void SetChunkCounters(benchmark::State& state, uint64_t records, size_t payload_bytes) {
-  state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * kChunkElements *
-                          kWidth);
-  state.counters["payload_bits/record"] =
-      8.0 * static_cast<double>(payload_bytes) / static_cast<double>(records);
+// Kind 1 or kind 5 (conditional) of one step's chunk, appended to *out.
+Status EncodeStep(const StepInput& in, bool conditional, std::vector<uint8_t>* out) {
+  return conditional ? EncodeConditional(kChunkElements, in.base.data(), in.positions,
+                                         in.values.data(), EncodeOptions(), out)
+                     : EncodeSparse(ChunkKind::kSparseXor, kChunkElements, kWidth,
+                                    in.positions, in.values.data(), EncodeOptions(), out);
 }
 
 // Arguments: per mille changed, then the kind (1 or 5).
@@ -192,46 +213,29 @@ void BM_EncodeStep(benchmark::State& state) {
   std::vector<uint8_t> out;
   for (auto _ : state) {
     out.clear();
-    const Status s =
-        conditional
-            ? EncodeConditional(kChunkElements, in.base.data(), in.positions,
-                                in.values.data(), EncodeOptions(), &out)
-            : EncodeSparse(ChunkKind::kSparseXor, kChunkElements, kWidth,
-                           in.positions, in.values.data(), EncodeOptions(), &out);
+    const Status s = EncodeStep(in, conditional, &out);
     if (!s.ok()) state.SkipWithError(s.ToString().c_str());
     benchmark::DoNotOptimize(out.data());
   }
-  SetChunkCounters(state, in.positions.size(), out.size());
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * kChunkElements *
+                          kWidth);
+  state.counters["payload_bits/record"] =
+      8.0 * static_cast<double>(out.size()) / static_cast<double>(in.positions.size());
 }
 
 void BM_DecodeStep(benchmark::State& state) {
   const StepInput& in = Step(static_cast<int>(state.range(0)));
   const bool conditional = state.range(1) == 5;
-  std::vector<uint8_t> payload;
-  const Status e =
-      conditional
-          ? EncodeConditional(kChunkElements, in.base.data(), in.positions,
-                              in.values.data(), EncodeOptions(), &payload)
-          : EncodeSparse(ChunkKind::kSparseXor, kChunkElements, kWidth, in.positions,
-                         in.values.data(), EncodeOptions(), &payload);
-  if (!e.ok()) {
-    state.SkipWithError("encode failed");
-    return;
-  }
   const uint32_t k = static_cast<uint32_t>(in.positions.size());
-  std::vector<uint32_t> positions(k);
-  std::vector<uint8_t> values(size_t{k} * kWidth);
-  for (auto _ : state) {
-    const Status s =
-        conditional
-            ? DecodeConditional(payload, kChunkElements, in.base.data(), k,
-                                positions.data(), values.data())
-            : DecodeSparse(payload, ChunkKind::kSparseXor, kChunkElements, kWidth, k,
-                           positions.data(), values.data());
-    if (!s.ok()) state.SkipWithError(s.ToString().c_str());
-    benchmark::DoNotOptimize(values.data());
-  }
-  SetChunkCounters(state, k, payload.size());
+  TimeDecode(
+      state, kChunkElements, k,
+      [&](std::vector<uint8_t>* out) { return EncodeStep(in, conditional, out); },
+      [&](std::span<const uint8_t> payload, uint32_t* positions, uint8_t* values) {
+        return conditional ? DecodeConditional(payload, kChunkElements, in.base.data(), k,
+                                               positions, values)
+                           : DecodeSparse(payload, ChunkKind::kSparseXor, kChunkElements,
+                                          kWidth, k, positions, values);
+      });
 }
 
 // Arguments are the change rate in per mille.
