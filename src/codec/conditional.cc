@@ -1036,15 +1036,23 @@ Status DecodeConditional(std::span<const uint8_t> payload, uint32_t n,
   // distinct, so exactly k hits are set; the bound on b guards the walk
   // all the same.
   while (word == 0 && b + 1 < blocks) word = hits[++b];
+  // The XOR needs the base element under the record. Where records are
+  // sparse (below one per 48 elements), the base's lines left the cache
+  // since the class pass and the walk would stall on each load: the walk
+  // leaves the difference in the XOR slot, and a pass of its own loads the
+  // base elements, prefetched some records ahead. Denser records share
+  // lines, which the walk loads in order.
+  const bool gather_apart = uint64_t{k} * 48 < n;
   for (; out_r < k && word != 0; ++out_r) {
     const uint32_t bit = static_cast<uint32_t>(std::countr_zero(word));
     word &= word - 1;
     const uint32_t c = ClassAt(classes[b], bit);
-    const uint32_t rec = next[c]++;
     const uint32_t pos = b * kBlock + bit;
-    const uint16_t old = Load16(base + 2 * size_t{pos});
-    const uint16_t nw = static_cast<uint16_t>(old + Unzigzag(zz[rec]));
-    const uint16_t x = static_cast<uint16_t>(old ^ nw);
+    uint16_t x = zz[next[c]++];
+    if (!gather_apart) {
+      const uint16_t old = Load16(base + 2 * size_t{pos});
+      x = static_cast<uint16_t>(old ^ static_cast<uint16_t>(old + Unzigzag(x)));
+    }
     positions[out_r] = pos;
     xor_values[2 * size_t{out_r}] = static_cast<uint8_t>(x);
     xor_values[2 * size_t{out_r} + 1] = static_cast<uint8_t>(x >> 8);
@@ -1056,6 +1064,15 @@ Status DecodeConditional(std::span<const uint8_t> payload, uint32_t n,
     while (word == 0 && b + 1 < blocks) word = hits[++b];
   }
   if (out_r != k) return DataLossError("conditional records do not all land in the range");
+  constexpr uint32_t kAhead = 16;
+  for (uint32_t rr = 0; rr < k && gather_apart; ++rr) {
+    __builtin_prefetch(base + 2 * size_t{positions[std::min(rr + kAhead, k - 1)]});
+    const uint16_t old = Load16(base + 2 * size_t{positions[rr]});
+    const uint16_t nw = static_cast<uint16_t>(old + Unzigzag(Load16(xor_values + 2 * size_t{rr})));
+    const uint16_t x = static_cast<uint16_t>(old ^ nw);
+    xor_values[2 * size_t{rr}] = static_cast<uint8_t>(x);
+    xor_values[2 * size_t{rr} + 1] = static_cast<uint8_t>(x >> 8);
+  }
   return Status::Ok();
 }
 
