@@ -9,9 +9,12 @@
 #include <benchmark/benchmark.h>
 
 #include <cstdint>
+#include <cstring>
 #include <random>
+#include <span>
 #include <vector>
 
+#include "codec/conditional.h"
 #include "codec/payload.h"
 
 namespace refit::codec {
@@ -76,25 +79,44 @@ void BM_EncodeSparse(benchmark::State& state) {
   SetCounters(state, in.positions.size(), out.size());
 }
 
-void BM_DecodeSparse(benchmark::State& state) {
-  const SparseInput& in = Sparse(static_cast<int>(state.range(0)));
+// Times decode(payload, positions, values) of the k records that encode(out)
+// wrote; `elements` per iteration.
+template <typename EncodeFn, typename DecodeFn>
+void TimeDecode(benchmark::State& state, uint32_t elements, uint32_t k, EncodeFn&& encode,
+                DecodeFn&& decode) {
   std::vector<uint8_t> payload;
-  if (!EncodeSparse(ChunkKind::kSparseXor, kElements, kWidth, in.positions,
-                    in.values.data(), EncodeOptions(), &payload)
-           .ok()) {
+  if (!encode(&payload).ok()) {
     state.SkipWithError("encode failed");
     return;
   }
-  const uint32_t k = static_cast<uint32_t>(in.positions.size());
   std::vector<uint32_t> positions(k);
   std::vector<uint8_t> values(size_t{k} * kWidth);
   for (auto _ : state) {
-    const Status s = DecodeSparse(payload, ChunkKind::kSparseXor, kElements,
-                                  kWidth, k, positions.data(), values.data());
+    const Status s = decode(payload, positions.data(), values.data());
     if (!s.ok()) state.SkipWithError(s.ToString().c_str());
     benchmark::DoNotOptimize(values.data());
   }
-  SetCounters(state, k, payload.size());
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * elements * kWidth);
+  state.counters["payload_bits/record"] =
+      8.0 * static_cast<double>(payload.size()) / static_cast<double>(k);
+}
+
+void BM_DecodeSparse(benchmark::State& state) {
+  const SparseInput& in = Sparse(static_cast<int>(state.range(0)));
+  const uint32_t k = static_cast<uint32_t>(in.positions.size());
+  TimeDecode(
+      state, kElements, k,
+      [&](std::vector<uint8_t>* out) {
+        return EncodeSparse(ChunkKind::kSparseXor, kElements, kWidth, in.positions,
+                            in.values.data(), EncodeOptions(), out);
+      },
+      [&](std::span<const uint8_t> payload, uint32_t* positions, uint8_t* values) {
+        return DecodeSparse(payload, ChunkKind::kSparseXor, kElements, kWidth, k, positions,
+                            values);
+      });
+  state.counters["records/s"] = benchmark::Counter(
+      static_cast<double>(k) * static_cast<double>(state.iterations()),
+      benchmark::Counter::kIsRate);
 }
 
 // A dense XOR plane where `per_mille` of elements changed (zeros elsewhere).
@@ -140,11 +162,97 @@ void BM_DecodeDense(benchmark::State& state) {
   SetCounters(state, kElements, payload.size());
 }
 
+// One chunk of the end-to-end benchmarks (delta_bench.cc): 4 Mi BF16
+// elements of N(0, 0.02) weights, `per_mille` of them moved by 1-2 units in
+// the last place, coded as kind 1 (sparse XOR) or kind 5 (conditional XOR,
+// given the base). Kind 1 on the same chunk is the ratio's baseline.
+constexpr uint32_t kChunkElements = uint32_t{1} << 22;
+
+struct StepInput {
+  std::vector<uint8_t> base;
+  std::vector<uint32_t> positions;
+  std::vector<uint8_t> values;  // XOR
+};
+
+const StepInput& Step(int per_mille) {
+  static std::vector<StepInput> cache(1001);
+  StepInput& in = cache[per_mille];
+  if (in.base.empty()) {
+    std::mt19937_64 rng(per_mille);
+    std::normal_distribution<float> w(0.f, 0.02f);
+    in.base.resize(size_t{kChunkElements} * kWidth);
+    for (uint32_t i = 0; i < kChunkElements; ++i) {
+      const float f = w(rng);
+      uint32_t bits;
+      std::memcpy(&bits, &f, 4);
+      const uint16_t b = static_cast<uint16_t>(bits >> 16);
+      in.base[2 * size_t{i}] = static_cast<uint8_t>(b);
+      in.base[2 * size_t{i} + 1] = static_cast<uint8_t>(b >> 8);
+      if (rng() % 1000 >= static_cast<uint64_t>(per_mille)) continue;
+      const uint16_t x = static_cast<uint16_t>(b ^ (b + 1 + (rng() % 8 == 0)));
+      in.positions.push_back(i);
+      in.values.push_back(static_cast<uint8_t>(x));
+      in.values.push_back(static_cast<uint8_t>(x >> 8));
+    }
+  }
+  return in;
+}
+
+// Kind 1 or kind 5 (conditional) of one step's chunk, appended to *out.
+Status EncodeStep(const StepInput& in, bool conditional, std::vector<uint8_t>* out) {
+  return conditional ? EncodeConditional(kChunkElements, in.base.data(), in.positions,
+                                         in.values.data(), EncodeOptions(), out)
+                     : EncodeSparse(ChunkKind::kSparseXor, kChunkElements, kWidth,
+                                    in.positions, in.values.data(), EncodeOptions(), out);
+}
+
+// Arguments: per mille changed, then the kind (1 or 5).
+void BM_EncodeStep(benchmark::State& state) {
+  const StepInput& in = Step(static_cast<int>(state.range(0)));
+  const bool conditional = state.range(1) == 5;
+  std::vector<uint8_t> out;
+  for (auto _ : state) {
+    out.clear();
+    const Status s = EncodeStep(in, conditional, &out);
+    if (!s.ok()) state.SkipWithError(s.ToString().c_str());
+    benchmark::DoNotOptimize(out.data());
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * kChunkElements *
+                          kWidth);
+  state.counters["payload_bits/record"] =
+      8.0 * static_cast<double>(out.size()) / static_cast<double>(in.positions.size());
+}
+
+void BM_DecodeStep(benchmark::State& state) {
+  const StepInput& in = Step(static_cast<int>(state.range(0)));
+  const bool conditional = state.range(1) == 5;
+  const uint32_t k = static_cast<uint32_t>(in.positions.size());
+  TimeDecode(
+      state, kChunkElements, k,
+      [&](std::vector<uint8_t>* out) { return EncodeStep(in, conditional, out); },
+      [&](std::span<const uint8_t> payload, uint32_t* positions, uint8_t* values) {
+        return conditional ? DecodeConditional(payload, kChunkElements, in.base.data(), k,
+                                               positions, values)
+                           : DecodeSparse(payload, ChunkKind::kSparseXor, kChunkElements,
+                                          kWidth, k, positions, values);
+      });
+}
+
 // Arguments are the change rate in per mille.
 BENCHMARK(BM_EncodeSparse)->Arg(10)->Arg(30)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_DecodeSparse)->Arg(10)->Arg(30)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_EncodeDense)->Arg(500)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_DecodeDense)->Arg(500)->Unit(benchmark::kMillisecond);
+// Process CPU time: the development machine is shared, and time other work
+// takes from the benchmark's core does not count.
+BENCHMARK(BM_EncodeStep)
+    ->ArgsProduct({{10, 30}, {1, 5}})
+    ->Unit(benchmark::kMillisecond)
+    ->MeasureProcessCPUTime();
+BENCHMARK(BM_DecodeStep)
+    ->ArgsProduct({{10, 30}, {1, 5}})
+    ->Unit(benchmark::kMillisecond)
+    ->MeasureProcessCPUTime();
 
 }  // namespace
 }  // namespace refit::codec

@@ -3,8 +3,10 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstring>
 #include <map>
 #include <mutex>
+#include <utility>
 
 #include "base/bytes.h"
 #include "base/hash.h"
@@ -95,17 +97,20 @@ inline void Store(uint8_t* p, typename Elem<W>::T v) {
 }
 
 // XORs the sparse records into the region. Positions ascend, so a strided
-// region walks its rows instead of dividing per record.
-template <int W, bool kCount>
+// region walks its rows instead of dividing per record. kKeep: also writes
+// each record's old element to keep[r * W], in the same pass.
+template <int W, bool kCount, bool kKeep>
 void XorSparse(const RegionAddr& at, const uint32_t* pos, const uint8_t* values,
-               uint32_t k, PageCounter* pages) {
+               uint32_t k, PageCounter* pages, uint8_t* keep) {
+  auto store = [&](uint8_t* p, uint32_t r) {
+    const auto old = Load<W>(p);
+    if constexpr (kKeep) Store<W>(keep + static_cast<size_t>(r) * W, old);
+    Store<W>(p, old ^ Load<W>(values + static_cast<size_t>(r) * W));
+    if constexpr (kCount) pages->Touch(p);
+  };
   if (at.run == 0) {
     uint8_t* base = at.base;
-    for (uint32_t r = 0; r < k; ++r) {
-      uint8_t* p = base + static_cast<size_t>(pos[r]) * W;
-      Store<W>(p, Load<W>(p) ^ Load<W>(values + static_cast<size_t>(r) * W));
-      if constexpr (kCount) pages->Touch(p);
-    }
+    for (uint32_t r = 0; r < k; ++r) store(base + static_cast<size_t>(pos[r]) * W, r);
     return;
   }
   uint64_t row_first = 0;  // region index of the current row's first element
@@ -116,9 +121,17 @@ void XorSparse(const RegionAddr& at, const uint32_t* pos, const uint8_t* values,
       row_first = i - i % at.run;
       row = at.base + (i / at.run) * at.stride * W;
     }
-    uint8_t* p = row + (i - row_first) * W;
-    Store<W>(p, Load<W>(p) ^ Load<W>(values + static_cast<size_t>(r) * W));
-    if constexpr (kCount) pages->Touch(p);
+    store(row + (i - row_first) * W, r);
+  }
+}
+
+template <int W, bool kKeep>
+void XorSparseCounting(const RegionAddr& at, const uint32_t* pos, const uint8_t* values,
+                       uint32_t k, PageCounter* pages, uint8_t* keep) {
+  if (pages) {
+    XorSparse<W, true, kKeep>(at, pos, values, k, pages, keep);
+  } else {
+    XorSparse<W, false, kKeep>(at, pos, values, k, pages, keep);
   }
 }
 
@@ -139,16 +152,12 @@ void StoreRecordsW(const ChunkHeader& h, const RegionAddr& at, ApplyScratch* s,
     if (h.IsConditional() && undo != nullptr) {
       // Its records cannot be decoded again once the range is at "after"
       // (they are coded given the base): keep what they replace.
-      for (uint32_t r = 0; r < k; ++r) {
-        const uint8_t* p = at.At(pos[r]);
-        undo->at.push_back(pos[r]);
-        undo->old.insert(undo->old.end(), p, p + W);
-      }
-    }
-    if (pages) {
-      XorSparse<W, true>(at, pos, values, k, pages);
+      const size_t u = undo->at.size();
+      undo->at.insert(undo->at.end(), pos, pos + k);
+      undo->old.resize((u + k) * W);
+      XorSparseCounting<W, true>(at, pos, values, k, pages, undo->old.data() + u * W);
     } else {
-      XorSparse<W, false>(at, pos, values, k, pages);
+      XorSparseCounting<W, false>(at, pos, values, k, pages, nullptr);
     }
     return;
   }
@@ -338,7 +347,7 @@ Status StoreAndCheck(const ChunkHeader& h, uint8_t* tensor_data, ApplyScratch* s
   }
   if (got == h.after) {
     if (pages_written) *pages_written = pages;
-    if (undo) *undo = s->undo;
+    if (undo) *undo = std::move(s->undo);  // cleared before its next use
     return Status();
   }
   if (h.IsXor()) {

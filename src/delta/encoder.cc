@@ -94,6 +94,12 @@ Status EncodeElements(const ChunkHeader& ids, const uint8_t* a, const uint8_t* b
   // The changed values are extracted in the same pass, while the segment
   // is still in cache (a second pass over an 8 MiB chunk misses).
   s->values.clear();
+  // So are the base's exponent counts that conditional XOR (kind 5) picks
+  // its class window from, from the first segment with a change on (a
+  // range without changes is not coded).
+  const bool conditional = options.allow_xor && options.allow_conditional &&
+                           w == codec::kConditionalWidth;
+  bool sampling = false;
   for (uint64_t off = 0; off < bytes; off += kRangeHashSegment) {
     uint64_t len = std::min<uint64_t>(kRangeHashSegment, bytes - off);
     size_t first = s->positions.size();
@@ -120,6 +126,14 @@ Status EncodeElements(const ChunkHeader& ids, const uint8_t* a, const uint8_t* b
           ExtractValues<8>(sa, sb, pos, found, base_index, options.allow_xor, vout);
           break;
       }
+    }
+    if (conditional && (sampling || found > 0)) {
+      if (!sampling) s->sample = codec::ConditionalSample{static_cast<uint32_t>(off / w)};
+      sampling = true;
+      codec::SampleConditional(a, static_cast<uint32_t>(off / w),
+                               static_cast<uint32_t>((off + len) / w),
+                               std::span<const uint32_t>(s->positions).subspan(first),
+                               &s->sample);
     }
     const Hash128 before = options.base_digests
                                ? options.base_digests[off / kRangeHashSegment]
@@ -156,12 +170,11 @@ Status EncodeElements(const ChunkHeader& ids, const uint8_t* a, const uint8_t* b
                                             s->values.data(), options.codec,
                                             &s->candidate));
   Keep(sparse_kind, s, &best_kind, &have);
-  if (options.allow_xor && options.allow_conditional &&
-      w == codec::kConditionalWidth) {
+  if (conditional) {
     s->candidate.clear();
     REFIT_RETURN_IF_ERROR(codec::EncodeConditional(n, a, s->positions,
                                                    s->values.data(), options.codec,
-                                                   &s->candidate));
+                                                   &s->candidate, &s->sample));
     Keep(ChunkKind::kConditionalXor, s, &best_kind, &have);
   }
 

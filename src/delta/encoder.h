@@ -42,6 +42,7 @@ struct EncodeScratch {
   std::vector<uint8_t> dense;
   std::vector<uint8_t> candidate;
   std::vector<uint8_t> best;
+  codec::ConditionalSample sample;  // conditional XOR's exponent counts
 };
 
 struct ChunkResult {
