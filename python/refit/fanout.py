@@ -174,10 +174,20 @@ class FanoutReceiver:
         dist = _dist()
         self._dist = dist
         self._group = group
-        ranks = dist.get_process_group_ranks(group) if group is not None and hasattr(
-            dist, "get_process_group_ranks") else list(range(dist.get_world_size()))
-        self._leader = ranks[0] if leader is None else int(leader)
-        if self._leader not in ranks:
+        if group is None:
+            ranks: Optional[List[int]] = list(range(dist.get_world_size()))
+        elif hasattr(dist, "get_process_group_ranks"):
+            ranks = list(dist.get_process_group_ranks(group))
+        else:
+            ranks = None  # a PyTorch that cannot list a group's ranks
+        if leader is None:
+            if ranks is None:
+                raise InvalidArgumentError(
+                    "give leader= (a global rank of the group): this PyTorch cannot list "
+                    "the group's ranks", "INVALID_ARGUMENT")
+            leader = ranks[0]
+        self._leader = int(leader)
+        if ranks is not None and self._leader not in ranks:
             raise InvalidArgumentError(f"leader {leader} is not a rank of the group",
                                        "INVALID_ARGUMENT")
         self.is_leader = dist.get_rank() == self._leader
