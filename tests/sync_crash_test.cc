@@ -607,7 +607,9 @@ TEST_P(DeadlineTest, SilentReceiverCostsOnlyTheDeadline) {
   EXPECT_LT(seconds - upload, kDeadlineMs / 1000.0 + 10.0)
       << "waited past the deadline (process " << seconds << " s, encode and "
       << "upload " << upload << " s)";
-  EXPECT_LT(report["commit_seconds"].get<double>(), kDeadlineMs / 1000.0 + 0.3);
+  // Half a deadline of slack: the decision comes once the deadline passes,
+  // not after a second one, also on a loaded machine.
+  EXPECT_LT(report["commit_seconds"].get<double>(), kDeadlineMs / 1000.0 * 1.5);
   for (int i = 0; i < 2; ++i) {
     ASSERT_TRUE(receivers[i].Wait(30));
     EXPECT_EQ(receivers[i].exit_code(), 0) << ReadText(cl.Err(i));
