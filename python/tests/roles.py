@@ -42,8 +42,12 @@ def receive(store, member, checkpoint_dir, versions):
 def fanout(store, fixtures, rank, world, init_file, versions):
     """Member `rank` of a gloo group of `world` engines holding the model in
     host memory; only rank 0 reads the store (refit.FanoutReceiver)."""
+    import os
+
     import torch.distributed as dist
 
+    # The group's traffic stays on the loopback interface.
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=int(rank),
                             world_size=int(world))
     base = refit.load(f"{fixtures}/step0.safetensors")
