@@ -27,9 +27,7 @@ constexpr uint64_t kRangeBytes = 64
 
 struct Pending {
   uint32_t job = 0;
-  std::vector<uint8_t>
-      relative;  // the encoder's chunk: the job's region as a range
-  std::vector<uint8_t> canonical;  // the same with the job's region header
+  std::vector<uint8_t> canonical;  // the chunk with the job's region header
 };
 
 }  // namespace
@@ -90,10 +88,8 @@ Result<std::unique_ptr<DeviceRankEncoder>> DeviceRankEncoder::Create(
           ": an owned piece of canonical tensor '" + impl->CanonName(j) +
           "' is converted (another local dtype, or FP8 scales the rank "
           "computes) or stored transposed; the GPU rank encoder takes only "
-          "pieces whose "
-          "local bits are the checkpoint's, in canonical order: encode this "
-          "rank on the CPU "
-          "(RankEncoder) instead");
+          "pieces whose local bits are the checkpoint's, in canonical order: "
+          "encode this rank on the CPU (RankEncoder) instead");
     }
     impl->offset.push_back(impl->bytes);
     const uint64_t b = j.count * static_cast<uint64_t>(j.width);
@@ -133,40 +129,20 @@ uint64_t DeviceRankEncoder::device_bytes() const { return impl_->bytes; }
 Status DeviceRankEncoder::Impl::LocalData(
     const std::vector<TensorView>& views, bool device_only,
     std::vector<const uint8_t*>* data) const {
-  const std::vector<layout::LocalTensor>& local = plan->local_tensors();
-  std::map<std::string, const TensorView*> by_name;
-  for (const TensorView& v : views) by_name[v.name] = &v;
-  data->assign(local.size(), nullptr);
-  for (const trainer::RankJob& j : jobs) {
-    if ((*data)[j.local] != nullptr) continue;
-    const layout::LocalTensor& lt = local[j.local];
-    auto it = by_name.find(lt.name);
-    if (it == by_name.end()) {
-      return InvalidArgumentError("rank " + std::to_string(rank) +
-                                  " has no local tensor '" + lt.name +
-                                  "' that the layout names");
-    }
-    const TensorView& v = *it->second;
-    if (v.dtype != lt.dtype || v.shape != lt.shape) {
+  REFIT_ASSIGN_OR_RETURN(*data, plan->LocalData(views));
+  if (!device_only) return Status();
+  for (size_t i = 0; i < data->size(); ++i) {
+    if ((*data)[i] == nullptr) continue;
+    cudaPointerAttributes a{};
+    const cudaError_t e = cudaPointerGetAttributes(&a, (*data)[i]);
+    if (e != cudaSuccess || a.type != cudaMemoryTypeDevice ||
+        a.device != dev.device) {
+      cudaGetLastError();  // clear a sticky "invalid value" of a host pointer
       return InvalidArgumentError(
-          "local tensor '" + lt.name +
-          "' has a different dtype or shape than the layout says");
+          "local tensor '" + plan->local_tensors()[i].name +
+          "' is not in the memory of CUDA device " +
+          std::to_string(dev.device) + ", where the rank's baseline is");
     }
-    if (v.data == nullptr)
-      return InvalidArgumentError("local tensor '" + lt.name + "' has no data");
-    if (device_only) {
-      cudaPointerAttributes a{};
-      const cudaError_t e = cudaPointerGetAttributes(&a, v.data);
-      if (e != cudaSuccess || a.type != cudaMemoryTypeDevice ||
-          a.device != dev.device) {
-        cudaGetLastError();  // clear a sticky "invalid value" of a host pointer
-        return InvalidArgumentError("local tensor '" + lt.name +
-                                    "' is not in the memory of CUDA device " +
-                                    std::to_string(dev.device) +
-                                    ", where the rank's baseline is");
-      }
-    }
-    (*data)[j.local] = v.data;
   }
   return Status();
 }
@@ -281,7 +257,6 @@ Result<trainer::RankReport> DeviceRankEncoder::Encode(
         h.stride = j.stride;
         Pending p;
         p.job = info.pair;
-        p.relative.assign(bytes.begin(), bytes.end());
         SerializeChunk(h, c.payload, &p.canonical);
         report.changed_direct += h.changed;
         ++report.chunks;
@@ -296,7 +271,7 @@ Result<trainer::RankReport> DeviceRankEncoder::Encode(
   }
   m.stats.last_encode = *encoded;
   for (const Pending& p : m.pending) {
-    report.peak_scratch_bytes += p.relative.capacity() + p.canonical.capacity();
+    report.peak_scratch_bytes += p.canonical.capacity();
   }
   report.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   m.stats.last_encode_ms = report.seconds * 1000;
@@ -329,8 +304,16 @@ Status DeviceRankEncoder::Commit() {
   std::vector<uint8_t> payload;
   std::vector<ChunkSpan> spans;
   for (const Pending& p : m.pending) {
-    spans.push_back({payload.size(), p.relative.size()});
-    payload.insert(payload.end(), p.relative.begin(), p.relative.end());
+    // Back to the encoder's own form: the job's region as a tensor of its
+    // own, one contiguous range (the committer's plan).
+    REFIT_ASSIGN_OR_RETURN(ParsedChunk c, ParseChunk(p.canonical));
+    c.header.tensor_id = p.job;
+    c.header.start = 0;
+    c.header.run = 0;
+    c.header.stride = 0;
+    const uint64_t begin = payload.size();
+    SerializeChunk(c.header, c.payload, &payload);
+    spans.push_back({begin, payload.size() - begin});
   }
   auto prepared = m.committer->Prepare(payload, spans);
   Result<GpuApplyReport> applied = prepared.ok()

@@ -543,6 +543,13 @@ Status RankEncoder::Impl::CheckLocal(const std::vector<TensorView>& views,
   return Status();
 }
 
+Result<std::vector<const uint8_t*>> RankEncoder::LocalData(
+    const std::vector<TensorView>& local) const {
+  std::vector<const uint8_t*> data;
+  REFIT_RETURN_IF_ERROR(impl_->CheckLocal(local, &data));
+  return data;
+}
+
 Status RankEncoder::Impl::QuantizePacked(const Region& r, uint64_t o, uint64_t i0, uint64_t n,
                                           const std::vector<const uint8_t*>& data,
                                           uint8_t* packed, std::vector<float>* x,

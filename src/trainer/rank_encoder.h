@@ -139,6 +139,10 @@ class RankEncoder final : public RankEncoderInterface {
   // This rank's local tensors (the layout's order) and the chunk plan.
   const std::vector<layout::LocalTensor>& local_tensors() const;
   std::vector<RankJob> jobs() const;
+  // The data of each local tensor the plan reads, by index into
+  // local_tensors() (null for the others), once `local` is checked to hold
+  // every one of them with the layout's dtype and shape.
+  Result<std::vector<const uint8_t*>> LocalData(const std::vector<TensorView>& local) const;
 
   // Baseline from canonical tensors (a checkpoint at the committed
   // version): reads only the owned regions.
