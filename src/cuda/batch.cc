@@ -208,29 +208,28 @@ Status ParsePlacements(std::span<const uint8_t> buffer, const ChunkSpan& span,
     return DataLossError("chunk size disagrees with its framing");
   }
   const ChunkHeader& h = pc->header;
-  if (h.IsStrided()) {
-    // The GPU path places contiguous ranges; strided regions (trainer
-    // ranks' chunks, docs/trainer.md) are applied by the CPU path.
-    return UnimplementedError("chunk of tensor " + std::to_string(h.tensor_id) +
-                              " is a strided region, which the GPU receiver does "
-                              "not apply yet; apply it on the CPU path");
-  }
   if (h.tensor_id >= tensor_names.size()) {
     return DataLossError("chunk names tensor " + std::to_string(h.tensor_id) +
                          " outside the tensor table");
   }
+  // A strided region (a trainer rank's block of a matrix, docs/format.md
+  // §3) is placed through its span, first to last element; its elements
+  // are mapped one by one on the device.
+  const uint64_t span_elems = RegionSpan(h.count, h.run, h.stride);
   for (uint32_t pi : plan.Find(tensor_names[h.tensor_id])) {
     const TensorPlacement& tp = plan.placements()[pi];
-    if (tp.width != h.width || h.start + h.count > tp.rows * tp.cols) {
+    if (tp.width != h.width || h.start + span_elems > tp.rows * tp.cols) {
       return FailedPreconditionError(
           "chunk of '" + tp.name + "' does not fit its placement (width or "
           "range); the plan does not match the delta");
     }
-    if (!Intersects(tp, h.start, h.count)) continue;
+    if (!Intersects(tp, h.start, span_elems)) continue;
     Parsed p;
     p.chunk_index = index;
     DevChunk& d = p.dev;
     d.start = h.start;
+    d.run = h.run;
+    d.stride = h.IsStrided() ? h.stride : 0;
     d.n = static_cast<uint32_t>(h.count);
     d.k = static_cast<uint32_t>(h.changed);
     d.kind = static_cast<uint8_t>(h.kind);
@@ -243,7 +242,7 @@ Status ParsePlacements(std::span<const uint8_t> buffer, const ChunkSpan& span,
     const uint64_t bytes = h.count * h.width;
     d.segments = static_cast<uint32_t>((bytes + kRangeHashSegment - 1) /
                                        kRangeHashSegment);
-    const auto addr = ContiguousAddress(tp, h.start, h.count);
+    const auto addr = ContiguousAddress(tp, h.start, span_elems);
     d.linear_address = addr ? *addr : 0;
     if (verify) {
       if (!addr) {

@@ -68,6 +68,12 @@ struct DevChunk {
   uint64_t linear_address;  // same, regardless of verification: records of
                             // such chunks skip the placement lookup
   uint64_t seg_first;      // first segment digest (scratch digest array)
+  // Strided regions (docs/format.md §3; trainer ranks' chunks): element i
+  // of the chunk is canonical element start + (i / run) * stride + i % run;
+  // run = stride = 0 for a contiguous range. range_address and
+  // linear_address then give canonical element `start`, and the region
+  // spans RegionSpan() elements from there.
+  uint64_t run, stride;
   uint64_t after_lo, after_hi;    // docs/format.md §3 "after"
   uint64_t before_lo, before_hi;  // and "before"
   uint64_t fixed_gap;      // constant gap planes' bytes, in place
@@ -92,6 +98,11 @@ struct DevChunk {
   uint8_t dense_gpu;       // dense, its planes decoded on the GPU into
                            // staging at `data` (DevDensePlane)
 };
+
+// Elements from a chunk's first canonical element to one past its last.
+inline uint64_t RegionSpan(uint64_t count, uint64_t run, uint64_t stride) {
+  return run == 0 ? count : (count / run - 1) * stride + run;
+}
 
 // One byte plane of a dense chunk for the GPU to decode (docs/format.md
 // §4.2) into byte j of each of the chunk's n elements at DevChunk::data.

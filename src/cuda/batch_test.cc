@@ -98,8 +98,9 @@ TEST(Batch, RefusesVerificationOfNonContiguousRanges) {
   EXPECT_TRUE(PrepareBatches(chunk, std::span(&span, 1), names, plan, opt).ok());
 }
 
-TEST(Batch, RefusesStridedRegions) {
-  // A trainer rank's chunk of a column block: rows of 64 at stride 256.
+TEST(Batch, PlacesStridedRegionsThroughTheirSpan) {
+  // A trainer rank's chunk of a column block: 32 rows of 64 elements at
+  // stride 256, from element 64 of a [256, 256] tensor.
   std::mt19937_64 rng(4);
   std::vector<uint8_t> a(64 * 32 * 2), b;
   for (auto& x : a) x = static_cast<uint8_t>(rng());
@@ -113,13 +114,48 @@ TEST(Batch, RefusesStridedRegions) {
   ASSERT_TRUE(EncodeRegionChunk(ids, a.data(), b.data(), 64, 64 * 32, 64, 256, {}, &scratch,
                                 &r).ok());
   ASSERT_TRUE(r.header.IsStrided());
-  PlacementPlan plan;
-  ASSERT_TRUE(plan.Add(WholePlacement("t", 2, 256, 256, 0)).ok());
   std::vector<std::string> names = {"t"};
   ChunkSpan span{0, r.chunk.size()};
+  PlacementPlan plan;
+  ASSERT_TRUE(plan.Add(WholePlacement("t", 2, 256, 256, 4096)).ok());
   auto p = PrepareBatches(r.chunk, std::span(&span, 1), names, plan, {});
-  ASSERT_FALSE(p.ok());
-  EXPECT_THAT(p, StatusIs(StatusCode::kUnimplemented));
+  ASSERT_OK(p);
+  ASSERT_EQ(p->batches.size(), 1u);
+  const HostBatch& hb = p->batches[0];
+  ASSERT_EQ(hb.chunks.size(), 1u);
+  const DevChunk& d = hb.chunks[0];
+  EXPECT_EQ(d.start, 64u);
+  EXPECT_EQ(d.run, 64u);
+  EXPECT_EQ(d.stride, 256u);
+  EXPECT_EQ(d.n, 64u * 32);
+  EXPECT_EQ(RegionSpan(d.n, d.run, d.stride), 31u * 256 + 64);
+  EXPECT_EQ(d.range_address, 4096u + 64 * 2);
+  EXPECT_EQ(d.linear_address, d.range_address);
+  // Hashed as its rows laid end to end: one segment, no gathering room.
+  EXPECT_EQ(d.segments, 1u);
+  EXPECT_EQ(hb.scratch_bytes, d.seg_first * 16 + 16 * uint64_t{d.segments});
+
+  // A row shard: rows [0, 128) on this GPU hold the region's rows 0..31,
+  // so the chunk is placed.
+  PlacementPlan rows;
+  ASSERT_TRUE(rows.Add(RowShardPlacement("t", 2, 256, 256, 0, 128, 0)).ok());
+  PrepareOptions unchecked;
+  unchecked.verify = false;
+  auto q = PrepareBatches(r.chunk, std::span(&span, 1), names, rows, unchecked);
+  ASSERT_OK(q);
+  ASSERT_EQ(q->batches.size(), 1u);
+  EXPECT_EQ(q->batches[0].chunks[0].run, 64u);
+  // Rows [128, 256) hold none of it.
+  PlacementPlan far;
+  ASSERT_TRUE(far.Add(RowShardPlacement("t", 2, 256, 256, 128, 256, 0)).ok());
+  q = PrepareBatches(r.chunk, std::span(&span, 1), names, far, unchecked);
+  ASSERT_OK(q);
+  EXPECT_EQ(q->chunks_not_here, 1u);
+  // A tensor too small for the span does not match the delta.
+  PlacementPlan small;
+  ASSERT_TRUE(small.Add(WholePlacement("t", 2, 31, 256, 0)).ok());
+  EXPECT_THAT(PrepareBatches(r.chunk, std::span(&span, 1), names, small, {}),
+              StatusIs(StatusCode::kFailedPrecondition));
 }
 
 TEST(Batch, SplitsBatchesAtTheStagingLimit) {

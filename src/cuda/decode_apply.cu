@@ -21,6 +21,16 @@ __device__ inline uint8_t* Addr(uint64_t a) {
   return reinterpret_cast<uint8_t*>(static_cast<uintptr_t>(a));
 }
 
+// Offset from a chunk's first canonical element of its element `pos`: the
+// position itself for a contiguous range (run 0); for a strided region,
+// rows of `run` elements `stride` apart (run < count < 2^32).
+__device__ __forceinline__ uint64_t RegionOffset(uint64_t run, uint64_t stride,
+                                                 uint32_t pos) {
+  if (run == 0) return pos;
+  const uint32_t r = static_cast<uint32_t>(run);
+  return uint64_t{pos / r} * stride + pos % r;
+}
+
 // Stores (or, with undo, reverts) the decoded records of a chunk whose
 // positions and values are in scratch. XOR is its own inverse; overwrite
 // kinds save the bytes they replace and restore them on undo.
@@ -34,7 +44,8 @@ __device__ void StoreSparse(const BatchDevice& b, const DevChunk& c,
   const bool xor_kind = c.kind == 1;
   for (uint32_t r = threadIdx.x; r < c.k; r += blockDim.x) {
     uint64_t a;
-    if (!MapElement(pl, b.pieces, c.start + pos[r], &a)) continue;
+    if (!MapElement(pl, b.pieces, c.start + RegionOffset(c.run, c.stride, pos[r]), &a))
+      continue;
     uint8_t* p = Addr(a);
     if (xor_kind) {
       StoreWord(p, LoadWord(p, w) ^ LoadWord(vals + uint64_t{r} * w, w), w);
@@ -55,7 +66,7 @@ __device__ void StoreDense(const BatchDevice& b, const DevChunk& c, bool undo) {
   const bool xor_kind = c.kind == 3;
   for (uint32_t i = threadIdx.x; i < c.n; i += blockDim.x) {
     uint64_t a;
-    if (!MapElement(pl, b.pieces, c.start + i, &a)) continue;
+    if (!MapElement(pl, b.pieces, c.start + RegionOffset(c.run, c.stride, i), &a)) continue;
     uint8_t* p = Addr(a);
     const uint64_t off = uint64_t{i} * w;
     if (xor_kind) {
@@ -586,6 +597,7 @@ __device__ uint32_t FusedPass(const BatchDevice& b, const DevChunk& cg,
   const int w = cg.width;
   const uint32_t n = cg.n;
   const uint64_t start = cg.start, linear = cg.linear_address;
+  const uint64_t run = cg.run, stride = cg.stride;
   const uint32_t fixed_gap = static_cast<uint32_t>(cg.fixed_gap);
   const V fixed_value = static_cast<V>(cg.fixed_value);
   const DevicePlacement* pl = b.placements + cg.placement;
@@ -717,11 +729,12 @@ __device__ uint32_t FusedPass(const BatchDevice& b, const DevChunk& cg,
       if ((present >> j & 1) == 0) continue;
       const uint32_t pos = AddSat(before[j], inc[j]) - 1;
       if (pos >= n) continue;  // a checked group has none
+      const uint64_t e = RegionOffset(run, stride, pos);
       if (linear != 0) {
-        XorRed(Addr(linear + uint64_t{pos} * w), val[j], w);
+        XorRed(Addr(linear + e * w), val[j], w);
       } else {
         uint64_t a = 0;
-        if (MapElement(*pl, b.pieces, start + pos, &a)) {
+        if (MapElement(*pl, b.pieces, start + e, &a)) {
           XorRed(Addr(a), val[j], w);
         }
       }
@@ -800,11 +813,13 @@ cudaError_t LaunchFused(const BatchDevice& b, int undo, cudaStream_t stream) {
 
 // Scatters one thread's kApplyItems consecutive records (positions in
 // pos[], absent ones as ~0u): every load is issued before any store, so
-// the read-modify-writes overlap. linear != 0: the range is contiguous
-// there; otherwise each position goes through the placement.
+// the read-modify-writes overlap. linear != 0: the range (the region's
+// span) is contiguous there; otherwise each position goes through the
+// placement.
 __device__ inline void ScatterItems(const BatchDevice& b,
                                     const DevicePlacement* pl, uint64_t linear,
-                                    uint64_t start, const uint32_t* pos,
+                                    uint64_t start, uint64_t run, uint64_t stride,
+                                    const uint32_t* pos,
                                     uint32_t first, const uint8_t* vals,
                                     uint8_t* old, int w, bool xor_kind) {
   uint8_t* dst[kApplyItems];
@@ -815,11 +830,12 @@ __device__ inline void ScatterItems(const BatchDevice& b,
     cur[j] = 0;
     val[j] = 0;
     if (pos[j] == ~0u) continue;
+    const uint64_t e = RegionOffset(run, stride, pos[j]);
     if (linear != 0) {
-      dst[j] = Addr(linear + uint64_t{pos[j]} * w);
+      dst[j] = Addr(linear + e * w);
     } else {
       uint64_t a = 0;
-      if (MapElement(*pl, b.pieces, start + pos[j], &a)) dst[j] = Addr(a);
+      if (MapElement(*pl, b.pieces, start + e, &a)) dst[j] = Addr(a);
     }
   }
 #pragma unroll
@@ -906,7 +922,8 @@ __global__ void __launch_bounds__(kApplyThreads)
         }
       }
     }
-    ScatterItems(b, pl, linear, start, g, first, vals, old, w, xor_kind);
+    ScatterItems(b, pl, linear, start, cg.run, cg.stride, g, first, vals, old, w,
+                 xor_kind);
     carry += tile_total;
     __syncthreads();  // temp is reused by the next tile's scan
   }
@@ -917,6 +934,7 @@ __global__ void __launch_bounds__(kApplyThreads)
 // a batch's ranges were hashed (a batch holds tens of chunks of megabytes).
 constexpr uint32_t kDigestBlocks = 16;
 __global__ void __launch_bounds__(kThreads) SegmentDigestKernel(BatchDevice b) {
+  __shared__ alignas(16) uint8_t s_gather[kThreads / 32][kGatherBuffer];
   const DevChunk& c = b.chunks[blockIdx.x];
   if (c.range_address == 0 || b.status[c.status_index] != kStatusOk) return;
   const uint64_t bytes = uint64_t{c.n} * c.width;
@@ -924,9 +942,29 @@ __global__ void __launch_bounds__(kThreads) SegmentDigestKernel(BatchDevice b) {
   uint64_t* dig = reinterpret_cast<uint64_t*>(b.scratch) + 2 * c.seg_first;
   const uint32_t warps = gridDim.y * (blockDim.x / 32);
   const uint32_t warp = blockIdx.y * (blockDim.x / 32) + threadIdx.x / 32;
+  const int w = c.width;
   for (uint32_t s = warp; s < c.segments; s += warps) {
     const uint64_t off = uint64_t{s} * kSegment;
     const uint64_t len = bytes - off < kSegment ? bytes - off : kSegment;
+    if (c.run != 0) {
+      // A strided region hashes as its rows laid end to end
+      // (docs/format.md §2): the warp gathers them a block at a time into
+      // shared memory (segments and blocks hold whole elements).
+      const uint32_t lane = threadIdx.x & 31;
+      const H128 h = Xxh3WarpGathered(
+          s_gather[threadIdx.x / 32], len, [&](uint64_t o, uint64_t n, uint8_t* dst) {
+            const uint32_t first = static_cast<uint32_t>((off + o) / w);
+            for (uint32_t i = lane; i < n / w; i += 32) {
+              const uint64_t e = RegionOffset(c.run, c.stride, first + i);
+              StoreWord(dst + uint64_t{i} * w, LoadWord(base + e * w, w), w);
+            }
+          });
+      if (lane == 0) {
+        dig[2 * s] = h.lo;
+        dig[2 * s + 1] = h.hi;
+      }
+      continue;
+    }
     const H128 h = Xxh3Warp(base + off, len);
     if ((threadIdx.x & 31) == 0) {
       dig[2 * s] = h.lo;

@@ -169,10 +169,16 @@ __device__ inline H128 Xxh3Short(const uint8_t* in, uint64_t len) {
   return Finish128(acc, len);
 }
 
-// Loads 16 bytes (two little-endian words); kAligned: p is 16-byte aligned.
-template <bool kAligned>
+// Loads 16 bytes (two little-endian words); kAligned: p is 16-byte aligned;
+// kPlain: an ordinary load (p may be shared memory), else through the
+// read-only cache.
+template <bool kAligned, bool kPlain = false>
 __device__ inline void Load16(const uint8_t* p, uint64_t* a, uint64_t* b) {
-  if constexpr (kAligned) {
+  if constexpr (kAligned && kPlain) {
+    const ulonglong2 v = *reinterpret_cast<const ulonglong2*>(p);
+    *a = v.x;
+    *b = v.y;
+  } else if constexpr (kAligned) {
     const ulonglong2 v = __ldg(reinterpret_cast<const ulonglong2*>(p));
     *a = v.x;
     *b = v.y;
@@ -233,20 +239,26 @@ struct Xxh3LongState {
 
   // The last (partial) block of in[0, len), which starts at byte
   // 1024 * ((len - 1) / 1024), and the merge; every thread gets the hash.
-  template <bool kAligned>
+  template <bool kAligned, bool kPlain = false>
   __device__ H128 Finish(const uint8_t* in, uint64_t len) {
+    return FinishAt<kAligned, kPlain>(in + (len - 1) / 1024 * 1024, in + len - 64, len);
+  }
+
+  // Finish, given the last block's bytes at `blk` and the input's last 64
+  // bytes at `last`.
+  template <bool kAligned, bool kPlain = false>
+  __device__ H128 FinishAt(const uint8_t* blk, const uint8_t* last, uint64_t len) {
     const int t = static_cast<int>(threadIdx.x & 31);
     const uint64_t nb_blocks = (len - 1) / 1024;
     {
       // Whole stripes, no scramble.
       const uint64_t stripes = ((len - 1) - 1024 * nb_blocks) / 64;
-      const uint8_t* blk = in + nb_blocks * 1024;
       uint64_t s0 = 0, s1 = 0;
       for (int m = 0; m < 2; ++m) {
         const int q = t + 32 * m;  // 16-byte pair index; stripe q / 4
         if (static_cast<uint64_t>(q / 4) < stripes) {
           uint64_t x0, x1;
-          Load16<kAligned>(blk + 16 * q, &x0, &x1);
+          Load16<kAligned, kPlain>(blk + 16 * q, &x0, &x1);
           const uint64_t k0 = x0 ^ key[m][0], k1 = x1 ^ key[m][1];
           s0 += x1 + (k0 & 0xffffffffu) * (k0 >> 32);
           s1 += x0 + (k1 & 0xffffffffu) * (k1 >> 32);
@@ -255,7 +267,7 @@ struct Xxh3LongState {
       a0 += Reduce(s0);
       a1 += Reduce(s1);
       // Last stripe: the input's final 64 bytes, secret at offset 121.
-      const uint8_t* p = in + len - 64;
+      const uint8_t* p = last;
       const uint64_t x0 = Rd64(p + 8 * l0), x1 = Rd64(p + 8 * l0 + 8);
       const uint64_t k0 = x0 ^ Sec64(121 + 8 * l0);
       const uint64_t k1 = x1 ^ Sec64(121 + 8 * l0 + 8);
@@ -313,6 +325,49 @@ __device__ inline H128 Xxh3Warp(const uint8_t* in, uint64_t len) {
     return Xxh3LongWarp<true>(in, len);
   }
   return Xxh3LongWarp<false>(in, len);
+}
+
+// XXH3_128bits of `len` bytes that one warp gathers piece by piece (a
+// strided region's rows laid end to end, docs/format.md §2): all 32 lanes
+// call gather(off, n, dst) together to copy input bytes [off, off + n) to
+// dst, then read them from there. `buf` is the warp's own 16-byte aligned
+// buffer of kGatherBuffer bytes (shared memory); every thread gets the hash.
+inline constexpr uint32_t kGatherBuffer = 1024 + 64;
+template <typename Gather>
+__device__ inline H128 Xxh3WarpGathered(uint8_t* buf, uint64_t len, Gather gather) {
+  if (len <= 240) {
+    gather(0, len, buf);
+    __syncwarp();
+    H128 h{0, 0};
+    if ((threadIdx.x & 31) == 0) h = Xxh3Short(buf, len);
+    h.lo = __shfl_sync(0xffffffffu, h.lo, 0);
+    h.hi = __shfl_sync(0xffffffffu, h.hi, 0);
+    __syncwarp();
+    return h;
+  }
+  const int t = static_cast<int>(threadIdx.x & 31);
+  Xxh3LongState st;
+  st.Init();
+  const uint64_t nb_blocks = (len - 1) / 1024;
+  for (uint64_t b = 0; b < nb_blocks; ++b) {
+    gather(b * 1024, 1024, buf);
+    __syncwarp();
+    uint64_t d[2][2];
+    for (int m = 0; m < 2; ++m) {
+      Load16<true, true>(buf + 16 * (t + 32 * m), &d[m][0], &d[m][1]);
+    }
+    __syncwarp();
+    st.Block(d);
+  }
+  // The last block and the 64 bytes before it (the last stripe may reach
+  // back into the previous block).
+  const uint64_t first = nb_blocks == 0 ? 0 : nb_blocks * 1024 - 64;
+  gather(first, len - first, buf);
+  __syncwarp();
+  const H128 h = st.template FinishAt<true, true>(buf + (nb_blocks * 1024 - first),
+                                                  buf + (len - 64 - first), len);
+  __syncwarp();
+  return h;
 }
 
 }  // namespace refit::cuda::internal
