@@ -34,7 +34,7 @@ def objects(store):
     return out
 
 
-_POOL = concurrent.futures.ThreadPoolExecutor(4)
+_POOL = concurrent.futures.ThreadPoolExecutor(8)
 
 
 def follow(rcv, version):
@@ -251,8 +251,14 @@ def test_rank_publishers_encode_on_the_device_as_on_the_cpu(tmp_path):
     stores = {"gpu": str(tmp_path / "gpu"), "cpu": str(tmp_path / "cpu")}
     key = b"k" * 32
     ranks, coords, rcvs, mine = {}, {}, {}, {}
+    # A two-phase receiver on the GPU too: it applies the ranks' strided
+    # regions in device memory and votes their hashes after the version.
+    on_gpu = {n: t.clone() for n, t in canon.items()}
+    gpu_rcv = refit.Receiver(stores["gpu"], member="g", tensors=on_gpu, key=key,
+                             decision_timeout=60)
     for kind, store in stores.items():
-        coords[kind] = refit.Coordinator(store, members=["r"], ranks=[0, 1], table=base,
+        members = ["r", "g"] if kind == "gpu" else ["r"]
+        coords[kind] = refit.Coordinator(store, members=members, ranks=[0, 1], table=base,
                                          key=key, vote_timeout=60, parts_timeout=60)
         memory = "device" if kind == "gpu" else "file"
         ranks[kind] = [refit.Publisher(store, layout=layout, rank=r, key=key,
@@ -267,14 +273,19 @@ def test_rank_publishers_encode_on_the_device_as_on_the_cpu(tmp_path):
         canon = step(canon, 100 + v, rate=0.02 if v % 2 else 0.2)
         for kind in stores:
             futures = [_POOL.submit(coords[kind].publish, v), follow(rcvs[kind], v)]
+            if kind == "gpu":
+                futures.append(follow(gpu_rcv, v))
             futures += [_POOL.submit(ranks[kind][r].publish, v, _tp2_local(canon, r))
                         for r in (0, 1)]
             results = [f.result(timeout=120) for f in futures]
             assert results[0][0]["committed"], results[0][0]["reason"]
-            assert all(res["committed"] for res in results[2:])
+            assert all(res["committed"] for res in results[-2:])
             want = host(canon)
             for name, arr in want.items():
                 np.testing.assert_array_equal(mine[kind][name].reshape(arr.shape), arr)
+                if kind == "gpu":
+                    bits = on_gpu[name].view(torch.int16)
+                    assert torch.equal(bits, canon[name].view(torch.int16)), (name, v)
         assert _part_chunks(stores["gpu"]) == _part_chunks(stores["cpu"])
 
 

@@ -2,14 +2,17 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <map>
 #include <utility>
 
+#include "base/hash.h"
 #include "codec/payload.h"
 #include "cuda/cuda_common.h"
 #include "cuda/pipeline.h"
+#include "delta/chunk.h"
 #include "sync/staging_queue.h"
 
 namespace refit::cuda {
@@ -24,6 +27,49 @@ bool IsXorKind(uint8_t kind) {
 }
 
 uint64_t Elements(const TensorPlacement& p) { return p.rows * p.cols; }
+
+// Copies a canonical tensor (row-major at `canonical`) into placement p
+// (`into_placement`) or out of it, by `kind` (host or device canonical
+// bytes); the placement is contiguous or holds whole rows in blocks of
+// rows (fused and row-sharded layouts).
+Status CopyCanonical(const TensorPlacement& p, uint8_t* canonical, bool into_placement,
+                     cudaMemcpyKind kind, cudaStream_t stream) {
+  const uint64_t w = static_cast<uint64_t>(p.width);
+  if (auto address = ContiguousAddress(p, 0, Elements(p))) {
+    void* placed = reinterpret_cast<void*>(*address);
+    REFIT_CUDA_RETURN(into_placement ? cudaMemcpyAsync(placed, canonical, Elements(p) * w,
+                                                       kind, stream)
+                                     : cudaMemcpyAsync(canonical, placed, Elements(p) * w,
+                                                       kind, stream),
+                      "copy a tensor");
+    return Status();
+  }
+  const auto& cols = p.col_map.pieces;
+  if (cols.size() != 1 || cols[0].begin != 0 || cols[0].end != p.cols ||
+      cols[0].dst != 0 || cols[0].block != 0 || p.col_stride != 1) {
+    return UnimplementedError("tensor '" + p.name +
+                              "' is placed by columns on the GPU; copying it whole "
+                              "(a snapshot's load, the hash of a direct version) is not "
+                              "supported for such a placement");
+  }
+  for (const AxisPiece& r : p.row_map.pieces) {
+    const uint64_t block = r.block == 0 ? r.end - r.begin : r.block;
+    for (uint64_t first = r.begin, q = 0; first < r.end; first += block, ++q) {
+      const uint64_t rows = std::min(block, r.end - first);
+      const uint64_t dst_row = r.dst + q * (r.block == 0 ? 0 : r.block_stride);
+      uint8_t* placed = reinterpret_cast<uint8_t*>(p.base) + dst_row * p.row_stride * w;
+      uint8_t* canon = canonical + first * p.cols * w;
+      REFIT_CUDA_RETURN(
+          into_placement
+              ? cudaMemcpy2DAsync(placed, p.row_stride * w, canon, p.cols * w, p.cols * w, rows,
+                                  kind, stream)
+              : cudaMemcpy2DAsync(canon, p.cols * w, placed, p.row_stride * w, p.cols * w, rows,
+                                  kind, stream),
+          "copy rows of a tensor");
+    }
+  }
+  return Status();
+}
 
 }  // namespace
 
@@ -312,7 +358,8 @@ Status DeviceTarget::Seal() {
           m.restorable = false;
           continue;
         }
-        const uint64_t length = uint64_t{c.n} * c.width;
+        // A strided region's span, its rows and what lies between them.
+        const uint64_t length = RegionSpan(c.n, c.run, c.stride) * c.width;
         m.saved.push_back({c.linear_address, length, saved_bytes});
         saved_bytes += (length + 255) & ~uint64_t{255};
       }
@@ -411,40 +458,125 @@ Status DeviceTarget::Load(const TensorEntry& e,
                                 "' is loaded with the wrong size");
   }
   for (uint32_t j : m.plan.Find(e.name)) {
-    const TensorPlacement& p = m.plan.placements()[j];
-    if (auto address = ContiguousAddress(p, 0, Elements(p))) {
-      REFIT_CUDA_RETURN(
-          cudaMemcpy(reinterpret_cast<void*>(*address), bytes.data(),
-                     bytes.size(), cudaMemcpyHostToDevice),
-          "load a tensor");
-      continue;
-    }
-    // Whole rows placed as blocks of rows (fused and row-sharded layouts).
-    const auto& cols = p.col_map.pieces;
-    if (cols.size() != 1 || cols[0].begin != 0 || cols[0].end != p.cols ||
-        cols[0].dst != 0 || cols[0].block != 0 || p.col_stride != 1) {
-      return UnimplementedError(
-          "tensor '" + e.name +
-          "' is placed by columns on the GPU; loading a snapshot into "
-          "such a placement is not supported");
-    }
-    for (const AxisPiece& r : p.row_map.pieces) {
-      const uint64_t block = r.block == 0 ? r.end - r.begin : r.block;
-      for (uint64_t first = r.begin, q = 0; first < r.end;
-           first += block, ++q) {
-        const uint64_t rows = std::min(block, r.end - first);
-        const uint64_t dst_row =
-            r.dst + q * (r.block == 0 ? 0 : r.block_stride);
-        REFIT_CUDA_RETURN(
-            cudaMemcpy2D(
-                reinterpret_cast<uint8_t*>(p.base) + dst_row * p.row_stride * w,
-                p.row_stride * w, bytes.data() + first * p.cols * w, p.cols * w,
-                p.cols * w, rows, cudaMemcpyHostToDevice),
-            "load rows of a tensor");
-      }
+    REFIT_RETURN_IF_ERROR(CopyCanonical(m.plan.placements()[j],
+                                        const_cast<uint8_t*>(bytes.data()),
+                                        /*into_placement=*/true, cudaMemcpyHostToDevice,
+                                        m.stream));
+  }
+  REFIT_CUDA_RETURN(cudaStreamSynchronize(m.stream), "load a tensor");
+  return Status();
+}
+
+Result<std::vector<Hash128>> DeviceTarget::HashesAfter(const std::vector<TensorEntry>& table) {
+  REFIT_RETURN_IF_ERROR(Check(table));
+  Impl& m = *impl_;
+  REFIT_CUDA_RETURN(cudaSetDevice(m.opt.device), "cudaSetDevice");
+  std::vector<Impl::Version>& versions = m.staging.items();
+  // The staged chunks of each tensor, by version (spans of its bytes).
+  std::map<std::string, std::vector<std::vector<ChunkSpan>>> chunks;
+  for (size_t k = 0; k < versions.size(); ++k) {
+    const Impl::Version& v = versions[k];
+    for (const ChunkSpan& span : v.spans) {
+      REFIT_ASSIGN_OR_RETURN(ParsedChunk c,
+                             ParseChunk(std::span(v.bytes).subspan(span.offset, span.size)));
+      if (c.header.tensor_id >= v.table->size())
+        return DataLossError("a chunk names a tensor outside its table");
+      auto& per = chunks[(*v.table)[c.header.tensor_id].name];
+      per.resize(versions.size());
+      per[k].push_back(span);
     }
   }
-  return Status();
+  // Tensors no chunk touches are hashed where they are, when contiguous;
+  // the others are copied (in canonical order) into groups of up to
+  // device_staging_bytes (at least one tensor), the staged chunks applied
+  // to the copies by the GPU receiver, checked at "before" and "after"
+  // as the pause checks them, and the copies hashed.
+  std::vector<Hash128> out(table.size());
+  std::vector<DeviceRange> ranges;
+  std::vector<size_t> which, copied;
+  uint64_t largest = 0;
+  for (size_t t = 0; t < table.size(); ++t) {
+    const TensorEntry& e = table[t];
+    const uint64_t bytes = e.num_elements * static_cast<uint64_t>(e.width);
+    auto held = m.contiguous.find(e.name);
+    if (bytes == 0) {
+      out[t] = RangeHash(nullptr, 0);
+    } else if (!chunks.contains(e.name) && held != m.contiguous.end()) {
+      ranges.push_back({reinterpret_cast<const void*>(held->second), bytes});
+      which.push_back(t);
+    } else {
+      copied.push_back(t);
+      largest = std::max(largest, bytes);
+    }
+  }
+  REFIT_ASSIGN_OR_RETURN(auto in_place, RangeHashesDevice(ranges));
+  for (size_t i = 0; i < which.size(); ++i) out[which[i]] = in_place[i];
+  const auto padded = [](uint64_t b) { return (b + 255) & ~uint64_t{255}; };
+  const uint64_t budget = std::max(m.opt.device_staging_bytes, padded(largest));
+  DeviceBuffer copy;
+  for (size_t i = 0; i < copied.size();) {
+    // One group: copies of tensors i .. j - 1.
+    uint64_t used = 0;
+    size_t j = i;
+    for (; j < copied.size(); ++j) {
+      const TensorEntry& e = table[copied[j]];
+      const uint64_t bytes = padded(e.num_elements * static_cast<uint64_t>(e.width));
+      if (j > i && used + bytes > budget) break;
+      used += bytes;
+    }
+    REFIT_RETURN_IF_ERROR(copy.Reserve(used));
+    PlacementPlan plan;
+    ranges.clear();
+    used = 0;
+    for (size_t g = i; g < j; ++g) {
+      const TensorEntry& e = table[copied[g]];
+      const uint64_t bytes = e.num_elements * static_cast<uint64_t>(e.width);
+      uint8_t* dst = copy.bytes() + used;
+      used += padded(bytes);
+      REFIT_RETURN_IF_ERROR(CopyCanonical(m.plan.placements()[m.plan.Find(e.name).front()], dst,
+                                          /*into_placement=*/false, cudaMemcpyDeviceToDevice,
+                                          m.stream));
+      REFIT_RETURN_IF_ERROR(plan.Add(WholePlacement(e.name, e.width, e.num_elements, 1,
+                                                    reinterpret_cast<uint64_t>(dst))));
+      ranges.push_back({dst, bytes});
+    }
+    REFIT_CUDA_RETURN(cudaStreamSynchronize(m.stream), "copy tensors");
+    for (size_t k = 0; k < versions.size(); ++k) {
+      std::vector<ChunkSpan> spans;
+      for (size_t g = i; g < j; ++g) {
+        auto it = chunks.find(table[copied[g]].name);
+        if (it != chunks.end()) spans.insert(spans.end(), it->second[k].begin(), it->second[k].end());
+      }
+      if (spans.empty()) continue;
+      std::sort(spans.begin(), spans.end(),
+                [](const ChunkSpan& a, const ChunkSpan& b) { return a.offset < b.offset; });
+      const Impl::Version& v = versions[k];
+      std::vector<std::string> names;
+      for (const TensorEntry& e : *v.table) names.push_back(e.name);
+      ReceiverOptions ro;
+      ro.staging_bytes = m.opt.apply_staging_bytes;
+      ro.verify = true;
+      ro.host_threads = m.opt.host_threads;
+      ro.device = m.opt.device;
+      REFIT_ASSIGN_OR_RETURN(auto r, Receiver::Create(plan, std::move(names), ro));
+      REFIT_ASSIGN_OR_RETURN(PreparedDelta p, r->Prepare(v.bytes, spans));
+      REFIT_ASSIGN_OR_RETURN(std::vector<uint8_t> states, r->Classify(v.bytes, p));
+      for (size_t st = 0; st < states.size(); ++st) {
+        if (states[st] == 0) continue;
+        const ChunkSpan& span = spans[p.chunk_of_status[st]];
+        REFIT_ASSIGN_OR_RETURN(ParsedChunk c,
+                               ParseChunk(std::span(v.bytes).subspan(span.offset, span.size)));
+        return DataLossError("chunk of tensor '" + (*v.table)[c.header.tensor_id].name +
+                             "' at element " + std::to_string(c.header.start) +
+                             ": its range does not hold the chunk's base");
+      }
+      REFIT_RETURN_IF_ERROR(r->Apply(v.bytes, p).status());
+    }
+    REFIT_ASSIGN_OR_RETURN(auto hashes, RangeHashesDevice(ranges));
+    for (size_t g = i; g < j; ++g) out[copied[g]] = hashes[g - i];
+    i = j;
+  }
+  return out;
 }
 
 StagingUsage DeviceTarget::usage() const {

@@ -74,6 +74,15 @@ class DeviceTarget final : public StagedTarget {
   Status Seal() override;
   Result<StagedApplyReport> Apply() override;
   Status Load(const TensorEntry& e, std::span<const uint8_t> bytes) override;
+  // Direct versions (trainer ranks' strided regions): the pause applies
+  // them like any version; HashesAfter copies the tensors the staged
+  // chunks touch into device memory, in groups of up to
+  // device_staging_bytes (at least the largest such tensor), applies the
+  // chunks there with the GPU receiver (each checked at "before", then at
+  // "after") and hashes the copies; untouched contiguous tensors are
+  // hashed in place.
+  bool AppliesDirectVersions() const override { return true; }
+  Result<std::vector<Hash128>> HashesAfter(const std::vector<TensorEntry>& table) override;
   StagingUsage usage() const override;
 
   // Whether chunk ranges are checked on the device (every placement

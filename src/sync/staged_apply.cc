@@ -85,7 +85,7 @@ Result<std::optional<StepResult>> StagedPrepare::StageVersion(
       return FailedPreconditionError(
           "version " + V + " was published by several trainer ranks (strided regions, "
           "chunks in the ranks' parts), which this two-phase receiver's target does not "
-          "apply (the host target does; the GPU target does not yet)");
+          "apply");
     }
     m = std::move(*got);
     return Status();

@@ -89,7 +89,7 @@ class StagedTarget {
   // Versions published by several trainer ranks (docs/protocol.md,
   // "Versions from many ranks": strided regions, and ready votes that
   // carry every tensor's hash after the version): whether this target
-  // applies them. The GPU target does not.
+  // applies them.
   virtual bool AppliesDirectVersions() const { return false; }
 
   // The range hash of every tensor of `table` as Apply() would leave it

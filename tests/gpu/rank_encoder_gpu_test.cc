@@ -1,15 +1,22 @@
 // The GPU rank encoder against the CPU one (the oracle): for tensor-parallel
 // row and column shards, a fused QKV tensor and replicated tensors, every
 // version's chunks must be byte for byte the CPU RankEncoder's, over
-// commits and an abort, and the re-send regions the same.
+// commits and an abort, and the re-send regions the same. And the GPU
+// receiver (a two-phase DeviceTarget) applying the ranks' chunks, strided
+// regions included: bit-exact, its pre-pause hashes those of the CPU, a
+// wrong base refused before the pause and undone in it.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <map>
 #include <random>
 
+#include "base/hash.h"
 #include "cuda/device_rank_encoder.h"
+#include "cuda/device_target.h"
+#include "delta/chunk.h"
 #include "layout/layout.h"
 #include "support/status_matchers.h"
 #include "support/testing.h"
@@ -257,8 +264,9 @@ INSTANTIATE_TEST_SUITE_P(ChunkSizes, DeviceRankEncoderTest,
 
 TEST(DeviceRankEncoderRefusals, ConvertedPiecesAndHostTensors) {
   Layout l = Tp2Layout();
-  // An FP32 master cast to a BF16 canonical tensor: residual, CPU only.
-  l.ranks[0].tensors[3].dtype = "F32";
+  // An FP32 master (on every replica) cast to a BF16 canonical tensor:
+  // residual, CPU only.
+  for (layout::RankLayout& rl : l.ranks) rl.tensors[3].dtype = "F32";
   EXPECT_THAT(DeviceRankEncoder::Create(l, 0, {}, {}).status(),
               StatusIs(StatusCode::kUnimplemented));
   const Layout ok = Tp2Layout();
@@ -279,6 +287,134 @@ TEST(DeviceRankEncoderRefusals, ConvertedPiecesAndHostTensors) {
                              return Status();
                            }),
               StatusIs(StatusCode::kInvalidArgument));
+}
+
+// The union of both ranks' chunks of each version (strided regions of the
+// row-parallel matrix, fused QKV rows, replicas from rank 0 only) staged
+// into a DeviceTarget holding the canonical tensors.
+TEST(DeviceTargetRankChunks, AppliesStridedRegionsBitExact) {
+  const Layout l = Tp2Layout();
+  std::mt19937_64 rng(11);
+  Named canon;
+  for (const CanonicalTensor& c : l.canonical) {
+    Bytes b(Elements(c.shape) * static_cast<uint64_t>(Width(c.dtype)));
+    for (auto& x : b) x = static_cast<uint8_t>(rng());
+    canon[c.name] = std::move(b);
+  }
+  trainer::RankEncoderOptions opt;
+  opt.chunk_bytes = 4096;  // several regions a tensor
+  opt.threads = 2;
+  std::vector<std::unique_ptr<trainer::RankEncoder>> ranks;
+  for (uint32_t r = 0; r < 2; ++r) {
+    auto c = trainer::RankEncoder::Create(l, r, opt);
+    ASSERT_OK(c);
+    ASSERT_OK((*c)->SetBaseline(CanonViews(l, canon)));
+    ranks.push_back(std::move(*c));
+  }
+  // The receiver's canonical tensors in device memory.
+  std::vector<cuda::CanonicalTensor> held;
+  std::vector<TensorEntry> table;
+  PlacementPlan plan;
+  std::map<std::string, void*> dev;
+  // The version's tensor table: canonical tensors sorted by name.
+  std::vector<layout::CanonicalTensor> sorted = l.canonical;
+  std::sort(sorted.begin(), sorted.end(),
+            [](const auto& x, const auto& y) { return x.name < y.name; });
+  for (const layout::CanonicalTensor& c : sorted) {
+    const Bytes& b = canon.at(c.name);
+    ASSERT_EQ(cudaMalloc(&dev[c.name], b.size()), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(dev[c.name], b.data(), b.size(), cudaMemcpyHostToDevice), cudaSuccess);
+    const int w = Width(c.dtype);
+    held.push_back({c.name, c.dtype, w, c.shape});
+    TensorEntry e;
+    e.name = c.name;
+    e.dtype = c.dtype;
+    e.width = static_cast<uint8_t>(w);
+    e.shape = c.shape;
+    e.num_elements = Elements(c.shape);
+    table.push_back(e);
+    const uint64_t cols = c.shape.back(), rows = e.num_elements / cols;
+    ASSERT_OK(plan.Add(WholePlacement(c.name, w, rows, cols, reinterpret_cast<uint64_t>(dev[c.name]))));
+  }
+  auto download = [&](const std::string& n) {
+    Bytes b(canon.at(n).size());
+    EXPECT_EQ(cudaMemcpy(b.data(), dev.at(n), b.size(), cudaMemcpyDeviceToHost), cudaSuccess);
+    return b;
+  };
+  DeviceTargetOptions dopt;
+  dopt.device_staging_bytes = 256 << 10;  // several hashing groups
+  auto target = DeviceTarget::Create(held, plan, dopt);
+  ASSERT_OK(target);
+  DeviceTarget& t = **target;
+  ASSERT_TRUE(t.AppliesDirectVersions());
+  std::uniform_real_distribution<double> u(0, 1);
+  uint64_t strided = 0;
+  for (uint64_t version = 1; version <= 5; ++version) {
+    const Named before = canon;
+    const double rate = version % 2 ? 0.02 : 0.3;
+    for (auto& [name, b] : canon) {
+      for (size_t i = 0; i < b.size(); i += 2) {
+        if (u(rng) < rate) b[i] ^= static_cast<uint8_t>(1 + rng() % 7);
+      }
+    }
+    std::vector<Bytes> chunks;
+    for (uint32_t r = 0; r < 2; ++r) {
+      const Named local = Scatter(l, canon, r);
+      std::vector<TensorView> views;
+      for (const LocalTensor& lt : l.ranks[r].tensors) {
+        views.push_back({lt.name, lt.dtype, Width(lt.dtype), lt.shape, local.at(lt.name).data()});
+      }
+      for (Bytes& c : EncodeAll(*ranks[r], version, views, nullptr)) chunks.push_back(std::move(c));
+      ASSERT_OK(ranks[r]->Commit());
+    }
+    auto stage = [&]() {
+      ASSERT_OK(t.Begin());
+      for (const Bytes& c : chunks) ASSERT_OK(t.Add(0, table, c));
+      ASSERT_OK(t.Seal());
+    };
+    for (const Bytes& c : chunks) {
+      auto pc = ParseChunk(c);
+      ASSERT_OK(pc);
+      strided += pc->header.IsStrided();
+    }
+    if (version == 2) {
+      // A changed element inside a strided region of a.weight (rows of 512
+      // at stride 1024): the pre-pause hashes refuse it, and the pause
+      // undoes every chunk and reports it.
+      const uint64_t e = 3 * 1024 + 600;  // rank 1's half of row 3
+      Bytes wrong = before.at("a.weight");
+      wrong[2 * e] ^= 0x80;
+      ASSERT_EQ(cudaMemcpy(dev["a.weight"], wrong.data(), wrong.size(), cudaMemcpyHostToDevice),
+                cudaSuccess);
+      stage();
+      EXPECT_THAT(t.HashesAfter(table), StatusIs(StatusCode::kDataLoss));
+      EXPECT_FALSE(t.Apply().ok());
+      EXPECT_EQ(download("a.weight"), wrong);
+      for (const auto& [n, b] : before) {
+        if (n != "a.weight") {
+          EXPECT_EQ(download(n), b) << n;
+        }
+      }
+      ASSERT_EQ(cudaMemcpy(dev["a.weight"], before.at("a.weight").data(), wrong.size(),
+                           cudaMemcpyHostToDevice),
+                cudaSuccess);
+    }
+    stage();
+    auto after = t.HashesAfter(table);
+    ASSERT_OK(after);
+    for (size_t i = 0; i < table.size(); ++i) {
+      const Bytes& b = canon.at(table[i].name);
+      EXPECT_EQ((*after)[i], RangeHash(b.data(), b.size())) << table[i].name;
+      // Nothing was written before the pause.
+      EXPECT_EQ(download(table[i].name), before.at(table[i].name)) << table[i].name;
+    }
+    auto applied = t.Apply();
+    ASSERT_OK(applied);
+    EXPECT_EQ(applied->chunks, chunks.size());
+    for (const auto& [n, b] : canon) ASSERT_EQ(download(n), b) << n << " version " << version;
+  }
+  EXPECT_GT(strided, 10u);
+  for (auto& [n, p] : dev) cudaFree(p);
 }
 
 }  // namespace
