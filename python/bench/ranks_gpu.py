@@ -7,12 +7,16 @@ layout `refit layout generate --tp T` writes for its config (fused QKV and
 gate/up, row-parallel o/down: strided regions); each rank holds its local
 shards in GPU memory. Per version, `--rate` of the elements change by a low
 mantissa bit flip; the ranks (threads of this process) publish their parts
-to a directory store, a direct Coordinator decides, and one in-memory
-receiver (host memory) applies. Reported per path: each rank's part time
-(detect + encode + upload, the rank's report `seconds`), the whole
-publish() (part + decision), and the version's end to end (first rank
-starts -> receiver active). Every version is checked bit-exact at the
-receiver.
+to a directory store, a direct Coordinator decides, and one receiver
+applies: `--receiver device` (the default) a two-phase receiver holding the
+canonical model in GPU memory (prepare: fetch, check, stage and compute the
+tensors' hashes after the version on the device; activate: the pause, every
+strided region applied in place), `--receiver host` an in-memory receiver
+in host memory. Reported per path: each rank's part time (detect + encode +
+upload, the rank's report `seconds`), the whole publish() (part +
+decision), the receiver's prepare and pause (device receiver), and the
+version's end to end (first rank starts -> receiver active). Every version
+is checked bit-exact at the receiver.
 
   PYTHONPATH=build/gpuhost/python python3 python/bench/ranks_gpu.py \\
       --refit build/gpuhost/tools/refit/refit --size 1.5b --tp 2
@@ -90,7 +94,45 @@ def host(model):
     return {n: t.view(torch.int16).cpu().numpy().view(np.uint16) for n, t in model.items()}
 
 
-def run_path(memory, work, layout, base, canon0, nranks, rate, versions):
+class DeviceFollower:
+    """A two-phase receiver over CUDA tensors: prepare, then the pause."""
+
+    def __init__(self, store, canon0):
+        self.held = {n: t.clone() for n, t in canon0.items()}
+        self.rcv = refit.Receiver(store, member="r", tensors=self.held, poll_interval=0.002)
+
+    def sync(self, v, timeout):
+        t = time.perf_counter()
+        while not self.rcv.prepare(v, timeout=timeout):
+            pass
+        prepared = time.perf_counter()
+        rep = self.rcv.activate()
+        torch.cuda.synchronize()
+        return {"prepare_s": prepared - t, "pause_s": sum(s.pause_seconds for s in rep.steps),
+                "pause_kernel_ms": sum(s.pause_kernel_ms for s in rep.steps),
+                "staged_device_bytes": max(s.staged_device_bytes for s in rep.steps)}
+
+    def check(self, canon):
+        for n, t in canon.items():
+            assert torch.equal(self.held[n].view(torch.int16), t.view(torch.int16)), n
+
+
+class HostFollower:
+    def __init__(self, store, canon0):
+        self.mine = host(canon0)
+        self.rcv = refit.Receiver(store, member="r", tensors=self.mine,
+                                  dtypes={n: "BF16" for n in self.mine}, decision_timeout=600)
+
+    def sync(self, v, timeout):
+        self.rcv.sync(v, timeout=timeout)
+        return {}
+
+    def check(self, canon):
+        for n, a in host(canon).items():
+            assert np.array_equal(self.mine[n].reshape(a.shape), a), n
+
+
+def run_path(memory, work, layout, base, canon0, nranks, rate, versions, receiver):
     store = os.path.join(work, "store-" + memory)
     coord = refit.Coordinator(store, members=["r"], ranks=list(range(nranks)), table=base,
                               vote_timeout=600, parts_timeout=600)
@@ -98,9 +140,7 @@ def run_path(memory, work, layout, base, canon0, nranks, rate, versions):
                              baseline_memory=memory, decision_timeout=600)
              for r in range(nranks)]
     assert all(p.on_device == (memory == "device") for p in ranks)
-    mine = host(canon0)
-    rcv = refit.Receiver(store, member="r", tensors=mine, dtypes={n: "BF16" for n in mine},
-                         decision_timeout=600)
+    rcv = (DeviceFollower if receiver == "device" else HostFollower)(store, canon0)
     pool = concurrent.futures.ThreadPoolExecutor(nranks + 2)
     canon = canon0
     rows = []
@@ -119,13 +159,11 @@ def run_path(memory, work, layout, base, canon0, nranks, rate, versions):
         parts = [pool.submit(publish, r) for r in range(nranks)]
         results = [p.result() for p in parts]
         report, _ = fc.result()
-        fr.result()
+        got = fr.result()
         e2e = time.time() - t0
         assert report["committed"], report["reason"]
-        want = host(canon)
-        for n, a in want.items():
-            assert np.array_equal(mine[n].reshape(a.shape), a), n
-        rows.append({"version": v, "part_s": max(r["seconds"] for r, _ in results),
+        rcv.check(canon)
+        rows.append({"version": v, **got, "part_s": max(r["seconds"] for r, _ in results),
                      "publish_s": max(w for _, w in results), "e2e_s": e2e,
                      "chunks": sum(r["chunks"] for r, _ in results),
                      "changed": sum(r["changed_direct"] for r, _ in results)})
@@ -140,6 +178,7 @@ def main():
     ap.add_argument("--tp", type=int, default=2)
     ap.add_argument("--rate", type=float, default=0.02)
     ap.add_argument("--versions", type=int, default=4)
+    ap.add_argument("--receiver", choices=["device", "host"], default="device")
     ap.add_argument("--json", help="write the results here")
     ns = ap.parse_args()
     work = tempfile.mkdtemp(prefix="refit-ranks-gpu-")
@@ -155,16 +194,22 @@ def main():
         params = sum(t.numel() for t in canon0.values())
         base = os.path.join(work, "base.safetensors")
         refit.save(base, host(canon0), dtypes="BF16")
-        out = {"size": ns.size, "params": params, "tp": ns.tp, "rate": ns.rate}
+        out = {"size": ns.size, "params": params, "tp": ns.tp, "rate": ns.rate,
+               "receiver": ns.receiver}
         for memory in ("device", "file"):
             out[memory] = run_path(memory, work, layout, base, canon0, ns.tp, ns.rate,
-                                   ns.versions)
-        print(f"{ns.size}: {params / 1e9:.2f} B params, TP {ns.tp}, {ns.rate:.0%} change")
-        print("path    version  rank part (s)  rank publish (s)  end to end (s)  chunks")
+                                   ns.versions, ns.receiver)
+        print(f"{ns.size}: {params / 1e9:.2f} B params, TP {ns.tp}, {ns.rate:.0%} change, "
+              f"{ns.receiver} receiver")
+        print("path    version  rank part (s)  rank publish (s)  end to end (s)  chunks"
+              "  prepare (s)  pause (ms)  kernels (ms)  staged (MiB)")
         for memory, name in (("device", "GPU"), ("file", "CPU")):
             for r in out[memory]:
+                extra = (f"  {r['prepare_s']:11.3f}  {r['pause_s'] * 1e3:10.1f}"
+                         f"  {r['pause_kernel_ms']:6.1f}  {r['staged_device_bytes'] / 2**20:7.0f}"
+                         if "pause_s" in r else "")
                 print(f"{name:7} {r['version']:7}  {r['part_s']:13.3f}  {r['publish_s']:16.3f}"
-                      f"  {r['e2e_s']:14.3f}  {r['chunks']:6}")
+                      f"  {r['e2e_s']:14.3f}  {r['chunks']:6}{extra}")
         steady = {m: float(np.median([r["part_s"] for r in out[m][1:]] or [out[m][0]["part_s"]]))
                   for m in ("device", "file")}
         print(f"median rank part after the first version: GPU {steady['device']*1e3:.1f} ms, "
