@@ -11,7 +11,9 @@
 // the reference-quantized checkpoint of each step to the next bit for bit,
 // scales included; the reference quantizes whole canonical rows
 // (trainer/quantize_reference.h). Layouts that split a scale block, or an
-// NVFP4 tensor, between ranks are refused by name.
+// NVFP4 tensor, between ranks are refused by name. The same holds for the
+// layouts `refit layout generate` writes for a gpt-oss MXFP4 and a ModelOpt
+// NVFP4 config.json (their BF16 twins give the ranks' tensors).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -19,6 +21,7 @@
 #include <random>
 
 #include "delta/apply.h"
+#include "layout/generate.h"
 #include "layout/layout.h"
 #include "refit/checkpoint.h"
 #include "support/test_layout.h"
@@ -333,6 +336,63 @@ TEST(Fp4LayoutTest, RanksPatchTheReferenceMxfp4CheckpointEveryVersion) {
 
 TEST(Fp4LayoutTest, RanksPatchTheReferenceNvfp4CheckpointEveryVersion) {
   CheckVersions(MakeNvfp4Layout(true, false), MakeNvfp4Layout(false, false));
+}
+
+// The generated layout of `config` at `par` and its BF16 twin.
+void CheckGenerated(const std::string& config, const layout::Parallelism& par) {
+  auto m = layout::ParseModelConfig(config);
+  ASSERT_OK(m);
+  auto lq = layout::GenerateLayout(*m, par);
+  ASSERT_OK(lq);
+  uint64_t packed = 0;
+  for (const CanonicalTensor& c : lq->canonical) packed += layout::PackedBlock(c) != 0;
+  ASSERT_GT(packed, 0u);
+  CheckVersions(*lq, layout::testing::UnpackedTwin(*lq));
+}
+
+// gpt-oss with MXFP4 experts in layer 0 (layer 1's listed in
+// modules_to_not_convert stay BF16): TP splits I = 64 between its two
+// blocks, experts over EP, layers over PP; plain and transposed storage.
+TEST(Fp4LayoutTest, GeneratedGptOssMxfp4LayoutPatchesTheReferenceCheckpoint) {
+  const std::string config = R"({"model_type": "gpt_oss", "hidden_size": 64,
+      "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+      "num_key_value_heads": 2, "head_dim": 8, "vocab_size": 40, "num_local_experts": 4,
+      "quantization_config": {"quant_method": "mxfp4", "modules_to_not_convert": [
+          "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens",
+          "lm_head", "model.layers.1.mlp.experts"]}})";
+  for (bool transposed : {false, true}) {
+    SCOPED_TRACE(transposed ? "transposed" : "plain");
+    layout::Parallelism par;
+    par.tp = 2;
+    par.pp = 2;
+    par.dp = 2;
+    par.ep = 2;
+    par.gate_up = layout::GateUp::kInterleaved;
+    par.gate_up_group = 1;
+    par.transposed = transposed;
+    CheckGenerated(config, par);
+  }
+}
+
+// Qwen3-MoE in ModelOpt NVFP4 (a dense layer 0, experts in layer 1, layer
+// 1's attention and lm_head excluded): without TP, each NVFP4 tensor is
+// whole on its ranks; PP, EP and DP replicas, plain and transposed.
+TEST(Fp4LayoutTest, GeneratedNvfp4LayoutPatchesTheReferenceCheckpoint) {
+  const std::string config = R"({"model_type": "qwen3_moe", "hidden_size": 64,
+      "intermediate_size": 96, "moe_intermediate_size": 32, "num_hidden_layers": 2,
+      "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+      "vocab_size": 40, "num_experts": 4, "mlp_only_layers": [0],
+      "quantization_config": {"quant_method": "modelopt", "quant_algo": "NVFP4",
+          "group_size": 16, "exclude_modules": ["lm_head", "model.layers.1.self_attn*"]}})";
+  for (bool transposed : {false, true}) {
+    SCOPED_TRACE(transposed ? "transposed" : "plain");
+    layout::Parallelism par;
+    par.pp = 2;
+    par.dp = 2;
+    par.ep = 2;
+    par.transposed = transposed;
+    CheckGenerated(config, par);
+  }
 }
 
 TEST(Fp4LayoutTest, ASplitScaleBlockIsRefusedByName) {

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstring>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -186,6 +187,31 @@ inline Result<TensorBytes> AssembleCanonical(
     }
   }
   return out;
+}
+
+// The BF16 twin of layout `q`: the same ranks, each packed FP4 tensor
+// (mxfp4, nvfp4) a BF16 tensor of its logical shape under its own name, its
+// scale tensors gone. The helpers above move a packed layout's bytes through
+// its twin; a reference quantizer makes the packed checkpoint from the
+// twin's canonical values.
+inline Layout UnpackedTwin(const Layout& q) {
+  std::set<std::string> scales;
+  for (const CanonicalTensor& c : q.canonical) {
+    if (PackedBlock(c) == 0) continue;
+    scales.insert(c.scale);
+    scales.insert(GlobalScaleName(c));
+  }
+  Layout b;
+  b.ranks = q.ranks;
+  for (const CanonicalTensor& c : q.canonical) {
+    if (scales.count(c.name)) continue;
+    if (PackedBlock(c) == 0) {
+      b.canonical.push_back(c);
+    } else {
+      b.canonical.push_back({c.name, "BF16", LogicalShape(c), "", "", 0, 0});
+    }
+  }
+  return b;
 }
 
 }  // namespace refit::layout::testing
