@@ -338,61 +338,44 @@ TEST(Fp4LayoutTest, RanksPatchTheReferenceNvfp4CheckpointEveryVersion) {
   CheckVersions(MakeNvfp4Layout(true, false), MakeNvfp4Layout(false, false));
 }
 
-// The generated layout of `config` at `par` and its BF16 twin.
-void CheckGenerated(const std::string& config, const layout::Parallelism& par) {
+// The layout generated from `config` over PP 2 x DP 2 x EP 2 and tp, with
+// `interleaved` gate/up (groups of 1), plain and transposed, against its
+// BF16 twin.
+void CheckGenerated(const std::string& config, uint32_t tp, bool interleaved) {
   auto m = layout::ParseModelConfig(config);
   ASSERT_OK(m);
-  auto lq = layout::GenerateLayout(*m, par);
-  ASSERT_OK(lq);
-  uint64_t packed = 0;
-  for (const CanonicalTensor& c : lq->canonical) packed += layout::PackedBlock(c) != 0;
-  ASSERT_GT(packed, 0u);
-  CheckVersions(*lq, layout::testing::UnpackedTwin(*lq));
-}
-
-// gpt-oss with MXFP4 experts in layer 0 (layer 1's listed in
-// modules_to_not_convert stay BF16): TP splits I = 64 between its two
-// blocks, experts over EP, layers over PP; plain and transposed storage.
-TEST(Fp4LayoutTest, GeneratedGptOssMxfp4LayoutPatchesTheReferenceCheckpoint) {
-  const std::string config = R"({"model_type": "gpt_oss", "hidden_size": 64,
-      "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
-      "num_key_value_heads": 2, "head_dim": 8, "vocab_size": 40, "num_local_experts": 4,
-      "quantization_config": {"quant_method": "mxfp4", "modules_to_not_convert": [
-          "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens",
-          "lm_head", "model.layers.1.mlp.experts"]}})";
   for (bool transposed : {false, true}) {
     SCOPED_TRACE(transposed ? "transposed" : "plain");
     layout::Parallelism par;
-    par.tp = 2;
-    par.pp = 2;
-    par.dp = 2;
-    par.ep = 2;
-    par.gate_up = layout::GateUp::kInterleaved;
-    par.gate_up_group = 1;
+    par.tp = tp;
+    par.pp = par.dp = par.ep = 2;
+    if (interleaved) {
+      par.gate_up = layout::GateUp::kInterleaved;
+      par.gate_up_group = 1;
+    }
     par.transposed = transposed;
-    CheckGenerated(config, par);
+    auto lq = layout::GenerateLayout(*m, par);
+    ASSERT_OK(lq);
+    uint64_t packed = 0;
+    for (const CanonicalTensor& c : lq->canonical) packed += layout::PackedBlock(c) != 0;
+    ASSERT_GT(packed, 0u);
+    CheckVersions(*lq, layout::testing::UnpackedTwin(*lq));
   }
+}
+
+// gpt-oss with MXFP4 experts in layer 0 (layer 1's listed in
+// modules_to_not_convert stay BF16): TP 2 splits I = 64 between its two
+// blocks, experts over EP, layers over PP.
+TEST(Fp4LayoutTest, GeneratedGptOssMxfp4LayoutPatchesTheReferenceCheckpoint) {
+  CheckGenerated(layout::testing::SmallGptOssMxfp4Config(64), 2, true);
 }
 
 // Qwen3-MoE in ModelOpt NVFP4 (a dense layer 0, experts in layer 1, layer
 // 1's attention and lm_head excluded): without TP, each NVFP4 tensor is
-// whole on its ranks; PP, EP and DP replicas, plain and transposed.
+// whole on its ranks and replicated over DP (transposed, its fused QKV maps
+// each NVFP4 weight with one piece per query group).
 TEST(Fp4LayoutTest, GeneratedNvfp4LayoutPatchesTheReferenceCheckpoint) {
-  const std::string config = R"({"model_type": "qwen3_moe", "hidden_size": 64,
-      "intermediate_size": 96, "moe_intermediate_size": 32, "num_hidden_layers": 2,
-      "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
-      "vocab_size": 40, "num_experts": 4, "mlp_only_layers": [0],
-      "quantization_config": {"quant_method": "modelopt", "quant_algo": "NVFP4",
-          "group_size": 16, "exclude_modules": ["lm_head", "model.layers.1.self_attn*"]}})";
-  for (bool transposed : {false, true}) {
-    SCOPED_TRACE(transposed ? "transposed" : "plain");
-    layout::Parallelism par;
-    par.pp = 2;
-    par.dp = 2;
-    par.ep = 2;
-    par.transposed = transposed;
-    CheckGenerated(config, par);
-  }
+  CheckGenerated(layout::testing::SmallQwen3MoeNvfp4Config(), 1, false);
 }
 
 TEST(Fp4LayoutTest, ASplitScaleBlockIsRefusedByName) {
