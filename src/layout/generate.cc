@@ -212,15 +212,16 @@ constexpr TensorSetField kTensorSetFields[] = {
 // The fields of kTensorSetFields each architecture's generator reads.
 const std::map<std::string, std::set<std::string>>& ReadFields() {
   static const auto* kRead = new std::map<std::string, std::set<std::string>>{
-      {"llama", {}},
-      {"mistral", {}},
-      {"qwen2", {}},
-      {"qwen3", {}},
-      {"mixtral", {"num_local_experts"}},
+      {"llama", {"quantization_config"}},
+      {"mistral", {"quantization_config"}},
+      {"qwen2", {"quantization_config"}},
+      {"qwen3", {"quantization_config"}},
+      {"mixtral", {"num_local_experts", "quantization_config"}},
       {"qwen2_moe",
        {"num_experts", "shared_expert_intermediate_size", "decoder_sparse_step",
-        "mlp_only_layers"}},
-      {"qwen3_moe", {"num_experts", "decoder_sparse_step", "mlp_only_layers"}},
+        "mlp_only_layers", "quantization_config"}},
+      {"qwen3_moe",
+       {"num_experts", "decoder_sparse_step", "mlp_only_layers", "quantization_config"}},
       {"deepseek_v3",
        {"q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim",
         "v_head_dim", "n_routed_experts", "n_shared_experts", "first_k_dense_replace",
@@ -250,20 +251,27 @@ std::string SupportedList() {
   return out;
 }
 
-// quantization_config: FP8 E4M3 with block scales only.
-Status ParseQuantization(const Json& q, ModelConfig* m) {
-  if (!q.is_object()) return InvalidArgumentError("config.json: quantization_config is not an object");
-  std::string method;
-  if (auto it = q.find("quant_method"); it != q.end() && it->is_string()) {
-    method = it->get<std::string>();
+// A list of module name patterns of quantization_config, appended to
+// m->unquantized_modules.
+Status ReadModuleList(const Json& q, const char* key, ModelConfig* m) {
+  auto it = q.find(key);
+  if (it == q.end() || it->is_null()) return Status();
+  if (!it->is_array()) {
+    return InvalidArgumentError(std::string("config.json: quantization_config \"") + key +
+                                "\" is not a list");
   }
-  if (method != "fp8") {
-    return UnimplementedError(
-        "config.json: quantization_config quant_method \"" + method +
-        "\" is not modelled (the generator writes FP8 E4M3 checkpoints with "
-        "block scales, quant_method \"fp8\"); remove quantization_config to "
-        "generate the unquantized checkpoint's layout");
+  for (const Json& v : *it) {
+    if (!v.is_string()) {
+      return InvalidArgumentError(std::string("config.json: quantization_config \"") + key +
+                                  "\" holds " + v.dump());
+    }
+    m->unquantized_modules.push_back(v.get<std::string>());
   }
+  return Status();
+}
+
+// FP8 E4M3 with block scales (the DeepSeek-V3 convention).
+Status ParseFp8(const Json& q, ModelConfig* m) {
   if (auto it = q.find("fmt"); it != q.end() && !(it->is_string() && *it == "e4m3")) {
     return UnimplementedError("config.json: quantization_config fmt " + it->dump() +
                               " is not \"e4m3\"");
@@ -286,6 +294,85 @@ Status ParseQuantization(const Json& q, ModelConfig* m) {
   m->fp8_block_rows = static_cast<uint64_t>((*it)[0].get<int64_t>());
   m->fp8_block_cols = static_cast<uint64_t>((*it)[1].get<int64_t>());
   return Status();
+}
+
+// NVIDIA ModelOpt NVFP4, as config.json carries hf_quant_config.json's
+// "quantization" ({"quant_algo": "NVFP4", "group_size": 16,
+// "exclude_modules": [...], "kv_cache_quant_algo": null}) or its
+// compressed-tensors-style form ("config_groups", "ignore").
+Status ParseNvfp4(const Json& q, ModelConfig* m) {
+  std::string algo;
+  if (auto it = q.find("quant_algo"); it != q.end() && it->is_string()) {
+    algo = it->get<std::string>();
+  }
+  if (algo != "NVFP4") {
+    return UnimplementedError("config.json: quantization_config quant_algo \"" + algo +
+                              "\" is not modelled (the generator writes ModelOpt "
+                              "\"NVFP4\" checkpoints)");
+  }
+  auto group_size_ok = [](const Json& owner) {
+    auto it = owner.find("group_size");
+    return it == owner.end() || it->is_null() ||
+           (it->is_number_integer() && it->get<int64_t>() == 16);
+  };
+  if (!group_size_ok(q)) {
+    return UnimplementedError("config.json: quantization_config group_size " +
+                              q.at("group_size").dump() + " is not NVFP4's 16");
+  }
+  if (auto it = q.find("config_groups"); it != q.end() && !it->is_null()) {
+    if (!it->is_object()) {
+      return InvalidArgumentError("config.json: quantization_config config_groups is not "
+                                  "an object");
+    }
+    for (const auto& [name, group] : it->items()) {
+      const Json* w = group.is_object() && group.contains("weights") ? &group.at("weights")
+                                                                     : nullptr;
+      if (w && w->is_object() && !group_size_ok(*w)) {
+        return UnimplementedError("config.json: quantization_config config_groups \"" + name +
+                                  "\" weights group_size " + w->at("group_size").dump() +
+                                  " is not NVFP4's 16");
+      }
+    }
+  }
+  // FP8 KV caches add k/v scale tensors to the attention.
+  for (const char* key : {"kv_cache_quant_algo", "kv_cache_scheme"}) {
+    if (auto it = q.find(key); it != q.end() && !IsNeutral(*it, 0)) {
+      return UnimplementedError(std::string("config.json: quantization_config \"") + key +
+                                "\": " + it->dump() + " adds KV-cache scale tensors, which "
+                                "the generator does not model");
+    }
+  }
+  REFIT_RETURN_IF_ERROR(ReadModuleList(q, "exclude_modules", m));
+  REFIT_RETURN_IF_ERROR(ReadModuleList(q, "ignore", m));
+  m->nvfp4 = true;
+  return Status();
+}
+
+// quantization_config: FP8 E4M3 with block scales (MLA models), MXFP4
+// experts (gpt-oss) or ModelOpt NVFP4 (the others and MLA models).
+Status ParseQuantization(const Json& q, const std::string& arch, ModelConfig* m) {
+  if (!q.is_object()) return InvalidArgumentError("config.json: quantization_config is not an object");
+  std::string method;
+  if (auto it = q.find("quant_method"); it != q.end() && it->is_string()) {
+    method = it->get<std::string>();
+  }
+  const bool mla = arch == "deepseek_v3", gpt_oss = arch == "gpt_oss";
+  if (method == "fp8" && mla) return ParseFp8(q, m);
+  if (method == "modelopt" && !gpt_oss) return ParseNvfp4(q, m);
+  if (method == "mxfp4" && gpt_oss) {
+    REFIT_RETURN_IF_ERROR(ReadModuleList(q, "modules_to_not_convert", m));
+    m->mxfp4 = true;
+    return Status();
+  }
+  const std::string modelled =
+      mla       ? "\"fp8\" (FP8 E4M3 with block scales) or \"modelopt\" (NVFP4)"
+      : gpt_oss ? "\"mxfp4\" (MXFP4 experts)"
+                : "\"modelopt\" (NVFP4)";
+  return UnimplementedError(
+      "config.json: \"quantization_config\" quant_method \"" + method +
+      "\" is not modelled for " + m->model_type + " (the generator writes quant_method " +
+      modelled + "); remove quantization_config to generate the unquantized checkpoint's "
+      "layout");
 }
 
 // Dense-layer schedules of MoE models.
@@ -321,6 +408,52 @@ Status ParseDenseLayers(const Json& j, ModelConfig* m) {
   for (uint64_t i = 0; i < L; ++i) {
     if (only.count(i) || (i + 1) % step != 0) m->dense_layers.push_back(i);
   }
+  return Status();
+}
+
+// ModelOpt NVFP4 on rank `r`: refuses a rank that maps part of an NVFP4
+// tensor (the rank encoder needs each whole on one rank, for its global
+// scale), and adds, for each local tensor that maps NVFP4 weights, an F32
+// `<name>.input_scale` [k] holding their k input_scale scalars in piece
+// order (activation calibration the trainer keeps and sends as it is).
+Status AddNvfp4InputScales(const std::map<std::string, uint64_t>& numel, RankLayout* r) {
+  std::map<std::string, uint64_t> mapped;
+  std::vector<LocalTensor> scales;
+  for (const LocalTensor& t : r->tensors) {
+    std::vector<std::string> weights;
+    for (const Piece& p : t.pieces) {
+      if (!numel.count(p.canonical)) continue;
+      if (mapped[p.canonical] == 0) weights.push_back(p.canonical);
+      mapped[p.canonical] += p.rows * p.cols;
+    }
+    if (weights.empty()) continue;
+    LocalTensor s;
+    const size_t dot = t.name.rfind('.');
+    s.name = t.name.substr(0, dot == std::string::npos ? t.name.size() : dot) + ".input_scale";
+    s.dtype = "F32";
+    s.shape = {weights.size()};
+    for (uint64_t j = 0; j < weights.size(); ++j) {
+      Piece p;
+      p.canonical = weights[j].substr(0, weights[j].size() - 6) + "input_scale";
+      p.rows = p.cols = 1;
+      p.local_offset = j;
+      p.local_row_stride = p.local_col_stride = 1;
+      p.canon_row_stride = p.canon_col_stride = 1;
+      s.pieces.push_back(std::move(p));
+    }
+    scales.push_back(std::move(s));
+  }
+  for (const auto& [name, n] : mapped) {
+    if (n == numel.at(name)) continue;
+    return InvalidArgumentError(
+        "rank " + std::to_string(r->rank) + " would hold " + std::to_string(n) + " of the " +
+        std::to_string(numel.at(name)) + " elements of NVFP4 tensor '" + name +
+        "': its global scale '" + name + "_scale_2' is the amax of the whole tensor, so the "
+        "rank encoder needs each NVFP4 tensor whole on one rank; generate NVFP4 "
+        "checkpoints with tp 1 (pp, ep, dp and cp keep tensors whole), or list the module "
+        "in exclude_modules");
+  }
+  for (LocalTensor& s : scales) r->tensors.push_back(std::move(s));
   return Status();
 }
 
@@ -434,12 +567,47 @@ Result<ModelConfig> ParseModelConfig(std::string_view json) {
       REFIT_RETURN_IF_ERROR(ParseDenseLayers(j, &m));
     }
     if (auto it = j.find("quantization_config"); it != j.end() && !it->is_null()) {
-      REFIT_RETURN_IF_ERROR(ParseQuantization(*it, &m));
+      REFIT_RETURN_IF_ERROR(ParseQuantization(*it, arch, &m));
     }
   } catch (const nlohmann::json::exception& e) {
     return InvalidArgumentError(std::string("config.json: ") + e.what());
   }
   return m;
+}
+
+namespace {
+
+// `*` matches any run of characters, everything else itself.
+bool GlobMatch(std::string_view pattern, std::string_view s) {
+  size_t p = 0, i = 0, star = std::string_view::npos, mark = 0;
+  while (i < s.size()) {
+    if (p < pattern.size() && pattern[p] == '*') {
+      star = p++;
+      mark = i;
+    } else if (p < pattern.size() && pattern[p] == s[i]) {
+      ++p;
+      ++i;
+    } else if (star != std::string_view::npos) {
+      p = star + 1;
+      i = ++mark;
+    } else {
+      return false;
+    }
+  }
+  while (p < pattern.size() && pattern[p] == '*') ++p;
+  return p == pattern.size();
+}
+
+}  // namespace
+
+bool ModuleListed(const std::vector<std::string>& patterns, const std::string& module) {
+  for (const std::string& pattern : patterns) {
+    for (size_t end = module.find('.');; end = module.find('.', end + 1)) {
+      if (GlobMatch(pattern, std::string_view(module).substr(0, end))) return true;
+      if (end == std::string::npos) break;
+    }
+  }
+  return false;
 }
 
 Result<ModelConfig> LoadModelConfig(const std::string& path) {
@@ -520,6 +688,38 @@ Result<Layout> GenerateLayout(const ModelConfig& m, const Parallelism& par) {
   const uint64_t Vp = (m.vocab_size + vmul - 1) / vmul * vmul;
   const std::string local_dtype = par.local_dtype.empty() ? m.dtype : par.local_dtype;
   const bool fp8 = m.fp8_block_rows > 0 && m.fp8_block_cols > 0;
+  // gpt-oss layers whose experts the checkpoint stores as MXFP4, 32 logical
+  // columns a scale: each row (H of gate_up, I of down) must be whole
+  // blocks, and the TP split of I must fall between blocks.
+  std::vector<bool> mx(L + mtp, false);
+  for (uint64_t i = 0; i < L + mtp; ++i) {
+    mx[i] = m.gpt_oss && m.mxfp4 && !dense[i] &&
+            !ModuleListed(m.unquantized_modules,
+                          "model.layers." + std::to_string(i) + ".mlp.experts");
+  }
+  if (auto it = std::find(mx.begin(), mx.end(), true); it != mx.end()) {
+    const std::string x =
+        "model.layers." + std::to_string(it - mx.begin()) + ".mlp.experts.";
+    for (auto [name, cols] : {std::pair<const char*, uint64_t>{"gate_up_proj_blocks", H},
+                              {"down_proj_blocks", Im}}) {
+      if (cols % 32 != 0) {
+        return InvalidArgumentError("MXFP4 tensor '" + x + name + "' would have rows of " +
+                                    std::to_string(cols) + " elements, not whole "
+                                    "32-element scale blocks");
+      }
+    }
+    for (uint64_t t = 1; t < tp; ++t) {
+      const uint64_t at = SplitRange(Im, tp, t).first;
+      if (at % 32 != 0) {
+        return InvalidArgumentError(
+            "tp " + std::to_string(tp) + " splits the " + std::to_string(Im) +
+            " columns of MXFP4 tensor '" + x + "down_proj_blocks' (logical [E, H, I]) at "
+            "column " + std::to_string(at) + ", inside a 32-element scale block; a scale is "
+            "the amax of its block, so one rank must hold the whole block: use a tp that "
+            "splits " + std::to_string(Im) + " at multiples of 32");
+      }
+    }
+  }
 
   Layout layout;
   auto canon = [&](std::string name, std::vector<uint64_t> shape,
@@ -528,8 +728,24 @@ Result<Layout> GenerateLayout(const ModelConfig& m, const Parallelism& par) {
         {std::move(name), dtype.empty() ? m.dtype : dtype, std::move(shape), "", "", 0, 0});
   };
   // A linear weight of a layer: FP8 with its weight_scale_inv when the
-  // checkpoint is block-quantized.
+  // checkpoint is block-quantized; NVFP4 with its block, global and input
+  // scales when it is ModelOpt NVFP4 and the module is not excluded.
+  Status packed_error;
   auto linear = [&](const std::string& name, uint64_t rows, uint64_t cols) {
+    const std::string module = name.substr(0, name.size() - std::string(".weight").size());
+    if (m.nvfp4 && !ModuleListed(m.unquantized_modules, module)) {
+      if (cols % 16 != 0 && packed_error.ok()) {
+        packed_error = InvalidArgumentError(
+            "NVFP4 tensor '" + name + "' would have rows of " + std::to_string(cols) +
+            " elements, not whole 16-element scale blocks");
+      }
+      layout.canonical.push_back(
+          {name, "U8", {rows, cols / 2}, module + ".weight_scale", "nvfp4", 0, 0});
+      canon(module + ".weight_scale", {rows, cols / 16}, "F8_E4M3");
+      canon(module + ".weight_scale_2", {}, "F32");
+      canon(module + ".input_scale", {}, "F32");
+      return;
+    }
     if (!fp8) return canon(name, {rows, cols});
     const uint64_t br = m.fp8_block_rows, bc = m.fp8_block_cols;
     layout.canonical.push_back({name, "F8_E4M3", {rows, cols}, name + "_scale_inv",
@@ -606,10 +822,22 @@ Result<Layout> GenerateLayout(const ModelConfig& m, const Parallelism& par) {
     if (m.gpt_oss) {
       canon(p + "mlp.router.weight", {E, H});
       canon(p + "mlp.router.bias", {E});
-      canon(p + "mlp.experts.gate_up_proj", {E, H, 2 * Im});
-      canon(p + "mlp.experts.gate_up_proj_bias", {E, 2 * Im});
-      canon(p + "mlp.experts.down_proj", {E, Im, H});
-      canon(p + "mlp.experts.down_proj_bias", {E, H});
+      const std::string x = p + "mlp.experts.";
+      if (mx[i]) {
+        // Logical [E, rows, cols]: gate_up [E, 2I, H], down [E, H, I].
+        for (auto [name, rows, cols] :
+             {std::tuple<const char*, uint64_t, uint64_t>{"gate_up_proj", 2 * Im, H},
+              {"down_proj", H, Im}}) {
+          layout.canonical.push_back({x + name + "_blocks", "U8", {E, rows, cols / 32, 16},
+                                      x + name + "_scales", "mxfp4", 0, 0});
+          canon(x + name + "_scales", {E, rows, cols / 32}, "U8");
+        }
+      } else {
+        canon(x + "gate_up_proj", {E, H, 2 * Im});
+        canon(x + "down_proj", {E, Im, H});
+      }
+      canon(x + "gate_up_proj_bias", {E, 2 * Im});
+      canon(x + "down_proj_bias", {E, H});
       continue;
     }
     canon(p + moe_block + "gate.weight", {E, H});
@@ -624,8 +852,14 @@ Result<Layout> GenerateLayout(const ModelConfig& m, const Parallelism& par) {
       if (!m.mla) canon(p + "mlp.shared_expert_gate.weight", {1, H});
     }
   }
+  REFIT_RETURN_IF_ERROR(packed_error);
   std::sort(layout.canonical.begin(), layout.canonical.end(),
             [](const CanonicalTensor& a, const CanonicalTensor& b) { return a.name < b.name; });
+  // Logical elements of each NVFP4 tensor.
+  std::map<std::string, uint64_t> nvfp4_numel;
+  for (const CanonicalTensor& c : layout.canonical) {
+    if (c.scale_kind == "nvfp4") nvfp4_numel[c.name] = c.shape[0] * c.shape[1] * 2;
+  }
 
   const uint64_t hpg = nh / nkv;
   for (uint64_t stage = 0; stage < pp; ++stage) {
@@ -704,15 +938,20 @@ Result<Layout> GenerateLayout(const ModelConfig& m, const Parallelism& par) {
           };
           // gpt-oss experts: linear_fc1 rows alternate gate and up, as the
           // columns of gate_up_proj [E, H, 2I] do, so one piece maps it (its
-          // canonical runs go down the columns).
+          // canonical runs go down the columns). MXFP4 (`packed`): the same
+          // rows are rows of the blocks' logical [E, 2I, H], and linear_fc2
+          // columns of down's logical [E, H, I].
           auto gpt_oss_expert = [&](const std::string& local, const std::string& hp,
-                                    uint64_t e) {
+                                    uint64_t e, bool packed) {
             auto [i0, i1] = SplitRange(Im, tp, t);
             const uint64_t n = i1 - i0;
             const std::string x = hp + "mlp.experts.";
             b.Add(local + "linear_fc1.weight", 2 * n, H);
             const uint64_t gu = e * H * 2 * Im + 2 * i0;
-            if (b.transposed()) {
+            if (packed) {
+              b.Rect(x + "gate_up_proj_blocks", 1, 2 * n, H, 0, 0, 0, e * 2 * Im + 2 * i0, 0,
+                     0, H);
+            } else if (b.transposed()) {
               b.Raw(x + "gate_up_proj", H, 2 * n, 0, 2 * n, gu, 2 * Im, 1);
             } else {
               b.Raw(x + "gate_up_proj", 2 * n, H, 0, H, gu, 1, 2 * Im);
@@ -721,7 +960,9 @@ Result<Layout> GenerateLayout(const ModelConfig& m, const Parallelism& par) {
             b.Rect(x + "gate_up_proj_bias", 1, 2 * n, 1, 0, 0, 0, e * 2 * Im + 2 * i0, 0, 0, 1);
             b.Add(local + "linear_fc2.weight", H, n);
             const uint64_t dn = e * Im * H + i0 * H;
-            if (b.transposed()) {
+            if (packed) {
+              b.Rect(x + "down_proj_blocks", 1, H, n, 0, 0, 0, e * H, 0, i0, Im);
+            } else if (b.transposed()) {
               b.Raw(x + "down_proj", n, H, 0, H, dn, H, 1);
             } else {
               b.Raw(x + "down_proj", H, n, 0, n, dn, 1, H);
@@ -797,7 +1038,7 @@ Result<Layout> GenerateLayout(const ModelConfig& m, const Parallelism& par) {
               const std::string local =
                   lp + "mlp.experts.local_experts." + std::to_string(e - e0) + ".";
               if (m.gpt_oss) {
-                gpt_oss_expert(local, hp, e);
+                gpt_oss_expert(local, hp, e, mx[i]);
                 continue;
               }
               mlp(local,
@@ -847,6 +1088,7 @@ Result<Layout> GenerateLayout(const ModelConfig& m, const Parallelism& par) {
           RankLayout r;
           r.rank = static_cast<uint32_t>(t + tp * (c + cp * (d + dp * stage)));
           r.tensors = std::move(b.tensors);
+          if (!nvfp4_numel.empty()) REFIT_RETURN_IF_ERROR(AddNvfp4InputScales(nvfp4_numel, &r));
           layout.ranks.push_back(std::move(r));
         }
       }

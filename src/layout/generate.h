@@ -7,7 +7,8 @@
 // Mistral, Qwen2/Qwen3 dense, Mixtral, Qwen2-MoE/Qwen3-MoE, DeepSeek-V3 and
 // Kimi-K2 (MLA attention, dense first layers, routed and shared experts,
 // MTP layers, FP8 block-quantized checkpoints) and gpt-oss (attention sinks,
-// fused expert tensors with biases). A config.json of any other architecture,
+// fused expert tensors with biases, MXFP4 experts); ModelOpt NVFP4
+// checkpoints of all but gpt-oss. A config.json of any other architecture,
 // or one with a field that changes the tensor set in a way the generator
 // does not model, is refused by name (docs/layout.md, "Generated layouts").
 // Pure and thread-safe.
@@ -74,7 +75,26 @@ struct ModelConfig {
   // the layers' linear weights are F8_E4M3 with an FP32 `weight_scale_inv`
   // per r x c block (the DeepSeek-V3 checkpoint convention). 0: not quantized.
   uint64_t fp8_block_rows = 0, fp8_block_cols = 0;
+  // quantization_config {"quant_method": "mxfp4"} (gpt-oss): the experts are
+  // mlp.experts.{gate_up,down}_proj_blocks U8 [E, R, C/32, 16] with E8M0
+  // `*_scales` U8 [E, R, C/32] (scale_kind "mxfp4"), gate_up in its logical
+  // [E, 2I, H] orientation (rows: gate and up interleaved), down [E, H, I].
+  bool mxfp4 = false;
+  // quantization_config {"quant_method": "modelopt", "quant_algo": "NVFP4"}:
+  // the layers' linear weights are `weight` U8 [N, K/2] (scale_kind
+  // "nvfp4"), `weight_scale` F8_E4M3 [N, K/16], `weight_scale_2` and
+  // `input_scale` F32 scalars (NVIDIA ModelOpt's convention).
+  bool nvfp4 = false;
+  // Module name patterns whose weights stay unquantized: mxfp4's
+  // modules_to_not_convert, ModelOpt's exclude_modules / ignore. `*` matches
+  // any run of characters; a pattern names a module and everything under it.
+  std::vector<std::string> unquantized_modules;
 };
+
+// Whether module `module` (a Hugging Face name without ".weight") is
+// listed in `patterns` (ModelConfig::unquantized_modules): some pattern
+// matches it or one of its dotted prefixes.
+bool ModuleListed(const std::vector<std::string>& patterns, const std::string& module);
 
 // The model_type values GenerateLayout models.
 inline constexpr const char* kSupportedModelTypes[] = {
@@ -117,7 +137,12 @@ struct Parallelism {
 // allowed: a dimension of n over k ranks gives the first n % k ranks one
 // more. With tp above the number of KV heads, each KV head is replicated on
 // the ranks that share its query group. Fails with kInvalidArgument when a
-// rank would get no heads, rows or layers, or when ep does not divide dp.
+// rank would get no heads, rows or layers, or when ep does not divide dp;
+// with packed FP4 checkpoints also, naming the tensor, when its last
+// dimension is not whole scale blocks, when a tensor-parallel split would
+// cut an MXFP4 scale block, or when it would split an NVFP4 tensor between
+// ranks at all (its global scale is the amax of the whole tensor, which the
+// rank encoder needs on one rank: generate those with tp 1).
 Result<Layout> GenerateLayout(const ModelConfig& config, const Parallelism& par);
 
 // [begin, end) of part i when n items are split over `parts` (the first

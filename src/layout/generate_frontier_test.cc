@@ -1,14 +1,16 @@
 // Generated layouts of the frontier architectures from their published
-// config.json files (DeepSeek-V3, Kimi-K2, gpt-oss, Qwen3-MoE, Llama 3):
-// the canonical tensor set against the published checkpoints' tensor lists,
-// coverage at the real parallel sizes, scaled-down models scattered to ranks
-// and assembled back, and refusal of architectures and config fields the
-// generator does not model.
+// config.json files (DeepSeek-V3, Kimi-K2, gpt-oss with its MXFP4 experts,
+// Qwen3-MoE, Llama 3, ModelOpt NVFP4 checkpoints): the canonical tensor set
+// against the published checkpoints' tensor lists, coverage at the real
+// parallel sizes, scaled-down models scattered to ranks and assembled back
+// (packed FP4 ones through their BF16 twins), and refusal of architectures,
+// config fields and splits the generator does not model.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <random>
 #include <string>
@@ -24,8 +26,12 @@ namespace refit::layout {
 namespace {
 
 using testing::AssembleCanonical;
+using testing::kModelOptNvfp4Quant;
 using testing::ScatterToRanks;
+using testing::SmallGptOssMxfp4Config;
+using testing::SmallQwen3MoeNvfp4Config;
 using testing::TensorBytes;
+using testing::UnpackedTwin;
 
 // deepseek-ai/DeepSeek-V3 config.json (as transformers saves it, with its
 // head_dim / qk_head_dim additions).
@@ -172,6 +178,18 @@ Layout Covered(const ModelConfig& m, const Parallelism& p, double* seconds = nul
     *seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
   return *std::move(l);
+}
+
+// Expects GenerateLayout(m, p) to fail with kInvalidArgument, its message
+// holding each of `says`.
+void ExpectRefused(const ModelConfig& m, const Parallelism& p,
+                   const std::vector<std::string>& says) {
+  Result<Layout> l = GenerateLayout(m, p);
+  ASSERT_FALSE(l.ok());
+  EXPECT_EQ(l.status().code(), StatusCode::kInvalidArgument);
+  for (const std::string& s : says) {
+    EXPECT_NE(l.status().message().find(s), std::string_view::npos) << l.status().ToString();
+  }
 }
 
 // Random canonical bytes of every non-derived tensor, at its dtype's width.
@@ -383,20 +401,50 @@ TEST(Frontier, SmallFp8MlaModelCovered) {
 }
 
 TEST(Frontier, GptOssMatchesTheCheckpointNames) {
-  // The published gpt-oss checkpoints store the experts as MXFP4, which the
-  // generator refuses by name; without quantization_config it writes the
-  // BF16 checkpoint (gate_up_proj [E, H, 2I], down_proj [E, I, H]).
-  Result<ModelConfig> q = ParseModelConfig(GptOss(true));
-  ASSERT_FALSE(q.ok());
-  EXPECT_EQ(q.status().code(), StatusCode::kUnimplemented);
-  EXPECT_NE(q.status().message().find("\"mxfp4\""), std::string_view::npos)
-      << q.status().ToString();
-  ModelConfig m = Parse(GptOss(false));
-  EXPECT_TRUE(m.gpt_oss);
-  EXPECT_EQ(m.num_experts, 128u);
   Parallelism one;
   one.gate_up = GateUp::kInterleaved;
   one.gate_up_group = 1;
+  // The published gpt-oss checkpoints store the experts as MXFP4: blocks
+  // of the logical [E, 2I, H] and [E, H, I] with their E8M0 scales, 19
+  // tensors a layer; attention, router, embeddings and head stay BF16.
+  ModelConfig q = Parse(GptOss(true));
+  EXPECT_TRUE(q.mxfp4);
+  EXPECT_FALSE(q.nvfp4);
+  EXPECT_EQ(q.unquantized_modules.size(), 4u);
+  Result<Layout> lq = GenerateLayout(q, one);
+  ASSERT_OK(lq);
+  EXPECT_EQ(lq->canonical.size(), 3u + 36u * 19u);
+  auto qby = ByName(*lq);
+  const std::string x = "model.layers.35.mlp.experts.";
+  ExpectTensor(qby, x + "gate_up_proj_blocks", "U8", {128, 5760, 90, 16});
+  ExpectTensor(qby, x + "gate_up_proj_scales", "U8", {128, 5760, 90});
+  ExpectTensor(qby, x + "gate_up_proj_bias", "BF16", {128, 5760});
+  ExpectTensor(qby, x + "down_proj_blocks", "U8", {128, 2880, 90, 16});
+  ExpectTensor(qby, x + "down_proj_scales", "U8", {128, 2880, 90});
+  ExpectTensor(qby, x + "down_proj_bias", "BF16", {128, 2880});
+  ExpectTensor(qby, "model.layers.35.self_attn.q_proj.weight", "BF16", {4096, 2880});
+  ExpectTensor(qby, "model.layers.35.mlp.router.weight", "BF16", {128, 2880});
+  EXPECT_EQ(qby.count(x + "gate_up_proj"), 0u);
+  EXPECT_EQ(qby.at(x + "down_proj_blocks")->scale_kind, "mxfp4");
+  EXPECT_EQ(qby.at(x + "down_proj_blocks")->scale, x + "down_proj_scales");
+  // Real sizes: TP 2 x PP 4 x DP 8 x EP 8 splits I = 2880 at column 1440,
+  // block 45; TP 4 would split it at 720, inside block 22.
+  Parallelism big = one;
+  big.tp = 2;
+  big.pp = 4;
+  big.dp = 8;
+  big.ep = 8;
+  Covered(q, big);
+  big.tp = 4;
+  ExpectRefused(q, big,
+                {"MXFP4 tensor 'model.layers.0.mlp.experts.down_proj_blocks' (logical [E, H, "
+                 "I]) at column 720, inside a 32-element scale block"});
+  // Without quantization_config: the BF16 checkpoint (gate_up_proj [E, H,
+  // 2I], down_proj [E, I, H]).
+  ModelConfig m = Parse(GptOss(false));
+  EXPECT_TRUE(m.gpt_oss);
+  EXPECT_FALSE(m.mxfp4);
+  EXPECT_EQ(m.num_experts, 128u);
   Result<Layout> l = GenerateLayout(m, one);
   ASSERT_OK(l);
   EXPECT_EQ(l->canonical.size(), 3u + 36u * 17u);
@@ -412,18 +460,66 @@ TEST(Frontier, GptOssMatchesTheCheckpointNames) {
   ExpectTensor(by, p + "mlp.experts.gate_up_proj_bias", "BF16", {128, 5760});
   ExpectTensor(by, p + "mlp.experts.down_proj", "BF16", {128, 2880, 2880});
   ExpectTensor(by, p + "mlp.experts.down_proj_bias", "BF16", {128, 2880});
-  // Real sizes: TP 4 x PP 4 x DP 8 x EP 8.
-  Parallelism p4 = one;
-  p4.tp = 4;
-  p4.pp = 4;
-  p4.dp = 8;
-  p4.ep = 8;
-  Covered(m, p4);
+  // Real sizes: TP 4 x PP 4 x DP 8 x EP 8 (BF16 experts split anywhere).
+  Covered(m, big);
   // Megatron's concatenated gate/up does not map onto interleaved columns.
   Result<Layout> concat = GenerateLayout(m, Parallelism{});
   ASSERT_FALSE(concat.ok());
   EXPECT_NE(concat.status().message().find("interleaves gate and up"),
             std::string_view::npos);
+}
+
+// Canonical element values = their flat index (as uint16).
+TensorBytes IndexBytes(const Layout& l) {
+  TensorBytes canon = RandomBytes(l, 1);
+  for (auto& [name, bytes] : canon) {
+    for (size_t i = 0; i + 1 < bytes.size(); i += 2) {
+      uint16_t v = static_cast<uint16_t>(i / 2);
+      std::memcpy(&bytes[i], &v, 2);
+    }
+  }
+  return canon;
+}
+
+uint16_t At(const std::vector<uint8_t>& b, uint64_t i) {
+  uint16_t v;
+  std::memcpy(&v, &b[2 * i], 2);
+  return v;
+}
+
+// gpt-oss sizes: gate and up interleaved one by one, dp = ep.
+Parallelism GptOssSizes(uint32_t tp, uint32_t pp, uint32_t dp_ep, bool transposed) {
+  Parallelism p;
+  p.tp = tp;
+  p.pp = pp;
+  p.dp = p.ep = dp_ep;
+  p.gate_up = GateUp::kInterleaved;
+  p.gate_up_group = 1;
+  p.transposed = transposed;
+  return p;
+}
+
+// Local expert 1 of local layer 0 in `local` (one rank's tensors, canonical
+// values = flat index) with n intermediate rows of H: linear_fc1 (r, h) holds
+// canonical element fc1(r, h), linear_fc2 (h, j) fc2(h, j).
+void ExpectExpertElements(const TensorBytes& local, uint64_t H, uint64_t n, bool transposed,
+                          const std::function<uint64_t(uint64_t, uint64_t)>& fc1,
+                          const std::function<uint64_t(uint64_t, uint64_t)>& fc2) {
+  const std::string lp = "decoder.layers.0.mlp.experts.local_experts.1.";
+  const std::vector<uint8_t>& w1 = local.at(lp + "linear_fc1.weight");
+  const std::vector<uint8_t>& w2 = local.at(lp + "linear_fc2.weight");
+  for (uint64_t r = 0; r < 2 * n; ++r) {
+    for (uint64_t h = 0; h < H; ++h) {
+      const uint64_t li = transposed ? h * 2 * n + r : r * H + h;
+      ASSERT_EQ(At(w1, li), static_cast<uint16_t>(fc1(r, h))) << r << " " << h;
+    }
+  }
+  for (uint64_t h = 0; h < H; ++h) {
+    for (uint64_t j = 0; j < n; ++j) {
+      const uint64_t li = transposed ? j * H + h : h * n + j;
+      ASSERT_EQ(At(w2, li), static_cast<uint16_t>(fc2(h, j))) << h << " " << j;
+    }
+  }
 }
 
 // Expert e's linear_fc1 row 2j is gate row i0 + j, row 2j + 1 up row
@@ -435,27 +531,11 @@ TEST(Frontier, GptOssExpertsFollowTheCheckpointOrder) {
       "num_key_value_heads": 2, "head_dim": 8, "vocab_size": 50,
       "num_local_experts": 4})");
   for (bool transposed : {false, true}) {
-    Parallelism p;
-    p.tp = 3;
-    p.pp = 2;
-    p.dp = 2;
-    p.ep = 2;
-    p.gate_up = GateUp::kInterleaved;
-    p.gate_up_group = 1;
-    p.transposed = transposed;
-    Layout l = Covered(m, p);
+    Layout l = Covered(m, GptOssSizes(3, 2, 2, transposed));
     ASSERT_FALSE(HasFailure());
     RoundTrip(l, transposed ? 3 : 4);
     ASSERT_FALSE(HasFailure());
-    // Canonical element values = their flat index (as uint16).
-    TensorBytes canon = RandomBytes(l, 1);
-    for (auto& [name, bytes] : canon) {
-      for (size_t i = 0; i + 1 < bytes.size(); i += 2) {
-        uint16_t v = static_cast<uint16_t>(i / 2);
-        std::memcpy(&bytes[i], &v, 2);
-      }
-    }
-    Result<std::vector<TensorBytes>> local = ScatterToRanks(l, canon);
+    Result<std::vector<TensorBytes>> local = ScatterToRanks(l, IndexBytes(l));
     ASSERT_OK(local);
     const uint64_t H = 16, I = 12;
     // Rank t = 1, d = 1 (expert-parallel index 1: experts 2, 3), stage 1
@@ -463,29 +543,162 @@ TEST(Frontier, GptOssExpertsFollowTheCheckpointOrder) {
     const uint64_t t = 1, rank = t + 3 * (1 + 2 * 1);
     auto [i0, i1] = SplitRange(I, 3, t);
     const uint64_t n = i1 - i0, e = 3;
-    const std::string lp = "decoder.layers.0.mlp.experts.local_experts.1.";
-    const std::vector<uint8_t>& fc1 = (*local)[rank].at(lp + "linear_fc1.weight");
-    const std::vector<uint8_t>& fc2 = (*local)[rank].at(lp + "linear_fc2.weight");
-    auto at = [](const std::vector<uint8_t>& b, uint64_t i) {
-      uint16_t v;
-      std::memcpy(&v, &b[2 * i], 2);
-      return v;
-    };
-    for (uint64_t r = 0; r < 2 * n; ++r) {
-      for (uint64_t h = 0; h < H; ++h) {
-        uint64_t li = transposed ? h * 2 * n + r : r * H + h;
-        uint64_t ci = e * H * 2 * I + h * 2 * I + 2 * i0 + r;
-        ASSERT_EQ(at(fc1, li), static_cast<uint16_t>(ci)) << r << " " << h;
-      }
-    }
-    for (uint64_t h = 0; h < H; ++h) {
-      for (uint64_t j = 0; j < n; ++j) {
-        uint64_t li = transposed ? j * H + h : h * n + j;
-        uint64_t ci = e * I * H + (i0 + j) * H + h;
-        ASSERT_EQ(at(fc2, li), static_cast<uint16_t>(ci)) << h << " " << j;
-      }
-    }
+    ExpectExpertElements(
+        (*local)[rank], H, n, transposed,
+        [&](uint64_t r, uint64_t h) { return e * H * 2 * I + h * 2 * I + 2 * i0 + r; },
+        [&](uint64_t h, uint64_t j) { return e * I * H + (i0 + j) * H + h; });
   }
+}
+
+// A small gpt-oss whose layer 0 experts are MXFP4 and layer 1's are listed
+// in modules_to_not_convert (BF16): TP splits I = 64 at its block boundary,
+// linear_fc1 row r of an expert is logical row 2 i0 + r of gate_up's [E, 2I,
+// H], linear_fc2 (h, j) logical (h, i0 + j) of down's [E, H, I]; checked
+// element by element through the BF16 twin, plain and transposed.
+TEST(Frontier, SmallGptOssMxfp4ExpertsFollowTheBlocks) {
+  ModelConfig m = Parse(SmallGptOssMxfp4Config(96));
+  ASSERT_TRUE(m.mxfp4);
+  const uint64_t H = 96, I = 64, E = 4;
+  for (bool transposed : {false, true}) {
+    SCOPED_TRACE(transposed ? "transposed" : "plain");
+    Layout l = Covered(m, GptOssSizes(2, 1, 2, transposed));
+    ASSERT_FALSE(HasFailure());
+    auto by = ByName(l);
+    ExpectTensor(by, "model.layers.0.mlp.experts.gate_up_proj_blocks", "U8", {E, 2 * I, 3, 16});
+    ExpectTensor(by, "model.layers.0.mlp.experts.down_proj_scales", "U8", {E, H, 2});
+    ExpectTensor(by, "model.layers.1.mlp.experts.gate_up_proj", "BF16", {E, H, 2 * I});
+    EXPECT_EQ(by.count("model.layers.1.mlp.experts.gate_up_proj_blocks"), 0u);
+    Result<Layout> back = ParseLayout(LayoutToJson(l));
+    ASSERT_OK(back);
+    EXPECT_TRUE(*back == l);
+    const Layout twin = UnpackedTwin(l);
+    RoundTrip(twin, transposed ? 5 : 6);
+    ASSERT_FALSE(HasFailure());
+    Result<std::vector<TensorBytes>> local = ScatterToRanks(twin, IndexBytes(twin));
+    ASSERT_OK(local);
+    // Rank t = 1, d = 1 (experts 2, 3): local expert 1 is expert 3.
+    const uint64_t t = 1, rank = t + 2 * 1, e = 3, i0 = 32, n = 32;
+    ExpectExpertElements(
+        (*local)[rank], H, n, transposed,
+        [&](uint64_t r, uint64_t h) { return (e * 2 * I + 2 * i0 + r) * H + h; },
+        [&](uint64_t h, uint64_t j) { return (e * H + h) * I + i0 + j; });
+  }
+  // TP 3 splits I = 64 at 22, inside block 0; rows of 48 are not blocks.
+  const Parallelism p3 = GptOssSizes(3, 1, 1, false);
+  ExpectRefused(m, p3, {"experts.down_proj_blocks' (logical [E, H, I]) at column 22"});
+  ExpectRefused(Parse(SmallGptOssMxfp4Config(48)), p3,
+                {"'model.layers.0.mlp.experts.gate_up_proj_blocks' would have rows of 48 "
+                 "elements"});
+}
+
+TEST(Frontier, ModuleListsMatchModulesAndWhatIsUnderThem) {
+  EXPECT_TRUE(ModuleListed({"lm_head"}, "lm_head"));
+  EXPECT_TRUE(ModuleListed({"model.layers.*.self_attn"}, "model.layers.3.self_attn.q_proj"));
+  EXPECT_TRUE(ModuleListed({"model.layers.30.self_attn*"}, "model.layers.30.self_attn.o_proj"));
+  EXPECT_FALSE(ModuleListed({"model.layers.30.self_attn*"}, "model.layers.3.self_attn.o_proj"));
+  EXPECT_FALSE(ModuleListed({"model.layers.2.mlp.gate"}, "model.layers.2.mlp.gate_proj"));
+  EXPECT_TRUE(ModuleListed({"model.layers.2.mlp.gate"}, "model.layers.2.mlp.gate"));
+  EXPECT_TRUE(ModuleListed({"x", "*.experts"}, "model.layers.1.mlp.experts.7.up_proj"));
+  EXPECT_FALSE(ModuleListed({}, "lm_head"));
+}
+
+// ModelOpt NVFP4 (config.json's quantization_config as hf_quant_config.json
+// has it): each linear weight of the layers not excluded is `weight` U8
+// [N, K/2], `weight_scale` E4M3 [N, K/16], `weight_scale_2` and
+// `input_scale` F32 scalars; excluded modules, routers, embeddings, norms
+// and the head stay BF16. Each local tensor holding NVFP4 weights gets an
+// F32 `input_scale` of one element per weight. Covered without TP at PP x
+// DP x EP; TP would split an NVFP4 tensor and is refused, naming it.
+TEST(Frontier, ModelOptNvfp4Layouts) {
+  const std::string quant = kModelOptNvfp4Quant;
+  const std::string llama = R"({"model_type": "llama", "hidden_size": 64,
+      "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4,
+      "num_key_value_heads": 2, "vocab_size": 100, )" + quant + "}";
+  const std::string qwen3_moe = SmallQwen3MoeNvfp4Config();
+  const std::string deepseek = R"({"model_type": "deepseek_v3", "hidden_size": 64,
+      "intermediate_size": 96, "moe_intermediate_size": 32, "num_hidden_layers": 2,
+      "num_attention_heads": 4, "vocab_size": 100, "q_lora_rank": 32,
+      "kv_lora_rank": 16, "qk_nope_head_dim": 8, "qk_rope_head_dim": 8,
+      "v_head_dim": 16, "n_routed_experts": 4, "n_shared_experts": 1,
+      "first_k_dense_replace": 1, "num_nextn_predict_layers": 1, )" + quant + "}";
+  for (const std::string& json : {llama, qwen3_moe, deepseek}) {
+    ModelConfig m = Parse(json);
+    SCOPED_TRACE(m.model_type);
+    EXPECT_TRUE(m.nvfp4);
+    EXPECT_EQ(m.unquantized_modules.size(), 3u);
+    const bool moe = m.num_experts > 0;
+    Parallelism p;
+    p.pp = 2;
+    p.dp = 2;
+    p.ep = moe ? 2 : 1;
+    Layout l = Covered(m, p);
+    ASSERT_FALSE(HasFailure());
+    auto by = ByName(l);
+    const std::string a0 = "model.layers.0.self_attn.", a1 = "model.layers.1.self_attn.";
+    const std::string o0 = a0 + "o_proj.", o1 = a1 + "o_proj.";
+    const uint64_t o_in = m.mla ? 4 * 16 : 64;  // heads x v_head_dim, or H
+    ExpectTensor(by, o0 + "weight", "U8", {64, o_in / 2});
+    ExpectTensor(by, o0 + "weight_scale", "F8_E4M3", {64, o_in / 16});
+    ExpectTensor(by, o0 + "weight_scale_2", "F32", {});
+    ExpectTensor(by, o0 + "input_scale", "F32", {});
+    EXPECT_EQ(by.at(o0 + "weight")->scale_kind, "nvfp4");
+    EXPECT_EQ(by.at(o0 + "weight")->scale, o0 + "weight_scale");
+    ExpectTensor(by, o1 + "weight", "BF16", {64, o_in});  // excluded
+    EXPECT_EQ(by.count(o1 + "weight_scale"), 0u);
+    ExpectTensor(by, "lm_head.weight", "BF16", {100, 64});
+    ExpectTensor(by, "model.layers.0.mlp.down_proj.weight", "U8", {64, 48});
+    if (moe) {
+      ExpectTensor(by, "model.layers.1.mlp.gate.weight", "BF16", {4, 64});
+      ExpectTensor(by, "model.layers.1.mlp.experts.3.up_proj.weight", "U8", {32, 32});
+    }
+    if (m.mla) {
+      ExpectTensor(by, "model.layers.2.mlp.shared_experts.down_proj.weight", "U8", {64, 16});
+      ExpectTensor(by, "model.layers.2.eh_proj.weight", "BF16", {64, 128});
+    }
+    // Rank 0 (stage 0) holds layer 0 whole: its fused QKV (or MLA's q down
+    // projection) carries the input scales of its weights.
+    const RankLayout& r0 = l.ranks[0];
+    const std::string in = m.mla ? "decoder.layers.0.self_attention.linear_q_down_proj.input_scale"
+                                 : "decoder.layers.0.self_attention.linear_qkv.input_scale";
+    auto it = std::find_if(r0.tensors.begin(), r0.tensors.end(),
+                           [&](const LocalTensor& t) { return t.name == in; });
+    ASSERT_NE(it, r0.tensors.end()) << in;
+    EXPECT_EQ(it->dtype, "F32");
+    const std::vector<std::string> want =
+        m.mla ? std::vector<std::string>{a0 + "q_a_proj.input_scale"}
+              : std::vector<std::string>{a0 + "q_proj.input_scale", a0 + "k_proj.input_scale",
+                                         a0 + "v_proj.input_scale"};
+    ASSERT_EQ(it->shape, std::vector<uint64_t>{want.size()});
+    for (size_t j = 0; j < want.size(); ++j) {
+      EXPECT_EQ(it->pieces[j].canonical, want[j]);
+      EXPECT_EQ(it->pieces[j].local_offset, j);
+    }
+    Result<Layout> back = ParseLayout(LayoutToJson(l));
+    ASSERT_OK(back);
+    EXPECT_TRUE(*back == l);
+    RoundTrip(UnpackedTwin(l), 11);
+    ASSERT_FALSE(HasFailure());
+    // TP splits NVFP4 tensors between ranks: refused, naming one.
+    Parallelism tp2 = p;
+    tp2.tp = 2;
+    ExpectRefused(m, tp2,
+                  {"rank 0 would hold ", " elements of NVFP4 tensor 'model.layers.0.",
+                   "_scale_2' is the amax of the whole tensor", "with tp 1"});
+  }
+  // The compressed-tensors-style form newer ModelOpt versions write.
+  ModelConfig groups = Parse(Replace(llama, quant, R"("quantization_config": {
+      "quant_method": "modelopt", "quant_algo": "NVFP4", "producer": {"name": "modelopt"},
+      "config_groups": {"group_0": {"targets": ["Linear"], "weights": {"num_bits": 4,
+          "type": "float", "group_size": 16}, "input_activations": {"num_bits": 4,
+          "type": "float", "group_size": 16}}},
+      "ignore": ["lm_head"], "kv_cache_scheme": null})"));
+  EXPECT_TRUE(groups.nvfp4);
+  EXPECT_EQ(groups.unquantized_modules, std::vector<std::string>{"lm_head"});
+  // K not a multiple of 16: refused, naming the tensor.
+  ExpectRefused(
+      Parse(Replace(llama, "\"intermediate_size\": 96", "\"intermediate_size\": 40")),
+      Parallelism{},
+      {"NVFP4 tensor 'model.layers.0.mlp.down_proj.weight' would have rows of 40 elements"});
 }
 
 TEST(Frontier, Qwen3MoeAndDenseLayerSchedules) {
@@ -530,8 +743,15 @@ TEST(Frontier, Llama31) {
   Covered(m, p);
 }
 
+// A ModelOpt quantization_config with `quant_algo` and more fields.
+std::string Modelopt(const std::string& algo, const std::string& more) {
+  return R"("quantization_config": {"quant_method": "modelopt", "quant_algo": )" + algo + more +
+         "}";
+}
+
 // An architecture the generator does not model is refused by name, and so
-// is a field that changes the tensor set of one it does.
+// is a field that changes the tensor set of one it does, and a quantization
+// it does not write.
 TEST(Frontier, RefusesWhatItDoesNotModel) {
   struct Case {
     std::string json;
@@ -563,8 +783,26 @@ TEST(Frontier, RefusesWhatItDoesNotModel) {
       {Replace(kDeepSeekV3, "\"weight_block_size\": [128, 128]", "\"foo\": 1"),
        "without a weight_block_size"},
       {Replace(kDeepSeekV3, "\"quant_method\": \"fp8\"", "\"quant_method\": \"modelopt\""),
-       "quant_method \"modelopt\" is not modelled"},
-      {GptOss(true), "quant_method \"mxfp4\""},
+       "quant_algo \"\" is not modelled"},
+      {Replace(GptOss(true), "\"mxfp4\"", "\"modelopt\", \"quant_algo\": \"NVFP4\""),
+       "quant_method \"modelopt\" is not modelled for gpt_oss"},
+      {Replace(llama, "\"mlp_bias\": false",
+               "\"mlp_bias\": false, \"quantization_config\": {\"quant_method\": \"mxfp4\"}"),
+       "quant_method \"mxfp4\" is not modelled for llama"},
+      {Replace(llama, "\"mlp_bias\": false", "\"mlp_bias\": false, " + Modelopt("\"FP8\"", "")),
+       "quant_algo \"FP8\" is not modelled"},
+      {Replace(llama, "\"mlp_bias\": false",
+               "\"mlp_bias\": false, " + Modelopt("\"NVFP4\"", ", \"group_size\": 32")),
+       "group_size 32 is not NVFP4's 16"},
+      {Replace(llama, "\"mlp_bias\": false",
+               "\"mlp_bias\": false, " +
+                   Modelopt("\"NVFP4\"", ", \"config_groups\": {\"g\": {\"weights\": "
+                                        "{\"group_size\": 32}}}")),
+       "config_groups \"g\" weights group_size 32"},
+      {Replace(llama, "\"mlp_bias\": false",
+               "\"mlp_bias\": false, " +
+                   Modelopt("\"NVFP4\"", ", \"kv_cache_quant_algo\": \"FP8\"")),
+       "\"kv_cache_quant_algo\": \"FP8\" adds KV-cache scale tensors"},
   };
   for (const Case& c : cases) {
     Result<ModelConfig> m = ParseModelConfig(c.json);

@@ -738,6 +738,19 @@ Result<Ownership> AssignOwnership(const Layout& layout,
     std::vector<Runs> reps;
     for (const auto& [key, members] : groups) reps.push_back(m.runs[members[0]]);
     if (Disjoint(reps, std::nullopt)) {
+      // A per-tensor or NVFP4 global scale is the amax of the whole tensor:
+      // when some rank maps all of its blocks (a tensor mapped by several
+      // pieces, replicated), the least loaded such rank owns them all.
+      std::optional<size_t> whole;
+      if (groups.size() > 1 && (ct.scale_kind == "per_tensor" || ct.scale_kind == "nvfp4")) {
+        std::map<size_t, size_t> blocks;  // rank index -> groups it maps
+        for (const auto& [key, members] : groups) {
+          for (size_t i : members) ++blocks[m.refs[i].rank];
+        }
+        for (const auto& [rank, k] : blocks) {
+          if (k == groups.size() && (!whole || load[rank] < load[*whole])) whole = rank;
+        }
+      }
       for (auto& [key, members] : groups) {
         const Piece& p = piece_of(m.refs[members[0]]);
         uint64_t bytes = p.rows * p.cols * static_cast<uint64_t>(width);
@@ -752,7 +765,9 @@ Result<Ownership> AssignOwnership(const Layout& layout,
           return cuts[a + 1] - cuts[a] > cuts[b + 1] - cuts[b];
         });
         std::vector<PieceRef> refs;
-        for (size_t i : members) refs.push_back(m.refs[i]);
+        for (size_t i : members) {
+          if (!whole || m.refs[i].rank == *whole) refs.push_back(m.refs[i]);
+        }
         for (size_t j : order) {
           auto it = std::min_element(refs.begin(), refs.end(), less_loaded);
           PieceRef ref = *it;

@@ -486,6 +486,49 @@ TEST(Layout, PackedFp4TensorsMapLogicalElementsAndKeepBlocksWhole) {
   }
 }
 
+// An NVFP4 or per-tensor FP8 tensor that each replica maps with several
+// pieces (a fused tensor's groups in transposed storage) is owned whole by
+// one replica: its global scale is the amax of all of it.
+TEST(Layout, WholeTensorScalesKeepTheirPiecesOnOneOwner) {
+  Layout l;
+  l.canonical = {{"n", "U8", {8, 16}, "n_scale", "nvfp4", 0, 0},  // logical [8, 32]
+                 {"n_scale", "F8_E4M3", {8, 2}, "", "", 0, 0},
+                 {"n_scale_2", "F32", {}, "", "", 0, 0},
+                 {"t", "F8_E4M3", {8, 32}, "t_scale", "per_tensor", 0, 0},
+                 {"t_scale", "F32", {1}, "", "", 0, 0}};
+  for (uint32_t r = 0; r < 3; ++r) {  // three replicas
+    RankLayout rl;
+    rl.rank = r;
+    for (const char* name : {"n", "t"}) {
+      // Stored [32, 8]: canonical rows 0-3 and 4-7 as two pieces.
+      LocalTensor t{name, "BF16", {32, 8}, {}};
+      for (uint64_t h = 0; h < 2; ++h) {
+        t.pieces.push_back({name, 32, 4, h * 4, 8, 1, h * 4 * 32, 1, 32});
+      }
+      rl.tensors.push_back(t);
+    }
+    l.ranks.push_back(rl);
+  }
+  OwnershipOptions opt;
+  opt.min_split_bytes = 1;
+  CheckAll(l, 5, opt, /*bytes=*/false);
+  Result<Ownership> o = AssignOwnership(l, opt);
+  ASSERT_OK(o);
+  std::map<std::string, std::set<size_t>> owners;
+  std::map<std::string, size_t> pieces;
+  for (size_t r = 0; r < o->size(); ++r) {
+    for (const OwnedPiece& op : (*o)[r]) {
+      owners[op.piece.canonical].insert(r);
+      ++pieces[op.piece.canonical];
+    }
+  }
+  EXPECT_EQ(owners["n"].size(), 1u);
+  EXPECT_EQ(owners["t"].size(), 1u);
+  EXPECT_EQ(pieces["n"], 2u);
+  EXPECT_EQ(pieces["t"], 2u);
+  EXPECT_NE(*owners["n"].begin(), *owners["t"].begin()) << "loads balance across tensors";
+}
+
 // Replicas whose pieces differ (one rank holds all of w, two others hold a
 // half each) still get each element owned once.
 TEST(Layout, OwnershipOfPartlyOverlappingReplicas) {

@@ -11,7 +11,9 @@
 // the reference-quantized checkpoint of each step to the next bit for bit,
 // scales included; the reference quantizes whole canonical rows
 // (trainer/quantize_reference.h). Layouts that split a scale block, or an
-// NVFP4 tensor, between ranks are refused by name.
+// NVFP4 tensor, between ranks are refused by name. The same holds for the
+// layouts `refit layout generate` writes for a gpt-oss MXFP4 and a ModelOpt
+// NVFP4 config.json (their BF16 twins give the ranks' tensors).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -19,6 +21,7 @@
 #include <random>
 
 #include "delta/apply.h"
+#include "layout/generate.h"
 #include "layout/layout.h"
 #include "refit/checkpoint.h"
 #include "support/test_layout.h"
@@ -333,6 +336,46 @@ TEST(Fp4LayoutTest, RanksPatchTheReferenceMxfp4CheckpointEveryVersion) {
 
 TEST(Fp4LayoutTest, RanksPatchTheReferenceNvfp4CheckpointEveryVersion) {
   CheckVersions(MakeNvfp4Layout(true, false), MakeNvfp4Layout(false, false));
+}
+
+// The layout generated from `config` over PP 2 x DP 2 x EP 2 and tp, with
+// `interleaved` gate/up (groups of 1), plain and transposed, against its
+// BF16 twin.
+void CheckGenerated(const std::string& config, uint32_t tp, bool interleaved) {
+  auto m = layout::ParseModelConfig(config);
+  ASSERT_OK(m);
+  for (bool transposed : {false, true}) {
+    SCOPED_TRACE(transposed ? "transposed" : "plain");
+    layout::Parallelism par;
+    par.tp = tp;
+    par.pp = par.dp = par.ep = 2;
+    if (interleaved) {
+      par.gate_up = layout::GateUp::kInterleaved;
+      par.gate_up_group = 1;
+    }
+    par.transposed = transposed;
+    auto lq = layout::GenerateLayout(*m, par);
+    ASSERT_OK(lq);
+    uint64_t packed = 0;
+    for (const CanonicalTensor& c : lq->canonical) packed += layout::PackedBlock(c) != 0;
+    ASSERT_GT(packed, 0u);
+    CheckVersions(*lq, layout::testing::UnpackedTwin(*lq));
+  }
+}
+
+// gpt-oss with MXFP4 experts in layer 0 (layer 1's listed in
+// modules_to_not_convert stay BF16): TP 2 splits I = 64 between its two
+// blocks, experts over EP, layers over PP.
+TEST(Fp4LayoutTest, GeneratedGptOssMxfp4LayoutPatchesTheReferenceCheckpoint) {
+  CheckGenerated(layout::testing::SmallGptOssMxfp4Config(64), 2, true);
+}
+
+// Qwen3-MoE in ModelOpt NVFP4 (a dense layer 0, experts in layer 1, layer
+// 1's attention and lm_head excluded): without TP, each NVFP4 tensor is
+// whole on its ranks and replicated over DP (transposed, its fused QKV maps
+// each NVFP4 weight with one piece per query group).
+TEST(Fp4LayoutTest, GeneratedNvfp4LayoutPatchesTheReferenceCheckpoint) {
+  CheckGenerated(layout::testing::SmallQwen3MoeNvfp4Config(), 1, false);
 }
 
 TEST(Fp4LayoutTest, ASplitScaleBlockIsRefusedByName) {

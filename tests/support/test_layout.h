@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstring>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -186,6 +187,59 @@ inline Result<TensorBytes> AssembleCanonical(
     }
   }
   return out;
+}
+
+// The BF16 twin of layout `q`: the same ranks, each packed FP4 tensor
+// (mxfp4, nvfp4) a BF16 tensor of its logical shape under its own name, its
+// scale tensors gone. The helpers above move a packed layout's bytes through
+// its twin; a reference quantizer makes the packed checkpoint from the
+// twin's canonical values.
+inline Layout UnpackedTwin(const Layout& q) {
+  std::set<std::string> scales;
+  for (const CanonicalTensor& c : q.canonical) {
+    if (PackedBlock(c) == 0) continue;
+    scales.insert(c.scale);
+    scales.insert(GlobalScaleName(c));
+  }
+  Layout b;
+  b.ranks = q.ranks;
+  for (const CanonicalTensor& c : q.canonical) {
+    if (scales.count(c.name)) continue;
+    if (PackedBlock(c) == 0) {
+      b.canonical.push_back(c);
+    } else {
+      b.canonical.push_back({c.name, "BF16", LogicalShape(c), "", "", 0, 0});
+    }
+  }
+  return b;
+}
+
+// config.json of small packed-FP4 models for the generator's tests and the
+// rank encoder's (docs/layout.md, section 6). gpt-oss with MXFP4 experts in
+// layer 0 and layer 1's listed in modules_to_not_convert (BF16), I = 64
+// (two scale blocks), H = `hidden`:
+inline std::string SmallGptOssMxfp4Config(uint64_t hidden) {
+  return R"({"model_type": "gpt_oss", "hidden_size": )" + std::to_string(hidden) + R"(,
+      "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+      "num_key_value_heads": 2, "head_dim": 8, "vocab_size": 50, "num_local_experts": 4,
+      "quantization_config": {"quant_method": "mxfp4", "modules_to_not_convert": [
+          "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens",
+          "lm_head", "model.layers.1.mlp.experts"]}})";
+}
+
+// ModelOpt NVFP4 as hf_quant_config.json has it, excluding lm_head, layer
+// 1's attention and the routers.
+inline constexpr char kModelOptNvfp4Quant[] = R"("quantization_config": {
+    "quant_method": "modelopt", "quant_algo": "NVFP4", "group_size": 16,
+    "kv_cache_quant_algo": null, "producer": {"name": "modelopt", "version": "0.23.0"},
+    "exclude_modules": ["lm_head", "model.layers.1.self_attn*", "model.layers.*.mlp.gate"]})";
+
+// Qwen3-MoE with a dense layer 0 and 4 experts in layer 1, in NVFP4.
+inline std::string SmallQwen3MoeNvfp4Config() {
+  return R"({"model_type": "qwen3_moe", "hidden_size": 64, "intermediate_size": 96,
+      "moe_intermediate_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
+      "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 100, "num_experts": 4,
+      "mlp_only_layers": [0], )" + std::string(kModelOptNvfp4Quant) + "}";
 }
 
 }  // namespace refit::layout::testing
