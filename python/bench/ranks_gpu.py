@@ -12,8 +12,9 @@ applies: `--receiver device` (the default) a two-phase receiver holding the
 canonical model in GPU memory (prepare: fetch, check, stage and compute the
 tensors' hashes after the version on the device; activate: the pause, every
 strided region applied in place), `--receiver host` an in-memory receiver
-in host memory. Reported per path: each rank's part time (detect + encode +
-upload, the rank's report `seconds`), the whole publish() (part +
+in host memory. Reported per path: the trainer's stall (until `publish_async`
+returns: the local tensors copied), each rank's part time (detect + encode
++ upload, the rank's report `seconds`), the whole publish (part +
 decision), the receiver's prepare and pause (device receiver), and the
 version's end to end (first rank starts -> receiver active). Every version
 is checked bit-exact at the receiver.
@@ -153,9 +154,13 @@ def run_path(memory, work, layout, base, canon0, nranks, rate, versions, receive
         fr = pool.submit(rcv.sync, v, timeout=600)
 
         def publish(r):
-            t = time.time()
-            rep = ranks[r].publish(v, local[r])
-            return rep, time.time() - t
+            # The trainer's stall: until publish_async returns (the local
+            # tensors copied, on the device with a device baseline).
+            t = time.perf_counter()
+            future = ranks[r].publish_async(v, local[r])
+            stall = time.perf_counter() - t
+            rep = future.result()
+            return rep, time.perf_counter() - t, stall
         parts = [pool.submit(publish, r) for r in range(nranks)]
         results = [p.result() for p in parts]
         report, _ = fc.result()
@@ -163,10 +168,11 @@ def run_path(memory, work, layout, base, canon0, nranks, rate, versions, receive
         e2e = time.time() - t0
         assert report["committed"], report["reason"]
         rcv.check(canon)
-        rows.append({"version": v, **got, "part_s": max(r["seconds"] for r, _ in results),
-                     "publish_s": max(w for _, w in results), "e2e_s": e2e,
-                     "chunks": sum(r["chunks"] for r, _ in results),
-                     "changed": sum(r["changed_direct"] for r, _ in results)})
+        rows.append({"version": v, **got, "part_s": max(r["seconds"] for r, _, _ in results),
+                     "stall_s": max(st for _, _, st in results),
+                     "publish_s": max(w for _, w, _ in results), "e2e_s": e2e,
+                     "chunks": sum(r["chunks"] for r, _, _ in results),
+                     "changed": sum(r["changed_direct"] for r, _, _ in results)})
     pool.shutdown()
     return rows
 
@@ -201,14 +207,15 @@ def main():
                                    ns.versions, ns.receiver)
         print(f"{ns.size}: {params / 1e9:.2f} B params, TP {ns.tp}, {ns.rate:.0%} change, "
               f"{ns.receiver} receiver")
-        print("path    version  rank part (s)  rank publish (s)  end to end (s)  chunks"
+        print("path    version  stall (ms)  rank part (s)  rank publish (s)  end to end (s)  chunks"
               "  prepare (s)  pause (ms)  kernels (ms)  staged (MiB)")
         for memory, name in (("device", "GPU"), ("file", "CPU")):
             for r in out[memory]:
                 extra = (f"  {r['prepare_s']:11.3f}  {r['pause_s'] * 1e3:10.1f}"
                          f"  {r['pause_kernel_ms']:6.1f}  {r['staged_device_bytes'] / 2**20:7.0f}"
                          if "pause_s" in r else "")
-                print(f"{name:7} {r['version']:7}  {r['part_s']:13.3f}  {r['publish_s']:16.3f}"
+                print(f"{name:7} {r['version']:7}  {r['stall_s'] * 1e3:10.1f}  {r['part_s']:13.3f}"
+                      f"  {r['publish_s']:16.3f}"
                       f"  {r['e2e_s']:14.3f}  {r['chunks']:6}{extra}")
         steady = {m: float(np.median([r["part_s"] for r in out[m][1:]] or [out[m][0]["part_s"]]))
                   for m in ("device", "file")}

@@ -18,7 +18,7 @@ import numpy as np
 
 from . import _native
 from ._tensors import is_torch, named_items, prepare
-from .errors import Error, InvalidArgumentError, NotFoundError
+from .errors import Error, InvalidArgumentError, NotFoundError, UnsupportedError
 from .files import Checkpoint, PathLike, save
 
 CommitHook = Callable[["SyncReport"], Any]
@@ -54,7 +54,8 @@ class Coordinator:
       the store); the coordinator applies them to its staging copy of the
       canonical checkpoint (``staging``, default: baseline + ".staging")
       and publishes that, for receivers that cannot apply a direct version
-      (GPU receivers; host two-phase receivers apply direct versions).
+      (those of older releases; every receiver here applies them, CUDA
+      tensors' two-phase receivers on the device).
     """
 
     def __init__(self, store: str, *, members: Sequence[str], ranks: Sequence[int],
@@ -136,8 +137,10 @@ class Publisher:
       bits are the checkpoint's, stored in canonical order (row and column
       shards, fused tensors, replicas); a layout with converted pieces (FP32
       masters, FP8) or transposed storage raises UnsupportedError there.
-      The default, "file", is the CPU encoder (CUDA tensors are copied to
-      host memory on each publish). With
+      It is the default when ``initial`` holds CUDA tensors (and no
+      ``baseline``) and the layout's pieces of this rank allow it; else the
+      default is "file", the CPU encoder (CUDA tensors are copied to host
+      memory on each publish). With
       ``layout=None`` (default) the tensors are canonical (Hugging Face
       names and shapes) and this object is the coordinator itself.
     key / key_file: HMAC key (bytes, at least 16) authenticating every object.
@@ -306,7 +309,15 @@ class Publisher:
                 "a rank publisher needs baseline= (the canonical checkpoint at the "
                 "committed version) or initial= (this rank's local tensors at it)",
                 "INVALID_ARGUMENT")
-        memory = baseline_memory or "file"
+        memory = baseline_memory
+        if memory is None:
+            # The GPU encoder where the layout allows it, for CUDA tensors.
+            on_gpu = (baseline is None and _any_cuda(initial)
+                      and getattr(_native, "has_cuda", False))
+            memory = "device" if on_gpu else "file"
+            fallback = on_gpu
+        else:
+            fallback = False
         if memory not in ("file", "device"):
             raise InvalidArgumentError(
                 "with layout=, baseline_memory must be 'file' (the CPU encoder) or 'device' "
@@ -325,9 +336,14 @@ class Publisher:
                                         cuda_in_place=True)
                 _sync_cuda(initial)
                 triples = self._initial.triples
-            self._native = _native.RankPublisher(*args, triples, *rest, device=device)
-            self._device = True
-            return
+            try:
+                self._native = _native.RankPublisher(*args, triples, *rest, device=device)
+                self._device = True
+                return
+            except UnsupportedError:
+                if not fallback:
+                    raise
+                # Converted pieces or transposed storage: the CPU encoder.
         triples = None
         if baseline is None:
             self._initial = prepare(named_items(initial), writable=False, expected=local)
