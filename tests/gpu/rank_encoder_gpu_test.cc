@@ -174,17 +174,33 @@ std::vector<Bytes> EncodeAll(trainer::RankEncoderInterface& e, uint64_t version,
   return out;
 }
 
-class DeviceRankEncoderTest : public ::testing::TestWithParam<uint64_t> {};
-
-TEST_P(DeviceRankEncoderTest, ChunksEqualTheCpuEncodersOverVersions) {
-  const Layout l = Tp2Layout();
-  std::mt19937_64 rng(GetParam());
+// Random canonical tensors of the layout.
+Named RandomCanon(const Layout& l, std::mt19937_64& rng) {
   Named canon;
   for (const CanonicalTensor& c : l.canonical) {
     Bytes b(Elements(c.shape) * static_cast<uint64_t>(Width(c.dtype)));
     for (auto& x : b) x = static_cast<uint8_t>(rng());
     canon[c.name] = std::move(b);
   }
+  return canon;
+}
+
+// A training step: `rate` of the 16-bit words get low bits flipped.
+void Step(Named& canon, double rate, std::mt19937_64& rng) {
+  std::uniform_real_distribution<double> u(0, 1);
+  for (auto& [name, b] : canon) {
+    for (size_t i = 0; i < b.size(); i += 2) {
+      if (u(rng) < rate) b[i] ^= static_cast<uint8_t>(1 + rng() % 7);
+    }
+  }
+}
+
+class DeviceRankEncoderTest : public ::testing::TestWithParam<uint64_t> {};
+
+TEST_P(DeviceRankEncoderTest, ChunksEqualTheCpuEncodersOverVersions) {
+  const Layout l = Tp2Layout();
+  std::mt19937_64 rng(GetParam());
+  Named canon = RandomCanon(l, rng);
   trainer::RankEncoderOptions opt;
   opt.chunk_bytes = GetParam();
   opt.threads = 2;
@@ -211,14 +227,9 @@ TEST_P(DeviceRankEncoderTest, ChunksEqualTheCpuEncodersOverVersions) {
     cpu.push_back(std::move(*c));
     gpu.push_back(std::move(*g));
   }
-  std::uniform_real_distribution<double> u(0, 1);
   for (uint64_t version = 1; version <= 6; ++version) {
     const double rate = version % 2 ? 0.02 : 0.3;  // sparse, and dense-prone
-    for (auto& [name, b] : canon) {
-      for (size_t i = 0; i < b.size(); i += 2) {
-        if (u(rng) < rate) b[i] ^= static_cast<uint8_t>(1 + rng() % 7);
-      }
-    }
+    Step(canon, rate, rng);
     for (uint32_t r = 0; r < 2; ++r) {
       local[r]->host = Scatter(l, canon, r);
       local[r]->Upload();
@@ -296,12 +307,7 @@ TEST(DeviceRankEncoderRefusals, ConvertedPiecesAndHostTensors) {
 TEST(DeviceTargetRankChunks, AppliesStridedRegionsBitExact) {
   const Layout l = Tp2Layout();
   std::mt19937_64 rng(11);
-  Named canon;
-  for (const CanonicalTensor& c : l.canonical) {
-    Bytes b(Elements(c.shape) * static_cast<uint64_t>(Width(c.dtype)));
-    for (auto& x : b) x = static_cast<uint8_t>(rng());
-    canon[c.name] = std::move(b);
-  }
+  Named canon = RandomCanon(l, rng);
   trainer::RankEncoderOptions opt;
   opt.chunk_bytes = 4096;  // several regions a tensor
   opt.threads = 2;
@@ -348,7 +354,6 @@ TEST(DeviceTargetRankChunks, AppliesStridedRegionsBitExact) {
   ASSERT_OK(target);
   DeviceTarget& t = **target;
   ASSERT_TRUE(t.AppliesDirectVersions());
-  std::uniform_real_distribution<double> u(0, 1);
   uint64_t strided = 0;
   // Version 4 is held back and folded with version 5 into one pause.
   std::vector<Bytes> held_back;
@@ -356,11 +361,7 @@ TEST(DeviceTargetRankChunks, AppliesStridedRegionsBitExact) {
   for (uint64_t version = 1; version <= 5; ++version) {
     if (version != 5) before = canon;
     const double rate = version % 2 ? 0.02 : 0.3;
-    for (auto& [name, b] : canon) {
-      for (size_t i = 0; i < b.size(); i += 2) {
-        if (u(rng) < rate) b[i] ^= static_cast<uint8_t>(1 + rng() % 7);
-      }
-    }
+    Step(canon, rate, rng);
     std::vector<Bytes> chunks;
     for (uint32_t r = 0; r < 2; ++r) {
       const Named local = Scatter(l, canon, r);
