@@ -691,6 +691,134 @@ TEST_P(DirectTest, StoppedReceiversFoldDirectVersions) {
   ExpectReceiversHoldCanon();
 }
 
+// A checkpoint receiver killed inside a fold of direct versions, one of
+// whose strided cells is then torn: the ranks serve re-sends only of the
+// version they wait on, so none answers for committed versions. The fold's
+// step fails with DEADLINE_EXCEEDED after the re-send timeout (the journal
+// kept, the receiver at its active version) instead of waiting, and once a
+// committed receiver wrote a snapshot, the next step resyncs from it,
+// bit-exact.
+TEST_P(DirectTest, TornCellOfAFoldResyncsFromASnapshot) {
+  std::mt19937_64 rng(static_cast<uint64_t>(GetParam()) + 31);
+  DirectCoordinatorOptions co = CoordinatorOptions(60000);
+  co.members = {"c0"};
+  auto opened = DirectCoordinator::Open(store_.get(), co);
+  ASSERT_OK(opened);
+  constexpr uint64_t kLast = 3;
+  Status followed = InternalError("not run");
+  std::thread c0([&] {
+    auto r = Receiver::Open(store_.get(), MakeReceiver(0));
+    if (!r.ok()) {
+      followed = r.status();
+      return;
+    }
+    followed = (*r)->SyncTo(kLast, 120000).status();
+  });
+  for (uint64_t v = 1; v <= kLast; ++v) {
+    TrainStep(rng);
+    for (size_t ri = 0; ri < ranks_.size(); ++ri) PublishRank(ri, v);
+    auto r = (*opened)->Publish(v);
+    ASSERT_OK(r);
+    ASSERT_TRUE(r->committed) << r->reason;
+    AwaitRanks(true, v);
+  }
+  c0.join();
+  ASSERT_TRUE(followed.ok()) << followed.ToString();
+
+  // c1, stopped since version 0, folds 1..3 and dies after its first cell.
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    setenv("REFIT_CRASH_AT", "receiver.after-fold-cell:1", 1);
+    auto r = Receiver::Open(store_.get(), MakeReceiver(1));
+    if (!r.ok()) _exit(2);
+    (void)(*r)->Step();
+    _exit(3);  // never killed: the fold had no second cell
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << status;
+
+  // Tear a strided cell the kill left at its base: half of the elements
+  // that differ from version 3 take their version-3 values.
+  auto m = StoredManifest(1);
+  ASSERT_OK(m);
+  {
+    auto ck = Checkpoint::Open(dir_.File("c1/model.safetensors"), Checkpoint::Mode::kReadWrite);
+    ASSERT_OK(ck);
+    bool torn = false;
+    for (const ManifestChunk& mc : m->chunks) {
+      if (mc.run == 0) continue;
+      auto object = store_->Get(PartChunkKey(1, mc.rank, mc.part_index));
+      ASSERT_OK(object);
+      auto body = Key().Open(*object);
+      ASSERT_OK(body);
+      auto c = ParseChunk(*body);
+      ASSERT_OK(c);
+      const ChunkHeader& h = c->header;
+      const std::string& name = m->tensors[h.tensor_id].name;
+      auto data = ck->MutableData(*ck->IndexOf(name));
+      if (RegionHash(h, data.data()) != h.before) continue;
+      const auto& want = canon_.at(name);
+      std::vector<uint64_t> differ;
+      for (uint64_t j = 0; j < h.count; ++j) {
+        const uint64_t e = h.start + (j / h.run) * h.stride + j % h.run;
+        if (std::memcmp(data.data() + e * h.width, want.data() + e * h.width, h.width) != 0) {
+          differ.push_back(e);
+        }
+      }
+      if (differ.size() < 4) continue;
+      for (size_t k = 0; k < differ.size(); k += 2) {
+        std::memcpy(data.data() + differ[k] * h.width, want.data() + differ[k] * h.width,
+                    h.width);
+      }
+      ASSERT_NE(RegionHash(h, data.data()), h.before);
+      ASSERT_NE(RegionHash(h, want.data()), RegionHash(h, data.data()));
+      torn = true;
+      break;
+    }
+    ASSERT_TRUE(torn) << "no strided cell with changes left at its base";
+    ASSERT_OK(ck->Sync());
+  }
+
+  ReceiverOptions o = MakeReceiver(1);
+  o.resend_timeout_ms = 300;
+  {
+    auto r = Receiver::Open(store_.get(), o);
+    ASSERT_OK(r);
+    const auto t0 = std::chrono::steady_clock::now();
+    auto step = (*r)->Step();
+    ASSERT_EQ(step.status().code(), StatusCode::kDeadlineExceeded) << step.status().ToString();
+    EXPECT_NE(step.status().ToString().find("re-send"), std::string::npos)
+        << step.status().ToString();
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(20));
+    EXPECT_EQ((*r)->active_version(), 0u);
+  }
+  {
+    auto writer = Receiver::Open(store_.get(), MakeReceiver(0));
+    ASSERT_OK(writer);
+    ASSERT_EQ((*writer)->active_version(), kLast);
+    auto wrote = (*writer)->WriteSnapshot();
+    ASSERT_OK(wrote);
+    ASSERT_TRUE(*wrote);
+  }
+  auto r = Receiver::Open(store_.get(), o);
+  ASSERT_OK(r);
+  auto step = (*r)->Step();
+  ASSERT_OK(step);
+  EXPECT_EQ(step->outcome, StepResult::Outcome::kSnapshot);
+  EXPECT_EQ(step->version, kLast);
+  EXPECT_NE(step->recovered.find("re-send"), std::string::npos) << step->recovered;
+  auto ck = Checkpoint::Open(dir_.File("c1/model.safetensors"), Checkpoint::Mode::kReadOnly);
+  ASSERT_OK(ck);
+  for (size_t t = 0; t < ck->tensors().size(); ++t) {
+    auto d = ck->Data(t);
+    const auto& want = canon_.at(ck->tensors()[t].name);
+    EXPECT_TRUE(std::equal(d.begin(), d.end(), want.begin(), want.end()))
+        << ck->tensors()[t].name;
+  }
+}
+
 // A two-phase receiver (host staging) applies direct versions: Prepare
 // stages the ranks' chunks, strided regions included, and votes the
 // tensors' hashes after the version without writing; the pause applies
