@@ -28,6 +28,17 @@ bool IsXorKind(uint8_t kind) {
 
 uint64_t Elements(const TensorPlacement& p) { return p.rows * p.cols; }
 
+// Whether a placement holds every element of its canonical tensor (not a
+// tensor-parallel shard of it).
+bool HoldsAll(const TensorPlacement& p) {
+  auto covered = [](const AxisMap& m) {
+    uint64_t n = 0;
+    for (const AxisPiece& a : m.pieces) n += a.end - a.begin;
+    return n;
+  };
+  return covered(p.row_map) == p.rows && covered(p.col_map) == p.cols;
+}
+
 // Copies a canonical tensor (row-major at `canonical`) into placement p
 // (`into_placement`) or out of it, by `kind` (host or device canonical
 // bytes); the placement is contiguous or holds whole rows in blocks of
@@ -499,6 +510,15 @@ Result<std::vector<Hash128>> DeviceTarget::HashesAfter(const std::vector<TensorE
     const TensorEntry& e = table[t];
     const uint64_t bytes = e.num_elements * static_cast<uint64_t>(e.width);
     auto held = m.contiguous.find(e.name);
+    if (bytes != 0 && !HoldsAll(m.plan.placements()[m.plan.Find(e.name).front()])) {
+      // Only the tensor's hash after the version goes into the vote, and
+      // this GPU does not hold the tensor.
+      return UnimplementedError(
+          "tensor '" + e.name + "' is held as a shard on this GPU, so its hash after a "
+          "version published by several trainer ranks cannot be computed here; receive "
+          "such versions with every tensor held whole, or through an assembling "
+          "coordinator");
+    }
     if (bytes == 0) {
       out[t] = RangeHash(nullptr, 0);
     } else if (!chunks.contains(e.name) && held != m.contiguous.end()) {
