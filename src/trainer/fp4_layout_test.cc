@@ -429,6 +429,27 @@ TEST(Fp4LayoutTest, RanksPatchTheReferenceNvfp4CheckpointEveryVersion) {
   CheckVersions(MakeNvfp4Layout(true, false), MakeNvfp4Layout(false, false));
 }
 
+// The tensors of `l` whose scale is the amax of the whole tensor and that
+// no rank maps whole.
+std::set<std::string> SplitAcrossRanks(const Layout& l) {
+  std::set<std::string> out;
+  for (const CanonicalTensor& c : l.canonical) {
+    if (c.scale_kind != "per_tensor" && c.scale_kind != "nvfp4") continue;
+    uint64_t n = 1;
+    for (uint64_t d : layout::LogicalShape(c)) n *= d;
+    bool whole = false;
+    for (const layout::RankLayout& r : l.ranks) {
+      uint64_t mapped = 0;
+      for (const layout::LocalTensor& t : r.tensors) {
+        for (const Piece& p : t.pieces) mapped += p.canonical == c.name ? p.rows * p.cols : 0;
+      }
+      whole |= mapped == n;
+    }
+    if (!whole) out.insert(c.name);
+  }
+  return out;
+}
+
 // The layout generated from `config` over PP 2 x DP 2 x EP 2 and tp, with
 // `interleaved` gate/up (groups of 1), plain and transposed, against its
 // BF16 twin.
@@ -447,10 +468,16 @@ void CheckGenerated(const std::string& config, uint32_t tp, bool interleaved) {
     par.transposed = transposed;
     auto lq = layout::GenerateLayout(*m, par);
     ASSERT_OK(lq);
-    uint64_t packed = 0;
-    for (const CanonicalTensor& c : lq->canonical) packed += layout::PackedBlock(c) != 0;
+    uint64_t packed = 0, nvfp4 = 0;
+    for (const CanonicalTensor& c : lq->canonical) {
+      packed += layout::PackedBlock(c) != 0;
+      nvfp4 += c.scale_kind == "nvfp4";
+    }
     ASSERT_GT(packed, 0u);
-    CheckVersions(*lq, layout::testing::UnpackedTwin(*lq));
+    // TP splits every NVFP4 tensor in two.
+    const std::set<std::string> split = SplitAcrossRanks(*lq);
+    EXPECT_EQ(split.size(), tp > 1 ? nvfp4 : 0u);
+    CheckVersions(*lq, layout::testing::UnpackedTwin(*lq), split);
   }
 }
 
@@ -467,6 +494,13 @@ TEST(Fp4LayoutTest, GeneratedGptOssMxfp4LayoutPatchesTheReferenceCheckpoint) {
 // each NVFP4 weight with one piece per query group).
 TEST(Fp4LayoutTest, GeneratedNvfp4LayoutPatchesTheReferenceCheckpoint) {
   CheckGenerated(layout::testing::SmallQwen3MoeNvfp4Config(), 1, false);
+}
+
+// The same over TP 2: every NVFP4 weight of layer 0 and every expert's is
+// split between two ranks along whole blocks, its global scale from the
+// amax the ranks are given.
+TEST(Fp4LayoutTest, GeneratedTensorParallelNvfp4LayoutPatchesTheReferenceCheckpoint) {
+  CheckGenerated(layout::testing::SmallQwen3MoeNvfp4Config(), 2, false);
 }
 
 TEST(Fp4LayoutTest, ASplitScaleBlockIsRefusedByName) {
