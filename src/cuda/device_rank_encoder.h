@@ -83,11 +83,7 @@ class DeviceRankEncoder final : public trainer::RankEncoderInterface {
                                      const std::vector<TensorView>& local,
                                      const trainer::EmitChunkFn& emit,
                                      const trainer::GlobalAmax& amax) override;
-  Result<trainer::RankReport> Encode(uint64_t version, uint64_t base_version,
-                                     const std::vector<TensorView>& local,
-                                     const trainer::EmitChunkFn& emit) {
-    return Encode(version, base_version, local, emit, trainer::GlobalAmax{});
-  }
+  using trainer::RankEncoderInterface::Encode;
   Status Commit() override;
   void Abort() override;
   size_t pending_chunks() const override;

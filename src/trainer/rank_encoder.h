@@ -103,6 +103,11 @@ class RankEncoderInterface {
   virtual Result<RankReport> Encode(uint64_t version, uint64_t base_version,
                                     const std::vector<TensorView>& local,
                                     const EmitChunkFn& emit, const GlobalAmax& amax) = 0;
+  // Without an amax: for ranks that own every such tensor whole.
+  Result<RankReport> Encode(uint64_t version, uint64_t base_version,
+                            const std::vector<TensorView>& local, const EmitChunkFn& emit) {
+    return Encode(version, base_version, local, emit, GlobalAmax{});
+  }
   virtual Status Commit() = 0;
   virtual void Abort() = 0;
   virtual size_t pending_chunks() const = 0;
@@ -182,10 +187,7 @@ class RankEncoder final : public RankEncoderInterface {
   Result<RankReport> Encode(uint64_t version, uint64_t base_version,
                             const std::vector<TensorView>& local,
                             const EmitChunkFn& emit, const GlobalAmax& amax) override;
-  Result<RankReport> Encode(uint64_t version, uint64_t base_version,
-                            const std::vector<TensorView>& local, const EmitChunkFn& emit) {
-    return Encode(version, base_version, local, emit, GlobalAmax{});
-  }
+  using RankEncoderInterface::Encode;
 
   // The version encoded last committed: the baseline becomes its bits.
   Status Commit() override;
