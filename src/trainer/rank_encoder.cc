@@ -86,6 +86,9 @@ struct ScaleState {
   bool split = false;
   bool emits_whole_scale = true;
   uint64_t owned = 0;
+  // Whether this rank holds and emits the scale-tensor elements of its
+  // blocks: a split per-tensor scale is another owner's to emit.
+  bool EmitsBlockScales() const { return !per_tensor || emits_whole_scale; }
   // nvfp4: the global scale tensor, when this rank emits it, and its value,
   // computed by Encode; global_canon < 0 otherwise.
   int64_t global_canon = -1;
@@ -306,7 +309,9 @@ Result<std::unique_ptr<RankEncoder>> RankEncoder::Create(const layout::Layout& l
   }
   // Scales: the rank must own every element of each scale block it
   // touches (the scale is the block's amax), and then owns the block's
-  // scale-tensor element.
+  // scale-tensor element; but a per-tensor scale or an nvfp4 global scale
+  // may be split, its amax given by the caller, its element emitted by the
+  // owner of the tensor's element 0.
   for (const auto& [ci, n] : owned_elements_of) {
     (void)n;
     const CanonicalTensor& ct = impl->canonical[ci];
@@ -400,9 +405,7 @@ Result<std::unique_ptr<RankEncoder>> RankEncoder::Create(const layout::Layout& l
       s.current.assign(s.blocks.size(), 1.0f);
     }
     s.base_offset = offset;
-    if (!s.per_tensor || s.emits_whole_scale) {
-      offset += static_cast<uint64_t>(s.width) * s.blocks.size();
-    }
+    if (s.EmitsBlockScales()) offset += static_cast<uint64_t>(s.width) * s.blocks.size();
     if (s.nvfp4 && s.emits_whole_scale) {
       s.global_canon = canon_index.at(layout::GlobalScaleName(ct));
       s.global_offset = offset;
@@ -430,9 +433,8 @@ Result<std::unique_ptr<RankEncoder>> RankEncoder::Create(const layout::Layout& l
     if (it == impl->scales.end()) return;
     const ScaleState& s = it->second;
     std::vector<std::pair<uint64_t, uint64_t>> runs;  // (first scale index, length)
-    // A split per-tensor scale is another rank's to emit.
-    const bool emits_blocks = !s.per_tensor || s.emits_whole_scale;
-    for (uint64_t b : emits_blocks ? s.blocks : std::vector<uint64_t>{}) {
+    for (uint64_t b : s.blocks) {
+      if (!s.EmitsBlockScales()) break;
       if (!runs.empty() && runs.back().first + runs.back().second == b &&
           b % s.nbc != 0) {
         ++runs.back().second;
@@ -755,7 +757,7 @@ Status RankEncoder::SetBaseline(const std::vector<TensorView>& canonical) {
   }
   for (auto& [ci, s] : m.scales) {
     REFIT_ASSIGN_OR_RETURN(const TensorView* v, find(m.canonical[s.scale_canon]));
-    for (size_t b = 0; b < s.blocks.size() && (!s.per_tensor || s.emits_whole_scale); ++b) {
+    for (size_t b = 0; b < s.blocks.size() && s.EmitsBlockScales(); ++b) {
       const uint64_t w = static_cast<uint64_t>(s.width);
       std::memcpy(m.baseline.data() + s.base_offset + w * b, v->data + w * s.blocks[b], w);
     }
