@@ -57,6 +57,26 @@ def local(s, rank):
     return {"w1": s["w1"], "bias": s["bias"], "m": s["m"]}
 
 
+def run_all(tasks):
+    """Runs the named callables of `tasks` on threads at once; their results by name."""
+    results, errors = {}, []
+
+    def run(name, fn):
+        try:
+            results[name] = fn()
+        except Exception as e:  # reported below
+            errors.append((name, e))
+
+    threads = [threading.Thread(target=run, args=item) for item in tasks.items()]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+        assert not t.is_alive(), "a participant hung"
+    assert not errors, errors
+    return results
+
+
 @pytest.mark.parametrize("direct", [False, True], ids=["assembled", "direct"])
 def test_ranks_publish_parts_and_receivers_follow(tmp_path, direct):
     rng = np.random.default_rng(1)
@@ -103,25 +123,11 @@ def test_ranks_publish_parts_and_receivers_follow(tmp_path, direct):
         state["w1"] = state["w1"].copy()
         state["w1"][rng.integers(0, 8), :] ^= 3
         state["m"] = state["m"] * np.float32(1.01)
-        results, errors = {}, []
-
-        def run(name, fn):
-            try:
-                results[name] = fn()
-            except Exception as e:  # reported below
-                errors.append((name, e))
-
-        threads = [threading.Thread(target=run, args=("coordinator", lambda: coordinator.publish(version)))]
-        threads += [threading.Thread(target=run, args=(f"rank{r}", (lambda r=r: ranks[r].publish(version, local(state, r)))))
-                    for r in (0, 1)]
-        threads += [threading.Thread(target=run, args=(m, (lambda rc=rc: rc.sync(version))))
-                    for m, rc in zip(voters, receivers)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(timeout=120)
-            assert not t.is_alive(), "a participant hung"
-        assert not errors, errors
+        tasks = {"coordinator": lambda: coordinator.publish(version)}
+        tasks.update({f"rank{r}": (lambda r=r: ranks[r].publish(version, local(state, r)))
+                      for r in (0, 1)})
+        tasks.update({m: (lambda rc=rc: rc.sync(version)) for m, rc in zip(voters, receivers)})
+        results = run_all(tasks)
         report, parts = results["coordinator"]
         if direct:
             assert report["committed"], report["reason"]
@@ -218,24 +224,10 @@ def test_split_per_tensor_scale_takes_the_global_amax(tmp_path):
     amax = {"q": float(max(np.abs(m).max() for m in masters))}
     with pytest.raises(refit.InvalidArgumentError, match="'q' is split across ranks"):
         ranks[0].publish(1, {"q": masters[0]})
-    results, errors = {}, []
-
-    def run(name, fn):
-        try:
-            results[name] = fn()
-        except Exception as e:  # reported below
-            errors.append((name, e))
-
-    threads = [threading.Thread(target=run, args=("coordinator", lambda: coordinator.publish(1))),
-               threading.Thread(target=run, args=("receiver", lambda: receiver.sync(1)))]
-    threads += [threading.Thread(target=run, args=(f"rank{r}", (
-        lambda r=r: ranks[r].publish(1, {"q": masters[r]}, amax=amax)))) for r in (0, 1)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=120)
-        assert not t.is_alive(), "a participant hung"
-    assert not errors, errors
+    tasks = {"coordinator": lambda: coordinator.publish(1), "receiver": lambda: receiver.sync(1)}
+    tasks.update({f"rank{r}": (lambda r=r: ranks[r].publish(1, {"q": masters[r]}, amax=amax))
+                  for r in (0, 1)})
+    results = run_all(tasks)
     report, _ = results["coordinator"]
     assert report["committed"], report["reason"]
     got = refit.load(tmp_path / "r0.safetensors")
