@@ -32,6 +32,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <span>
@@ -87,6 +88,16 @@ struct RankChunk {
   std::string_view kind;  // "sparse-xor", "dense-xor", "sparse-overwrite", "raw"
 };
 
+// The amax (largest magnitude, in FP32) of whole canonical tensors, by the
+// quantized tensor's canonical name (docs/trainer.md, "Scales of tensors
+// split across ranks"). A per_tensor FP8 scale and an nvfp4 global scale
+// (weight_scale_2) are the amax of the whole tensor; a rank that owns only
+// part of such a tensor (RankEncoder::global_amax_tensors) takes it from
+// the caller for each version, e.g. an all-reduce MAX of every owner's
+// local amax over the trainer's process group. Entries for other tensors
+// are ignored, so every rank may be given the same map.
+using GlobalAmax = std::map<std::string, float>;
+
 // Receives each chunk as it is encoded, from the calling thread, in a
 // deterministic order. A non-OK status stops Encode(), which returns it.
 using RankChunkFn = std::function<Status(const RankChunk&)>;
@@ -126,8 +137,16 @@ class RankEncoder {
   Status SetBaseline(const std::vector<TensorView>& canonical);
   // Sets the baseline from this rank's local tensors (by local name),
   // converted where the layout says so: for a trainer that starts from its
-  // own state. Every rank must start from the same version.
-  Status SetBaselineFromLocal(const std::vector<TensorView>& local);
+  // own state. Every rank must start from the same version. `amax` as for
+  // Encode.
+  Status SetBaselineFromLocal(const std::vector<TensorView>& local,
+                              const GlobalAmax& amax = {});
+
+  // The quantized canonical tensors (sorted by name) this rank owns only
+  // part of whose scale is the amax of the whole tensor (per_tensor FP8,
+  // nvfp4): Encode, SetBaselineFromLocal and RankPublisher::Publish need
+  // their GlobalAmax. Empty when the rank owns each such tensor whole.
+  std::vector<std::string> global_amax_tensors() const;
 
   // Encodes the owned regions of `local` (this rank's tensors by local
   // name, in its own layout, in host memory) against the baseline as
@@ -138,16 +157,22 @@ class RankEncoder {
   // Note 2: chunks are XOR records (the rank holds the exact base bits),
   // or overwrite records for residual chunks with residual_overwrite.
   // Note 3: encoding the same tensors twice gives the same bytes.
+  // Note 4: `amax` must hold the whole-tensor amax of every tensor of
+  // global_amax_tensors(); kInvalidArgument naming the tensor when one is
+  // missing, NaN, negative or below the amax of the rank's own elements.
+  // Every owner must pass the same value: owners given different amaxes
+  // produce a version whose receivers' hashes do not match (it aborts).
+  // The owner of the tensor's element 0 emits the scale.
   Result<RankEncodeReport> Encode(uint64_t version, uint64_t base_version,
                                   const std::vector<TensorView>& local,
-                                  const RankChunkFn& emit = {});
+                                  const RankChunkFn& emit = {}, const GlobalAmax& amax = {});
   // The version encoded last committed: the baseline becomes its bits.
   Status Commit();
   // The version encoded last aborted: the baseline stays.
   void Abort();
   // Chunks of the last Encode() not yet committed or aborted.
   size_t pending_chunks() const;
-  // Note 4: while a RankPublisher is open on the encoder, only the
+  // Note 5: while a RankPublisher is open on the encoder, only the
   // publisher encodes, commits and aborts (Publish, AwaitDecision).
 
  private:
@@ -200,8 +225,11 @@ class RankPublisher {
   // chunks, then the part list. Re-running it after a crash re-uploads
   // byte-identical objects. kInvalidArgument when `version` is not above
   // the committed version; kFailedPrecondition while the previous
-  // version's decision has not been seen (AwaitDecision).
-  Result<RankPartReport> Publish(uint64_t version, const std::vector<TensorView>& local);
+  // version's decision has not been seen (AwaitDecision). `amax`: as for
+  // RankEncoder::Encode (Note 4), the whole-tensor amax of the tensors
+  // this rank owns only part of.
+  Result<RankPartReport> Publish(uint64_t version, const std::vector<TensorView>& local,
+                                 const GlobalAmax& amax = {});
 
   // Waits up to timeout_ms for the decision of the version published last:
   // commit advances the encoder's baseline and returns true, abort keeps

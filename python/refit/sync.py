@@ -201,7 +201,8 @@ class Publisher:
                  decision_timeout: float = 600.0,
                  baseline_memory: Optional[str] = None,
                  durable_baseline: Optional[PathLike] = None,
-                 conditional: bool = False, pack_bytes: int = 0) -> None:
+                 conditional: bool = False, pack_bytes: int = 0,
+                 initial_amax: Optional[Dict[str, float]] = None) -> None:
         self._executor: Optional[concurrent.futures.ThreadPoolExecutor] = None
         self._lock = threading.Lock()
         self._layout = layout
@@ -218,8 +219,12 @@ class Publisher:
                     "INVALID_ARGUMENT")
             self._init_rank(store, layout, rank, baseline, initial, key, key_file, threads,
                             chunk_bytes, upload_threads, parts, decision_timeout,
-                            baseline_memory)
+                            baseline_memory, initial_amax)
             return
+        if initial_amax is not None:
+            raise InvalidArgumentError(
+                "initial_amax= is for a trainer rank (layout=) that owns part of a tensor "
+                "whose scale is the amax of the whole tensor", "INVALID_ARGUMENT")
         if rank != 0:
             raise NotImplementedError(
                 "refit.Publisher(rank=...) needs a layout (several ranks each owning part of "
@@ -289,7 +294,8 @@ class Publisher:
                    initial: Any, key: Optional[bytes], key_file: Optional[PathLike],
                    threads: int, chunk_bytes: int, upload_threads: int,
                    parts: Optional[str], decision_timeout: float,
-                   baseline_memory: Optional[str]) -> None:
+                   baseline_memory: Optional[str],
+                   initial_amax: Optional[Dict[str, float]]) -> None:
         # One trainer rank of a version published by many (docs/trainer.md):
         # this rank's local tensors, in its own layout, become its part.
         text = _layout_text(layout)
@@ -348,7 +354,7 @@ class Publisher:
         if baseline is None:
             self._initial = prepare(named_items(initial), writable=False, expected=local)
             triples = self._initial.triples
-        self._native = _native.RankPublisher(*args, triples, *rest)
+        self._native = _native.RankPublisher(*args, triples, *rest, initial_amax=initial_amax)
 
     @property
     def committed_version(self) -> int:
@@ -381,7 +387,8 @@ class Publisher:
         # tensors map to canonical names and ranges here.
         return named_items(named_tensors)
 
-    def publish(self, version: int, named_tensors: Any) -> "_native.PublishReport":
+    def publish(self, version: int, named_tensors: Any, *,
+                amax: Optional[Dict[str, float]] = None) -> "_native.PublishReport":
         """Publishes `named_tensors` as `version` and waits for the commit decision.
 
         The tensors are read in place (NumPy arrays, CPU torch tensors; CUDA
@@ -390,12 +397,22 @@ class Publisher:
         until this returns. Returns a report: ``committed``, ``changed_percent``,
         ``bytes_uploaded``, ``seconds`` ...; an aborted version is reported
         (``committed`` False, ``reason``), not raised.
+
+        ``amax`` (a trainer rank, ``layout=``): ``{canonical name: float}``,
+        the whole tensor's largest magnitude for each per-tensor FP8 or NVFP4
+        tensor this rank owns only part of (e.g. an all-reduce MAX of every
+        owner's local amax); every owner must pass the same values.
         """
         self.wait()
-        return self._publish_now(version, self._canonical(named_tensors))
+        return self._publish_now(version, self._canonical(named_tensors), amax=amax)
 
     def _publish_now(self, version: int, items: List[Tuple[str, Any]],
-                     wait_streams: bool = True) -> Any:
+                     wait_streams: bool = True,
+                     amax: Optional[Dict[str, float]] = None) -> Any:
+        if amax is not None and self._layout is None:
+            raise InvalidArgumentError(
+                "amax= is for a trainer rank (layout=) that owns part of a tensor whose "
+                "scale is the amax of the whole tensor", "INVALID_ARGUMENT")
         with self._lock:
             p = prepare(items, writable=False, expected=self._dtypes,
                         cuda_in_place=self._device)
@@ -405,12 +422,13 @@ class Publisher:
                 return self._native.publish(version, p.triples)
             # A rank: upload the part, then wait for the version's decision
             # (the coordinator assembles it once every rank reported).
-            report = self._native.publish(version, p.triples)
+            report = self._native.publish(version, p.triples, amax)
             report["committed"] = self._native.await_decision(self._decision_timeout)
             return report
 
-    def publish_async(self, version: int, named_tensors: Any, *,
-                      copy: bool = True) -> "concurrent.futures.Future[Any]":
+    def publish_async(self, version: int, named_tensors: Any, *, copy: bool = True,
+                      amax: Optional[Dict[str, float]] = None
+                      ) -> "concurrent.futures.Future[Any]":
         """Starts publishing and returns at once, with a Future of the report.
 
         With ``copy=True`` (default) the tensors are first copied (to host
@@ -419,6 +437,7 @@ class Publisher:
         (the cost: one copy of the model per version in flight). With
         ``copy=False`` they are read in place and must not change until the
         future is done. Versions publish one after another, in call order.
+        ``amax``: as for publish().
         """
         items = self._canonical(named_tensors)
         ready = None
@@ -433,11 +452,11 @@ class Publisher:
             self._executor = concurrent.futures.ThreadPoolExecutor(
                 max_workers=1, thread_name_prefix="refit-publish")
         if ready is None:
-            return self._executor.submit(self._publish_now, version, items)
+            return self._executor.submit(self._publish_now, version, items, True, amax)
 
         def run() -> Any:
             ready.synchronize()
-            return self._publish_now(version, items, wait_streams=False)
+            return self._publish_now(version, items, wait_streams=False, amax=amax)
         return self._executor.submit(run)
 
     def publish_checkpoint(self, version: int, path: PathLike) -> "_native.PublishReport":

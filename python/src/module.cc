@@ -119,6 +119,29 @@ std::vector<MutableTensorView> MutableViews(const Borrowed& b) {
   return out;
 }
 
+// A {canonical name: amax} mapping (or None) as trainer::GlobalAmax: the
+// whole-tensor amax of tensors split across ranks (docs/trainer.md).
+trainer::GlobalAmax AmaxFrom(const py::object& amax) {
+  trainer::GlobalAmax out;
+  if (amax.is_none()) return out;
+  if (!py::isinstance<py::dict>(amax)) {
+    throw StatusError(InvalidArgumentError("amax must be a dict of canonical tensor name -> "
+                                           "float (the whole tensor's amax)"));
+  }
+  for (const auto& [name, value] : amax.cast<py::dict>()) {
+    if (!py::isinstance<py::str>(name) ||
+        !(py::isinstance<py::float_>(value) || py::isinstance<py::int_>(value) ||
+          py::hasattr(value, "__float__"))) {
+      throw StatusError(InvalidArgumentError("amax must map canonical tensor names (str) to "
+                                             "floats, not " +
+                                             std::string(py::str(py::repr(name))) + ": " +
+                                             std::string(py::str(py::repr(value)))));
+    }
+    out[name.cast<std::string>()] = static_cast<float>(value.cast<double>());
+  }
+  return out;
+}
+
 int Millis(double seconds) {
   if (seconds < 0) throw StatusError(InvalidArgumentError("a timeout must not be negative"));
   double ms = seconds * 1000.0;
@@ -385,7 +408,7 @@ class PyRankPublisher {
                   const std::string& layout_json, uint32_t rank, int64_t committed,
                   const std::string& baseline, const py::object& initial, const py::object& key,
                   const std::string& key_file, int threads, uint64_t chunk_bytes,
-                  int upload_threads, int device) {
+                  int upload_threads, int device, const py::object& initial_amax) {
     layout::Layout l = Unwrap(layout::ParseLayout(layout_json));
     trainer::RankEncoderOptions eo;
     eo.threads = threads;
@@ -400,6 +423,7 @@ class PyRankPublisher {
       init = Unwrap(BorrowAll(initial, /*writable=*/false, /*allow_cuda=*/device >= 0));
     }
     device_ = device;
+    const trainer::GlobalAmax amax = AmaxFrom(initial_amax);
     py::gil_scoped_release release;
     if (committed < 0) {
       // The store's head: the version every rank's baseline must be at.
@@ -435,7 +459,7 @@ class PyRankPublisher {
         Checkpoint ck = Unwrap(Checkpoint::Open(baseline, Checkpoint::Mode::kReadOnly));
         Check(cpu->SetBaseline(CheckpointViews(ck)));
       } else {
-        Check(cpu->SetBaselineFromLocal(Views(init)));
+        Check(cpu->SetBaselineFromLocal(Views(init), amax));
       }
       encoder_ = std::move(cpu);
     }
@@ -446,7 +470,8 @@ class PyRankPublisher {
   uint64_t committed_version() const { return pub_->committed_version(); }
   uint64_t owned_bytes() const { return encoder_->owned_bytes(); }
 
-  py::dict Publish(uint64_t version, py::handle triples) {
+  py::dict Publish(uint64_t version, py::handle triples, const py::object& amax_object) {
+    const trainer::GlobalAmax amax = AmaxFrom(amax_object);
     Borrowed b = Unwrap(BorrowAll(triples, /*writable=*/false, /*allow_cuda=*/device_ >= 0));
     if (device_ >= 0) {
       const int d = Unwrap(OneDevice(b));
@@ -460,7 +485,7 @@ class PyRankPublisher {
     ranks::RankPartReport r;
     {
       py::gil_scoped_release release;
-      r = Unwrap(pub_->Publish(version, views));
+      r = Unwrap(pub_->Publish(version, views, amax));
     }
     py::dict d;
     d["version"] = r.version;
@@ -1051,14 +1076,16 @@ void BindClasses(py::module_& m) {
   py::class_<PyRankPublisher>(m, "RankPublisher")
       .def(py::init<const std::string&, const std::string&, const std::string&, uint32_t,
                     int64_t, const std::string&, const py::object&, const py::object&,
-                    const std::string&, int, uint64_t, int, int>(),
+                    const std::string&, int, uint64_t, int, int, const py::object&>(),
            py::arg("store"), py::arg("parts"), py::arg("layout"), py::arg("rank"),
            py::arg("committed"), py::arg("baseline"), py::arg("initial"), py::arg("key"),
            py::arg("key_file"), py::arg("threads"), py::arg("chunk_bytes"),
-           py::arg("upload_threads"), py::arg("device") = -1)
+           py::arg("upload_threads"), py::arg("device") = -1,
+           py::arg("initial_amax") = py::none())
       .def_property_readonly("committed_version", &PyRankPublisher::committed_version)
       .def_property_readonly("owned_bytes", &PyRankPublisher::owned_bytes)
-      .def("publish", &PyRankPublisher::Publish, py::arg("version"), py::arg("tensors"))
+      .def("publish", &PyRankPublisher::Publish, py::arg("version"), py::arg("tensors"),
+           py::arg("amax") = py::none())
       .def("await_decision", &PyRankPublisher::AwaitDecision, py::arg("timeout"));
 
   py::class_<PyCoordinator>(m, "Coordinator")

@@ -57,6 +57,26 @@ def local(s, rank):
     return {"w1": s["w1"], "bias": s["bias"], "m": s["m"]}
 
 
+def run_all(tasks):
+    """Runs the named callables of `tasks` on threads at once; their results by name."""
+    results, errors = {}, []
+
+    def run(name, fn):
+        try:
+            results[name] = fn()
+        except Exception as e:  # reported below
+            errors.append((name, e))
+
+    threads = [threading.Thread(target=run, args=item) for item in tasks.items()]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+        assert not t.is_alive(), "a participant hung"
+    assert not errors, errors
+    return results
+
+
 @pytest.mark.parametrize("direct", [False, True], ids=["assembled", "direct"])
 def test_ranks_publish_parts_and_receivers_follow(tmp_path, direct):
     rng = np.random.default_rng(1)
@@ -103,25 +123,11 @@ def test_ranks_publish_parts_and_receivers_follow(tmp_path, direct):
         state["w1"] = state["w1"].copy()
         state["w1"][rng.integers(0, 8), :] ^= 3
         state["m"] = state["m"] * np.float32(1.01)
-        results, errors = {}, []
-
-        def run(name, fn):
-            try:
-                results[name] = fn()
-            except Exception as e:  # reported below
-                errors.append((name, e))
-
-        threads = [threading.Thread(target=run, args=("coordinator", lambda: coordinator.publish(version)))]
-        threads += [threading.Thread(target=run, args=(f"rank{r}", (lambda r=r: ranks[r].publish(version, local(state, r)))))
-                    for r in (0, 1)]
-        threads += [threading.Thread(target=run, args=(m, (lambda rc=rc: rc.sync(version))))
-                    for m, rc in zip(voters, receivers)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(timeout=120)
-            assert not t.is_alive(), "a participant hung"
-        assert not errors, errors
+        tasks = {"coordinator": lambda: coordinator.publish(version)}
+        tasks.update({f"rank{r}": (lambda r=r: ranks[r].publish(version, local(state, r)))
+                      for r in (0, 1)})
+        tasks.update({m: (lambda rc=rc: rc.sync(version)) for m, rc in zip(voters, receivers)})
+        results = run_all(tasks)
         report, parts = results["coordinator"]
         if direct:
             assert report["committed"], report["reason"]
@@ -166,3 +172,68 @@ def test_rank_publisher_baseline_memory_is_checked(tmp_path):
     with pytest.raises(refit.InvalidArgumentError, match="one CUDA device"):
         refit.Publisher(store, layout=LAYOUT, rank=1, initial=state, baseline_memory="device")
     assert not refit.Publisher(store, layout=LAYOUT, rank=1, initial=state).on_device
+
+
+SPLIT_FP8_LAYOUT = {
+    "format": "refit-layout", "version": 1,
+    "canonical": [
+        {"name": "q", "dtype": "F8_E4M3", "shape": [4, 8], "scale": "q_scale",
+         "scale_kind": "per_tensor"},
+        {"name": "q_scale", "dtype": "F32", "shape": []},
+    ],
+    "ranks": [
+        {"rank": r, "tensors": [
+            {"name": "q", "dtype": "F32", "shape": [2, 8],
+             "pieces": [piece("q", 2, 8, [0, 8, 1], [16 * r, 8, 1])]}]}
+        for r in (0, 1)
+    ],
+}
+
+
+def e4m3_value(codes):
+    c = codes.astype(np.int64)
+    e, m = (c >> 3) & 15, (c & 7).astype(np.float64)
+    v = np.where(e == 0, m / 8 * 2.0 ** -6, (1 + m / 8) * 2.0 ** (e - 7))
+    return np.where(c & 0x80, -v, v)
+
+
+def test_split_per_tensor_scale_takes_the_global_amax(tmp_path):
+    # q's FP32 masters are split by rows over two ranks: its per-tensor
+    # scale is the amax of both halves, which each rank is given.
+    masters = [np.zeros((2, 8), np.float32), np.zeros((2, 8), np.float32)]
+    base = tmp_path / "base.safetensors"
+    # All zeros: codes 0 and scale 1, the reference cast of step 0.
+    refit.save(base, {"q": np.zeros((4, 8), np.uint8), "q_scale": np.ones((), np.float32)},
+               dtypes={"q": "F8_E4M3"})
+    refit.copy_checkpoint(base, tmp_path / "r0.safetensors")
+    store = str(tmp_path / "store")
+    key = b"k" * 32
+    with pytest.raises(refit.InvalidArgumentError, match="must pass the tensor's global amax"):
+        refit.Publisher(store, layout=SPLIT_FP8_LAYOUT, rank=0, initial={"q": masters[0]}, key=key)
+    ranks = [refit.Publisher(store, layout=SPLIT_FP8_LAYOUT, rank=r, initial={"q": masters[r]},
+                             initial_amax={"q": 0.0}, key=key, decision_timeout=30)
+             for r in (0, 1)]
+    coordinator = refit.Coordinator(store, members=["r0"], ranks=[0, 1], table=base, key=key,
+                                    vote_timeout=30, parts_timeout=30)
+    receiver = refit.Receiver(store, member="r0", checkpoint_dir=tmp_path / "r0.safetensors",
+                              key=key, decision_timeout=30)
+
+    rng = np.random.default_rng(4)
+    masters = [rng.normal(0, 0.02, (2, 8)).astype(np.float32) for _ in (0, 1)]
+    masters[1][1, 3] = 0.5  # rank 1 holds the amax
+    amax = {"q": float(max(np.abs(m).max() for m in masters))}
+    with pytest.raises(refit.InvalidArgumentError, match="'q' is split across ranks"):
+        ranks[0].publish(1, {"q": masters[0]})
+    tasks = {"coordinator": lambda: coordinator.publish(1), "receiver": lambda: receiver.sync(1)}
+    tasks.update({f"rank{r}": (lambda r=r: ranks[r].publish(1, {"q": masters[r]}, amax=amax))
+                  for r in (0, 1)})
+    results = run_all(tasks)
+    report, _ = results["coordinator"]
+    assert report["committed"], report["reason"]
+    got = refit.load(tmp_path / "r0.safetensors")
+    scale = np.float32(amax["q"]) / np.float32(448)
+    assert np.asarray(got["q_scale"]).view(np.float32).reshape(()) == scale
+    q = np.asarray(got["q"]).view(np.uint8).reshape(4, 8)
+    want = np.concatenate(masters) / scale
+    np.testing.assert_allclose(e4m3_value(q), want, rtol=1 / 16, atol=2.0 ** -10)
+    assert e4m3_value(q).max() == 448  # the amax element, on rank 1

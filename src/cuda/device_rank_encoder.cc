@@ -210,7 +210,8 @@ Status DeviceRankEncoder::SetBaselineFromLocal(
 
 Result<trainer::RankReport> DeviceRankEncoder::Encode(
     uint64_t version, uint64_t base_version,
-    const std::vector<TensorView>& local, const trainer::EmitChunkFn& emit) {
+    const std::vector<TensorView>& local, const trainer::EmitChunkFn& emit,
+    const trainer::GlobalAmax& /*amax*/) {
   Impl& m = *impl_;
   if (!m.have_baseline) {
     return FailedPreconditionError(

@@ -77,10 +77,13 @@ class DeviceRankEncoder final : public trainer::RankEncoderInterface {
   Status SetBaseline(const std::vector<TensorView>& canonical);
   Status SetBaselineFromLocal(const std::vector<TensorView>& local);
 
-  // `local`: device addresses on options' device.
+  // `local`: device addresses on options' device. `amax` is not needed:
+  // the device encoder converts nothing, so no scale of its own.
   Result<trainer::RankReport> Encode(uint64_t version, uint64_t base_version,
                                      const std::vector<TensorView>& local,
-                                     const trainer::EmitChunkFn& emit) override;
+                                     const trainer::EmitChunkFn& emit,
+                                     const trainer::GlobalAmax& amax) override;
+  using trainer::RankEncoderInterface::Encode;
   Status Commit() override;
   void Abort() override;
   size_t pending_chunks() const override;

@@ -411,20 +411,35 @@ Status ParseDenseLayers(const Json& j, ModelConfig* m) {
   return Status();
 }
 
-// ModelOpt NVFP4 on rank `r`: refuses a rank that maps part of an NVFP4
-// tensor (the rank encoder needs each whole on one rank, for its global
-// scale), and adds, for each local tensor that maps NVFP4 weights, an F32
+// ModelOpt NVFP4 on rank `r`: refuses a piece that would cut an NVFP4
+// tensor's 16-element scale blocks (a block scale is the amax of its block;
+// a TP split of a tensor along whole blocks is fine: its owners take its
+// global scale's amax from the trainer, docs/trainer.md), and adds, for
+// each local tensor that maps NVFP4 weights, an F32
 // `<name>.input_scale` [k] holding their k input_scale scalars in piece
 // order (activation calibration the trainer keeps and sends as it is).
-Status AddNvfp4InputScales(const std::map<std::string, uint64_t>& numel, RankLayout* r) {
-  std::map<std::string, uint64_t> mapped;
+Status AddNvfp4InputScales(const std::map<std::string, uint64_t>& nvfp4_cols, RankLayout* r) {
+  std::set<std::string> mapped;
   std::vector<LocalTensor> scales;
   for (const LocalTensor& t : r->tensors) {
     std::vector<std::string> weights;
     for (const Piece& p : t.pieces) {
-      if (!numel.count(p.canonical)) continue;
-      if (mapped[p.canonical] == 0) weights.push_back(p.canonical);
-      mapped[p.canonical] += p.rows * p.cols;
+      auto it = nvfp4_cols.find(p.canonical);
+      if (it == nvfp4_cols.end()) continue;
+      if (mapped.insert(p.canonical).second) weights.push_back(p.canonical);
+      // The piece's run along a canonical row (its columns, or its rows
+      // when stored transposed) must start and end on a block boundary.
+      const bool transposed = p.rows > 1 && p.canon_row_stride == 1;
+      const uint64_t run = transposed ? p.rows : p.cols;
+      const uint64_t col = p.canon_offset % it->second;
+      if (col % 16 != 0 || run % 16 != 0) {
+        return InvalidArgumentError(
+            "rank " + std::to_string(r->rank) + " would hold logical columns " +
+            std::to_string(col) + " to " + std::to_string(col + run) + " of NVFP4 tensor '" +
+            p.canonical + "', cutting a 16-element scale block; a block scale is the amax of "
+            "its block, so one rank must hold whole blocks: use a tp that splits the tensor "
+            "at multiples of 16 columns");
+      }
     }
     if (weights.empty()) continue;
     LocalTensor s;
@@ -442,16 +457,6 @@ Status AddNvfp4InputScales(const std::map<std::string, uint64_t>& numel, RankLay
       s.pieces.push_back(std::move(p));
     }
     scales.push_back(std::move(s));
-  }
-  for (const auto& [name, n] : mapped) {
-    if (n == numel.at(name)) continue;
-    return InvalidArgumentError(
-        "rank " + std::to_string(r->rank) + " would hold " + std::to_string(n) + " of the " +
-        std::to_string(numel.at(name)) + " elements of NVFP4 tensor '" + name +
-        "': its global scale '" + name + "_scale_2' is the amax of the whole tensor, so the "
-        "rank encoder needs each NVFP4 tensor whole on one rank; generate NVFP4 "
-        "checkpoints with tp 1 (pp, ep, dp and cp keep tensors whole), or list the module "
-        "in exclude_modules");
   }
   for (LocalTensor& s : scales) r->tensors.push_back(std::move(s));
   return Status();
@@ -855,10 +860,10 @@ Result<Layout> GenerateLayout(const ModelConfig& m, const Parallelism& par) {
   REFIT_RETURN_IF_ERROR(packed_error);
   std::sort(layout.canonical.begin(), layout.canonical.end(),
             [](const CanonicalTensor& a, const CanonicalTensor& b) { return a.name < b.name; });
-  // Logical elements of each NVFP4 tensor.
-  std::map<std::string, uint64_t> nvfp4_numel;
+  // Logical columns of each NVFP4 tensor.
+  std::map<std::string, uint64_t> nvfp4_cols;
   for (const CanonicalTensor& c : layout.canonical) {
-    if (c.scale_kind == "nvfp4") nvfp4_numel[c.name] = c.shape[0] * c.shape[1] * 2;
+    if (c.scale_kind == "nvfp4") nvfp4_cols[c.name] = c.shape[1] * 2;
   }
 
   const uint64_t hpg = nh / nkv;
@@ -1088,7 +1093,7 @@ Result<Layout> GenerateLayout(const ModelConfig& m, const Parallelism& par) {
           RankLayout r;
           r.rank = static_cast<uint32_t>(t + tp * (c + cp * (d + dp * stage)));
           r.tensors = std::move(b.tensors);
-          if (!nvfp4_numel.empty()) REFIT_RETURN_IF_ERROR(AddNvfp4InputScales(nvfp4_numel, &r));
+          if (!nvfp4_cols.empty()) REFIT_RETURN_IF_ERROR(AddNvfp4InputScales(nvfp4_cols, &r));
           layout.ranks.push_back(std::move(r));
         }
       }

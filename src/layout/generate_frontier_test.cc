@@ -608,7 +608,9 @@ TEST(Frontier, ModuleListsMatchModulesAndWhatIsUnderThem) {
 // `input_scale` F32 scalars; excluded modules, routers, embeddings, norms
 // and the head stay BF16. Each local tensor holding NVFP4 weights gets an
 // F32 `input_scale` of one element per weight. Covered without TP at PP x
-// DP x EP; TP would split an NVFP4 tensor and is refused, naming it.
+// DP x EP; TP 2 splits NVFP4 tensors along whole 16-element blocks (their
+// owners take the global scale's amax from the trainer); TP 4 would cut a
+// block (K = 96 or 32 in four) and is refused, naming the tensor.
 TEST(Frontier, ModelOptNvfp4Layouts) {
   const std::string quant = kModelOptNvfp4Quant;
   const std::string llama = R"({"model_type": "llama", "hidden_size": 64,
@@ -678,12 +680,14 @@ TEST(Frontier, ModelOptNvfp4Layouts) {
     EXPECT_TRUE(*back == l);
     RoundTrip(UnpackedTwin(l), 11);
     ASSERT_FALSE(HasFailure());
-    // TP splits NVFP4 tensors between ranks: refused, naming one.
     Parallelism tp2 = p;
     tp2.tp = 2;
-    ExpectRefused(m, tp2,
-                  {"rank 0 would hold ", " elements of NVFP4 tensor 'model.layers.0.",
-                   "_scale_2' is the amax of the whole tensor", "with tp 1"});
+    EXPECT_OK(GenerateLayout(m, tp2).status());
+    Parallelism tp4 = p;
+    tp4.tp = 4;
+    ExpectRefused(m, tp4,
+                  {" would hold logical columns ", " of NVFP4 tensor 'model.layers.",
+                   "cutting a 16-element scale block", "multiples of 16 columns"});
   }
   // The compressed-tensors-style form newer ModelOpt versions write.
   ModelConfig groups = Parse(Replace(llama, quant, R"("quantization_config": {

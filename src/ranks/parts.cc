@@ -146,7 +146,8 @@ Result<std::unique_ptr<RankPublisher>> RankPublisher::Open(ObjectStore* parts,
 }
 
 Result<RankPartReport> RankPublisher::Publish(uint64_t version,
-                                              const std::vector<TensorView>& local) {
+                                              const std::vector<TensorView>& local,
+                                              const trainer::GlobalAmax& amax) {
   if (pending_ != 0) {
     return FailedPreconditionError("rank " + std::to_string(rank_) + " published version " +
                                    std::to_string(pending_) +
@@ -183,7 +184,8 @@ Result<RankPartReport> RankPublisher::Publish(uint64_t version,
         e.kind = static_cast<uint8_t>(h.kind);
         list.chunks.push_back(e);
         return up.Add(PartChunkKey(version, rank_, list.chunks.size() - 1), std::move(sealed));
-      });
+      },
+      amax);
   Status finished = up.Finish();
   if (!encoded.ok()) {
     encoder_->Abort();

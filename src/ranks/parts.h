@@ -102,8 +102,10 @@ class RankPublisher {
 
   // Encodes and uploads this rank's part of `version` (base: the committed
   // version). Re-running it after a crash re-uploads byte-identical
-  // objects.
-  Result<RankPartReport> Publish(uint64_t version, const std::vector<TensorView>& local);
+  // objects. `amax`: the whole-tensor amax of the tensors this rank owns
+  // only part of whose scale needs it (trainer::GlobalAmax).
+  Result<RankPartReport> Publish(uint64_t version, const std::vector<TensorView>& local,
+                                 const trainer::GlobalAmax& amax = {});
 
   // Waits up to timeout_ms for the decision of the version published last:
   // commit advances the encoder's baseline (true), abort keeps it (false).

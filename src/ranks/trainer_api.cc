@@ -84,13 +84,19 @@ Status RankEncoder::SetBaseline(const std::vector<TensorView>& canonical) {
   return impl_->encoder->SetBaseline(canonical);
 }
 
-Status RankEncoder::SetBaselineFromLocal(const std::vector<TensorView>& local) {
-  return impl_->encoder->SetBaselineFromLocal(local);
+Status RankEncoder::SetBaselineFromLocal(const std::vector<TensorView>& local,
+                                         const GlobalAmax& amax) {
+  return impl_->encoder->SetBaselineFromLocal(local, amax);
+}
+
+std::vector<std::string> RankEncoder::global_amax_tensors() const {
+  return impl_->encoder->global_amax_tensors();
 }
 
 Result<RankEncodeReport> RankEncoder::Encode(uint64_t version, uint64_t base_version,
                                              const std::vector<TensorView>& local,
-                                             const RankChunkFn& emit) {
+                                             const RankChunkFn& emit,
+                                             const GlobalAmax& amax) {
   auto each = [&emit](std::span<const uint8_t> bytes, const ChunkHeader& h) -> Status {
     if (!emit) return Status();
     RankChunk c;
@@ -105,7 +111,7 @@ Result<RankEncodeReport> RankEncoder::Encode(uint64_t version, uint64_t base_ver
     return emit(c);
   };
   REFIT_ASSIGN_OR_RETURN(trainer::RankReport r,
-                         impl_->encoder->Encode(version, base_version, local, each));
+                         impl_->encoder->Encode(version, base_version, local, each, amax));
   return ToPublic(r);
 }
 
@@ -144,8 +150,10 @@ RankPublisher::~RankPublisher() = default;
 uint64_t RankPublisher::committed_version() const { return impl_->publisher->committed_version(); }
 
 Result<RankPartReport> RankPublisher::Publish(uint64_t version,
-                                              const std::vector<TensorView>& local) {
-  REFIT_ASSIGN_OR_RETURN(ranks::RankPartReport r, impl_->publisher->Publish(version, local));
+                                              const std::vector<TensorView>& local,
+                                              const GlobalAmax& amax) {
+  REFIT_ASSIGN_OR_RETURN(ranks::RankPartReport r,
+                         impl_->publisher->Publish(version, local, amax));
   RankPartReport p;
   p.version = r.version;
   p.base_version = r.base_version;

@@ -159,6 +159,81 @@ TEST(TrainerApi, EncoderEmitsTheOwnedChanges) {
   EXPECT_EQ(none->changed_direct, 0u);
 }
 
+// q: FP8 E4M3 [4, 16] with a per-tensor scale, from F32 masters split by
+// rows over two ranks: neither holds the amax its scale is.
+constexpr char kSplitFp8Layout[] = R"({"format": "refit-layout", "version": 1,
+  "canonical": [{"name": "q", "dtype": "F8_E4M3", "shape": [4, 16], "scale": "q_scale",
+                 "scale_kind": "per_tensor"},
+                {"name": "q_scale", "dtype": "F32", "shape": []}],
+  "ranks": [
+    {"rank": 0, "tensors": [
+      {"name": "q", "dtype": "F32", "shape": [2, 16], "pieces": [{"canonical": "q",
+        "rows": 2, "cols": 16, "local": [0, 16, 1], "canon": [0, 16, 1]}]}]},
+    {"rank": 1, "tensors": [
+      {"name": "q", "dtype": "F32", "shape": [2, 16], "pieces": [{"canonical": "q",
+        "rows": 2, "cols": 16, "local": [0, 16, 1], "canon": [32, 16, 1]}]}]}]})";
+
+TEST(TrainerApi, SplitPerTensorScaleTakesTheGlobalAmax) {
+  auto l = layout::ParseLayout(kSplitFp8Layout);
+  ASSERT_OK(l);
+  // Rank 1 holds the largest magnitude, 3.5; rank 0 holds element 0.
+  std::vector<std::vector<float>> masters = {std::vector<float>(32, 0.25f),
+                                             std::vector<float>(32, -0.5f)};
+  masters[1][7] = -3.5f;
+  auto views = [&](size_t r) {
+    return std::vector<TensorView>{{"q", "F32", 4, {2, 16},
+                                    reinterpret_cast<const uint8_t*>(masters[r].data())}};
+  };
+  TempDir dir;
+  auto store = OpenObjectStore(dir.File("store"));
+  ASSERT_OK(store);
+  GlobalAmax amax = {{"q", 3.5f}, {"other", 1.0f}};  // other tensors' entries are ignored
+  std::vector<std::unique_ptr<RankEncoder>> encoders;
+  std::vector<std::unique_ptr<RankPublisher>> publishers;
+  for (uint32_t r = 0; r < 2; ++r) {
+    auto e = RankEncoder::Create(*l, r);
+    ASSERT_OK(e);
+    EXPECT_EQ((*e)->global_amax_tensors(), std::vector<std::string>{"q"});
+    const Status refused = (*e)->SetBaselineFromLocal(views(r));
+    EXPECT_THAT(refused, StatusIs(StatusCode::kInvalidArgument));
+    EXPECT_NE(refused.message().find("'q' is split across ranks"), std::string::npos)
+        << refused.ToString();
+    EXPECT_NE(refused.message().find("must pass the tensor's global amax"), std::string::npos)
+        << refused.ToString();
+    ASSERT_OK((*e)->SetBaselineFromLocal(views(r), amax));
+    // Only rank 0 (the owner of element 0) holds and emits the scale.
+    EXPECT_EQ((*e)->owned_bytes(), r == 0 ? 36u : 32u);
+    encoders.push_back(std::move(*e));
+  }
+  // The largest magnitude doubles: the scale, so every element but that
+  // one (-448 in units of the scale, before and after) changes.
+  masters[1][7] = -7.0f;
+  amax["q"] = 7.0f;
+  for (uint32_t r = 0; r < 2; ++r) {
+    std::map<std::string, uint64_t> changed;  // by tensor
+    auto report = encoders[r]->Encode(
+        1, 0, views(r),
+        [&](const RankChunk& c) {
+          changed[encoders[r]->canonical_tensors()[c.tensor_id].name] += c.changed;
+          return Status();
+        },
+        amax);
+    ASSERT_OK(report);
+    EXPECT_EQ(changed["q"], r == 0 ? 32u : 31u);
+    EXPECT_EQ(changed.count("q_scale"), r == 0 ? 1u : 0u);
+    encoders[r]->Abort();
+    RankPublisherOptions ro;
+    ro.auth = Key();
+    auto p = RankPublisher::Open(store->get(), nullptr, encoders[r].get(), std::nullopt, ro);
+    ASSERT_OK(p);
+    EXPECT_THAT((*p)->Publish(1, views(r)), StatusIs(StatusCode::kInvalidArgument));
+    auto part = (*p)->Publish(1, views(r), amax);
+    ASSERT_OK(part);
+    EXPECT_EQ(part->encode.changed_residual, r == 0 ? 33u : 31u);
+    publishers.push_back(std::move(*p));
+  }
+}
+
 class TrainerApiPublish : public ::testing::Test {
  protected:
   void SetUp() override {

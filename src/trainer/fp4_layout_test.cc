@@ -10,20 +10,26 @@
 // tensors over several versions, and the union of all ranks' chunks takes
 // the reference-quantized checkpoint of each step to the next bit for bit,
 // scales included; the reference quantizes whole canonical rows
-// (trainer/quantize_reference.h). Layouts that split a scale block, or an
-// NVFP4 tensor, between ranks are refused by name. The same holds for the
-// layouts `refit layout generate` writes for a gpt-oss MXFP4 and a ModelOpt
-// NVFP4 config.json (their BF16 twins give the ranks' tensors).
+// (trainer/quantize_reference.h). Layouts that split a scale block between
+// ranks are refused by name. The same holds for the layouts `refit layout
+// generate` writes for a gpt-oss MXFP4 and a ModelOpt NVFP4 config.json
+// (their BF16 twins give the ranks' tensors). Tensors whose scale is the
+// amax of the whole tensor (NVFP4's global scale, a per-tensor FP8 scale)
+// split across ranks: every owner is given the whole tensor's amax, and the
+// union of the chunks again gives the reference checkpoint; without that
+// amax the split tensor's owners refuse to encode, naming it.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <set>
 
 #include "delta/apply.h"
 #include "layout/generate.h"
 #include "layout/layout.h"
 #include "refit/checkpoint.h"
+#include "support/status_matchers.h"
 #include "support/test_layout.h"
 #include "support/testing.h"
 #include "trainer/convert.h"
@@ -38,6 +44,7 @@ using layout::CanonicalTensor;
 using layout::Layout;
 using layout::Piece;
 using layout::testing::TensorBytes;
+using ::refit::testing::StatusIs;
 
 constexpr char kGateUp[] = "model.layers.0.mlp.experts.gate_up_proj_blocks";
 constexpr char kDown[] = "model.layers.0.mlp.experts.down_proj_blocks";
@@ -47,6 +54,7 @@ constexpr char kNvQ[] = "model.layers.0.self_attn.q_proj.weight";
 constexpr char kNvO[] = "model.layers.0.self_attn.o_proj.weight";
 constexpr char kNvDown[] = "model.layers.0.mlp.down_proj.weight";
 constexpr char kNvInput[] = "model.layers.0.mlp.down_proj.input_scale";
+constexpr char kFp8Up[] = "model.layers.0.mlp.up_proj.weight";
 
 std::string ScalesOf(const std::string& blocks) {
   return blocks.substr(0, blocks.size() - 7) + "_scales";
@@ -167,10 +175,72 @@ Layout MakeNvfp4Layout(bool quantized, bool split_q) {
   return l;
 }
 
+// Both [32, 64] (logical) and split four ways: an FP8 E4M3 tensor with a
+// per-tensor scale (kFp8Up) and an NVFP4 tensor (kNvQ), each by rows (8 a
+// rank) or by columns (16 a rank: whole NVFP4 blocks; rank 3 stores its
+// columns transposed). Their scales are the amax of the whole tensor, which
+// no rank holds.
+Layout MakeSplitLayout(bool quantized, bool by_columns) {
+  Layout l;
+  for (const std::string name : {kFp8Up, kNvQ}) {
+    const std::string scale = name + "_scale";
+    if (!quantized) {
+      l.canonical.push_back({name, "BF16", {32, 64}, "", "", 0, 0});
+    } else if (name == kNvQ) {
+      l.canonical.push_back({name, "U8", {32, 32}, scale, "nvfp4", 0, 0});
+      l.canonical.push_back({scale, "F8_E4M3", {32, 4}, "", "", 0, 0});
+      l.canonical.push_back({scale + "_2", "F32", {}, "", "", 0, 0});
+    } else {
+      l.canonical.push_back({name, "F8_E4M3", {32, 64}, scale, "per_tensor", 0, 0});
+      l.canonical.push_back({scale, "F32", {}, "", "", 0, 0});
+    }
+  }
+  for (uint32_t rank = 0; rank < 4; ++rank) {
+    layout::RankLayout rl;
+    rl.rank = rank;
+    for (const std::string name : {kFp8Up, kNvQ}) {
+      const std::string local = name == kNvQ ? "q" : "up";
+      if (!by_columns) {
+        rl.tensors.push_back(
+            {local, "BF16", {8, 64}, {MakePiece(name, 8, 64, {0, 64, 1}, {rank * 512, 64, 1})}});
+      } else if (rank == 3) {
+        rl.tensors.push_back(
+            {local, "BF16", {16, 32}, {MakePiece(name, 16, 32, {0, 32, 1}, {48, 1, 64})}});
+      } else {
+        rl.tensors.push_back({local, "BF16", {32, 16},
+                              {MakePiece(name, 32, 16, {0, 16, 1}, {rank * 16, 64, 1})}});
+      }
+    }
+    l.ranks.push_back(rl);
+  }
+  return l;
+}
+
 uint16_t Bf16Bits(const std::vector<uint8_t>& b, size_t i) {
   uint16_t x;
   std::memcpy(&x, &b[i * 2], 2);
   return x;
+}
+
+// The largest magnitude of BF16 values `v`.
+float Amax(const std::vector<uint8_t>& v) {
+  float amax = 0;
+  for (size_t i = 0; i < v.size() / 2; ++i) {
+    amax = std::max(amax, std::fabs(F32FromBf16(Bf16Bits(v, i))));
+  }
+  return amax;
+}
+
+// What the trainer would all-reduce: the whole amax of every quantized
+// tensor of `q` whose scale is the amax of the whole tensor.
+GlobalAmax WholeAmaxes(const Layout& q, const TensorBytes& values) {
+  GlobalAmax out;
+  for (const CanonicalTensor& c : q.canonical) {
+    if (c.scale_kind == "per_tensor" || c.scale_kind == "nvfp4") {
+      out[c.name] = Amax(values.at(c.name));
+    }
+  }
+  return out;
 }
 
 // BF16 values of trained weights, with all-zero blocks (scale byte 0) and
@@ -227,8 +297,7 @@ TensorBytes Step(const TensorBytes& a, std::mt19937_64& rng) {
 // from its whole amax, as ModelOpt computes it.
 void QuantizeTensor(const CanonicalTensor& c, const std::vector<uint8_t>& v, TensorBytes* out) {
   const uint64_t cols = layout::LogicalShape(c).back(), n = v.size() / 2;
-  float amax = 0;
-  for (uint64_t i = 0; i < n; ++i) amax = std::max(amax, std::fabs(F32FromBf16(Bf16Bits(v, i))));
+  const float amax = Amax(v);
   const float global = amax == 0 ? 1.0f : amax / (6.0f * 448.0f);
   if (c.scale_kind == "nvfp4") {
     (*out)[c.scale + "_2"].resize(4);
@@ -247,11 +316,25 @@ void QuantizeTensor(const CanonicalTensor& c, const std::vector<uint8_t>& v, Ten
   }
 }
 
+// FP8 E4M3 tensor `c` with a per-tensor scale from its BF16 values `v`,
+// the reference cast: scale = amax / 448 (1 when all zero), e4m3(x / scale).
+void QuantizePerTensor(const CanonicalTensor& c, const std::vector<uint8_t>& v,
+                       TensorBytes* out) {
+  const float amax = Amax(v);
+  const float scale = amax > 0 ? amax / 448.0f : 1.0f;
+  (*out)[c.scale].resize(4);
+  std::memcpy((*out)[c.scale].data(), &scale, 4);
+  std::vector<uint8_t>& q = (*out)[c.name];
+  q.resize(v.size() / 2);
+  for (size_t i = 0; i < q.size(); ++i) q[i] = E4m3FromF32(F32FromBf16(Bf16Bits(v, i)) / scale);
+}
+
 // The checkpoint of layout `q` from BF16 canonical `values`.
 TensorBytes Reference(const Layout& q, const TensorBytes& values) {
   TensorBytes out = layout_test::Unquantized(q, values);
   for (const CanonicalTensor& c : q.canonical) {
     if (layout::PackedBlock(c) != 0) QuantizeTensor(c, values.at(c.name), &out);
+    if (c.scale_kind == "per_tensor") QuantizePerTensor(c, values.at(c.name), &out);
   }
   return out;
 }
@@ -259,8 +342,10 @@ TensorBytes Reference(const Layout& q, const TensorBytes& values) {
 // Encodes versions 1..3 of random steps on every rank of `lq` (the packed
 // checkpoint; `lb` is its BF16 twin, same ranks) and checks that the
 // chunks patch the reference checkpoint of each step into the next, and
-// that some scale changes at every step.
-void CheckVersions(const Layout& lq, const Layout& lb) {
+// that some scale changes at every step. Every rank is given the whole
+// amax of each tensor (WholeAmaxes); `split` are the tensors some rank
+// owns only part of, which need it.
+void CheckVersions(const Layout& lq, const Layout& lb, const std::set<std::string>& split = {}) {
   ASSERT_OK(layout::ValidateLayout(lq));
   ASSERT_EQ(lq.ranks, lb.ranks);
   for (bool overwrite : {false, true}) {
@@ -274,6 +359,7 @@ void CheckVersions(const Layout& lq, const Layout& lb) {
     opt.threads = 2;
     opt.residual_overwrite = overwrite;
     std::vector<std::unique_ptr<RankEncoder>> encoders;
+    std::set<std::string> need_amax;
     uint64_t owned = 0;
     for (size_t ri = 0; ri < lq.ranks.size(); ++ri) {
       auto enc = RankEncoder::Create(lq, lq.ranks[ri].rank, opt);
@@ -287,10 +373,13 @@ void CheckVersions(const Layout& lq, const Layout& lb) {
       }
       auto local = layout::testing::ScatterToRanks(lb, steps[0]);
       ASSERT_OK(local);
-      ASSERT_OK((*enc)->SetBaselineFromLocal(layout_test::RankViews(lq, ri, (*local)[ri])));
+      ASSERT_OK((*enc)->SetBaselineFromLocal(layout_test::RankViews(lq, ri, (*local)[ri]),
+                                             WholeAmaxes(lq, steps[0])));
+      for (const std::string& name : (*enc)->global_amax_tensors()) need_amax.insert(name);
       owned += (*enc)->owned_bytes();
       encoders.push_back(std::move(*enc));
     }
+    EXPECT_EQ(need_amax, split);
     TensorBytes applied = Reference(lq, steps[0]);
     uint64_t canon_bytes = 0;
     for (const auto& [n, bytes] : applied) canon_bytes += bytes.size();
@@ -312,12 +401,14 @@ void CheckVersions(const Layout& lq, const Layout& lb) {
       ASSERT_OK(local);
       std::vector<std::vector<uint8_t>> chunks;
       uint64_t residual = 0;
+      const GlobalAmax amax = WholeAmaxes(lq, steps[v]);
       for (size_t ri = 0; ri < encoders.size(); ++ri) {
         auto report = encoders[ri]->Encode(v, v - 1, layout_test::RankViews(lq, ri, (*local)[ri]),
                                            [&](std::span<const uint8_t> c, const ChunkHeader&) {
                                              chunks.emplace_back(c.begin(), c.end());
                                              return Status();
-                                           });
+                                           },
+                                           amax);
         ASSERT_OK(report);
         residual += report->changed_residual;
         ASSERT_OK(encoders[ri]->Commit());
@@ -338,6 +429,27 @@ TEST(Fp4LayoutTest, RanksPatchTheReferenceNvfp4CheckpointEveryVersion) {
   CheckVersions(MakeNvfp4Layout(true, false), MakeNvfp4Layout(false, false));
 }
 
+// The tensors of `l` whose scale is the amax of the whole tensor and that
+// no rank maps whole.
+std::set<std::string> SplitAcrossRanks(const Layout& l) {
+  std::set<std::string> out;
+  for (const CanonicalTensor& c : l.canonical) {
+    if (c.scale_kind != "per_tensor" && c.scale_kind != "nvfp4") continue;
+    uint64_t n = 1;
+    for (uint64_t d : layout::LogicalShape(c)) n *= d;
+    bool whole = false;
+    for (const layout::RankLayout& r : l.ranks) {
+      uint64_t mapped = 0;
+      for (const layout::LocalTensor& t : r.tensors) {
+        for (const Piece& p : t.pieces) mapped += p.canonical == c.name ? p.rows * p.cols : 0;
+      }
+      whole |= mapped == n;
+    }
+    if (!whole) out.insert(c.name);
+  }
+  return out;
+}
+
 // The layout generated from `config` over PP 2 x DP 2 x EP 2 and tp, with
 // `interleaved` gate/up (groups of 1), plain and transposed, against its
 // BF16 twin.
@@ -356,10 +468,16 @@ void CheckGenerated(const std::string& config, uint32_t tp, bool interleaved) {
     par.transposed = transposed;
     auto lq = layout::GenerateLayout(*m, par);
     ASSERT_OK(lq);
-    uint64_t packed = 0;
-    for (const CanonicalTensor& c : lq->canonical) packed += layout::PackedBlock(c) != 0;
+    uint64_t packed = 0, nvfp4 = 0;
+    for (const CanonicalTensor& c : lq->canonical) {
+      packed += layout::PackedBlock(c) != 0;
+      nvfp4 += c.scale_kind == "nvfp4";
+    }
     ASSERT_GT(packed, 0u);
-    CheckVersions(*lq, layout::testing::UnpackedTwin(*lq));
+    // TP splits every NVFP4 tensor in two.
+    const std::set<std::string> split = SplitAcrossRanks(*lq);
+    EXPECT_EQ(split.size(), tp > 1 ? nvfp4 : 0u);
+    CheckVersions(*lq, layout::testing::UnpackedTwin(*lq), split);
   }
 }
 
@@ -378,6 +496,13 @@ TEST(Fp4LayoutTest, GeneratedNvfp4LayoutPatchesTheReferenceCheckpoint) {
   CheckGenerated(layout::testing::SmallQwen3MoeNvfp4Config(), 1, false);
 }
 
+// The same over TP 2: every NVFP4 weight of layer 0 and every expert's is
+// split between two ranks along whole blocks, its global scale from the
+// amax the ranks are given.
+TEST(Fp4LayoutTest, GeneratedTensorParallelNvfp4LayoutPatchesTheReferenceCheckpoint) {
+  CheckGenerated(layout::testing::SmallQwen3MoeNvfp4Config(), 2, false);
+}
+
 TEST(Fp4LayoutTest, ASplitScaleBlockIsRefusedByName) {
   // down_proj split at column 16: ranks 0 and 1 would share block 0 of
   // every row of expert 0.
@@ -394,21 +519,60 @@ TEST(Fp4LayoutTest, ASplitScaleBlockIsRefusedByName) {
   EXPECT_NE(other.status().ToString().find("scale block 0 "), std::string::npos);
 }
 
-TEST(Fp4LayoutTest, AnNvfp4TensorSplitBetweenRanksIsRefusedByName) {
-  const Layout lq = MakeNvfp4Layout(true, true);
-  ASSERT_OK(layout::ValidateLayout(lq));
-  for (uint32_t rank : {0u, 1u}) {
-    auto enc = RankEncoder::Create(lq, rank, RankEncoderOptions{});
-    ASSERT_FALSE(enc.ok());
-    const std::string msg = enc.status().ToString();
-    EXPECT_NE(msg.find(std::string("'") + kNvQ + "' (nvfp4): rank " + std::to_string(rank) +
-                       " owns 1024 of its 2048 elements"),
-              std::string::npos)
-        << msg;
-    EXPECT_NE(msg.find(std::string(kNvQ) + "_scale_2"), std::string::npos) << msg;
+// q_proj's rows split over ranks 0 and 1: its global scale comes from the
+// amax the ranks are given.
+TEST(Fp4LayoutTest, AnNvfp4TensorSplitBetweenTwoRanksPatchesTheReferenceCheckpoint) {
+  CheckVersions(MakeNvfp4Layout(true, true), MakeNvfp4Layout(false, true), {kNvQ});
+}
+
+// Four ranks own a quarter each of a per-tensor FP8 tensor and of an
+// NVFP4 tensor, by rows and by columns (one rank transposed).
+TEST(Fp4LayoutTest, TensorsSplitFourWaysPatchTheReferenceCheckpointGivenTheirAmax) {
+  for (bool by_columns : {false, true}) {
+    SCOPED_TRACE(by_columns ? "by columns" : "by rows");
+    CheckVersions(MakeSplitLayout(true, by_columns), MakeSplitLayout(false, by_columns),
+                  {kFp8Up, kNvQ});
   }
-  // The ranks that hold other tensors whole are not affected.
-  EXPECT_OK(RankEncoder::Create(lq, 2, RankEncoderOptions{}).status());
+}
+
+TEST(Fp4LayoutTest, ASplitTensorWithoutItsAmaxIsRefusedByName) {
+  const Layout lq = MakeSplitLayout(true, false), lb = MakeSplitLayout(false, false);
+  std::mt19937_64 rng(5);
+  const TensorBytes values = RandomValues(lb, rng);
+  auto local = layout::testing::ScatterToRanks(lb, values);
+  ASSERT_OK(local);
+  for (uint32_t rank = 0; rank < 4; ++rank) {
+    auto enc = RankEncoder::Create(lq, rank, RankEncoderOptions{});
+    ASSERT_OK(enc);
+    const std::vector<TensorView> views = layout_test::RankViews(lq, rank, (*local)[rank]);
+    GlobalAmax amax = WholeAmaxes(lq, values);
+    // Without kFp8Up's amax (then kNvQ's): refused, naming the tensor and
+    // its scale.
+    for (const char* missing : {kFp8Up, kNvQ}) {
+      GlobalAmax partial = amax;
+      partial.erase(missing);
+      const Status st = (*enc)->SetBaselineFromLocal(views, partial);
+      EXPECT_THAT(st, StatusIs(StatusCode::kInvalidArgument));
+      const std::string msg = st.ToString();
+      EXPECT_NE(msg.find(std::string("'") + missing + "' is split across ranks (rank " +
+                         std::to_string(rank) + " owns 512 of its 2048 elements)"),
+                std::string::npos)
+          << msg;
+      EXPECT_NE(msg.find(std::string(missing) + (std::string(missing) == kNvQ ? "_scale_2'" : "_scale'")),
+                std::string::npos)
+          << msg;
+      EXPECT_NE(msg.find("must pass the tensor's global amax"), std::string::npos) << msg;
+    }
+    // An amax below the rank's own elements' cannot be the whole tensor's.
+    GlobalAmax low = amax;
+    low[kNvQ] = 0;
+    EXPECT_THAT((*enc)->SetBaselineFromLocal(views, low), StatusIs(StatusCode::kInvalidArgument));
+    ASSERT_OK((*enc)->SetBaselineFromLocal(views, amax));
+    auto ignore = [](std::span<const uint8_t>, const ChunkHeader&) { return Status(); };
+    EXPECT_THAT((*enc)->Encode(1, 0, views, ignore), StatusIs(StatusCode::kInvalidArgument));
+    EXPECT_EQ((*enc)->pending_chunks(), 0u);
+    ASSERT_OK((*enc)->Encode(1, 0, views, ignore, amax));
+  }
 }
 
 }  // namespace

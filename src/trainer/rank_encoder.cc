@@ -78,8 +78,19 @@ struct ScaleState {
   std::map<uint64_t, uint32_t> slot;  // scale index -> position in blocks
   std::vector<float> current;    // FP8: per owned block, computed by Encode
   std::vector<uint8_t> codes;    // packed: per owned block, computed by Encode
-  // nvfp4: the global scale tensor and its value (the rank owns the whole
-  // tensor), computed by Encode; global_canon < 0 for other kinds.
+  // A per_tensor scale or nvfp4 global scale is the amax of the whole
+  // tensor. `split`: this rank owns `owned` of its elements, not all, and
+  // takes that amax from the caller (GlobalAmax); then only the owner of
+  // the tensor's element 0 emits that scale (`emits_whole_scale`).
+  bool nvfp4 = false;
+  bool split = false;
+  bool emits_whole_scale = true;
+  uint64_t owned = 0;
+  // Whether this rank holds and emits the scale-tensor elements of its
+  // blocks: a split per-tensor scale is another owner's to emit.
+  bool EmitsBlockScales() const { return !per_tensor || emits_whole_scale; }
+  // nvfp4: the global scale tensor, when this rank emits it, and its value,
+  // computed by Encode; global_canon < 0 otherwise.
   int64_t global_canon = -1;
   float global = 1.0f;
   uint64_t global_offset = 0;    // its bytes in the baseline
@@ -154,13 +165,20 @@ struct RankEncoder::Impl {
   }
   Status CheckLocal(const std::vector<TensorView>& views,
                     std::vector<const uint8_t*>* data) const;
+  // The whole-tensor amax of split tensor s from `amax`, checked against
+  // `local_amax`, the amax of the rank's own elements.
+  Result<float> WholeAmax(const ScaleState& s, const GlobalAmax& amax, float local_amax) const;
+  // ComputeScales for every quantized tensor the rank owns.
+  Status ComputeAllScales(const std::vector<const uint8_t*>& data, const GlobalAmax& amax);
   // Writes the job's current canonical bytes into out (count * width).
   void Gather(const Job& job, const std::vector<const uint8_t*>& data, uint8_t* out) const;
   // The current scale of every owned block of s (amax / 448; 1 where the
   // block is all zeros, so its elements encode as zeros), or of a packed
   // tensor the scale codes its quantizer writes.
-  Status ComputeScales(ScaleState* s, const std::vector<const uint8_t*>& data) const;
-  Status ComputePackedScales(ScaleState* s, const std::vector<const uint8_t*>& data) const;
+  Status ComputeScales(ScaleState* s, const std::vector<const uint8_t*>& data,
+                       const GlobalAmax& amax) const;
+  Status ComputePackedScales(ScaleState* s, const std::vector<const uint8_t*>& data,
+                             const GlobalAmax& amax) const;
   // Quantizes bytes [i0, i0 + n) of row o of packed region r: writes n
   // bytes to `packed` and their blocks' scale codes to `codes`.
   Status QuantizePacked(const Region& r, uint64_t o, uint64_t i0, uint64_t n,
@@ -291,7 +309,9 @@ Result<std::unique_ptr<RankEncoder>> RankEncoder::Create(const layout::Layout& l
   }
   // Scales: the rank must own every element of each scale block it
   // touches (the scale is the block's amax), and then owns the block's
-  // scale-tensor element.
+  // scale-tensor element; but a per-tensor scale or an nvfp4 global scale
+  // may be split, its amax given by the caller, its element emitted by the
+  // owner of the tensor's element 0.
   for (const auto& [ci, n] : owned_elements_of) {
     (void)n;
     const CanonicalTensor& ct = impl->canonical[ci];
@@ -358,20 +378,26 @@ Result<std::unique_ptr<RankEncoder>> RankEncoder::Create(const layout::Layout& l
         }
       }
     }
+    // A per-tensor scale may be split (its amax comes from the caller);
+    // a per-block or packed block may not.
     for (const auto& [b, count] : per_block) {
-      if (count != s.BlockElements(b)) {
-        const std::string what = s.per_tensor ? "its per-tensor scale"
-                                              : "the elements of its per-block scale " +
-                                                    std::to_string(b);
+      if (count != s.BlockElements(b) && !s.per_tensor) {
         return InvalidArgumentError(
             "canonical tensor '" + ct.name + "': rank " + std::to_string(rank) + " owns " +
             std::to_string(count) + " of the " + std::to_string(s.BlockElements(b)) +
-            " elements behind " + what + "; a scale is the amax of its block, so one rank "
-            "must own the whole block (a per-tensor scale needs the whole tensor on one "
-            "rank; per-block splits must fall on block boundaries)");
+            " elements behind the elements of its per-block scale " + std::to_string(b) +
+            "; a scale is the amax of its block, so one rank must own the whole block "
+            "(per-block splits must fall on block boundaries)");
       }
+      s.owned += count;
       s.slot[b] = static_cast<uint32_t>(s.blocks.size());
       s.blocks.push_back(b);
+    }
+    s.nvfp4 = !layout::GlobalScaleName(ct).empty();
+    if (s.per_tensor || s.nvfp4) {
+      s.split = s.owned != s.rows * s.cols;
+      s.emits_whole_scale = !s.split;
+      for (const Region& r : impl->regions) s.emits_whole_scale |= r.canon == ci && r.start == 0;
     }
     if (s.packed) {
       s.codes.assign(s.blocks.size(), 0);
@@ -379,18 +405,8 @@ Result<std::unique_ptr<RankEncoder>> RankEncoder::Create(const layout::Layout& l
       s.current.assign(s.blocks.size(), 1.0f);
     }
     s.base_offset = offset;
-    offset += static_cast<uint64_t>(s.width) * s.blocks.size();
-    if (!layout::GlobalScaleName(ct).empty()) {
-      uint64_t owned_elements = 0;
-      for (const auto& [b, count] : per_block) owned_elements += count;
-      if (owned_elements != s.rows * s.cols) {
-        return InvalidArgumentError(
-            "canonical tensor '" + ct.name + "' (nvfp4): rank " + std::to_string(rank) +
-            " owns " + std::to_string(owned_elements) + " of its " +
-            std::to_string(s.rows * s.cols) + " elements; its global scale '" +
-            layout::GlobalScaleName(ct) + "' is the amax of the whole tensor, so one rank must own "
-            "all of it");
-      }
+    if (s.EmitsBlockScales()) offset += static_cast<uint64_t>(s.width) * s.blocks.size();
+    if (s.nvfp4 && s.emits_whole_scale) {
       s.global_canon = canon_index.at(layout::GlobalScaleName(ct));
       s.global_offset = offset;
       offset += 4;
@@ -418,6 +434,7 @@ Result<std::unique_ptr<RankEncoder>> RankEncoder::Create(const layout::Layout& l
     const ScaleState& s = it->second;
     std::vector<std::pair<uint64_t, uint64_t>> runs;  // (first scale index, length)
     for (uint64_t b : s.blocks) {
+      if (!s.EmitsBlockScales()) break;
       if (!runs.empty() && runs.back().first + runs.back().second == b &&
           b % s.nbc != 0) {
         ++runs.back().second;
@@ -573,13 +590,44 @@ void RankEncoder::Impl::LoadPacked(const Region& r, uint64_t o, uint64_t i0, uin
   }
 }
 
+Result<float> RankEncoder::Impl::WholeAmax(const ScaleState& s, const GlobalAmax& amax,
+                                           float local_amax) const {
+  const CanonicalTensor& ct = canonical[s.canon];
+  const std::string scale =
+      s.nvfp4 ? "global scale '" + layout::GlobalScaleName(ct) + "'"
+              : "per-tensor scale '" + ct.scale + "'";
+  auto it = amax.find(ct.name);
+  if (it == amax.end()) {
+    return InvalidArgumentError(
+        "canonical tensor '" + ct.name + "' is split across ranks (rank " +
+        std::to_string(rank) + " owns " + std::to_string(s.owned) + " of its " +
+        std::to_string(s.rows * s.cols) + " elements) and its " + scale +
+        " is the amax of the whole tensor: the caller must pass the tensor's global amax "
+        "(e.g. an all-reduce MAX of every owner's local amax)");
+  }
+  const float whole = it->second;
+  if (std::isnan(whole) || whole < 0 || whole < local_amax) {
+    return InvalidArgumentError(
+        "the global amax " + std::to_string(whole) + " given for canonical tensor '" + ct.name +
+        "' is not the amax of the whole tensor: rank " + std::to_string(rank) +
+        "'s own elements reach " + std::to_string(local_amax));
+  }
+  return whole;
+}
+
+Status RankEncoder::Impl::ComputeAllScales(const std::vector<const uint8_t*>& data,
+                                            const GlobalAmax& amax) {
+  for (auto& [ci, s] : scales) REFIT_RETURN_IF_ERROR(ComputeScales(&s, data, amax));
+  return Status();
+}
+
 Status RankEncoder::Impl::ComputePackedScales(ScaleState* s,
-                                               const std::vector<const uint8_t*>& data) const {
+                                               const std::vector<const uint8_t*>& data,
+                                               const GlobalAmax& given) const {
   std::vector<float> x;
   std::vector<uint8_t> bytes, codes;
-  if (s->global_canon >= 0) {
-    // The rank owns the whole tensor (Create); NaN and infinity are refused
-    // below, block by block.
+  if (s->nvfp4) {
+    // NaN and infinity are refused below, block by block.
     float amax = 0;
     for (const Region& r : regions) {
       if (r.canon != s->canon) continue;
@@ -587,6 +635,9 @@ Status RankEncoder::Impl::ComputePackedScales(ScaleState* s,
         LoadPacked(r, o, 0, r.inner, data, &x);
         for (float v : x) amax = std::max(amax, std::fabs(v));
       }
+    }
+    if (s->split) {
+      REFIT_ASSIGN_OR_RETURN(amax, WholeAmax(*s, given, amax));
     }
     s->global = Nvfp4GlobalScale(amax);
   }
@@ -603,8 +654,9 @@ Status RankEncoder::Impl::ComputePackedScales(ScaleState* s,
 }
 
 Status RankEncoder::Impl::ComputeScales(ScaleState* s,
-                                         const std::vector<const uint8_t*>& data) const {
-  if (s->packed) return ComputePackedScales(s, data);
+                                         const std::vector<const uint8_t*>& data,
+                                         const GlobalAmax& given) const {
+  if (s->packed) return ComputePackedScales(s, data, given);
   std::vector<float> amax(s->blocks.size(), 0.0f);
   for (const Region& r : regions) {
     if (r.canon != s->canon) continue;
@@ -621,6 +673,11 @@ Status RankEncoder::Impl::ComputeScales(ScaleState* s,
         m = std::max(m, x);
       }
     }
+  }
+  // Every owner scales by the same amax, so their elements agree with the
+  // scale that one of them emits.
+  if (s->split) {
+    REFIT_ASSIGN_OR_RETURN(amax[0], WholeAmax(*s, given, amax[0]));
   }
   for (size_t b = 0; b < amax.size(); ++b) {
     s->current[b] = amax[b] > 0 ? amax[b] / 448.0f : 1.0f;
@@ -700,7 +757,7 @@ Status RankEncoder::SetBaseline(const std::vector<TensorView>& canonical) {
   }
   for (auto& [ci, s] : m.scales) {
     REFIT_ASSIGN_OR_RETURN(const TensorView* v, find(m.canonical[s.scale_canon]));
-    for (size_t b = 0; b < s.blocks.size(); ++b) {
+    for (size_t b = 0; b < s.blocks.size() && s.EmitsBlockScales(); ++b) {
       const uint64_t w = static_cast<uint64_t>(s.width);
       std::memcpy(m.baseline.data() + s.base_offset + w * b, v->data + w * s.blocks[b], w);
     }
@@ -714,21 +771,30 @@ Status RankEncoder::SetBaseline(const std::vector<TensorView>& canonical) {
   return Status();
 }
 
-Status RankEncoder::SetBaselineFromLocal(const std::vector<TensorView>& local) {
+Status RankEncoder::SetBaselineFromLocal(const std::vector<TensorView>& local,
+                                         const GlobalAmax& amax) {
   Impl& m = *impl_;
   if (m.opt.plan_only) return FailedPreconditionError("a plan-only rank encoder has no baseline");
   std::vector<const uint8_t*> data;
   REFIT_RETURN_IF_ERROR(m.CheckLocal(local, &data));
-  for (auto& [ci, s] : m.scales) REFIT_RETURN_IF_ERROR(m.ComputeScales(&s, data));
+  REFIT_RETURN_IF_ERROR(m.ComputeAllScales(data, amax));
   for (const Job& j : m.jobs) m.Gather(j, data, m.baseline.data() + j.base_offset);
   m.pending.clear();
   m.have_baseline = true;
   return Status();
 }
 
+std::vector<std::string> RankEncoder::global_amax_tensors() const {
+  std::vector<std::string> out;
+  for (const auto& [ci, s] : impl_->scales) {
+    if (s.split) out.push_back(impl_->canonical[ci].name);
+  }
+  return out;
+}
+
 Result<RankReport> RankEncoder::Encode(uint64_t version, uint64_t base_version,
                                        const std::vector<TensorView>& local,
-                                       const EmitChunkFn& emit) {
+                                       const EmitChunkFn& emit, const GlobalAmax& amax) {
   Impl& m = *impl_;
   if (!m.have_baseline) {
     return FailedPreconditionError("the rank encoder has no baseline (SetBaseline first)");
@@ -736,7 +802,7 @@ Result<RankReport> RankEncoder::Encode(uint64_t version, uint64_t base_version,
   auto t0 = std::chrono::steady_clock::now();
   std::vector<const uint8_t*> data;
   REFIT_RETURN_IF_ERROR(m.CheckLocal(local, &data));
-  for (auto& [ci, s] : m.scales) REFIT_RETURN_IF_ERROR(m.ComputeScales(&s, data));
+  REFIT_RETURN_IF_ERROR(m.ComputeAllScales(data, amax));
   m.pending.clear();
   RankReport report;
   report.owned_bytes = m.owned_bytes;

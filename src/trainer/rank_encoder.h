@@ -16,7 +16,10 @@
 //   time, and compared with the canonical baseline; one scale change can
 //   change every element of its block or tensor. The owned scale elements
 //   (and NVFP4's global scale) are emitted by the rank that owns their
-//   blocks.
+//   blocks. A per-tensor FP8 scale or NVFP4 global scale is the amax of
+//   the whole tensor: a rank that owns only part of such a tensor takes
+//   that amax from the caller each version (GlobalAmax), and the owner of
+//   the tensor's element 0 emits the scale.
 // Either path emits XOR records (the rank holds the exact canonical base
 // bits), or overwrite records for residual chunks when asked.
 //
@@ -30,6 +33,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <span>
 #include <string>
@@ -73,6 +77,15 @@ struct RankReport {
   double seconds = 0;
 };
 
+// The amax (largest magnitude, in FP32) of whole canonical tensors, by the
+// quantized tensor's canonical name. A rank that owns only part of a
+// per_tensor FP8 or an nvfp4 tensor needs it for each version, since the
+// tensor's scale (per_tensor) or global scale (nvfp4) is the amax of every
+// owner's elements: the caller computes it, e.g. as an all-reduce MAX of
+// each owner's local amax over the owners' process group. Entries for other
+// tensors are ignored, so every rank may be given the same map.
+using GlobalAmax = std::map<std::string, float>;
+
 // Receives each chunk as it is encoded (from the calling thread, in a
 // deterministic order): the serialized chunk and its header. tensor_id is
 // the canonical tensor's index in canonical_tensors().
@@ -89,7 +102,12 @@ class RankEncoderInterface {
   virtual uint64_t owned_bytes() const = 0;
   virtual Result<RankReport> Encode(uint64_t version, uint64_t base_version,
                                     const std::vector<TensorView>& local,
-                                    const EmitChunkFn& emit) = 0;
+                                    const EmitChunkFn& emit, const GlobalAmax& amax) = 0;
+  // Without an amax: for ranks that own every such tensor whole.
+  Result<RankReport> Encode(uint64_t version, uint64_t base_version,
+                            const std::vector<TensorView>& local, const EmitChunkFn& emit) {
+    return Encode(version, base_version, local, emit, GlobalAmax{});
+  }
   virtual Status Commit() = 0;
   virtual void Abort() = 0;
   virtual size_t pending_chunks() const = 0;
@@ -149,13 +167,27 @@ class RankEncoder final : public RankEncoderInterface {
   Status SetBaseline(const std::vector<TensorView>& canonical);
   // Baseline from this rank's local tensors (by local name), converted
   // where the layout says so: for a trainer that starts from its own state.
-  Status SetBaselineFromLocal(const std::vector<TensorView>& local);
+  // `amax` as for Encode.
+  Status SetBaselineFromLocal(const std::vector<TensorView>& local,
+                              const GlobalAmax& amax = {});
+
+  // The quantized canonical tensors (sorted by name) that this rank owns
+  // only part of and whose scale is the amax of the whole tensor
+  // (per_tensor FP8, nvfp4): Encode and SetBaselineFromLocal need their
+  // GlobalAmax.
+  std::vector<std::string> global_amax_tensors() const;
 
   // Detect + project + encode the owned regions of `local` (this rank's
   // tensors by local name, in its own layout) against the baseline.
+  // `amax` must hold the whole-tensor amax of every tensor of
+  // global_amax_tensors() (kInvalidArgument naming the first one missing,
+  // or one whose amax is NaN, negative or below that of the rank's own
+  // elements); every owner must be given the same value, or the version's
+  // scales disagree and the receivers' hashes will not match.
   Result<RankReport> Encode(uint64_t version, uint64_t base_version,
                             const std::vector<TensorView>& local,
-                            const EmitChunkFn& emit) override;
+                            const EmitChunkFn& emit, const GlobalAmax& amax) override;
+  using RankEncoderInterface::Encode;
 
   // The version encoded last committed: the baseline becomes its bits.
   Status Commit() override;

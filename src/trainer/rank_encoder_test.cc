@@ -462,7 +462,8 @@ TEST(RankEncoderTest, BadInputsAreRefused) {
   EXPECT_FALSE(missing.ok());
   EXPECT_NE(missing.status().message().find("g_master"), std::string::npos);
 
-  // A per-tensor scale split over two ranks cannot be computed locally.
+  // A per-tensor scale split over two ranks cannot be computed locally:
+  // the caller must give the tensor's amax.
   Layout split = world.layout;
   for (auto& r : split.ranks) {
     for (auto& lt : r.tensors) {
@@ -474,8 +475,21 @@ TEST(RankEncoderTest, BadInputsAreRefused) {
   }
   split.ranks[1].tensors.push_back({"g_master", "F32", {2, 8}, {P("g.weight", 2, 8, 0, 8, 1, 16, 8, 1)}});
   auto s = RankEncoder::Create(split, 0, {});
-  ASSERT_FALSE(s.ok());
-  EXPECT_NE(s.status().message().find("per-tensor scale"), std::string::npos) << s.status().ToString();
+  ASSERT_OK(s);
+  EXPECT_EQ((*s)->global_amax_tensors(), std::vector<std::string>{"g.weight"});
+  std::vector<TensorView> half = LocalViews(world, 0);
+  for (TensorView& v : half) {
+    if (v.name == "g_master") v.shape = {2, 8};
+  }
+  const Status no_amax = (*s)->SetBaselineFromLocal(half);
+  EXPECT_THAT(no_amax, StatusIs(StatusCode::kInvalidArgument));
+  EXPECT_NE(no_amax.message().find("'g.weight' is split across ranks"), std::string::npos)
+      << no_amax.ToString();
+  EXPECT_NE(no_amax.message().find("per-tensor scale 'g.weight_scale'"), std::string::npos)
+      << no_amax.ToString();
+  EXPECT_THAT((*s)->SetBaselineFromLocal(half, {{"g.weight", std::nanf("")}}),
+              StatusIs(StatusCode::kInvalidArgument));
+  EXPECT_OK((*s)->SetBaselineFromLocal(half, {{"g.weight", 1.0f}}));
 }
 
 // FP8 with per-block scales: each rank converts only the blocks it owns
