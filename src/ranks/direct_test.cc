@@ -172,6 +172,32 @@ class DirectTest : public ::testing::TestWithParam<int> {
     ASSERT_OK(ranks_[ri]->Publish(version, LocalViews(layout_, ri, local_[ri])));
   }
 
+  // The header of a part chunk of version v that the manifest lists.
+  void PartChunkHeader(uint64_t v, const ManifestChunk& mc, ChunkHeader* h) {
+    auto object = store_->Get(PartChunkKey(v, mc.rank, mc.part_index));
+    ASSERT_OK(object);
+    auto body = Key().Open(*object);
+    ASSERT_OK(body);
+    auto c = ParseChunk(*body);
+    ASSERT_OK(c);
+    *h = c->header;
+  }
+
+  // The canonical elements of h's region (rows of a strided one) whose
+  // bytes in `data` differ from `want`'s.
+  static std::vector<uint64_t> ElementsOffTarget(const ChunkHeader& h, const uint8_t* data,
+                                                 const std::vector<uint8_t>& want) {
+    std::vector<uint64_t> d;
+    for (uint64_t j = 0; j < h.count; ++j) {
+      const uint64_t e =
+          h.IsStrided() ? h.start + (j / h.run) * h.stride + j % h.run : h.start + j;
+      if (std::memcmp(data + e * h.width, want.data() + e * h.width, h.width) != 0) {
+        d.push_back(e);
+      }
+    }
+    return d;
+  }
+
   void AwaitRanks(bool committed, uint64_t version) {
     for (auto& r : ranks_) {
       auto d = r->AwaitDecision(30000);
@@ -505,26 +531,13 @@ TEST_P(DirectTest, RegionTornByAKillIsRepairedByItsRank) {
     std::optional<ChunkHeader> victim;
     std::vector<uint64_t> differ;
     for (const ManifestChunk& mc : m->chunks) {
-      auto object = store_->Get(PartChunkKey(1, mc.rank, mc.part_index));
-      ASSERT_OK(object);
-      auto body = Key().Open(*object);
-      ASSERT_OK(body);
-      auto c = ParseChunk(*body);
-      ASSERT_OK(c);
-      const ChunkHeader& h = c->header;
+      ChunkHeader h;
+      ASSERT_NO_FATAL_FAILURE(PartChunkHeader(1, mc, &h));
       const std::string& name = m->tensors[h.tensor_id].name;
       auto data = ck->MutableData(*ck->IndexOf(name));
       if (RegionHash(h, data.data()) != h.before) continue;  // applied (or torn) already
       if (victim && (victim->IsStrided() || !h.IsStrided())) continue;
-      std::vector<uint64_t> d;
-      const auto& want = canon_.at(name);
-      for (uint64_t j = 0; j < h.count; ++j) {
-        const uint64_t e =
-            h.IsStrided() ? h.start + (j / h.run) * h.stride + j % h.run : h.start + j;
-        if (std::memcmp(data.data() + e * h.width, want.data() + e * h.width, h.width) != 0) {
-          d.push_back(e);
-        }
-      }
+      std::vector<uint64_t> d = ElementsOffTarget(h, data.data(), canon_.at(name));
       if (d.size() < 2) continue;
       victim = h;
       differ = std::move(d);
@@ -749,24 +762,13 @@ TEST_P(DirectTest, TornCellOfAFoldResyncsFromASnapshot) {
     bool torn = false;
     for (const ManifestChunk& mc : m->chunks) {
       if (mc.run == 0) continue;
-      auto object = store_->Get(PartChunkKey(1, mc.rank, mc.part_index));
-      ASSERT_OK(object);
-      auto body = Key().Open(*object);
-      ASSERT_OK(body);
-      auto c = ParseChunk(*body);
-      ASSERT_OK(c);
-      const ChunkHeader& h = c->header;
+      ChunkHeader h;
+      ASSERT_NO_FATAL_FAILURE(PartChunkHeader(1, mc, &h));
       const std::string& name = m->tensors[h.tensor_id].name;
       auto data = ck->MutableData(*ck->IndexOf(name));
       if (RegionHash(h, data.data()) != h.before) continue;
       const auto& want = canon_.at(name);
-      std::vector<uint64_t> differ;
-      for (uint64_t j = 0; j < h.count; ++j) {
-        const uint64_t e = h.start + (j / h.run) * h.stride + j % h.run;
-        if (std::memcmp(data.data() + e * h.width, want.data() + e * h.width, h.width) != 0) {
-          differ.push_back(e);
-        }
-      }
+      const std::vector<uint64_t> differ = ElementsOffTarget(h, data.data(), want);
       if (differ.size() < 4) continue;
       for (size_t k = 0; k < differ.size(); k += 2) {
         std::memcpy(data.data() + differ[k] * h.width, want.data() + differ[k] * h.width,
