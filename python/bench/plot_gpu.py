@@ -42,11 +42,12 @@ def main():
         "trainer stall": [median(r["versions"], "stall_ms") for r in runs],
         "receiver pause": [median(r["versions"], "pause_ms") for r in runs],
         "end to end": [median(r["versions"], "e2e_s") * 1000 for r in runs],
-        "host path end to end": [statistics.median(h["e2e_s"] for h in r["host_path"]) * 1000
-                                 if r.get("host_path") else 0 for r in runs],
         "full save + load": [(r["full_save_s"] + r["full_load_s"]) * 1000 for r in runs],
         "D2D copy of the model": [r["d2d_copy_ms"] for r in runs],
     }
+    if all(r.get("host_path") for r in runs):  # e2e_gpu.py --host-versions N
+        series["host path end to end"] = [
+            statistics.median(h["e2e_s"] for h in r["host_path"]) * 1000 for r in runs]
     width = 0.8 / len(series)
     for i, (name, values) in enumerate(series.items()):
         xs = [j + (i - len(series) / 2 + 0.5) * width for j in range(len(runs))]

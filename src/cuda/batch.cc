@@ -443,6 +443,7 @@ class BatchCutter {
     } else {
       ++cur_.unfused;
     }
+    if (d.run != 0) ++cur_.regions;
     d.status_index = out_->status_count++;
     out_->chunk_of_status.push_back(p.chunk_index);
     cur_.chunks.push_back(d);

@@ -173,6 +173,7 @@ struct HostBatch {
   uint32_t max_fused_lanes = 0;  // widest fused chunk (lanes), 0 if none
   uint64_t records = 0;         // changed records (sparse) in the batch
   uint32_t unfused = 0;         // chunks for kernels A and B (not fused)
+  uint32_t regions = 0;         // strided regions (run != 0) among the chunks
   std::vector<uint8_t> meta;    // SerializeMeta's bytes, made by Prepare
   // Bytes copied to the device (chunk bytes and CPU-decoded dense bytes).
   uint64_t device_bytes() const {

@@ -127,6 +127,7 @@ TEST(Batch, PlacesStridedRegionsThroughTheirSpan) {
   EXPECT_EQ(d.start, 64u);
   EXPECT_EQ(d.run, 64u);
   EXPECT_EQ(d.stride, 256u);
+  EXPECT_EQ(hb.regions, 1u);  // its batch launches the region digests
   EXPECT_EQ(d.n, 64u * 32);
   EXPECT_EQ(RegionSpan(d.n, d.run, d.stride), 31u * 256 + 64);
   EXPECT_EQ(d.range_address, 4096u + 64 * 2);
@@ -217,6 +218,7 @@ TEST(Batch, SplitsTheStagingBudgetIntoSlots) {
     chunks += b.chunks.size();
     EXPECT_EQ(b.meta.size(), b.meta_bytes());
     EXPECT_EQ(b.unfused, 0u);  // sparse XOR chunks only
+    EXPECT_EQ(b.regions, 0u);  // contiguous ranges
   }
   EXPECT_EQ(chunks, spans.size());
   // Budgets the delta fills: the batches fill their slots, and what the

@@ -933,43 +933,75 @@ __global__ void __launch_bounds__(kApplyThreads)
 // segments: one block of 8 warps per chunk left most of the GPU idle while
 // a batch's ranges were hashed (a batch holds tens of chunks of megabytes).
 constexpr uint32_t kDigestBlocks = 16;
+
+// Digests of the contiguous ranges' segments. Strided regions are left to
+// RegionDigestKernel: gathering them here took the kernel from 128 to 170
+// registers, half the blocks per SM, and slowed the hash of every range.
 __global__ void __launch_bounds__(kThreads) SegmentDigestKernel(BatchDevice b) {
-  __shared__ alignas(16) uint8_t s_gather[kThreads / 32][kGatherBuffer];
   const DevChunk& c = b.chunks[blockIdx.x];
-  if (c.range_address == 0 || b.status[c.status_index] != kStatusOk) return;
+  if (c.range_address == 0 || c.run != 0 ||
+      b.status[c.status_index] != kStatusOk) {
+    return;
+  }
   const uint64_t bytes = uint64_t{c.n} * c.width;
   const uint8_t* base = Addr(c.range_address);
   uint64_t* dig = reinterpret_cast<uint64_t*>(b.scratch) + 2 * c.seg_first;
   const uint32_t warps = gridDim.y * (blockDim.x / 32);
   const uint32_t warp = blockIdx.y * (blockDim.x / 32) + threadIdx.x / 32;
-  const int w = c.width;
   for (uint32_t s = warp; s < c.segments; s += warps) {
     const uint64_t off = uint64_t{s} * kSegment;
     const uint64_t len = bytes - off < kSegment ? bytes - off : kSegment;
-    if (c.run != 0) {
-      // A strided region hashes as its rows laid end to end
-      // (docs/format.md §2): the warp gathers them a block at a time into
-      // shared memory (segments and blocks hold whole elements).
-      const uint32_t lane = threadIdx.x & 31;
-      const H128 h = Xxh3WarpGathered(
-          s_gather[threadIdx.x / 32], len, [&](uint64_t o, uint64_t n, uint8_t* dst) {
-            const uint32_t first = static_cast<uint32_t>((off + o) / w);
-            for (uint32_t i = lane; i < n / w; i += 32) {
-              const uint64_t e = RegionOffset(c.run, c.stride, first + i);
-              StoreWord(dst + uint64_t{i} * w, LoadWord(base + e * w, w), w);
-            }
-          });
-      if (lane == 0) {
-        dig[2 * s] = h.lo;
-        dig[2 * s + 1] = h.hi;
-      }
-      continue;
-    }
     const H128 h = Xxh3Warp(base + off, len);
     if ((threadIdx.x & 31) == 0) {
       dig[2 * s] = h.lo;
       dig[2 * s + 1] = h.hi;
     }
+  }
+}
+
+// Digests of the strided regions' segments: a region hashes as its rows
+// laid end to end (docs/format.md §2); each warp gathers them a block at a
+// time into shared memory (segments and blocks hold whole elements).
+__global__ void __launch_bounds__(kThreads) RegionDigestKernel(BatchDevice b) {
+  __shared__ alignas(16) uint8_t s_gather[kThreads / 32][kGatherBuffer];
+  const DevChunk& c = b.chunks[blockIdx.x];
+  if (c.range_address == 0 || c.run == 0 ||
+      b.status[c.status_index] != kStatusOk) {
+    return;
+  }
+  const uint64_t bytes = uint64_t{c.n} * c.width;
+  const uint8_t* base = Addr(c.range_address);
+  uint64_t* dig = reinterpret_cast<uint64_t*>(b.scratch) + 2 * c.seg_first;
+  const uint32_t warps = gridDim.y * (blockDim.x / 32);
+  const uint32_t warp = blockIdx.y * (blockDim.x / 32) + threadIdx.x / 32;
+  const uint32_t lane = threadIdx.x & 31;
+  const int w = c.width;
+  for (uint32_t s = warp; s < c.segments; s += warps) {
+    const uint64_t off = uint64_t{s} * kSegment;
+    const uint64_t len = bytes - off < kSegment ? bytes - off : kSegment;
+    const H128 h = Xxh3WarpGathered(
+        s_gather[threadIdx.x / 32], len, [&](uint64_t o, uint64_t n, uint8_t* dst) {
+          const uint32_t first = static_cast<uint32_t>((off + o) / w);
+          for (uint32_t i = lane; i < n / w; i += 32) {
+            const uint64_t e = RegionOffset(c.run, c.stride, first + i);
+            StoreWord(dst + uint64_t{i} * w, LoadWord(base + e * w, w), w);
+          }
+        });
+    if (lane == 0) {
+      dig[2 * s] = h.lo;
+      dig[2 * s + 1] = h.hi;
+    }
+  }
+}
+
+// Every chunk's segment digests: the contiguous ranges', then (when the
+// batch has any) the strided regions'.
+void LaunchSegmentDigests(const BatchDevice& b, cudaStream_t stream) {
+  SegmentDigestKernel<<<dim3(b.num_chunks, kDigestBlocks), kThreads, 0,
+                        stream>>>(b);
+  if (b.regions != 0) {
+    RegionDigestKernel<<<dim3(b.num_chunks, kDigestBlocks), kThreads, 0,
+                         stream>>>(b);
   }
 }
 
@@ -1079,8 +1111,7 @@ cudaError_t LaunchApply(const BatchDevice& b, cudaStream_t stream) {
 
 cudaError_t LaunchVerifyAfter(const BatchDevice& b, cudaStream_t stream) {
   if (b.num_chunks == 0) return cudaSuccess;
-  SegmentDigestKernel<<<dim3(b.num_chunks, kDigestBlocks), kThreads, 0,
-                        stream>>>(b);
+  LaunchSegmentDigests(b, stream);
   CheckKernel<<<b.num_chunks, kThreads, 0, stream>>>(b, 0, nullptr);
   if (b.fused_lanes != 0) {
     const cudaError_t e = LaunchFused(b, 1, stream);
@@ -1092,8 +1123,7 @@ cudaError_t LaunchVerifyAfter(const BatchDevice& b, cudaStream_t stream) {
 cudaError_t LaunchClassify(const BatchDevice& b, uint8_t* state,
                            cudaStream_t stream) {
   if (b.num_chunks == 0) return cudaSuccess;
-  SegmentDigestKernel<<<dim3(b.num_chunks, kDigestBlocks), kThreads, 0,
-                        stream>>>(b);
+  LaunchSegmentDigests(b, stream);
   CheckKernel<<<b.num_chunks, kThreads, 0, stream>>>(b, 1, state);
   return cudaGetLastError();
 }

@@ -30,6 +30,7 @@ struct BatchDevice {
   uint32_t smem = 0;  // dynamic shared memory for the decode kernels
   uint32_t fused_lanes = 0;    // lanes of the widest fused chunk (0: none)
   uint32_t unfused = 0;        // chunks for kernels A and B (0: skip them)
+  uint32_t regions = 0;        // strided regions among the chunks (0: none)
   const DevDensePlane* planes = nullptr;  // dense planes decoded on the GPU
   uint32_t num_planes = 0;
 };
