@@ -111,7 +111,9 @@ class DeviceFollower:
         torch.cuda.synchronize()
         return {"prepare_s": prepared - t, "pause_s": sum(s.pause_seconds for s in rep.steps),
                 "pause_kernel_ms": sum(s.pause_kernel_ms for s in rep.steps),
-                "staged_device_bytes": max(s.staged_device_bytes for s in rep.steps)}
+                "staged_device_bytes": max(s.staged_device_bytes for s in rep.steps),
+                "seal_s": sum(s.seal_seconds for s in rep.steps),
+                "after_hash_s": sum(s.after_hash_seconds for s in rep.steps)}
 
     def check(self, canon):
         for n, t in canon.items():
@@ -208,10 +210,11 @@ def main():
         print(f"{ns.size}: {params / 1e9:.2f} B params, TP {ns.tp}, {ns.rate:.0%} change, "
               f"{ns.receiver} receiver")
         print("path    version  stall (ms)  rank part (s)  rank publish (s)  end to end (s)  chunks"
-              "  prepare (s)  pause (ms)  kernels (ms)  staged (MiB)")
+              "  prepare (s)  seal (s)  after-hash (s)  pause (ms)  kernels (ms)  staged (MiB)")
         for memory, name in (("device", "GPU"), ("file", "CPU")):
             for r in out[memory]:
-                extra = (f"  {r['prepare_s']:11.3f}  {r['pause_s'] * 1e3:10.1f}"
+                extra = (f"  {r['prepare_s']:11.3f}  {r['seal_s']:8.3f}  {r['after_hash_s']:14.3f}"
+                         f"  {r['pause_s'] * 1e3:10.1f}"
                          f"  {r['pause_kernel_ms']:6.1f}  {r['staged_device_bytes'] / 2**20:7.0f}"
                          if "pause_s" in r else "")
                 print(f"{name:7} {r['version']:7}  {r['stall_s'] * 1e3:10.1f}  {r['part_s']:13.3f}"

@@ -113,6 +113,8 @@ class StepResult:
     pause_verify_ms: float
     staged_host_bytes: int
     staged_device_bytes: int
+    seal_seconds: float
+    after_hash_seconds: float
 
 class Checkpoint:
     def __init__(self, path: str, writable: bool) -> None: ...

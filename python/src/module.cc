@@ -880,6 +880,8 @@ void BindReports(py::module_& m) {
       .def_readonly("pause_verify_ms", &StepResult::pause_verify_ms)
       .def_readonly("staged_host_bytes", &StepResult::staged_host_bytes)
       .def_readonly("staged_device_bytes", &StepResult::staged_device_bytes)
+      .def_readonly("seal_seconds", &StepResult::seal_seconds)
+      .def_readonly("after_hash_seconds", &StepResult::after_hash_seconds)
       .def_readonly("changed_tensors", &StepResult::changed_tensors)
       .def("__repr__", [](const StepResult& r) {
         return std::string("StepResult(") + OutcomeName(r.outcome, '_') +

@@ -128,6 +128,10 @@ def test_ranks_publish_parts_and_receivers_follow(tmp_path, direct):
                       for r in (0, 1)})
         tasks.update({m: (lambda rc=rc: rc.sync(version)) for m, rc in zip(voters, receivers)})
         results = run_all(tasks)
+        step = results["h0"].steps[-1]
+        # The two-phase receiver computed the tensors' hashes after a direct
+        # version itself, before voting.
+        assert (step.after_hash_seconds > 0) == direct and step.seal_seconds > 0
         report, parts = results["coordinator"]
         if direct:
             assert report["committed"], report["reason"]

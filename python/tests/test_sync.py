@@ -287,6 +287,8 @@ def test_two_phase_host_receiver_prepares_without_writing(tmp_path):
         assert report.committed_versions == [v] and rcv.active_version == v
         step = report.steps[-1]
         assert step.pause_seconds > 0 and step.staged_host_bytes > 0
+        assert step.seal_seconds > 0
+        assert step.after_hash_seconds == 0  # one publisher: the manifest has them
         assert_holds(mine, target)
         current = target
     # sync() is prepare + activate.

@@ -142,6 +142,11 @@ struct StepResult {
   double pause_verify_ms = 0;
   uint64_t staged_host_bytes = 0;
   uint64_t staged_device_bytes = 0;
+  // Two-phase receivers, in the prepare phase (before the vote): sealing
+  // the staged chunks (parsed, placed and copied to their staging memory),
+  // and, for a direct version, computing the tensors' hashes after it.
+  double seal_seconds = 0;
+  double after_hash_seconds = 0;
   // Where a version's step spent its time (seconds), for benchmarks: wall
   // time of the stepping thread in each part, except apply_cpu, which sums
   // the apply workers' time (it overlaps the other parts). Filled by steps

@@ -202,7 +202,10 @@ Result<StepResult> StagedPrepare::Chain(bool vote, bool* version_fault) {
       return std::move(*aborted);
     }
   }
-  if (Status s = target.Seal(); !s.ok()) {
+  const Clock::time_point sealing = Clock::now();
+  Status sealed = target.Seal();
+  result_.seal_seconds = SecondsSince(sealing);
+  if (Status s = std::move(sealed); !s.ok()) {
     *version_fault = s.code() == StatusCode::kResourceExhausted ||
                      s.code() == StatusCode::kUnimplemented;
     return s;
@@ -216,7 +219,9 @@ Result<StepResult> StagedPrepare::Chain(bool vote, bool* version_fault) {
       // The hashes every member votes on a direct version, computed from
       // the held tensors and the staged chunks without writing (a chunk
       // that does not reach its "after" is the version's fault).
+      const Clock::time_point hashing = Clock::now();
       auto after = target.HashesAfter(chain.back().tensors);
+      result_.after_hash_seconds = SecondsSince(hashing);
       if (!after.ok()) {
         *version_fault = FailsItsChecks(after.status()) ||
                          after.status().code() == StatusCode::kUnimplemented;
