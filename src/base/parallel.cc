@@ -1,5 +1,7 @@
 #include "base/parallel.h"
 
+#include <sched.h>
+
 #include <algorithm>
 #include <atomic>
 #include <thread>
@@ -8,6 +10,14 @@
 namespace refit {
 
 int DefaultThreads() {
+  // The CPUs the calling thread may run on (taskset, a container's cpuset),
+  // not every CPU of the host: more threads than that only contend.
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) {
+    const int n = CPU_COUNT(&set);
+    if (n > 0) return n;
+  }
   unsigned n = std::thread::hardware_concurrency();
   return n == 0 ? 1 : static_cast<int>(n);
 }

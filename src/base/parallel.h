@@ -1,7 +1,7 @@
 // ParallelFor: runs fn(begin, end) over [0, n) split into contiguous pieces
 // on up to `threads` threads (the caller's thread included). Pieces are
 // multiples of `grain`, so callers can align work to cache lines or chunks.
-// threads <= 0 means std::thread::hardware_concurrency().
+// threads <= 0 means DefaultThreads().
 #ifndef REFIT_BASE_PARALLEL_H_
 #define REFIT_BASE_PARALLEL_H_
 
@@ -16,6 +16,9 @@
 
 namespace refit {
 
+// The CPUs the calling thread may run on (its affinity mask: taskset, a
+// container's cpuset), at least 1; the host's count where the mask is
+// unknown.
 int DefaultThreads();
 
 void ParallelFor(size_t n, size_t grain, int threads,

@@ -1,12 +1,35 @@
 #include "base/parallel.h"
 
 #include <gtest/gtest.h>
+#include <sched.h>
 
 #include <atomic>
+#include <thread>
 #include <vector>
 
 namespace refit {
 namespace {
+
+// The default thread count follows the calling thread's CPU mask: a thread
+// limited to one CPU (taskset, a container's cpuset) gets one thread.
+TEST(DefaultThreadsTest, FollowsTheCallersCpuMask) {
+  cpu_set_t all;
+  CPU_ZERO(&all);
+  ASSERT_EQ(sched_getaffinity(0, sizeof(all), &all), 0);
+  EXPECT_EQ(DefaultThreads(), CPU_COUNT(&all));
+  int first = 0;
+  while (!CPU_ISSET(first, &all)) ++first;
+  int seen = 0;
+  std::thread t([&] {
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(first, &one);
+    if (sched_setaffinity(0, sizeof(one), &one) == 0) seen = DefaultThreads();
+  });
+  t.join();
+  EXPECT_EQ(seen, 1);
+  EXPECT_EQ(DefaultThreads(), CPU_COUNT(&all));  // this thread's mask is unchanged
+}
 
 // Every item runs exactly once per ForEach, on a worker index in range,
 // across many short jobs on the same threads (and none for n = 0).

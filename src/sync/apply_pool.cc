@@ -1,5 +1,7 @@
 #include "sync/apply_pool.h"
 
+#include "base/parallel.h"
+
 #include <algorithm>
 #include <chrono>
 #include <utility>
@@ -16,8 +18,7 @@ double SecondsSince(Clock::time_point since) {
 }  // namespace
 
 int ApplyThreads(int requested) {
-  return requested > 0 ? requested
-                       : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  return requested > 0 ? requested : DefaultThreads();
 }
 
 ApplyPool::ApplyPool(int threads) : threads_(std::max(1, threads)) {

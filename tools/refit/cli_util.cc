@@ -1,5 +1,7 @@
 #include "cli_util.h"
 
+#include "base/parallel.h"
+
 #include <fmt/format.h>
 #include <unistd.h>
 
@@ -344,9 +346,7 @@ std::string KindsString(const std::map<std::string, uint64_t>& kinds) {
 }
 
 int EffectiveThreads(int threads) {
-  if (threads > 0) return threads;
-  unsigned n = std::thread::hardware_concurrency();
-  return n == 0 ? 1 : static_cast<int>(n);
+  return threads > 0 ? threads : DefaultThreads();
 }
 
 Result<double> ParseRate(const std::string& text, std::string_view flag) {

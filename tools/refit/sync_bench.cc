@@ -28,6 +28,7 @@
 // receivers' results.
 #include <fcntl.h>
 #include <fmt/format.h>
+#include <sched.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -100,8 +101,41 @@ struct SyncBenchArgs {
   uint64_t seed = 1;
   // Versions may carry conditional XOR chunks (kind 5).
   bool conditional = false;
+  // > 0: the publisher (its encoder and upload threads) runs on the first
+  // this many CPUs of the process's set and the receivers on the others, as
+  // if on hosts of their own; 0: every party on every CPU.
+  int publisher_cores = 0;
+  // Untimed versions (at the first rate and link) before the rows, so that
+  // the rows show the steady state rather than the first version's full
+  // base checks.
+  int warmup = 0;
   bool json = false;
 };
+
+// The CPUs this process may run on, in order.
+std::vector<int> AllowedCpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  std::vector<int> cpus;
+  if (sched_getaffinity(0, sizeof(set), &set) != 0) return cpus;
+  for (int c = 0; c < CPU_SETSIZE; ++c) {
+    if (CPU_ISSET(c, &set)) cpus.push_back(c);
+  }
+  return cpus;
+}
+
+// Limits the calling thread, and the threads it creates from now on, to
+// `cpus` (none: left as it is).
+Status PinTo(const std::vector<int>& cpus) {
+  if (cpus.empty()) return Status::Ok();
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  for (int c : cpus) CPU_SET(c, &set);
+  if (sched_setaffinity(0, sizeof(set), &set) != 0) {
+    return UnavailableError(std::string("sched_setaffinity: ") + std::strerror(errno));
+  }
+  return Status::Ok();
+}
 
 double Seconds(Clock::duration d) {
   return std::chrono::duration<double>(d).count();
@@ -215,6 +249,18 @@ class Fleet {
                                                int receivers, bool relay) {
     std::unique_ptr<Fleet> f(new Fleet());
     f->args_ = &args;
+    if (args.publisher_cores > 0) {
+      const std::vector<int> all = AllowedCpus();
+      const size_t n = static_cast<size_t>(args.publisher_cores);
+      if (n >= all.size()) {
+        return InvalidArgumentError(
+            "--publisher-cores must leave CPUs for the receivers: this process may run on " +
+            std::to_string(all.size()));
+      }
+      f->all_cpus_ = all;
+      f->publisher_cpus_.assign(all.begin(), all.begin() + static_cast<ptrdiff_t>(n));
+      f->receiver_cpus_.assign(all.begin() + static_cast<ptrdiff_t>(n), all.end());
+    }
     REFIT_ASSIGN_OR_RETURN(ScratchDir dir,
                            ScratchDir::Create("refit-syncbench"));
     f->dir_.emplace(std::move(dir));
@@ -368,6 +414,10 @@ class Fleet {
     std::vector<std::thread> threads;
     for (size_t i = 0; i < n; ++i) {
       threads.emplace_back([&, i] {
+        if (Status pinned = PinTo(receiver_cpus_); !pinned.ok()) {
+          status[i] = pinned;
+          return;
+        }
         Result<StepResult> r = rx[i]->SyncTo(out.version, 600000);
         done[i] = Clock::now();
         if (r.ok()) {
@@ -382,8 +432,12 @@ class Fleet {
     }
     const Clock::time_point t0 = Clock::now();
     t0_ns_ = t0.time_since_epoch().count();
-    Result<PublishReport> report = publisher_->Publish(out.version, target);
+    Status pinned = PinTo(publisher_cpus_);
+    Result<PublishReport> report =
+        pinned.ok() ? publisher_->Publish(out.version, target) : Result<PublishReport>(pinned);
+    Status unpinned = PinTo(all_cpus_);
     for (std::thread& t : threads) t.join();
+    REFIT_RETURN_IF_ERROR(unpinned);
     if (!report.ok())
       return report.status().WithContext("publishing version " +
                                          std::to_string(out.version));
@@ -502,6 +556,9 @@ class Fleet {
   }
 
   const SyncBenchArgs* args_ = nullptr;
+  // --publisher-cores: the process's CPUs, and the publisher's and the
+  // receivers' shares of them (empty: not pinned).
+  std::vector<int> all_cpus_, publisher_cpus_, receiver_cpus_;
   std::optional<ScratchDir> dir_;
   Authenticator auth_ = Authenticator::None();
   std::string publisher_ckpt_;
@@ -852,7 +909,9 @@ int Run(const SyncBenchArgs& args, const std::string& command_line) {
   }
   const int receivers =
       args.receivers > 0 ? args.receivers : (args.relay ? 16 : 1);
-  const int threads = EffectiveThreads(args.threads);
+  const int threads =
+      args.threads > 0 || args.publisher_cores == 0 ? EffectiveThreads(args.threads)
+                                                    : args.publisher_cores;
 
   Result<ScratchDir> inputs = ScratchDir::Create("refit-syncbench-in");
   if (!inputs.ok()) return Fail(kCmd, inputs.status(), json);
@@ -860,8 +919,13 @@ int Run(const SyncBenchArgs& args, const std::string& command_line) {
   Json out = Json::object();
   out["command"] = command_line;
   out["machine"] =
-      fmt::format("{}, {} hardware threads; refit using {}", CpuModel(),
-                  std::thread::hardware_concurrency(), threads);
+      args.publisher_cores > 0
+          ? fmt::format("{}, {} hardware threads; the publisher on {} of them (refit using {}), "
+                        "the receivers on the other {} (--publisher-cores)",
+                        CpuModel(), std::thread::hardware_concurrency(), args.publisher_cores,
+                        threads, AllowedCpus().size() - static_cast<size_t>(args.publisher_cores))
+          : fmt::format("{}, {} hardware threads; refit using {}", CpuModel(),
+                        std::thread::hardware_concurrency(), threads);
   std::string link_text =
       args.relay
           ? "ThrottledStore(burst 0) between the publisher and the relay root "
@@ -950,6 +1014,13 @@ int Run(const SyncBenchArgs& args, const std::string& command_line) {
       auto fleet = Fleet::Create(args, base_path, fleet_size, args.relay);
       if (!fleet.ok()) return Fail(kCmd, fleet.status(), json);
       uint64_t k = 0;
+      for (int w = 0; w < args.warmup && !rates.empty(); ++w) {
+        ++k;
+        EvolveModel(&model, rates.front(), args.seed * 7919 + k);
+        if (!json) fmt::print(stderr, "version {}: warm-up, not a row...\n", k);
+        auto v = (*fleet)->PublishVersion(model.Views(), args.link_mbit.front() * 1e6 / 8, both);
+        if (!v.ok()) return Fail(kCmd, v.status(), json);
+      }
       for (double mbit : args.link_mbit) {
         FullSend full;
         bool measured_before = false;
@@ -1103,6 +1174,17 @@ std::function<int(bool, const std::string&)> RegisterBenchSync(
                   "encoder threads; 0 = all cores")
       ->capture_default_str()
       ->check(IntIn(0, kMaxThreads));
+  cmd->add_option("--publisher-cores", args->publisher_cores,
+                  "run the publisher (encoder and uploads) on the first N CPUs of this "
+                  "process and the receivers on the rest, as on hosts of their own; -j 0 "
+                  "then means N; 0 = every party on every CPU")
+      ->capture_default_str()
+      ->check(IntIn(0, kMaxThreads));
+  cmd->add_option("--warmup", args->warmup,
+                  "untimed versions before the rows (at the first rate and link), so the "
+                  "rows show the steady state; version 1 hashes every base in full")
+      ->capture_default_str()
+      ->check(IntIn(0, 1000));
   cmd->add_option("--upload-threads", args->upload_threads,
                   "publisher upload threads")
       ->capture_default_str()
