@@ -113,6 +113,11 @@ class StepResult:
     pause_verify_ms: float
     staged_host_bytes: int
     staged_device_bytes: int
+    # Seconds of a step that applied one version, by part (base_check, fetch,
+    # chunk_wait, apply_wait, apply_cpu, check, flush, vote, decision_wait,
+    # activate); zeros otherwise.
+    @property
+    def stages(self) -> Dict[str, float]: ...
 
 class Checkpoint:
     def __init__(self, path: str, writable: bool) -> None: ...
