@@ -533,7 +533,8 @@ Result<std::vector<TensorEntry>> ReadTensorTable(const Checkpoint& ck,
   const int threads = options.threads > 0 ? options.threads : std::min(4, DefaultThreads());
 
   auto context = [&](const TensorInfo& t) {
-    return "tensor " + internal::QuoteForMessage(t.name) + " in '" + ck.files()[t.file_index].path + "'";
+    return "tensor " + internal::QuoteForMessage(t.name) + " in '" +
+           ck.files()[t.file_index].path + "'";
   };
   // A file holding no tensor is not opened.
   std::vector<ReadOnlyFile> files(ck.files().size());
@@ -546,11 +547,10 @@ Result<std::vector<TensorEntry>> ReadTensorTable(const Checkpoint& ck,
     file.AdviseSequential(0, file.size());
   }
 
-  // Work items are whole buffers of one tensor, in tensor order, so at most
-  // about `threads` tensors are in flight at once. A tensor's digests live
-  // from its first item taken until its last item done, when its hash is
-  // made and they are freed: the digests held stay O(threads + the largest
-  // tensor / 4096) bytes.
+  // Work items are whole buffers of one tensor, taken in tensor order. A
+  // tensor's digests (16 bytes per 64 KiB) live from its first item taken
+  // until its last item done, when its hash is made and they are freed, so
+  // at most threads + 1 tensors hold digests at once.
   struct Item {
     size_t tensor;
     uint64_t offset;  // into the tensor
@@ -587,9 +587,7 @@ Result<std::vector<TensorEntry>> ReadTensorTable(const Checkpoint& ck,
     Status s = files[t.file_index].ReadAt(t.offset + item.offset, {buf.data(), n});
     if (!s.ok()) {
       std::lock_guard<std::mutex> lock(mu);
-      if (first_error.ok()) {
-        first_error = s.WithContext(context(t));
-      }
+      if (first_error.ok()) first_error = s.WithContext(context(t));
       failed.store(true, std::memory_order_relaxed);
       return;
     }
