@@ -259,7 +259,10 @@ struct DirectCoordinatorOptions {
   // A checkpoint (file or directory) at the version the store's head
   // names, read once by Open for its tensor table (names, dtypes, shapes,
   // hashes). Needed only when the store records no table for that version
-  // (version 0 without a snapshot); empty otherwise.
+  // (version 0 without a snapshot); empty otherwise. Its tensors are
+  // hashed from reads through a few buffers of 2 MiB, not mapped, so
+  // reading it adds a few MiB to the coordinator's memory whatever the
+  // model's size.
   std::string initial_checkpoint;
 };
 
@@ -284,7 +287,9 @@ struct DirectReport {
 class DirectCoordinator {
  public:
   // kInvalidArgument without ranks or members, or for a bad member name;
-  // the errors of Checkpoint::Open for initial_checkpoint.
+  // the errors of Checkpoint::Open for initial_checkpoint, and kDataLoss
+  // or a file-system error naming the tensor and file when reading one of
+  // its tensors fails.
   static Result<std::unique_ptr<DirectCoordinator>> Open(ObjectStore* store,
                                                          DirectCoordinatorOptions options);
   ~DirectCoordinator();

@@ -8,10 +8,18 @@ receivers apply it. Each path is timed from the last rank's part being
 stored to every receiver having the version active, against the slowest
 rank's detect + encode + upload; the coordinator's peak resident memory
 (VmHWM of its own process, after imports, after opening, after the
-version) and the disk it uses are reported.
+version), the disk it uses, and where the last receiver to activate spent
+its step (StepResult.stages) are reported. `--receivers memory` runs two
+in-memory receivers (host NumPy tensors loaded from the base) instead.
+
+Every tensor of the synthetic model, and its changed positions, come from
+a generator seeded by the tensor's index, so a rank process makes only the
+canonical tensors its pieces read, one at a time, at a cost proportional to
+its share of the model (several GiB models are practical).
 
   PYTHONPATH=build/release/python python3 python/bench/ranks_direct.py \\
-      --refit build/release/tools/refit/refit [--hidden 1024 --layers 8]
+      --refit build/release/tools/refit/refit [--hidden 1024 --layers 8] \\
+      [--receivers checkpoint|memory]
 """
 
 import argparse
@@ -31,51 +39,75 @@ import refit
 KEY = b"b" * 32
 
 
+def canonical_tensor(layout, index, seed):
+    """Canonical tensor `index` of the synthetic model: BF16 bit patterns of
+    small normal values (exponents 0x3c..0x3f). Each tensor has a generator of
+    its own, so a process makes only the tensors it needs."""
+    c = layout["canonical"][index]
+    rng = np.random.default_rng([seed, index])
+    n = int(np.prod(c["shape"]))
+    return rng.integers(0x3C00, 0x3F80, n, dtype=np.uint16).reshape(c["shape"])
+
+
 def canonical_model(layout, seed):
-    rng = np.random.default_rng(seed)
-    out = {}
-    for c in layout["canonical"]:
-        n = int(np.prod(c["shape"]))
-        # BF16 bit patterns of small normal values (exponents 0x3c..0x3f).
-        out[c["name"]] = rng.integers(0x3C00, 0x3F80, n, dtype=np.uint16).reshape(c["shape"])
-    return out
+    return {c["name"]: canonical_tensor(layout, i, seed)
+            for i, c in enumerate(layout["canonical"])}
 
 
-def step(model, rate, seed):
-    rng = np.random.default_rng(seed)
-    new = {}
-    for name, a in model.items():
-        flat = a.reshape(-1).copy()
-        k = rng.binomial(flat.size, rate)
-        idx = rng.choice(flat.size, size=k, replace=False)
-        flat[idx] ^= 1
-        new[name] = flat.reshape(a.shape)
-    return new
+def step_tensor(a, rate, seed, index):
+    """`a` with about `rate` of its elements changed by a one-ulp XOR.
+
+    The changed positions are a Bernoulli(rate) process drawn as geometric
+    gaps, so the cost is the changed elements', not the tensor's: the same
+    positions in every process for the same (seed, index)."""
+    rng = np.random.default_rng([seed, index, 1])
+    flat = a.reshape(-1).copy()
+    n = flat.size
+    if rate <= 0 or n == 0:
+        return flat.reshape(a.shape)
+    pos = -1
+    batch = max(1024, int(min(n, 1 << 22) * rate * 1.1))
+    while True:
+        idx = pos + np.cumsum(rng.geometric(rate, size=batch))
+        inside = idx[idx < n]
+        flat[inside] ^= 1
+        if inside.size < idx.size:
+            break
+        pos = int(idx[-1])
+    return flat.reshape(a.shape)
 
 
-def local_tensors(layout, rank, model):
-    """The rank's local tensors, scattered from the canonical ones by the pieces."""
+def local_tensors(layout, rank, rate):
+    """The rank's local tensors of the target, scattered from the canonical
+    ones by the pieces, one canonical tensor at a time."""
     r = next(x for x in layout["ranks"] if x["rank"] == rank)
-    out = {}
+    out = {t["name"]: np.zeros(int(np.prod(t["shape"])), dtype=np.uint16)
+           for t in r["tensors"]}
+    by_canonical = {}
     for t in r["tensors"]:
-        local = np.zeros(int(np.prod(t["shape"])), dtype=np.uint16)
         for p in t["pieces"]:
-            canon = model[p["canonical"]].reshape(-1)
-            rows = np.arange(p["rows"], dtype=np.int64)[:, None]
-            cols = np.arange(p["cols"], dtype=np.int64)[None, :]
+            by_canonical.setdefault(p["canonical"], []).append((t["name"], p))
+    item = np.dtype(np.uint16).itemsize
+    for i, c in enumerate(layout["canonical"]):
+        if c["name"] not in by_canonical:
+            continue
+        canon = step_tensor(canonical_tensor(layout, i, 1), rate, 2, i).reshape(-1)
+        for name, p in by_canonical[c["name"]]:
             lo, lr, lc = p["local"]
             co, cr, cc = p["canon"]
-            local[lo + rows * lr + cols * lc] = canon[co + rows * cr + cols * cc]
-        out[t["name"]] = local.reshape(t["shape"])
-    return out
+            shape = (p["rows"], p["cols"])
+            dst = np.lib.stride_tricks.as_strided(
+                out[name][lo:], shape, (lr * item, lc * item), writeable=True)
+            dst[...] = np.lib.stride_tricks.as_strided(
+                canon[co:], shape, (cr * item, cc * item), writeable=False)
+        del canon
+    return {t["name"]: out[t["name"]].reshape(t["shape"]) for t in r["tensors"]}
 
 
 def rank_main(args, store, parts, rank, base, queue):
     with open(args["layout"]) as f:
         layout = json.load(f)
-    model = canonical_model(layout, 1)
-    target = step(model, args["rate"], 2)
-    local = local_tensors(layout, rank, target)
+    local = local_tensors(layout, rank, args["rate"])
     pub = refit.Publisher(store, layout=args["layout"], rank=rank, baseline=base, key=KEY,
                           parts=parts, decision_timeout=600)
     # The rank's part (detect + encode + upload), then the decision, timed apart
@@ -89,11 +121,23 @@ def rank_main(args, store, parts, rank, base, queue):
     queue.put(("rank", rank, t0, stored, report["seconds"], committed))
 
 
-def receiver_main(store, member, ckpt, queue):
-    rcv = refit.Receiver(store, member=member, checkpoint_dir=ckpt, key=KEY,
-                         decision_timeout=600)
-    rcv.sync(1, timeout=600)
-    queue.put(("receiver", member, time.time()))
+def receiver_main(store, member, ckpt, kind, queue):
+    if kind == "checkpoint":
+        rcv = refit.Receiver(store, member=member, checkpoint_dir=ckpt, key=KEY,
+                             decision_timeout=600)
+    else:
+        # Host tensors in this process's memory, copied from the base.
+        base = refit.load(ckpt)
+        tensors = {name: np.array(base[name]) for name in base}
+        del base
+        rcv = refit.Receiver(store, member=member, tensors=tensors, dtypes="BF16", key=KEY,
+                             decision_timeout=600)
+    report = rcv.sync(1, timeout=600)
+    done = time.time()
+    steps = [s for s in report.steps if s.version == 1 and s.outcome == "committed"]
+    stages = steps[-1].stages if steps else {}
+    queue.put(("receiver", member, done, stages))
+    rcv.close()
 
 
 def maxrss():
@@ -110,7 +154,7 @@ def maxrss():
 def coordinator_main(store, members, ranks, base, baseline, queue):
     # Peak resident memory after the interpreter and modules loaded, after
     # opening (a direct coordinator reads the first version's tensor table
-    # from `table`, hashing its mapped pages), and after the version.
+    # from `table`, through a few small read buffers), and after the version.
     rss = [maxrss()]
     if baseline is None:
         c = refit.Coordinator(store, members=members, ranks=ranks, table=base, key=KEY,
@@ -136,11 +180,14 @@ def disk_bytes(path):
     return total
 
 
-def run_path(direct, work, layout_path, base, nranks, rate):
+def run_path(direct, work, layout_path, base, nranks, rate, receivers):
     store = os.path.join(work, "store-direct" if direct else "store-parts")
     members = ["r0", "r1"]
     ckpts = []
     for m in members:
+        if receivers == "memory":
+            ckpts.append(base)  # each loads its tensors from the base
+            continue
         ck = os.path.join(work, f"{m}-{'direct' if direct else 'parts'}.safetensors")
         shutil.copyfile(base, ck)
         ckpts.append(ck)
@@ -155,7 +202,7 @@ def run_path(direct, work, layout_path, base, nranks, rate):
     receiver_store = store if direct else store + "-protocol"
     procs = [ctx.Process(target=coordinator_main,
                          args=(store, members, list(range(nranks)), base, baseline, q))]
-    procs += [ctx.Process(target=receiver_main, args=(receiver_store, m, ck, q))
+    procs += [ctx.Process(target=receiver_main, args=(receiver_store, m, ck, receivers, q))
               for m, ck in zip(members, ckpts)]
     args = {"layout": layout_path, "rate": rate}
     # Direct: parts go to the protocol store itself. Assembled: to `store`,
@@ -172,7 +219,8 @@ def run_path(direct, work, layout_path, base, nranks, rate):
     receivers = [r for r in results if r[0] == "receiver"]
     coord = next(r for r in results if r[0] == "coordinator")
     last_part = max(r[3] for r in ranks)
-    active = max(r[2] for r in receivers)
+    last = max(receivers, key=lambda r: r[2])
+    active = last[2]
     slowest = max(r[4] for r in ranks)
     return {
         "path": "direct" if direct else "assembled",
@@ -184,6 +232,9 @@ def run_path(direct, work, layout_path, base, nranks, rate):
         # Peak RSS (MiB) after imports, after opening, after the version.
         "coordinator_maxrss_mib": [round(x / 2**20, 1) for x in coord[4]],
         "coordinator_disk_mib": disk_bytes(coord_dir) / 2**20,
+        # Where the last receiver to activate spent its step (seconds; its
+        # apply_cpu sums the apply workers' time, overlapping the rest).
+        "last_receiver_stages_s": {k: round(v, 4) for k, v in last[3].items()},
     }
 
 
@@ -195,6 +246,9 @@ def main():
     ap.add_argument("--tp", type=int, default=4)
     ap.add_argument("--pp", type=int, default=2)
     ap.add_argument("--rate", type=float, default=0.03)
+    ap.add_argument("--receivers", choices=("checkpoint", "memory"), default="checkpoint",
+                    help="two checkpoint receivers (files) or two in-memory receivers "
+                         "(host NumPy tensors loaded from the base)")
     ns = ap.parse_args()
     work = tempfile.mkdtemp(prefix="refit-ranks-bench-")
     try:
@@ -213,14 +267,18 @@ def main():
         with open(layout_path) as f:
             layout = json.load(f)
         base = os.path.join(work, "base.safetensors")
+        t0 = time.time()
         model = canonical_model(layout, 1)
         refit.save(base, model, dtypes="BF16")
+        del model
         size = os.path.getsize(base)
         nranks = len(layout["ranks"])
-        print(f"model {size / 2**20:.0f} MiB, {nranks} rank processes (TP{ns.tp} x PP{ns.pp}), "
-              f"{ns.rate:.0%} changed, 2 checkpoint receivers, directory store")
+        print(f"model {size / 2**20:.0f} MiB (made in {time.time() - t0:.1f} s), "
+              f"{nranks} rank processes (TP{ns.tp} x PP{ns.pp}), {ns.rate:.0%} changed, "
+              f"2 {ns.receivers} receivers, directory store")
         for direct in (True, False):
-            r = run_path(direct, work, layout_path, base, nranks, ns.rate)
+            r = run_path(direct, work, layout_path, base, nranks, ns.rate, ns.receivers)
+            r["receivers"] = ns.receivers
             print(json.dumps(r))
     finally:
         shutil.rmtree(work, ignore_errors=True)

@@ -115,6 +115,11 @@ class StepResult:
     staged_device_bytes: int
     seal_seconds: float
     after_hash_seconds: float
+    # Seconds of a step that applied one version, by part (base_check, fetch,
+    # chunk_wait, apply_wait, apply_cpu, check, flush, vote, decision_wait,
+    # activate); zeros otherwise.
+    @property
+    def stages(self) -> Dict[str, float]: ...
 
 class Checkpoint:
     def __init__(self, path: str, writable: bool) -> None: ...

@@ -49,7 +49,9 @@ class Coordinator:
       coordinator only decides: it reads part lists and votes, holds no
       model and needs no disk. ``table`` is a checkpoint at the store's
       head version, read once for its tensor table, needed only while the
-      store records none (its first version).
+      store records none (its first version); it is read through a few
+      small buffers, not mapped, so the model never enters the
+      coordinator's memory.
     - **Assembled** (``baseline`` given): parts go to ``parts`` (default:
       the store); the coordinator applies them to its staging copy of the
       canonical checkpoint (``staging``, default: baseline + ".staging")

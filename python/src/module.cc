@@ -883,6 +883,23 @@ void BindReports(py::module_& m) {
       .def_readonly("seal_seconds", &StepResult::seal_seconds)
       .def_readonly("after_hash_seconds", &StepResult::after_hash_seconds)
       .def_readonly("changed_tensors", &StepResult::changed_tensors)
+      .def_property_readonly(
+          "stages",
+          [](const StepResult& r) {
+            const StepResult::Stages& s = r.stages;
+            py::dict d;
+            d["base_check"] = s.base_check;
+            d["fetch"] = s.fetch;
+            d["chunk_wait"] = s.chunk_wait;
+            d["apply_wait"] = s.apply_wait;
+            d["apply_cpu"] = s.apply_cpu;
+            d["check"] = s.check;
+            d["flush"] = s.flush;
+            d["vote"] = s.vote;
+            d["decision_wait"] = s.decision_wait;
+            d["activate"] = s.activate;
+            return d;
+          })
       .def("__repr__", [](const StepResult& r) {
         return std::string("StepResult(") + OutcomeName(r.outcome, '_') +
                " version " + std::to_string(r.version) + ", " +

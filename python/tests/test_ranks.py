@@ -142,6 +142,12 @@ def test_ranks_publish_parts_and_receivers_follow(tmp_path, direct):
         for r in (0, 1):
             assert results[f"rank{r}"]["committed"] is True
         assert results["rank1"]["changed_residual"] > 0
+        # A checkpoint receiver's step says where its time went.
+        step = [s for s in results["r0"].steps if s.version == version][-1]
+        assert set(step.stages) == {"base_check", "fetch", "chunk_wait", "apply_wait",
+                                    "apply_cpu", "check", "flush", "vote", "decision_wait",
+                                    "activate"}
+        assert all(v >= 0 for v in step.stages.values()) and step.stages["vote"] > 0
         want = canonical(state)
         for m in members:
             got = refit.load(tmp_path / f"{m}.safetensors")

@@ -272,6 +272,59 @@ Result<std::vector<uint8_t>> ReadFileRange(const std::string& path,
   return out;
 }
 
+ReadOnlyFile::~ReadOnlyFile() {
+  if (fd_ >= 0) close(fd_);
+}
+
+ReadOnlyFile::ReadOnlyFile(ReadOnlyFile&& other) noexcept
+    : fd_(std::exchange(other.fd_, -1)),
+      size_(std::exchange(other.size_, 0)),
+      path_(std::move(other.path_)) {}
+
+ReadOnlyFile& ReadOnlyFile::operator=(ReadOnlyFile&& other) noexcept {
+  if (this != &other) {
+    if (fd_ >= 0) close(fd_);
+    fd_ = std::exchange(other.fd_, -1);
+    size_ = std::exchange(other.size_, 0);
+    path_ = std::move(other.path_);
+  }
+  return *this;
+}
+
+Result<ReadOnlyFile> ReadOnlyFile::Open(const std::string& path) {
+  REFIT_ASSIGN_OR_RETURN(auto opened, OpenWithSize(path, O_RDONLY));
+  ReadOnlyFile f;
+  f.fd_ = opened.first;
+  f.size_ = opened.second;
+  f.path_ = path;
+  return f;
+}
+
+Status ReadOnlyFile::ReadAt(uint64_t offset, std::span<uint8_t> out) const {
+  if (fd_ < 0) return FailedPreconditionError("read of a file that is not open");
+  size_t done = 0;
+  while (done < out.size()) {
+    ssize_t n = pread(fd_, out.data() + done, out.size() - done,
+                      static_cast<off_t>(offset + done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return ErrnoStatus("cannot read", path_);
+    if (n == 0) {
+      return DataLossError("'" + path_ + "' ends at byte " +
+                           std::to_string(offset + done) + ", before bytes [" +
+                           std::to_string(offset) + ", +" +
+                           std::to_string(out.size()) + ")");
+    }
+    done += static_cast<size_t>(n);
+  }
+  return Status();
+}
+
+void ReadOnlyFile::AdviseSequential(uint64_t offset, uint64_t length) const {
+  if (fd_ < 0) return;
+  posix_fadvise(fd_, static_cast<off_t>(offset), static_cast<off_t>(length),
+                POSIX_FADV_SEQUENTIAL);
+}
+
 Status WriteFileRange(const std::string& path, uint64_t offset,
                       std::span<const uint8_t> data, bool sync) {
   REFIT_ASSIGN_OR_RETURN(auto opened, OpenWithSize(path, O_WRONLY));

@@ -1,4 +1,5 @@
-// File access: memory maps, whole-file reads and atomic writes.
+// File access: memory maps, positioned and whole-file reads, and atomic
+// writes.
 //
 // This is the seam between refit and the file system: higher layers never
 // call open/mmap/fsync themselves, so tests can reason about every write.
@@ -60,6 +61,42 @@ class MappedFile {
 };
 
 Result<std::vector<uint8_t>> ReadFile(const std::string& path);
+
+// A file opened for positioned reads (pread): for streaming a large file
+// through a bounded buffer, where a mapping would make every page it
+// touches count in the process's resident set. Owns its descriptor and
+// closes it on destruction; movable, not copyable. ReadAt may be called
+// from several threads at once.
+class ReadOnlyFile {
+ public:
+  ReadOnlyFile() = default;
+  ~ReadOnlyFile();
+  ReadOnlyFile(ReadOnlyFile&& other) noexcept;
+  ReadOnlyFile& operator=(ReadOnlyFile&& other) noexcept;
+  ReadOnlyFile(const ReadOnlyFile&) = delete;
+  ReadOnlyFile& operator=(const ReadOnlyFile&) = delete;
+
+  // Opens `path` read-only; the errors of open and fstat.
+  static Result<ReadOnlyFile> Open(const std::string& path);
+
+  // The file's size when it was opened.
+  uint64_t size() const { return size_; }
+  const std::string& path() const { return path_; }
+
+  // Fills `out` with bytes [offset, offset + out.size()). kDataLoss when the
+  // file (now) ends before them, file-system errors otherwise.
+  Status ReadAt(uint64_t offset, std::span<uint8_t> out) const;
+
+  // Tells the kernel bytes [offset, offset + length) will be read once,
+  // sequentially.
+  void AdviseSequential(uint64_t offset, uint64_t length) const;
+
+ private:
+  int fd_ = -1;
+  uint64_t size_ = 0;
+  std::string path_;
+};
+
 
 // Writes `data` to a temp file beside `path` (unique per call), fsyncs it, renames it over `path` and
 // fsyncs the directory: readers see the old file or the new one, whole.

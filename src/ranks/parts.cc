@@ -3,15 +3,21 @@
 #include <xxhash.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
-#include <map>
-#include <optional>
 #include <cstdio>
+#include <map>
+#include <mutex>
+#include <optional>
 #include <thread>
 
 #include "base/bytes.h"
+#include "base/file.h"
+#include "base/hash.h"
+#include "base/parallel.h"
 #include "delta/apply.h"
 #include "delta/chunk.h"
+#include "format/json.h"
 #include "sync/protocol.h"
 #include "sync/resend.h"
 #include "sync/supersede.h"
@@ -511,6 +517,102 @@ std::vector<TensorEntry> TensorTableOf(const Checkpoint& ck) {
     e.num_elements = t.num_elements;
     auto d = ck.Data(i);
     e.before = e.after = RangeHash(d.data(), d.size());
+    out.push_back(std::move(e));
+  }
+  std::sort(out.begin(), out.end(),
+            [](const TensorEntry& a, const TensorEntry& b) { return a.name < b.name; });
+  return out;
+}
+
+Result<std::vector<TensorEntry>> ReadTensorTable(const Checkpoint& ck,
+                                                 const TableReadOptions& options) {
+  const std::vector<TensorInfo>& tensors = ck.tensors();
+  const uint64_t segment = kRangeHashSegment;
+  const uint64_t buffer =
+      std::max<uint64_t>(segment, (options.buffer_bytes + segment - 1) / segment * segment);
+  const int threads = options.threads > 0 ? options.threads : std::min(4, DefaultThreads());
+
+  auto context = [&](const TensorInfo& t) {
+    return "tensor " + internal::QuoteForMessage(t.name) + " in '" +
+           ck.files()[t.file_index].path + "'";
+  };
+  // A file holding no tensor is not opened.
+  std::vector<ReadOnlyFile> files(ck.files().size());
+  for (const TensorInfo& t : tensors) {
+    ReadOnlyFile& file = files[t.file_index];
+    if (!file.path().empty()) continue;
+    Result<ReadOnlyFile> opened = ReadOnlyFile::Open(ck.files()[t.file_index].path);
+    if (!opened.ok()) return opened.status().WithContext(context(t));
+    file = std::move(opened).value();
+    file.AdviseSequential(0, file.size());
+  }
+
+  // Work items are whole buffers of one tensor, taken in tensor order. A
+  // tensor's digests (16 bytes per 64 KiB) live from its first item taken
+  // until its last item done, when its hash is made and they are freed, so
+  // at most threads + 1 tensors hold digests at once.
+  struct Item {
+    size_t tensor;
+    uint64_t offset;  // into the tensor
+  };
+  std::vector<Item> items;
+  std::vector<std::atomic<uint64_t>> left(tensors.size());
+  for (size_t t = 0; t < tensors.size(); ++t) {
+    uint64_t n = 0;
+    uint64_t off = 0;
+    do {
+      items.push_back({t, off});
+      ++n;
+      off += buffer;
+    } while (off < tensors[t].byte_size);
+    left[t].store(n, std::memory_order_relaxed);
+  }
+  std::vector<std::vector<Hash128>> digests(tensors.size());
+  std::vector<std::once_flag> allocated(tensors.size());
+  std::vector<Hash128> hashes(tensors.size());
+
+  std::vector<std::vector<uint8_t>> buffers(static_cast<size_t>(threads));
+  std::mutex mu;
+  Status first_error;
+  std::atomic<bool> failed{false};
+  ParallelForEach(items.size(), threads, [&](size_t i, int worker) {
+    if (failed.load(std::memory_order_relaxed)) return;
+    const Item& item = items[i];
+    const TensorInfo& t = tensors[item.tensor];
+    std::call_once(allocated[item.tensor],
+                   [&] { digests[item.tensor].resize(SegmentCount(t.byte_size)); });
+    std::vector<uint8_t>& buf = buffers[static_cast<size_t>(worker)];
+    if (buf.empty()) buf.resize(static_cast<size_t>(buffer));
+    const uint64_t n = std::min(buffer, t.byte_size - item.offset);
+    Status s = files[t.file_index].ReadAt(t.offset + item.offset, {buf.data(), n});
+    if (!s.ok()) {
+      std::lock_guard<std::mutex> lock(mu);
+      if (first_error.ok()) first_error = s.WithContext(context(t));
+      failed.store(true, std::memory_order_relaxed);
+      return;
+    }
+    // Every item but a tensor's last is a whole number of segments, so
+    // the segments here are the tensor's own.
+    SegmentDigests(buf.data(), n, digests[item.tensor].data() + item.offset / segment);
+    if (left[item.tensor].fetch_sub(1, std::memory_order_acq_rel) == 1) {
+      std::vector<Hash128>& d = digests[item.tensor];
+      hashes[item.tensor] = HashSegmentDigests(d.data(), d.size());
+      std::vector<Hash128>().swap(d);
+    }
+  });
+  if (!first_error.ok()) return first_error;
+
+  std::vector<TensorEntry> out;
+  out.reserve(tensors.size());
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const TensorInfo& t = tensors[i];
+    TensorEntry e;
+    e.name = t.name;
+    e.dtype = t.dtype;
+    e.width = static_cast<uint8_t>(t.element_width);
+    e.shape = t.shape;
+    e.num_elements = t.num_elements;
+    e.before = e.after = hashes[i];
     out.push_back(std::move(e));
   }
   std::sort(out.begin(), out.end(),

@@ -210,8 +210,31 @@ struct DirectCoordinatorOptions {
 using DirectReport = ::refit::DirectReport;
 
 // The tensor table of a checkpoint: every tensor's name, dtype, shape and
-// hash, as a coordinator's `initial`.
+// hash, as a coordinator's `initial`. Hashes through the checkpoint's
+// mappings, so every page of the model enters the resident set; a process
+// that holds no model reads the table with ReadTensorTable instead.
 std::vector<TensorEntry> TensorTableOf(const Checkpoint& checkpoint);
+
+struct TableReadOptions {
+  // Bytes of one read buffer, rounded up to a whole number of 64 KiB hash
+  // segments (kRangeHashSegment).
+  size_t buffer_bytes = size_t{2} << 20;
+  // Threads, each with its own buffer; <= 0: up to 4.
+  int threads = 0;
+};
+
+// The tensor table TensorTableOf(checkpoint) makes, bit for bit, from
+// positioned reads of the checkpoint's files through bounded buffers: no
+// page of the model is mapped into the process, so its memory is the
+// buffers plus the segment digests of the tensors in flight (16 bytes per
+// 64 KiB), whatever the model's size. Each tensor's hash is the outer hash
+// of its segment digests (docs/format.md, "Range hash"), the digests
+// computed from whole segments of the buffers.
+// Errors: kDataLoss when a file ends before a tensor's bytes (the file
+// shrank since Open; the message names the tensor and the file), and
+// file-system errors, with the same naming.
+Result<std::vector<TensorEntry>> ReadTensorTable(const Checkpoint& checkpoint,
+                                                 const TableReadOptions& options = {});
 
 class DirectCoordinator {
  public:

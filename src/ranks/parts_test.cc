@@ -10,6 +10,8 @@
 #include <random>
 #include <thread>
 
+#include "base/file.h"
+#include "base/hash.h"
 #include "format/safetensors.h"
 #include "layout/generate.h"
 #include "support/status_matchers.h"
@@ -377,6 +379,97 @@ TEST(PartListTest, RoundTripAndCorruption) {
   for (size_t n = 0; n < bytes.size(); ++n) {
     EXPECT_FALSE(DecodePartList(std::span(bytes).first(n)).ok()) << n;
   }
+}
+
+// The coordinator's streamed table equals the one hashed through the
+// mappings, whatever the buffers and threads: a tensor of many buffers
+// ending mid-segment, one of exactly one segment, an empty one, a scalar,
+// and the tensors of two shards.
+TEST(ReadTensorTableTest, EqualsTheMappedTable) {
+  TempDir dir;
+  std::mt19937_64 rng(11);
+  auto bytes = [&](size_t n) {
+    std::vector<uint8_t> b(n);
+    for (auto& x : b) x = static_cast<uint8_t>(rng());
+    return b;
+  };
+  const std::vector<uint8_t> big = bytes(4 * (5 * kRangeHashSegment + 1000));
+  const std::vector<uint8_t> one = bytes(kRangeHashSegment);
+  const std::vector<uint8_t> scalar = bytes(2);
+  const std::vector<uint8_t> other = bytes(3 * kRangeHashSegment / 2);
+  std::filesystem::create_directories(dir.File("ck"));
+  const std::vector<SafetensorsTensorView> first = {
+      {"big", "F32", {5 * kRangeHashSegment + 1000}, big},
+      {"empty", "BF16", {0, 16}, {}},
+      {"one", "U8", {kRangeHashSegment}, one}};
+  const std::vector<SafetensorsTensorView> second = {
+      {"other", "I16", {3 * kRangeHashSegment / 4}, other}, {"scalar", "BF16", {}, scalar}};
+  ASSERT_OK(WriteSafetensors(dir.File("ck/model-00001-of-00002.safetensors"), {}, first));
+  ASSERT_OK(WriteSafetensors(dir.File("ck/model-00002-of-00002.safetensors"), {}, second));
+  const std::string index = R"({"metadata": {}, "weight_map": {
+      "big": "model-00001-of-00002.safetensors",
+      "empty": "model-00001-of-00002.safetensors",
+      "one": "model-00001-of-00002.safetensors",
+      "other": "model-00002-of-00002.safetensors",
+      "scalar": "model-00002-of-00002.safetensors"}})";
+  ASSERT_OK(WriteFileAtomic(dir.File("ck/model.safetensors.index.json"),
+                            {reinterpret_cast<const uint8_t*>(index.data()), index.size()}));
+  auto ck = Checkpoint::Open(dir.File("ck"), Checkpoint::Mode::kReadOnly);
+  ASSERT_OK(ck);
+  ASSERT_TRUE(ck->sharded());
+  const std::vector<TensorEntry> mapped = TensorTableOf(*ck);
+  ASSERT_EQ(mapped.size(), 5u);
+  EXPECT_EQ(mapped[0].before, RangeHash(big.data(), big.size()));
+  EXPECT_EQ(mapped[1].before, RangeHash(nullptr, 0));
+
+  for (size_t buffer : {size_t{1}, kRangeHashSegment, 3 * kRangeHashSegment - 1,
+                        TableReadOptions().buffer_bytes}) {
+    for (int threads : {1, 3}) {
+      SCOPED_TRACE("buffer " + std::to_string(buffer) + ", threads " + std::to_string(threads));
+      auto streamed = ReadTensorTable(*ck, {.buffer_bytes = buffer, .threads = threads});
+      ASSERT_OK(streamed);
+      ASSERT_EQ(streamed->size(), mapped.size());
+      for (size_t i = 0; i < mapped.size(); ++i) {
+        const TensorEntry& a = mapped[i];
+        const TensorEntry& b = (*streamed)[i];
+        EXPECT_EQ(a.name, b.name);
+        EXPECT_EQ(a.dtype, b.dtype);
+        EXPECT_EQ(a.width, b.width);
+        EXPECT_EQ(a.shape, b.shape);
+        EXPECT_EQ(a.num_elements, b.num_elements);
+        EXPECT_EQ(a.before, b.before) << a.name;
+        EXPECT_EQ(a.after, b.after) << a.name;
+      }
+    }
+  }
+}
+
+// A file that shrank or vanished after Open fails the read, naming the
+// tensor and the file.
+TEST(ReadTensorTableTest, ShortOrMissingFileNamesTensorAndFile) {
+  TempDir dir;
+  const std::vector<uint8_t> a(3 * kRangeHashSegment, 1);
+  const std::vector<uint8_t> b(1000, 2);
+  const std::string path = dir.File("m.safetensors");
+  const std::vector<SafetensorsTensorView> views = {{"a", "U8", {a.size()}, a},
+                                                    {"b", "U8", {b.size()}, b}};
+  ASSERT_OK(WriteSafetensors(path, {}, views));
+  auto ck = Checkpoint::Open(path, Checkpoint::Mode::kReadOnly);
+  ASSERT_OK(ck);
+  const TensorInfo& last = ck->tensors()[1];
+  std::filesystem::resize_file(path, last.offset + 10);
+  auto short_read = ReadTensorTable(*ck, {.buffer_bytes = kRangeHashSegment, .threads = 2});
+  EXPECT_THAT(short_read, StatusIs(StatusCode::kDataLoss));
+  EXPECT_NE(short_read.status().message().find("'b'"), std::string::npos)
+      << short_read.status().message();
+  EXPECT_NE(short_read.status().message().find(path), std::string::npos);
+
+  std::filesystem::remove(path);
+  auto missing = ReadTensorTable(*ck);
+  EXPECT_THAT(missing, StatusIs(StatusCode::kNotFound));
+  EXPECT_NE(missing.status().message().find("'a'"), std::string::npos)
+      << missing.status().message();
+  EXPECT_NE(missing.status().message().find(path), std::string::npos);
 }
 
 }  // namespace

@@ -188,7 +188,7 @@ Result<std::unique_ptr<DirectCoordinator>> DirectCoordinator::Open(
   if (!options.initial_checkpoint.empty()) {
     REFIT_ASSIGN_OR_RETURN(
         Checkpoint ck, Checkpoint::Open(options.initial_checkpoint, Checkpoint::Mode::kReadOnly));
-    o.initial = ranks::TensorTableOf(ck);
+    REFIT_ASSIGN_OR_RETURN(o.initial, ranks::ReadTensorTable(ck));
   }
   auto impl = std::make_unique<Impl>();
   REFIT_ASSIGN_OR_RETURN(impl->coordinator, ranks::DirectCoordinator::Open(store, std::move(o)));
