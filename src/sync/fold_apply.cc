@@ -160,7 +160,7 @@ Status FoldApply::OpenJournalAndBind() {
                          BindTensors(opt_.checkpoint, opt_.tensors, first_.tensors, last_.version));
   b_.emplace(std::move(b));
   digests_.emplace(tensors_);
-  flusher_.emplace(*b_);
+  if (opt_.early_writeback) flusher_.emplace(*b_);
   // The one check of the base A, as for a single version (cells come in
   // tensor order).
   base_check_.emplace(*b_, &*digests_, first_.tensors, resume_, first_.base_version, what_);
@@ -184,7 +184,7 @@ Status FoldApply::Drain(bool all) {
     }
     if (d.applied > 0) {
       digests_->Written(d.job.tensor, d.job.offset, d.job.length);
-      flusher_->Add(d.job.tensor, d.job.offset, d.job.length);
+      if (flusher_) flusher_->Add(d.job.tensor, d.job.offset, d.job.length);
     }
     if (!d.status.ok()) {
       // The range holds the last applied chunk's "after" (or is as it
@@ -238,7 +238,7 @@ Status FoldApply::RollBack() {
       return DataLossError("the range of " + name + " holds neither side of it");
     }
     REFIT_RETURN_IF_ERROR(UndoChunkInPlace(c, b_->data[t], &scratch, it->undo));
-    flusher_->Add(t, off, len);
+    if (flusher_) flusher_->Add(t, off, len);
     if (RegionHash(h, b_->data[t]) != h.before) {
       return DataLossError("undoing " + name + " did not restore its range");
     }
@@ -438,7 +438,7 @@ Status FoldApply::RepairTorn() {
     }
     const uint64_t span = (cell.End() - cell.start) * static_cast<uint64_t>(w);
     digests_->Written(t, off, span);
-    flusher_->Add(t, off, span);
+    if (flusher_) flusher_->Add(t, off, span);
   }
   return Status();
 }

@@ -87,6 +87,13 @@ struct ReceiverOptions {
   // and change times). 1: hash the base from the bytes in every version;
   // 0: never again once digests are kept.
   int full_base_check_every = 16;
+  // Checkpoint receivers: start writing each applied range to disk while
+  // the others are applied (sync_file_range), so the flush before the vote
+  // finds little left. The price: each page written back while still mapped
+  // is write-protected again, a TLB shootdown on every CPU running this
+  // process, and a second fault when it is written again. false: the flush
+  // before the vote writes everything. In-memory tensors: no effect.
+  bool early_writeback = true;
 };
 
 struct StepResult {

@@ -429,7 +429,10 @@ TEST_P(SyncTest, VersionsReachEveryReceiverBitExact) {
   ASSERT_OK(pub);
   std::vector<std::unique_ptr<Receiver>> rcv;
   for (int i = 0; i < kReceivers; ++i) {
-    auto r = Receiver::Open(store_.get(), MakeReceiver(i));
+    // Half of them leave every write-back to the flush before the vote.
+    ReceiverOptions o = MakeReceiver(i);
+    o.early_writeback = i % 2 == 0;
+    auto r = Receiver::Open(store_.get(), o);
     ASSERT_OK(r);
     rcv.push_back(std::move(*r));
   }
@@ -444,8 +447,11 @@ TEST_P(SyncTest, VersionsReachEveryReceiverBitExact) {
     }
     EXPECT_TRUE(trainer.Matches(dir_.File("baseline.safetensors")));
   }
-  // A receiver that joins late catches up through the committed versions.
-  auto late = Receiver::Open(store_.get(), MakeReceiver(7));
+  // A receiver that joins late catches up through the committed versions
+  // (folded, without early write-back).
+  ReceiverOptions late_options = MakeReceiver(7);
+  late_options.early_writeback = false;
+  auto late = Receiver::Open(store_.get(), late_options);
   ASSERT_OK(late);
   ASSERT_OK((*late)->SyncTo(20, 20000));
   EXPECT_TRUE(trainer.Matches(dir_.File("r7/model.safetensors")));

@@ -73,7 +73,7 @@ Result<StepResult> VersionApply::Run() {
   REFIT_ASSIGN_OR_RETURN(decision_, r_.ReadDecision(a_.version));
   digests_.emplace(a_.tensors.size(), ApplyThreads(opt_.threads));
   reused_digests_ = SeedDigests();
-  flusher_.emplace(*b_);
+  if (opt_.early_writeback) flusher_.emplace(*b_);
   if (decision_ && !decision_->commit) return Aborted();
   if (state_->failed) return AfterFailedVote();
 
@@ -261,7 +261,7 @@ Status VersionApply::Repair(const std::vector<uint64_t>& torn, bool after) {
         auto [off, len] = ByteRange(c->header);
         digests_->Written(t, off, len);
         digests_->SetCovered(t, false);  // checked from its bytes at the end
-        flusher_->Add(t, off, len);
+        if (flusher_) flusher_->Add(t, off, len);
         ++result_.chunks_resent;
         break;
       }
@@ -379,7 +379,7 @@ Status VersionApply::Drain(bool all) {
     // tensor stays covered, and the range's digests are those it hashed.
     digests_->Rewritten(*b_, job.tensor, job.offset, job.length,
                         std::move(d.after_digests));
-    flusher_->Add(job.tensor, job.offset, job.length);
+    if (flusher_) flusher_->Add(job.tensor, job.offset, job.length);
     if (job.early) ++result_.chunks_before_manifest;
     CrashPoint("receiver.after-chunk");
     if (job.early) CrashPoint("receiver.after-early-chunk");

@@ -109,6 +109,8 @@ struct SyncBenchArgs {
   // the rows show the steady state rather than the first version's full
   // base checks.
   int warmup = 0;
+  // Checkpoint receivers without ReceiverOptions::early_writeback.
+  bool no_early_writeback = false;
   bool json = false;
 };
 
@@ -391,6 +393,7 @@ class Fleet {
       ropt.poll_ms = args_->poll_ms;
       ropt.decision_timeout_ms = 300000;
       ropt.full_base_check_every = args_->full_base_check_every;
+      ropt.early_writeback = !args_->no_early_writeback;
       REFIT_ASSIGN_OR_RETURN(std::unique_ptr<Receiver> r,
                              Receiver::Open(receiver_links_[i].get(), ropt));
       rx_.push_back(std::move(r));
@@ -945,7 +948,10 @@ int Run(const SyncBenchArgs& args, const std::string& command_line) {
   out["store"] = store_text;
   const std::string receiver_text =
       args.in_memory ? "tensors in host memory (ReceiverOptions::tensors)"
-                     : "a checkpoint file each (memory-mapped, flushed before the vote)";
+                     : args.no_early_writeback
+                         ? "a checkpoint file each (memory-mapped, flushed before the vote; "
+                           "no early write-back)"
+                         : "a checkpoint file each (memory-mapped, flushed before the vote)";
   out["receivers"] = receiver_text;
   std::vector<Row> rows;
   std::vector<FullSend> fulls;
@@ -1185,6 +1191,9 @@ std::function<int(bool, const std::string&)> RegisterBenchSync(
                   "rows show the steady state; version 1 hashes every base in full")
       ->capture_default_str()
       ->check(IntIn(0, 1000));
+  cmd->add_flag("--no-early-writeback", args->no_early_writeback,
+                "checkpoint receivers leave every write-back to the flush before the vote "
+                "(ReceiverOptions::early_writeback = false)");
   cmd->add_option("--upload-threads", args->upload_threads,
                   "publisher upload threads")
       ->capture_default_str()
