@@ -186,6 +186,14 @@ struct RankPublisherOptions {
   Authenticator auth = Authenticator::None();  // seals the part's objects
   int upload_threads = 4;
   int poll_ms = 20;  // while waiting for the decision
+  // Chunk packs (docs/protocol.md, "Chunk packs"): consecutive chunks of
+  // the part whose sealed objects are smaller than pack_bytes are stored
+  // together, as one object of at most pack_bytes (and 4,096 chunks), at
+  // the first one's key; the part list (format 3) gives each chunk's
+  // offset in its pack. Each chunk keeps its own envelope and is checked
+  // and applied on its own. 0 (default): one object per chunk; receivers
+  // and coordinators that predate packs cannot read a packed part.
+  uint64_t pack_bytes = 0;
 };
 
 // What one RankPublisher::Publish() did.

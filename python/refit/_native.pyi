@@ -154,7 +154,8 @@ class RankPublisher:
     def __init__(self, store: str, parts: str, layout: str, rank: int, committed: int,
                  baseline: str, initial: Sequence[Triple] | None, key: bytes | None,
                  key_file: str, threads: int, chunk_bytes: int, upload_threads: int,
-                 device: int = -1, initial_amax: Dict[str, float] | None = None) -> None: ...
+                 device: int = -1, initial_amax: Dict[str, float] | None = None,
+                 pack_bytes: int = 0) -> None: ...
     @property
     def committed_version(self) -> int: ...
     @property

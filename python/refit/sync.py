@@ -184,8 +184,11 @@ class Publisher:
       one object of at most this many bytes, for checkpoints of many small
       tensors (each object costs a PUT, or a file and two fsyncs in a
       directory store). 0 (default): one object per chunk; receivers of
-      releases before packs cannot read packed versions. Not with
-      ``layout=``.
+      releases before packs cannot read packed versions. With ``layout=``
+      (trainer ranks) the chunks of the rank's part are packed the same
+      way (its part list gives each chunk's place in its pack); the
+      coordinator and the receivers must be of a release that reads packed
+      parts.
 
     Not thread-safe, except that :meth:`publish_async` runs publishes on one
     background thread, in order.
@@ -214,14 +217,14 @@ class Publisher:
             raise InvalidArgumentError(f"pack_bytes must be >= 0, not {pack_bytes}",
                                        "INVALID_ARGUMENT")
         if layout is not None:
-            if conditional or pack_bytes:
+            if conditional:
                 raise InvalidArgumentError(
-                    "conditional=True and pack_bytes= are for a publisher of canonical tensors "
+                    "conditional=True is for a publisher of canonical tensors "
                     "(layout=None); a trainer rank uploads its chunks as its part",
                     "INVALID_ARGUMENT")
             self._init_rank(store, layout, rank, baseline, initial, key, key_file, threads,
                             chunk_bytes, upload_threads, parts, decision_timeout,
-                            baseline_memory, initial_amax)
+                            baseline_memory, initial_amax, int(pack_bytes))
             return
         if initial_amax is not None:
             raise InvalidArgumentError(
@@ -297,7 +300,7 @@ class Publisher:
                    threads: int, chunk_bytes: int, upload_threads: int,
                    parts: Optional[str], decision_timeout: float,
                    baseline_memory: Optional[str],
-                   initial_amax: Optional[Dict[str, float]]) -> None:
+                   initial_amax: Optional[Dict[str, float]], pack_bytes: int) -> None:
         # One trainer rank of a version published by many (docs/trainer.md):
         # this rank's local tensors, in its own layout, become its part.
         text = _layout_text(layout)
@@ -345,7 +348,8 @@ class Publisher:
                 _sync_cuda(initial)
                 triples = self._initial.triples
             try:
-                self._native = _native.RankPublisher(*args, triples, *rest, device=device)
+                self._native = _native.RankPublisher(*args, triples, *rest, device=device,
+                                                     pack_bytes=pack_bytes)
                 self._device = True
                 return
             except UnsupportedError:
@@ -356,7 +360,8 @@ class Publisher:
         if baseline is None:
             self._initial = prepare(named_items(initial), writable=False, expected=local)
             triples = self._initial.triples
-        self._native = _native.RankPublisher(*args, triples, *rest, initial_amax=initial_amax)
+        self._native = _native.RankPublisher(*args, triples, *rest, initial_amax=initial_amax,
+                                             pack_bytes=pack_bytes)
 
     @property
     def committed_version(self) -> int:

@@ -408,7 +408,8 @@ class PyRankPublisher {
                   const std::string& layout_json, uint32_t rank, int64_t committed,
                   const std::string& baseline, const py::object& initial, const py::object& key,
                   const std::string& key_file, int threads, uint64_t chunk_bytes,
-                  int upload_threads, int device, const py::object& initial_amax) {
+                  int upload_threads, int device, const py::object& initial_amax,
+                  uint64_t pack_bytes) {
     layout::Layout l = Unwrap(layout::ParseLayout(layout_json));
     trainer::RankEncoderOptions eo;
     eo.threads = threads;
@@ -416,6 +417,7 @@ class PyRankPublisher {
     ranks::RankPublisherOptions ro;
     ro.auth = MakeAuth(key, key_file);
     ro.upload_threads = upload_threads;
+    ro.pack_bytes = pack_bytes;
     store_ = OpenStore(store_url);
     parts_ = parts_url.empty() ? store_ : OpenStore(parts_url);
     Borrowed init;
@@ -1095,12 +1097,13 @@ void BindClasses(py::module_& m) {
   py::class_<PyRankPublisher>(m, "RankPublisher")
       .def(py::init<const std::string&, const std::string&, const std::string&, uint32_t,
                     int64_t, const std::string&, const py::object&, const py::object&,
-                    const std::string&, int, uint64_t, int, int, const py::object&>(),
+                    const std::string&, int, uint64_t, int, int, const py::object&,
+                    uint64_t>(),
            py::arg("store"), py::arg("parts"), py::arg("layout"), py::arg("rank"),
            py::arg("committed"), py::arg("baseline"), py::arg("initial"), py::arg("key"),
            py::arg("key_file"), py::arg("threads"), py::arg("chunk_bytes"),
            py::arg("upload_threads"), py::arg("device") = -1,
-           py::arg("initial_amax") = py::none())
+           py::arg("initial_amax") = py::none(), py::arg("pack_bytes") = 0)
       .def_property_readonly("committed_version", &PyRankPublisher::committed_version)
       .def_property_readonly("owned_bytes", &PyRankPublisher::owned_bytes)
       .def("publish", &PyRankPublisher::Publish, py::arg("version"), py::arg("tensors"),

@@ -6,6 +6,7 @@ receivers apply the ranks' chunks), and receivers end bit-exact with the
 canonical model."""
 
 import json
+import os
 import threading
 
 import numpy as np
@@ -77,8 +78,9 @@ def run_all(tasks):
     return results
 
 
+@pytest.mark.parametrize("pack_bytes", [0, 4096], ids=["unpacked", "packed"])
 @pytest.mark.parametrize("direct", [False, True], ids=["assembled", "direct"])
-def test_ranks_publish_parts_and_receivers_follow(tmp_path, direct):
+def test_ranks_publish_parts_and_receivers_follow(tmp_path, direct, pack_bytes):
     rng = np.random.default_rng(1)
     state = {"w0": rng.integers(0, 1 << 16, (8, 3), dtype=np.uint16),
              "w1": rng.integers(0, 1 << 16, (8, 3), dtype=np.uint16),
@@ -108,9 +110,9 @@ def test_ranks_publish_parts_and_receivers_follow(tmp_path, direct):
     assert coordinator.direct == direct
     # Rank 0 starts from the canonical checkpoint, rank 1 from its own tensors.
     ranks = [refit.Publisher(store, layout=layout_file, rank=0, baseline=base, key=key,
-                             decision_timeout=30),
+                             decision_timeout=30, pack_bytes=pack_bytes),
              refit.Publisher(store, layout=LAYOUT, rank=1, initial=local(state, 1), key=key,
-                             decision_timeout=30)]
+                             decision_timeout=30, pack_bytes=pack_bytes)]
     receivers = [refit.Receiver(store, member=m, checkpoint_dir=tmp_path / f"{m}.safetensors",
                                 key=key, decision_timeout=30) for m in members]
     held = {n: a.copy() for n, a in canonical(state).items()}
@@ -139,6 +141,12 @@ def test_ranks_publish_parts_and_receivers_follow(tmp_path, direct):
         else:
             assert report.committed
         assert parts["chunks"] > 0
+        # Packed: each rank's part is fewer objects than chunks.
+        objects = sum(len(os.listdir(os.path.join(store, "parts", d, r, "chunk")))
+                      for d in os.listdir(os.path.join(store, "parts"))
+                      if int(d) == version
+                      for r in os.listdir(os.path.join(store, "parts", d)))
+        assert (objects < parts["chunks"]) == bool(pack_bytes)
         for r in (0, 1):
             assert results[f"rank{r}"]["committed"] is True
         assert results["rank1"]["changed_residual"] > 0

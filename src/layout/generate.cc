@@ -334,13 +334,27 @@ Status ParseNvfp4(const Json& q, ModelConfig* m) {
       }
     }
   }
-  // FP8 KV caches add k/v scale tensors to the attention.
-  for (const char* key : {"kv_cache_quant_algo", "kv_cache_scheme"}) {
-    if (auto it = q.find(key); it != q.end() && !IsNeutral(*it, 0)) {
-      return UnimplementedError(std::string("config.json: quantization_config \"") + key +
-                                "\": " + it->dump() + " adds KV-cache scale tensors, which "
-                                "the generator does not model");
+  // An FP8 KV cache adds k/v scale tensors to the attention: ModelOpt's
+  // "kv_cache_quant_algo": "FP8" names them after k_proj and v_proj (its
+  // export, and the names vLLM and SGLang load). The compressed-tensors
+  // form ("kv_cache_scheme") is written under other names by other
+  // exporters (self_attn.k_scale, the attention module's own), which the
+  // config does not tell apart: refused.
+  if (auto it = q.find("kv_cache_quant_algo"); it != q.end() && !IsNeutral(*it, 0)) {
+    if (!(it->is_string() && it->get<std::string>() == "FP8")) {
+      return UnimplementedError(
+          "config.json: quantization_config \"kv_cache_quant_algo\": " + it->dump() +
+          " is not modelled (the generator writes the "
+          "k/v scales of an \"FP8\" KV cache)");
     }
+    m->fp8_kv_cache = true;
+  }
+  if (auto it = q.find("kv_cache_scheme"); it != q.end() && !IsNeutral(*it, 0)) {
+    return UnimplementedError(
+        "config.json: quantization_config \"kv_cache_scheme\": " + it->dump() +
+        " adds KV-cache scale tensors whose names differ "
+        "by exporter, which the generator does not model (ModelOpt's "
+        "\"kv_cache_quant_algo\": \"FP8\" is)");
   }
   REFIT_RETURN_IF_ERROR(ReadModuleList(q, "exclude_modules", m));
   REFIT_RETURN_IF_ERROR(ReadModuleList(q, "ignore", m));
@@ -358,7 +372,18 @@ Status ParseQuantization(const Json& q, const std::string& arch, ModelConfig* m)
   }
   const bool mla = arch == "deepseek_v3", gpt_oss = arch == "gpt_oss";
   if (method == "fp8" && mla) return ParseFp8(q, m);
-  if (method == "modelopt" && !gpt_oss) return ParseNvfp4(q, m);
+  if (method == "modelopt" && !gpt_oss) {
+    REFIT_RETURN_IF_ERROR(ParseNvfp4(q, m));
+    if (mla && m->fp8_kv_cache) {
+      return UnimplementedError(
+          "config.json: quantization_config \"kv_cache_quant_algo\": \"FP8\" on multi-head "
+          "latent attention (" +
+          arch +
+          "): the scales of its compressed KV cache are not "
+          "modelled");
+    }
+    return Status();
+  }
   if (method == "mxfp4" && gpt_oss) {
     REFIT_RETURN_IF_ERROR(ReadModuleList(q, "modules_to_not_convert", m));
     m->mxfp4 = true;
@@ -797,6 +822,10 @@ Result<Layout> GenerateLayout(const ModelConfig& m, const Parallelism& par) {
       linear(p + "self_attn.k_proj.weight", nkv * hd, H);
       linear(p + "self_attn.v_proj.weight", nkv * hd, H);
       linear(p + "self_attn.o_proj.weight", H, nh * hd);
+      if (m.fp8_kv_cache) {
+        canon(p + "self_attn.k_proj.k_scale", {}, "F32");
+        canon(p + "self_attn.v_proj.v_scale", {}, "F32");
+      }
     }
     if (m.attention_bias) {
       canon(p + "self_attn.q_proj.bias", {nh * hd});
@@ -1016,6 +1045,12 @@ Result<Layout> GenerateLayout(const ModelConfig& m, const Parallelism& par) {
               if (m.qk_norm) {
                 norm(sa + "q_layernorm.weight", hsa + "q_norm.weight", hd);
                 norm(sa + "k_layernorm.weight", hsa + "k_norm.weight", hd);
+              }
+              // The FP8 KV cache's scales: one per layer, on every rank of
+              // its stage.
+              if (m.fp8_kv_cache) {
+                norm(sa + "k_scale", hsa + "k_proj.k_scale", 1, "F32");
+                norm(sa + "v_scale", hsa + "v_proj.v_scale", 1, "F32");
               }
               b.Add(sa + "linear_proj.weight", H, nq * hd);
               b.Rect(hsa + "o_proj.weight", 1, H, nq * hd, 0, 0, 0, 0, 0, q0 * hd, nh * hd);

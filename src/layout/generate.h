@@ -85,6 +85,13 @@ struct ModelConfig {
   // "nvfp4"), `weight_scale` F8_E4M3 [N, K/16], `weight_scale_2` and
   // `input_scale` F32 scalars (NVIDIA ModelOpt's convention).
   bool nvfp4 = false;
+  // ModelOpt's "kv_cache_quant_algo": "FP8" (attention that is not MLA): each
+  // layer also has `self_attn.k_proj.k_scale` and `self_attn.v_proj.v_scale`,
+  // F32 scalars (the FP8 KV cache's calibrated scales), which the layout maps
+  // as replicated tensors (`self_attention.k_scale`, `.v_scale`, F32 [1]) of
+  // the ranks that hold the layer: calibration the trainer keeps and sends
+  // as it is, owned by one of them.
+  bool fp8_kv_cache = false;
   // Module name patterns whose weights stay unquantized: mxfp4's
   // modules_to_not_convert, ModelOpt's exclude_modules / ignore. `*` matches
   // any run of characters; a pattern names a module and everything under it.

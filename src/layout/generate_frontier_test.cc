@@ -698,6 +698,50 @@ TEST(Frontier, ModelOptNvfp4Layouts) {
       "ignore": ["lm_head"], "kv_cache_scheme": null})"));
   EXPECT_TRUE(groups.nvfp4);
   EXPECT_EQ(groups.unquantized_modules, std::vector<std::string>{"lm_head"});
+  // ModelOpt's FP8 KV cache: a k and a v scale per layer, F32 scalars,
+  // replicated on the TP ranks of the layer's stage and owned by one.
+  {
+    ModelConfig kv =
+        Parse(Replace(llama, "\"kv_cache_quant_algo\": null", "\"kv_cache_quant_algo\": \"FP8\""));
+    ASSERT_TRUE(kv.fp8_kv_cache);
+    Parallelism p;
+    p.tp = 2;
+    p.pp = 2;
+    Layout l = Covered(kv, p);
+    ASSERT_FALSE(HasFailure());
+    auto by = ByName(l);
+    Result<Ownership> owners = AssignOwnership(l);
+    ASSERT_OK(owners);
+    for (int layer = 0; layer < 2; ++layer) {
+      for (const char* kind : {"k", "v"}) {
+        const std::string name = "model.layers." + std::to_string(layer) + ".self_attn." + kind +
+                                 "_proj." + kind + "_scale";
+        ExpectTensor(by, name, "F32", {});
+        // Mapped by both TP ranks of stage `layer` (ranks tp * layer ..), as
+        // decoder.layers.0.self_attention.<kind>_scale [1] of their stage.
+        int mapped = 0, owned = 0;
+        for (size_t ri = 0; ri < l.ranks.size(); ++ri) {
+          for (const LocalTensor& t : l.ranks[ri].tensors) {
+            for (const Piece& piece : t.pieces) {
+              if (piece.canonical != name) continue;
+              ++mapped;
+              EXPECT_EQ(t.name, std::string("decoder.layers.0.self_attention.") + kind + "_scale");
+              EXPECT_EQ(t.dtype, "F32");
+              EXPECT_EQ(t.shape, std::vector<uint64_t>{1});
+              EXPECT_EQ(ri / p.tp, static_cast<size_t>(layer));
+            }
+          }
+          for (const OwnedPiece& o : (*owners)[ri]) owned += o.piece.canonical == name;
+        }
+        EXPECT_EQ(mapped, 2) << name;
+        EXPECT_EQ(owned, 1) << name;
+      }
+    }
+    Result<Layout> back = ParseLayout(LayoutToJson(l));
+    ASSERT_OK(back);
+    EXPECT_TRUE(*back == l);
+    RoundTrip(UnpackedTwin(l), 13);
+  }
   // K not a multiple of 16: refused, naming the tensor.
   ExpectRefused(
       Parse(Replace(llama, "\"intermediate_size\": 96", "\"intermediate_size\": 40")),
@@ -799,14 +843,23 @@ TEST(Frontier, RefusesWhatItDoesNotModel) {
                "\"mlp_bias\": false, " + Modelopt("\"NVFP4\"", ", \"group_size\": 32")),
        "group_size 32 is not NVFP4's 16"},
       {Replace(llama, "\"mlp_bias\": false",
-               "\"mlp_bias\": false, " +
-                   Modelopt("\"NVFP4\"", ", \"config_groups\": {\"g\": {\"weights\": "
-                                        "{\"group_size\": 32}}}")),
+               "\"mlp_bias\": false, " + Modelopt("\"NVFP4\"",
+                                                  ", \"config_groups\": {\"g\": {\"weights\": "
+                                                  "{\"group_size\": 32}}}")),
        "config_groups \"g\" weights group_size 32"},
+      {Replace(
+           llama, "\"mlp_bias\": false",
+           "\"mlp_bias\": false, " + Modelopt("\"NVFP4\"", ", \"kv_cache_quant_algo\": \"NVFP4\"")),
+       "\"kv_cache_quant_algo\": \"NVFP4\" is not modelled"},
       {Replace(llama, "\"mlp_bias\": false",
-               "\"mlp_bias\": false, " +
-                   Modelopt("\"NVFP4\"", ", \"kv_cache_quant_algo\": \"FP8\"")),
-       "\"kv_cache_quant_algo\": \"FP8\" adds KV-cache scale tensors"},
+               "\"mlp_bias\": false, " + Modelopt("\"NVFP4\"",
+                                                  ", \"kv_cache_scheme\": {\"num_bits\": 8, "
+                                                  "\"type\": \"float\"}")),
+       "\"kv_cache_scheme\": {\"num_bits\":8,\"type\":\"float\"} adds KV-cache scale tensors"},
+      {Replace(kDeepSeekV3, "\"quant_method\": \"fp8\"",
+               "\"quant_method\": \"modelopt\", \"quant_algo\": \"NVFP4\", "
+               "\"kv_cache_quant_algo\": \"FP8\""),
+       "\"kv_cache_quant_algo\": \"FP8\" on multi-head latent attention"},
   };
   for (const Case& c : cases) {
     Result<ModelConfig> m = ParseModelConfig(c.json);

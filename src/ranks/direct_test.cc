@@ -25,6 +25,7 @@
 #include "support/status_matchers.h"
 #include "support/test_layout.h"
 #include "support/testing.h"
+#include "sync/chunk_pack.h"
 #include "sync/follow.h"
 #include "sync/host_staged_target.h"
 #include "sync/receiver.h"
@@ -75,10 +76,15 @@ std::vector<TensorView> LocalViews(const Layout& l, size_t ri, const TensorBytes
   return v;
 }
 
+// Parameter: the layout's seed (0..2), and packs on from 3 (the same
+// seeds with the ranks' chunks stored in chunk packs).
 class DirectTest : public ::testing::TestWithParam<int> {
  protected:
+  static uint64_t Seed() { return static_cast<uint64_t>(GetParam() % 3); }
+  static bool Packs() { return GetParam() >= 3; }
+
   void SetUp() override {
-    std::mt19937_64 rng(static_cast<uint64_t>(GetParam()) * 104729 + 3);
+    std::mt19937_64 rng(Seed() * 104729 + 3);
     layout_ = RandomLayout(rng);
     for (const auto& c : layout_.canonical) {
       uint64_t n = 1;
@@ -115,6 +121,8 @@ class DirectTest : public ::testing::TestWithParam<int> {
       RankPublisherOptions ro;
       ro.auth = Key();
       ro.poll_ms = 2;
+      // ~6 chunks of 256 elements' bytes to a pack.
+      if (Packs()) ro.pack_bytes = 2048;
       // The direct path: parts go to the protocol store itself.
       auto rp = RankPublisher::Open(store_.get(), store_.get(), e->get(),
                                     layout_.ranks[ri].rank, 0, ro);
@@ -173,8 +181,8 @@ class DirectTest : public ::testing::TestWithParam<int> {
   }
 
   // The header of a part chunk of version v that the manifest lists.
-  void PartChunkHeader(uint64_t v, const ManifestChunk& mc, ChunkHeader* h) {
-    auto object = store_->Get(PartChunkKey(v, mc.rank, mc.part_index));
+  void PartChunkHeader(const Manifest& m, const ManifestChunk& mc, ChunkHeader* h) {
+    auto object = FindChunkObject(store_.get(), m.version, &mc - m.chunks.data(), &m);
     ASSERT_OK(object);
     auto body = Key().Open(*object);
     ASSERT_OK(body);
@@ -225,6 +233,28 @@ class DirectTest : public ::testing::TestWithParam<int> {
     ASSERT_OK(store_->Put(victim, *bytes));
   }
 
+  // Alters one chunk inside a pack of version v's parts and frames the
+  // pack again, so that its own checksum holds and only the chunk's
+  // checks (envelope, manifest SHA-256) can refuse it.
+  void TamperAPackedChunk(uint64_t v) {
+    auto listed = store_->List("parts/" + IndexKey(v).substr(6) + "/");
+    ASSERT_OK(listed);
+    for (const auto& o : *listed) {
+      if (o.key.find("/chunk/") == std::string::npos) continue;
+      auto bytes = store_->Get(o.key);
+      ASSERT_OK(bytes);
+      if (!IsPack(*bytes)) continue;
+      auto elements = DecodePack(*bytes);
+      ASSERT_OK(elements);
+      std::vector<std::vector<uint8_t>> objects;
+      for (auto e : *elements) objects.emplace_back(e.begin(), e.end());
+      objects[1][objects[1].size() / 2] ^= 0x40;
+      ASSERT_OK(store_->Put(o.key, EncodePack(objects)));
+      return;
+    }
+    FAIL() << "version " << v << " has no pack";
+  }
+
   // Version v's manifest as stored.
   Result<Manifest> StoredManifest(uint64_t v) {
     REFIT_ASSIGN_OR_RETURN(auto bytes, store_->Get(ManifestKey(v)));
@@ -261,7 +291,7 @@ class DirectTest : public ::testing::TestWithParam<int> {
 };
 
 TEST_P(DirectTest, ReceiversApplyRanksChunksDirectly) {
-  std::mt19937_64 rng(static_cast<uint64_t>(GetParam()) + 11);
+  std::mt19937_64 rng(Seed() + 11);
   SCOPED_TRACE("ranks " + std::to_string(layout_.ranks.size()));
   // Four receivers follow every version on their own threads, retrying a
   // failed step as `refit receive` does.
@@ -292,7 +322,7 @@ TEST_P(DirectTest, ReceiversApplyRanksChunksDirectly) {
   auto opened = DirectCoordinator::Open(store_.get(), CoordinatorOptions(60000));
   ASSERT_OK(opened);
   DirectCoordinator& coordinator = **opened;
-  bool strided = false;
+  bool strided = false, packed = false;
   auto publish_all = [&](uint64_t v) {
     for (size_t ri = 0; ri < ranks_.size(); ++ri) PublishRank(ri, v);
   };
@@ -303,6 +333,7 @@ TEST_P(DirectTest, ReceiversApplyRanksChunksDirectly) {
     for (const ManifestChunk& c : m->chunks) {
       EXPECT_TRUE(c.in_part);
       strided = strided || c.run != 0;
+      packed = packed || c.pack_offset != 0;
     }
   };
 
@@ -338,12 +369,17 @@ TEST_P(DirectTest, ReceiversApplyRanksChunksDirectly) {
   EXPECT_TRUE(r2->committed) << r2->reason;
   AwaitRanks(true, 2);
 
-  // 3: a chunk object is damaged in the store after its rank listed it:
-  // the coordinator never reads it, the members refuse it and vote
-  // failed, the version aborts and every rank keeps its baseline.
+  // 3: a chunk object is damaged in the store after its rank listed it
+  // (with packs: a chunk inside a pack, the pack framed again): the
+  // coordinator never reads it, the members refuse it and vote failed,
+  // the version aborts and every rank keeps its baseline.
   TrainStep(rng);
   publish_all(3);
-  ASSERT_NO_FATAL_FAILURE(DamageAPartChunk(3));
+  if (Packs()) {
+    ASSERT_NO_FATAL_FAILURE(TamperAPackedChunk(3));
+  } else {
+    ASSERT_NO_FATAL_FAILURE(DamageAPartChunk(3));
+  }
   auto r3 = coordinator.Publish(3);
   ASSERT_OK(r3);
   EXPECT_FALSE(r3->committed);
@@ -367,6 +403,7 @@ TEST_P(DirectTest, ReceiversApplyRanksChunksDirectly) {
   for (auto& t : receivers) t.join();
   for (int i = 0; i < 4; ++i) EXPECT_TRUE(followed[i].ok()) << "receiver " << i << ": " << followed[i].ToString();
   EXPECT_TRUE(strided) << "the layout gave no strided region";
+  EXPECT_EQ(packed, Packs());
   ExpectReceiversHoldCanon();
   // The version's recorded hashes are the target's.
   auto bytes = store_->Get(DecisionKey(5));
@@ -437,7 +474,7 @@ TEST_P(DirectTest, ReceiversApplyRanksChunksDirectly) {
 // version's chunks resumes from its journal and the region hashes: the
 // chunks in place are skipped, the rest applied, and it commits bit-exact.
 TEST_P(DirectTest, ReceiverKilledMidVersionResumes) {
-  std::mt19937_64 rng(static_cast<uint64_t>(GetParam()) + 17);
+  std::mt19937_64 rng(Seed() + 17);
   TrainStep(rng);
   for (size_t ri = 0; ri < ranks_.size(); ++ri) PublishRank(ri, 1);
   DirectCoordinatorOptions co = CoordinatorOptions(60000);
@@ -489,7 +526,7 @@ TEST_P(DirectTest, ReceiverKilledMidVersionResumes) {
 // baseline while it waits for the decision, and the receiver commits
 // bit-exact. No copy of the model exists outside the ranks and receivers.
 TEST_P(DirectTest, RegionTornByAKillIsRepairedByItsRank) {
-  std::mt19937_64 rng(static_cast<uint64_t>(GetParam()) + 23);
+  std::mt19937_64 rng(Seed() + 23);
   TrainStep(rng);
   for (size_t ri = 0; ri < ranks_.size(); ++ri) PublishRank(ri, 1);
   DirectCoordinatorOptions co = CoordinatorOptions(60000);
@@ -532,7 +569,7 @@ TEST_P(DirectTest, RegionTornByAKillIsRepairedByItsRank) {
     std::vector<uint64_t> differ;
     for (const ManifestChunk& mc : m->chunks) {
       ChunkHeader h;
-      ASSERT_NO_FATAL_FAILURE(PartChunkHeader(1, mc, &h));
+      ASSERT_NO_FATAL_FAILURE(PartChunkHeader(*m, mc, &h));
       const std::string& name = m->tensors[h.tensor_id].name;
       auto data = ck->MutableData(*ck->IndexOf(name));
       if (RegionHash(h, data.data()) != h.before) continue;  // applied (or torn) already
@@ -589,7 +626,7 @@ TEST_P(DirectTest, RegionTornByAKillIsRepairedByItsRank) {
 // damaged in the store stops a fold, which rolls back to the active
 // version.
 TEST_P(DirectTest, StoppedReceiversFoldDirectVersions) {
-  std::mt19937_64 rng(static_cast<uint64_t>(GetParam()) + 29);
+  std::mt19937_64 rng(Seed() + 29);
   const TensorBytes at0 = canon_;
   DirectCoordinatorOptions co = CoordinatorOptions(60000);
   co.members = {"c0"};
@@ -668,7 +705,7 @@ TEST_P(DirectTest, StoppedReceiversFoldDirectVersions) {
     for (const ManifestChunk& mc : m->chunks) {
       if (std::pair(mc.tensor_id, mc.start) > std::pair(c->tensor_id, c->start)) c = &mc;
     }
-    last = PartChunkKey(4, c->rank, c->part_index);
+    last = ManifestChunkKey(*m, c - m->chunks.data());
   }
   ASSERT_NO_FATAL_FAILURE(DamageAPartChunk(4, last));
   {
@@ -712,7 +749,7 @@ TEST_P(DirectTest, StoppedReceiversFoldDirectVersions) {
 // committed receiver wrote a snapshot, the next step resyncs from it,
 // bit-exact.
 TEST_P(DirectTest, TornCellOfAFoldResyncsFromASnapshot) {
-  std::mt19937_64 rng(static_cast<uint64_t>(GetParam()) + 31);
+  std::mt19937_64 rng(Seed() + 31);
   DirectCoordinatorOptions co = CoordinatorOptions(60000);
   co.members = {"c0"};
   auto opened = DirectCoordinator::Open(store_.get(), co);
@@ -763,7 +800,7 @@ TEST_P(DirectTest, TornCellOfAFoldResyncsFromASnapshot) {
     for (const ManifestChunk& mc : m->chunks) {
       if (mc.run == 0) continue;
       ChunkHeader h;
-      ASSERT_NO_FATAL_FAILURE(PartChunkHeader(1, mc, &h));
+      ASSERT_NO_FATAL_FAILURE(PartChunkHeader(*m, mc, &h));
       const std::string& name = m->tensors[h.tensor_id].name;
       auto data = ck->MutableData(*ck->IndexOf(name));
       if (RegionHash(h, data.data()) != h.before) continue;
@@ -830,7 +867,7 @@ TEST_P(DirectTest, TornCellOfAFoldResyncsFromASnapshot) {
 // receiver folds the committed versions into one pause. Every receiver
 // ends bit-exact with the target.
 TEST_P(DirectTest, TwoPhaseReceiverAppliesDirectVersions) {
-  std::mt19937_64 rng(static_cast<uint64_t>(GetParam()) + 31);
+  std::mt19937_64 rng(Seed() + 31);
   TensorBytes held = canon_, late = canon_;
   auto staged = [&](const std::string& name, TensorBytes* memory) {
     ReceiverOptions o = MakeReceiver(2);
@@ -988,7 +1025,7 @@ TEST_P(DirectTest, TwoPhaseReceiverAppliesDirectVersions) {
   EXPECT_TRUE(strided) << "the layout gave no strided region";
 }
 
-INSTANTIATE_TEST_SUITE_P(RandomLayouts, DirectTest, ::testing::Range(0, 3));
+INSTANTIATE_TEST_SUITE_P(RandomLayouts, DirectTest, ::testing::Range(0, 6));
 
 TEST(DirectCoordinatorTest, RefusesWithoutATableOrMembers) {
   TempDir dir;

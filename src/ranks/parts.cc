@@ -18,6 +18,7 @@
 #include "delta/apply.h"
 #include "delta/chunk.h"
 #include "format/json.h"
+#include "sync/chunk_pack.h"
 #include "sync/protocol.h"
 #include "sync/resend.h"
 #include "sync/supersede.h"
@@ -29,6 +30,8 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 constexpr char kPartMagic[8] = {'R', 'F', 'P', 'A', 'R', 'T', '0', '2'};
+// Format 3: every entry also carries its offset in a chunk pack.
+constexpr char kPartMagic3[8] = {'R', 'F', 'P', 'A', 'R', 'T', '0', '3'};
 constexpr uint64_t kMaxPartChunks = uint64_t{1} << 24;
 
 double Since(Clock::time_point t0) {
@@ -53,9 +56,13 @@ uint64_t HashTensorNames(std::vector<std::string> names) {
 }
 
 std::vector<uint8_t> EncodePartList(const PartList& l) {
+  // Lists without a packed chunk keep format 2, which coordinators that
+  // predate packs read.
+  bool v3 = false;
+  for (const PartEntry& e : l.chunks) v3 = v3 || e.pack_offset != 0;
   std::vector<uint8_t> out;
   ByteWriter w(&out);
-  w.Bytes(reinterpret_cast<const uint8_t*>(kPartMagic), 8);
+  w.Bytes(reinterpret_cast<const uint8_t*>(v3 ? kPartMagic3 : kPartMagic), 8);
   w.U64(l.version);
   w.U64(l.base_version);
   w.U32(l.rank);
@@ -72,15 +79,18 @@ std::vector<uint8_t> EncodePartList(const PartList& l) {
     w.Varint(e.run != 0 ? e.stride : 0);
     w.Varint(e.changed);
     w.U8(e.kind);
+    if (v3) w.Varint(e.pack_offset);
   }
   w.U64(XXH3_64bits(out.data(), out.size()));
   return out;
 }
 
 Result<PartList> DecodePartList(std::span<const uint8_t> body) {
-  if (body.size() < 8 + 8 || std::memcmp(body.data(), kPartMagic, 8) != 0) {
+  if (body.size() < 8 + 8 || (std::memcmp(body.data(), kPartMagic, 8) != 0 &&
+                              std::memcmp(body.data(), kPartMagic3, 8) != 0)) {
     return DataLossError("not a part list (bad magic)");
   }
+  const bool v3 = std::memcmp(body.data(), kPartMagic3, 8) == 0;
   const size_t covered = body.size() - 8;
   ByteReader tail(body.subspan(covered));
   if (tail.U64() != XXH3_64bits(body.data(), covered)) {
@@ -109,6 +119,7 @@ Result<PartList> DecodePartList(std::span<const uint8_t> body) {
     e.stride = r.Varint();
     e.changed = r.Varint();
     e.kind = r.U8();
+    if (v3) e.pack_offset = r.Varint();
     REFIT_RETURN_IF_ERROR(r.status("part list"));
     std::copy(sha.begin(), sha.end(), e.sha256.begin());
     // The region's form (docs/format.md §3); bounds are the reader's to
@@ -119,7 +130,13 @@ Result<PartList> DecodePartList(std::span<const uint8_t> body) {
                                   : e.run < e.count && e.count % e.run == 0 &&
                                         e.stride > e.run &&
                                         e.count / e.run - 1 <= (uint64_t{1} << 62) / e.stride);
-    if (!form) return DataLossError("part list entry " + std::to_string(i) + " is malformed");
+    // A packed chunk follows the previous chunk of its pack (packs are runs
+    // of consecutive part chunks at the first one's key).
+    const bool packed = e.pack_offset == 0 || (e.pack_offset < kMaxPackChunks && i > 0 &&
+                                               l.chunks.back().pack_offset == e.pack_offset - 1);
+    if (!form || !packed) {
+      return DataLossError("part list entry " + std::to_string(i) + " is malformed");
+    }
     l.chunks.push_back(e);
   }
   if (r.remaining() != 0) return DataLossError("part list has trailing bytes");
@@ -175,6 +192,18 @@ Result<RankPartReport> RankPublisher::Publish(uint64_t version,
   list.tensor_count = encoder_->canonical_tensors().size();
   list.names_hash = names_hash_;
   OnceUploader up(parts_, opt_.upload_threads, kPartConflict);
+  // Chunk packs (docs/protocol.md, "Chunk packs"): sealed chunks smaller
+  // than pack_bytes gathered, from part chunk pack_first on, and stored at
+  // its key; one chunk gathered is stored as itself.
+  std::vector<std::vector<uint8_t>> pack;
+  uint64_t pack_first = 0, pack_size = 0;
+  auto flush_pack = [&]() -> Status {
+    if (pack.empty()) return Status();
+    std::vector<uint8_t> object = pack.size() == 1 ? std::move(pack.front()) : EncodePack(pack);
+    pack.clear();
+    pack_size = 0;
+    return up.Add(PartChunkKey(version, rank_, pack_first), std::move(object));
+  };
   auto encoded = encoder_->Encode(
       version, committed_, local, [&](std::span<const uint8_t> chunk, const ChunkHeader& h) {
         std::vector<uint8_t> sealed = opt_.auth.Seal(chunk);
@@ -188,11 +217,27 @@ Result<RankPartReport> RankPublisher::Publish(uint64_t version,
         e.stride = h.stride;
         e.changed = h.changed;
         e.kind = static_cast<uint8_t>(h.kind);
+        const uint64_t k = list.chunks.size();
+        if (sealed.size() < opt_.pack_bytes) {
+          if (!pack.empty() &&
+              (pack_size + sealed.size() > opt_.pack_bytes || pack.size() >= kMaxPackChunks)) {
+            REFIT_RETURN_IF_ERROR(flush_pack());
+          }
+          if (pack.empty()) pack_first = k;
+          e.pack_offset = pack.size();
+          list.chunks.push_back(e);
+          pack_size += sealed.size();
+          pack.push_back(std::move(sealed));
+          return Status();
+        }
         list.chunks.push_back(e);
-        return up.Add(PartChunkKey(version, rank_, list.chunks.size() - 1), std::move(sealed));
+        REFIT_RETURN_IF_ERROR(flush_pack());
+        return up.Add(PartChunkKey(version, rank_, k), std::move(sealed));
       },
       amax);
-  Status finished = up.Finish();
+  Status finished = encoded.ok() ? flush_pack() : Status();
+  Status uploaded = up.Finish();
+  if (finished.ok()) finished = uploaded;
   if (!encoded.ok()) {
     encoder_->Abort();
     return encoded.status();
@@ -421,13 +466,39 @@ Result<CoordinatedReport> PartsCoordinator::Publish(uint64_t version) {
     applied.clear();
   };
   Status st;
+  // The pack last fetched: a rank's part is read in its order, so each of
+  // its packs is fetched once.
+  std::string pack_key;
+  std::vector<uint8_t> pack;
+  std::vector<std::span<const uint8_t>> elements;
   for (size_t i = 0; i < lists.size() && st.ok(); ++i) {
     const uint32_t rank = opt_.ranks[i];
     for (size_t k = 0; k < lists[i].chunks.size() && st.ok(); ++k) {
-      const std::string key = PartChunkKey(version, rank, k);
+      const PartEntry& e = lists[i].chunks[k];
+      const std::string key = PartChunkKey(version, rank, k - e.pack_offset);
       auto run = [&]() -> Status {
-        REFIT_ASSIGN_OR_RETURN(std::vector<uint8_t> sealed, parts_->Get(key));
-        const PartEntry& e = lists[i].chunks[k];
+        std::vector<uint8_t> sealed;
+        if (key != pack_key) {
+          REFIT_ASSIGN_OR_RETURN(sealed, parts_->Get(key));
+          if (IsPack(sealed)) {
+            pack_key.clear();
+            pack = std::move(sealed);
+            auto decoded = DecodePack(pack);
+            if (!decoded.ok()) return decoded.status().WithContext("'" + key + "'");
+            elements = std::move(*decoded);
+            pack_key = key;
+          } else if (e.pack_offset != 0) {
+            return DataLossError("'" + key + "' is not the pack its part list names");
+          }
+        }
+        if (key == pack_key) {
+          if (e.pack_offset >= elements.size()) {
+            return DataLossError("'" + key + "' holds " + std::to_string(elements.size()) +
+                                 " chunks; its part list places chunk " + std::to_string(k) +
+                                 " at " + std::to_string(e.pack_offset));
+          }
+          sealed.assign(elements[e.pack_offset].begin(), elements[e.pack_offset].end());
+        }
         if (sealed.size() != e.size || ComputeSha256(sealed) != e.sha256) {
           return DataLossError("'" + key + "' is not the object its part list names");
         }
@@ -841,6 +912,7 @@ Result<DirectReport> DirectCoordinator::Publish(uint64_t version) {
         c.in_part = true;
         c.rank = opt_.ranks[i];
         c.part_index = k;
+        c.pack_offset = e.pack_offset;
         m.chunks.push_back(c);
         touched[e.tensor_id] = true;
         report.part_bytes += e.size;

@@ -59,11 +59,17 @@ struct PartEntry {
   uint64_t stride = 0;
   uint64_t changed = 0;
   uint8_t kind = 0;
+  // Chunk packs (docs/protocol.md, "Chunk packs"): > 0 when the chunk is
+  // element `pack_offset` of the pack stored at part chunk
+  // (k - pack_offset)'s key; 0 when it is at its own key (alone, or first
+  // in its pack).
+  uint64_t pack_offset = 0;
 };
 
 // The part list: which version and base it belongs to, the canonical
 // tensor table it indexes (count and a hash of the sorted names), and its
-// chunks.
+// chunks (docs/trainer.md, "Part list"). A list with a packed chunk is
+// encoded as format 3 ("RFPART03"), others as format 2; both decode.
 struct PartList {
   uint64_t version = 0;
   uint64_t base_version = 0;

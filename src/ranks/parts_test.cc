@@ -17,6 +17,7 @@
 #include "support/status_matchers.h"
 #include "support/test_layout.h"
 #include "support/testing.h"
+#include "sync/chunk_pack.h"
 #include "sync/receiver.h"
 
 namespace refit::ranks {
@@ -130,6 +131,7 @@ class PartsTest : public ::testing::Test {
       RankPublisherOptions ro;
       ro.auth = Key();
       ro.poll_ms = 2;
+      ro.pack_bytes = pack_bytes_;
       auto rp = RankPublisher::Open(parts_.get(), store_.get(), e->get(), layout_.ranks[ri].rank,
                                     0, ro);
       ASSERT_TRUE(rp.ok());
@@ -175,6 +177,14 @@ class PartsTest : public ::testing::Test {
     for (const Status& s : results) ASSERT_OK(s);
   }
 
+  // The part list of `rank`'s part of `version`, as stored.
+  Result<PartList> StoredList(uint64_t version, uint32_t rank) {
+    REFIT_ASSIGN_OR_RETURN(auto bytes, parts_->Get(PartListKey(version, rank)));
+    REFIT_ASSIGN_OR_RETURN(auto body, Key().Open(bytes));
+    return DecodePartList(body);
+  }
+
+  uint64_t pack_bytes_ = 0;  // the ranks' RankPublisherOptions::pack_bytes
   TempDir dir_;
   Layout layout_;
   TensorBytes canon_;
@@ -335,6 +345,109 @@ TEST_F(PartsTest, TamperedOrForeignPartsAreRefused) {
   EXPECT_THAT(refused, StatusIs(StatusCode::kUnauthenticated));
 }
 
+// The same ranks with their chunks in chunk packs.
+class PackedPartsTest : public PartsTest {
+ protected:
+  void SetUp() override {
+    pack_bytes_ = 4096;
+    PartsTest::SetUp();
+  }
+};
+
+TEST_F(PackedPartsTest, PackedPartsAreAssembledIntoVersions) {
+  std::mt19937_64 rng(6);
+  for (uint64_t version = 1; version <= 2; ++version) {
+    Step(rng);
+    std::vector<std::thread> receivers;
+    for (int i = 0; i < 2; ++i) {
+      receivers.emplace_back([&, i] {
+        auto r = Receiver::Open(store_.get(), MakeReceiver(i));
+        ASSERT_OK(r);
+        EXPECT_OK((*r)->SyncTo(version, 30000));
+      });
+    }
+    PublishParts(version);
+    // The parts are in packs: a part's objects are its chunks less those
+    // listed with an offset in a pack (part list format 3).
+    uint64_t packed = 0;
+    for (const auto& rank : layout_.ranks) {
+      auto list = StoredList(version, rank.rank);
+      ASSERT_OK(list);
+      uint64_t in_packs = 0;
+      for (const PartEntry& e : list->chunks) in_packs += e.pack_offset != 0;
+      packed += in_packs;
+      const std::string chunk0 = PartChunkKey(version, rank.rank, 0);
+      auto objects = parts_->List(chunk0.substr(0, chunk0.rfind('/') + 1));
+      ASSERT_OK(objects);
+      EXPECT_EQ(objects->size() + in_packs, list->chunks.size()) << "rank " << rank.rank;
+    }
+    EXPECT_GT(packed, 0u);
+    auto report = coordinator_->Publish(version);
+    for (auto& t : receivers) t.join();
+    ASSERT_OK(report);
+    EXPECT_TRUE(report->publish.committed);
+    EXPECT_EQ(report->changed_elements, report->publish.diff.changed_elements);
+    for (int i = 0; i < 2; ++i) {
+      EXPECT_TRUE(Matches(dir_.File("r" + std::to_string(i) + "/model.safetensors"), canon_))
+          << "receiver " << i << " version " << version;
+    }
+    for (auto& r : ranks_) {
+      auto d = r->AwaitDecision(10000);
+      ASSERT_OK(d);
+      EXPECT_TRUE(*d);
+    }
+  }
+}
+
+TEST_F(PackedPartsTest, TamperedPackIsRefused) {
+  std::mt19937_64 rng(8);
+  Step(rng);
+  PublishParts(1);
+  // The first pack of the first rank that stored one.
+  std::string key;
+  for (size_t ri = 0; ri < layout_.ranks.size() && key.empty(); ++ri) {
+    auto list = StoredList(1, layout_.ranks[ri].rank);
+    ASSERT_OK(list);
+    for (size_t k = 1; k < list->chunks.size() && key.empty(); ++k) {
+      if (list->chunks[k].pack_offset == 1) key = PartChunkKey(1, layout_.ranks[ri].rank, k - 1);
+    }
+  }
+  ASSERT_FALSE(key.empty()) << "no rank stored a pack";
+  auto original = parts_->Get(key);
+  ASSERT_OK(original);
+  ASSERT_TRUE(IsPack(*original));
+  // Damaged: the pack's checksum fails.
+  auto damaged = *original;
+  damaged[damaged.size() / 2] ^= 1;
+  ASSERT_OK(parts_->Put(key, damaged));
+  EXPECT_THAT(coordinator_->Publish(1), StatusIs(StatusCode::kDataLoss));
+  // A chunk in it altered and the pack framed again: the pack reads, the
+  // chunk's SHA-256 is not the list's.
+  auto elements = DecodePack(*original);
+  ASSERT_OK(elements);
+  std::vector<std::vector<uint8_t>> objects;
+  for (auto e : *elements) objects.emplace_back(e.begin(), e.end());
+  objects[1][objects[1].size() / 2] ^= 1;
+  ASSERT_OK(parts_->Put(key, EncodePack(objects)));
+  EXPECT_THAT(coordinator_->Publish(1), StatusIs(StatusCode::kDataLoss));
+  // Intact again, the version is assembled from the staging copy rolled
+  // back each time.
+  ASSERT_OK(parts_->Put(key, *original));
+  std::vector<std::thread> receivers;
+  for (int i = 0; i < 2; ++i) {
+    receivers.emplace_back([&, i] {
+      auto r = Receiver::Open(store_.get(), MakeReceiver(i));
+      ASSERT_OK(r);
+      EXPECT_OK((*r)->SyncTo(1, 30000));
+    });
+  }
+  auto report = coordinator_->Publish(1);
+  for (auto& t : receivers) t.join();
+  ASSERT_OK(report);
+  EXPECT_TRUE(report->publish.committed);
+  EXPECT_TRUE(Matches(dir_.File("r0/model.safetensors"), canon_));
+}
+
 TEST(PartListTest, RoundTripAndCorruption) {
   PartList l;
   l.version = 9;
@@ -366,6 +479,22 @@ TEST(PartListTest, RoundTripAndCorruption) {
   EXPECT_EQ(back->chunks[1].run, 8u);
   EXPECT_EQ(back->chunks[1].stride, 40u);
   EXPECT_EQ(back->chunks[1].kind, 2);
+  EXPECT_EQ(std::string(bytes.begin(), bytes.begin() + 8), "RFPART02");
+  // A packed chunk: format 3, with each chunk's offset in its pack.
+  PartList packed = l;
+  packed.chunks[1].pack_offset = 1;
+  auto packed_bytes = EncodePartList(packed);
+  EXPECT_EQ(std::string(packed_bytes.begin(), packed_bytes.begin() + 8), "RFPART03");
+  auto packed_back = DecodePartList(packed_bytes);
+  ASSERT_OK(packed_back);
+  EXPECT_EQ(packed_back->chunks[0].pack_offset, 0u);
+  EXPECT_EQ(packed_back->chunks[1].pack_offset, 1u);
+  // An offset that does not follow the previous chunk's is refused.
+  packed.chunks[1].pack_offset = 2;
+  EXPECT_THAT(DecodePartList(EncodePartList(packed)), StatusIs(StatusCode::kDataLoss));
+  packed.chunks[0].pack_offset = 1;
+  packed.chunks[1].pack_offset = 2;
+  EXPECT_THAT(DecodePartList(EncodePartList(packed)), StatusIs(StatusCode::kDataLoss));
   // A region not in canonical form is refused.
   PartList bad = l;
   bad.chunks[1].stride = 8;

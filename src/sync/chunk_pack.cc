@@ -2,6 +2,7 @@
 
 #include <xxhash.h>
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 
@@ -103,39 +104,74 @@ Result<std::vector<uint8_t>> FindChunkObject(ObjectStore* store, uint64_t versio
   return NotFoundError(name + " is not stored");
 }
 
+ChunkObjectReader::HeldPack* ChunkObjectReader::Held(const std::string& key) {
+  for (HeldPack& p : held_) {
+    if (p.key == key) return &p;
+  }
+  return nullptr;
+}
+
+std::vector<uint8_t> ChunkObjectReader::Take(HeldPack* pack, uint64_t j) {
+  std::vector<uint8_t> out(pack->elements[j].begin(), pack->elements[j].end());
+  if (!pack->taken[j]) {
+    pack->taken[j] = true;
+    if (--pack->left == 0) held_.erase(held_.begin() + (pack - held_.data()));
+  }
+  return out;
+}
+
 Result<std::vector<uint8_t>> ChunkObjectReader::Get(uint64_t index, const Manifest* manifest,
                                                      std::string* key) {
   const bool listed = manifest && index < manifest->chunks.size();
   const uint64_t offset = listed ? manifest->chunks[index].pack_offset : 0;
-  const bool cached = !elements_.empty() && index >= pack_first_ &&
-                      index - pack_first_ < elements_.size() &&
-                      (!listed || index - offset == pack_first_);
-  if (!cached) {
-    const std::string k = listed ? ManifestChunkKey(*manifest, index) : ChunkKey(version_, index);
+  const std::string name =
+      "chunk " + std::to_string(index) + " of version " + std::to_string(version_);
+  HeldPack* pack = nullptr;
+  uint64_t j = offset;
+  if (listed) {
+    const std::string k = ManifestChunkKey(*manifest, index);
     if (key) *key = k;
+    pack = Held(k);
+  } else {
+    // Before the manifest: chunk i is in a held pack of chunks first.. or
+    // at its own key.
+    for (HeldPack& p : held_) {
+      if (index >= p.first && index - p.first < p.elements.size() &&
+          p.key == ChunkKey(version_, p.first)) {
+        pack = &p;
+        j = index - p.first;
+        if (key) *key = p.key;
+        break;
+      }
+    }
+    if (!pack && key) *key = ChunkKey(version_, index);
+  }
+  if (!pack) {
+    const std::string k = listed ? ManifestChunkKey(*manifest, index) : ChunkKey(version_, index);
     REFIT_ASSIGN_OR_RETURN(auto object, store_->Get(k));
     if (!IsPack(object)) {
       if (offset == 0) return object;
-      return DataLossError("chunk " + std::to_string(index) + " of version " +
-                           std::to_string(version_) + ": its manifest places it in a pack, "
-                           "and the object at the pack's key is not one");
+      return DataLossError(name +
+                           ": its manifest places it in a pack, and the object at "
+                           "the pack's key is not one");
     }
-    elements_.clear();
-    pack_ = std::move(object);
-    REFIT_ASSIGN_OR_RETURN(elements_, DecodePack(pack_));
-    pack_first_ = index - offset;
-    pack_key_ = k;
-  } else if (key) {
-    *key = pack_key_;
+    HeldPack p;
+    p.key = k;
+    p.bytes = std::move(object);
+    REFIT_ASSIGN_OR_RETURN(p.elements, DecodePack(p.bytes));
+    p.first = listed ? index - std::min(index, offset) : index;
+    p.taken.assign(p.elements.size(), false);
+    p.left = p.elements.size();
+    if (held_.size() >= kMaxHeldPacks) held_.erase(held_.begin());
+    held_.push_back(std::move(p));
+    pack = &held_.back();
   }
-  const uint64_t j = index - pack_first_;
-  if (j >= elements_.size() || (listed && j != offset)) {
-    return DataLossError("chunk " + std::to_string(index) + " of version " +
-                         std::to_string(version_) + ": the pack at '" + pack_key_ + "' holds " +
-                         std::to_string(elements_.size()) + " chunks, and the manifest " +
+  if (j >= pack->elements.size()) {
+    return DataLossError(name + ": the pack at '" + pack->key + "' holds " +
+                         std::to_string(pack->elements.size()) + " chunks, and the manifest " +
                          "places it at " + std::to_string(offset));
   }
-  return std::vector<uint8_t>(elements_[j].begin(), elements_[j].end());
+  return Take(pack, j);
 }
 
 }  // namespace refit

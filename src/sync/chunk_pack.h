@@ -56,29 +56,50 @@ Result<std::vector<uint8_t>> FindChunkObject(ObjectStore* store, uint64_t versio
                                              uint64_t index, const Manifest* manifest);
 
 // Reads the chunk objects of one version for a receiver walking its
-// chunks in index order: the first chunk of a pack fetches the pack, the
-// others are taken from it. Not thread-safe; one per walk.
+// chunks in index order: the first chunk of a pack read fetches the pack,
+// the others are taken from it. A direct version's manifest lists the
+// chunks of several ranks' parts interleaved (tensor order), each rank's
+// in its part's order, so the reader holds the packs it has not read out
+// yet, up to kMaxHeldPacks (the oldest is dropped first and fetched again
+// if needed); a pack is dropped once each of its chunks was taken. Not
+// thread-safe; one per walk.
 class ChunkObjectReader {
  public:
+  static constexpr size_t kMaxHeldPacks = 64;
+
   ChunkObjectReader(ObjectStore* store, uint64_t version) : store_(store), version_(version) {}
 
   // The stored (sealed) object of chunk `index`. With `manifest` (when it
-  // lists the chunk), its entry names the key and the offset in a pack;
-  // without, the chunk is at its own key or in the pack last fetched.
-  // NOT_FOUND when the key holds nothing (the publisher has not stored it
-  // yet); DATA_LOSS for a malformed pack or one that the manifest says
-  // holds the chunk and does not; the store's errors as they are. `key`
-  // (when given) receives the key read or last read.
+  // lists the chunk), its entry names the key (ManifestChunkKey) and the
+  // offset in a pack; without, the chunk is at its own key or in a pack
+  // held that starts below it. NOT_FOUND when the key holds nothing (the
+  // publisher has not stored it yet); DATA_LOSS for a malformed pack or one
+  // that the manifest says holds the chunk and does not; the store's
+  // errors as they are. `key` (when given) receives the key read or last
+  // read.
   Result<std::vector<uint8_t>> Get(uint64_t index, const Manifest* manifest,
                                    std::string* key = nullptr);
 
  private:
+  struct HeldPack {
+    std::string key;
+    // The version's chunk index of element 0 when the pack is at a
+    // v/<V>/chunk/<i> key (packs of a single publisher); unused for a
+    // rank's part, whose elements are located by the manifest.
+    uint64_t first = 0;
+    std::vector<uint8_t> bytes;
+    std::vector<std::span<const uint8_t>> elements;
+    std::vector<bool> taken;
+    size_t left = 0;  // elements not taken yet
+  };
+  // The held pack at `key`, or nullptr.
+  HeldPack* Held(const std::string& key);
+  // Element j of `pack` (j in range), dropping the pack once all are taken.
+  std::vector<uint8_t> Take(HeldPack* pack, uint64_t j);
+
   ObjectStore* store_;
   uint64_t version_;
-  std::vector<uint8_t> pack_;  // the pack last fetched, of chunks pack_first_..
-  std::vector<std::span<const uint8_t>> elements_;
-  uint64_t pack_first_ = 0;
-  std::string pack_key_;
+  std::vector<HeldPack> held_;  // oldest first
 };
 
 }  // namespace refit

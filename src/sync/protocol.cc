@@ -109,8 +109,9 @@ Status ReadHashes(ByteReader& r, const char* what, std::vector<Hash128>* out) {
 
 std::string ManifestChunkKey(const Manifest& m, uint64_t i) {
   const ManifestChunk& c = m.chunks[i];
-  return c.in_part ? PartChunkKey(m.version, c.rank, c.part_index)
-                   : ChunkKey(m.version, i - std::min(i, c.pack_offset));
+  return c.in_part
+             ? PartChunkKey(m.version, c.rank, c.part_index - std::min(c.part_index, c.pack_offset))
+             : ChunkKey(m.version, i - std::min(i, c.pack_offset));
 }
 
 std::vector<uint8_t> EncodeManifest(const Manifest& m) {
@@ -197,14 +198,20 @@ Result<Manifest> DecodeManifest(std::span<const uint8_t> body) {
     // The region's last element: a strided region in canonical form
     // (docs/format.md §3), whose rows end inside the tensor.
     uint64_t span = c.count;
-    // A packed chunk follows the previous chunk of its pack (packs are
-    // runs of consecutive chunks at the first one's key) and is no part
-    // chunk.
-    bool region_ok = flags <= 7 && (flags & 6) != 6;
+    // A packed chunk of a single publisher follows the previous chunk of
+    // its pack (packs are runs of consecutive chunks at the first one's
+    // key). A packed part chunk is element pack_offset of the pack at part
+    // chunk part_index - pack_offset of its rank; the manifest interleaves
+    // the ranks' chunks, so its neighbour may be another rank's.
+    bool region_ok = flags <= 7;
     if (flags & 4) {
-      region_ok = region_ok && c.pack_offset > 0 && c.pack_offset < kMaxPackChunks &&
-                  i > 0 && m.chunks[i - 1].pack_offset == c.pack_offset - 1 &&
-                  !m.chunks[i - 1].in_part;
+      region_ok = region_ok && c.pack_offset > 0 && c.pack_offset < kMaxPackChunks;
+      if (c.in_part) {
+        region_ok = region_ok && c.pack_offset <= c.part_index;
+      } else {
+        region_ok = region_ok && i > 0 && m.chunks[i - 1].pack_offset == c.pack_offset - 1 &&
+                    !m.chunks[i - 1].in_part;
+      }
     }
     if (c.run != 0) {
       region_ok = region_ok && c.run < c.count && c.count % c.run == 0 && c.stride > c.run &&

@@ -43,8 +43,9 @@ struct ManifestChunk {
   uint32_t rank = 0;
   uint64_t part_index = 0;
   // Chunk packs (sync/chunk_pack.h): > 0 when the chunk is element
-  // `pack_offset` of the pack stored at chunk (index - pack_offset)'s key;
-  // 0 when its object is at its own key (alone, or first in its pack).
+  // `pack_offset` of the pack stored at chunk (index - pack_offset)'s key,
+  // or, in a part, at part chunk (part_index - pack_offset)'s key; 0 when
+  // its object is at its own key (alone, or first in its pack).
   uint64_t pack_offset = 0;
 };
 

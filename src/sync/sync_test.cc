@@ -1838,6 +1838,23 @@ TEST(ProtocolTest, ChunkPacksRoundTripAndRefuseDamage) {
   m.chunks[1].pack_offset = 0;
   m.chunks[2].pack_offset = 2;
   EXPECT_THAT(DecodeManifest(EncodeManifest(m)), StatusIs(StatusCode::kDataLoss));
+  // A rank's part chunks in a pack of its part: the manifest interleaves
+  // ranks, so a packed part chunk is placed by its part index alone.
+  m.direct = true;
+  for (uint64_t i = 0; i < 3; ++i) {
+    m.chunks[i].in_part = true;
+    m.chunks[i].rank = i == 1 ? 1 : 0;
+    m.chunks[i].part_index = i == 1 ? 0 : 4 + i / 2;
+    m.chunks[i].pack_offset = i == 1 ? 0 : 2 + i / 2;
+  }
+  auto parts = DecodeManifest(EncodeManifest(m));
+  ASSERT_OK(parts);
+  EXPECT_EQ(parts->chunks[2].pack_offset, 3u);
+  EXPECT_EQ(ManifestChunkKey(*parts, 0), PartChunkKey(5, 0, 2));
+  EXPECT_EQ(ManifestChunkKey(*parts, 1), PartChunkKey(5, 1, 0));
+  EXPECT_EQ(ManifestChunkKey(*parts, 2), PartChunkKey(5, 0, 2));
+  m.chunks[2].pack_offset = 6;  // before the part's first chunk
+  EXPECT_THAT(DecodeManifest(EncodeManifest(m)), StatusIs(StatusCode::kDataLoss));
 }
 
 // Small chunks gathered into packs reach every receiver bit-exact, with

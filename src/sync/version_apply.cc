@@ -240,6 +240,12 @@ std::string VersionApply::KeyOf(uint64_t i) const {
                                                    : ChunkKey(a_.version, i);
 }
 
+std::string VersionApply::BadReadKey(uint64_t i) const {
+  // The chunks of a pack share its key: a good chunk read from it says
+  // nothing of another that fails.
+  return KeyOf(i) + "#" + std::to_string(i);
+}
+
 Status VersionApply::Repair(const std::vector<uint64_t>& torn, bool after) {
   if (torn.empty()) return Status();
   ResendRequest q;
@@ -449,7 +455,7 @@ Status VersionApply::TakeChunk(uint64_t i, Clock::time_point fetched_from) {
     // The same bytes in consecutive steps are the stored object: the
     // version cannot be applied here (a re-send would come from the same
     // publisher that stored it; the version is aborted instead).
-    const std::string key = KeyOf(i);
+    const std::string key = BadReadKey(i);
     const Sha256 bad = ComputeSha256(object_);
     if (bad_read.key == key && bad_read.sha == bad) {
       ++bad_read.reads;
@@ -463,7 +469,7 @@ Status VersionApply::TakeChunk(uint64_t i, Clock::time_point fetched_from) {
     }
     return parsed.status();
   }
-  if (bad_read.key == KeyOf(i)) bad_read = Receiver::BadRead{};
+  if (bad_read.key == BadReadKey(i)) bad_read = Receiver::BadRead{};
   ParsedChunk c = std::move(*parsed);
   const Sha256 sha = manifest_ ? manifest_->chunks[i].sha256 : ComputeSha256(object_);
   last_progress_ = Clock::now();

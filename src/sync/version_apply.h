@@ -91,6 +91,8 @@ class VersionApply {
   // Where chunk i is stored: v/<V>/chunk/<i>, or a rank's part object when
   // the manifest (seen) says so.
   std::string KeyOf(uint64_t i) const;
+  // What Receiver::BadRead records of chunk i: its key and its index.
+  std::string BadReadKey(uint64_t i) const;
   // Step 3: asks for overwrite re-sends of `torn` chunks (at V if `after`,
   // else at the base) and applies them as they arrive.
   Status Repair(const std::vector<uint64_t>& torn, bool after);

@@ -503,6 +503,18 @@ TEST(Fp4LayoutTest, GeneratedTensorParallelNvfp4LayoutPatchesTheReferenceCheckpo
   CheckGenerated(layout::testing::SmallQwen3MoeNvfp4Config(), 2, false);
 }
 
+// The same with ModelOpt's FP8 KV cache: each layer's k and v scale (F32
+// scalars) is replicated on the TP ranks of its stage, owned by one, and
+// patched like any tensor.
+TEST(Fp4LayoutTest, GeneratedNvfp4LayoutWithFp8KvCacheScalesPatchesTheReferenceCheckpoint) {
+  std::string config = layout::testing::SmallQwen3MoeNvfp4Config();
+  const std::string null_kv = "\"kv_cache_quant_algo\": null";
+  const size_t at = config.find(null_kv);
+  ASSERT_NE(at, std::string::npos);
+  config.replace(at, null_kv.size(), "\"kv_cache_quant_algo\": \"FP8\"");
+  CheckGenerated(config, 2, false);
+}
+
 TEST(Fp4LayoutTest, ASplitScaleBlockIsRefusedByName) {
   // down_proj split at column 16: ranks 0 and 1 would share block 0 of
   // every row of expert 0.
