@@ -934,24 +934,26 @@ __global__ void __launch_bounds__(kApplyThreads)
 // a batch's ranges were hashed (a batch holds tens of chunks of megabytes).
 constexpr uint32_t kDigestBlocks = 16;
 
-// Digests of the contiguous ranges' segments. Strided regions are left to
-// RegionDigestKernel: gathering them here took the kernel from 128 to 170
-// registers, half the blocks per SM, and slowed the hash of every range.
-__global__ void __launch_bounds__(kThreads) SegmentDigestKernel(BatchDevice b) {
+// Digests of a batch chunk's 64 KiB segments (those this block's warps
+// own), each hash(c, offset, length) stored by the warp's lane 0; chunks of
+// the other shape (strided or contiguous), without a range here, or already
+// failed are left alone.
+template <class Hash>
+__device__ __forceinline__ void DigestSegments(const BatchDevice& b, bool strided,
+                                               Hash hash) {
   const DevChunk& c = b.chunks[blockIdx.x];
-  if (c.range_address == 0 || c.run != 0 ||
+  if (c.range_address == 0 || (c.run != 0) != strided ||
       b.status[c.status_index] != kStatusOk) {
     return;
   }
   const uint64_t bytes = uint64_t{c.n} * c.width;
-  const uint8_t* base = Addr(c.range_address);
   uint64_t* dig = reinterpret_cast<uint64_t*>(b.scratch) + 2 * c.seg_first;
   const uint32_t warps = gridDim.y * (blockDim.x / 32);
   const uint32_t warp = blockIdx.y * (blockDim.x / 32) + threadIdx.x / 32;
   for (uint32_t s = warp; s < c.segments; s += warps) {
     const uint64_t off = uint64_t{s} * kSegment;
     const uint64_t len = bytes - off < kSegment ? bytes - off : kSegment;
-    const H128 h = Xxh3Warp(base + off, len);
+    const H128 h = hash(c, off, len);
     if ((threadIdx.x & 31) == 0) {
       dig[2 * s] = h.lo;
       dig[2 * s + 1] = h.hi;
@@ -959,27 +961,26 @@ __global__ void __launch_bounds__(kThreads) SegmentDigestKernel(BatchDevice b) {
   }
 }
 
-// Digests of the strided regions' segments: a region hashes as its rows
-// laid end to end (docs/format.md §2); each warp gathers them a block at a
-// time into shared memory (segments and blocks hold whole elements).
+// The contiguous ranges' digests. Strided regions are hashed by
+// RegionDigestKernel: gathering them in this kernel took it from 128 to 170
+// registers, half the blocks per SM, and slowed the hash of every range.
+__global__ void __launch_bounds__(kThreads) SegmentDigestKernel(BatchDevice b) {
+  DigestSegments(b, /*strided=*/false,
+                 [](const DevChunk& c, uint64_t off, uint64_t len) {
+                   return Xxh3Warp(Addr(c.range_address) + off, len);
+                 });
+}
+
+// The strided regions' digests: a region hashes as its rows laid end to
+// end (docs/format.md §2); each warp gathers them a block at a time into
+// shared memory (segments and blocks hold whole elements).
 __global__ void __launch_bounds__(kThreads) RegionDigestKernel(BatchDevice b) {
   __shared__ alignas(16) uint8_t s_gather[kThreads / 32][kGatherBuffer];
-  const DevChunk& c = b.chunks[blockIdx.x];
-  if (c.range_address == 0 || c.run == 0 ||
-      b.status[c.status_index] != kStatusOk) {
-    return;
-  }
-  const uint64_t bytes = uint64_t{c.n} * c.width;
-  const uint8_t* base = Addr(c.range_address);
-  uint64_t* dig = reinterpret_cast<uint64_t*>(b.scratch) + 2 * c.seg_first;
-  const uint32_t warps = gridDim.y * (blockDim.x / 32);
-  const uint32_t warp = blockIdx.y * (blockDim.x / 32) + threadIdx.x / 32;
   const uint32_t lane = threadIdx.x & 31;
-  const int w = c.width;
-  for (uint32_t s = warp; s < c.segments; s += warps) {
-    const uint64_t off = uint64_t{s} * kSegment;
-    const uint64_t len = bytes - off < kSegment ? bytes - off : kSegment;
-    const H128 h = Xxh3WarpGathered(
+  DigestSegments(b, /*strided=*/true, [&](const DevChunk& c, uint64_t off, uint64_t len) {
+    const uint8_t* base = Addr(c.range_address);
+    const int w = c.width;
+    return Xxh3WarpGathered(
         s_gather[threadIdx.x / 32], len, [&](uint64_t o, uint64_t n, uint8_t* dst) {
           const uint32_t first = static_cast<uint32_t>((off + o) / w);
           for (uint32_t i = lane; i < n / w; i += 32) {
@@ -987,11 +988,7 @@ __global__ void __launch_bounds__(kThreads) RegionDigestKernel(BatchDevice b) {
             StoreWord(dst + uint64_t{i} * w, LoadWord(base + e * w, w), w);
           }
         });
-    if (lane == 0) {
-      dig[2 * s] = h.lo;
-      dig[2 * s + 1] = h.hi;
-    }
-  }
+  });
 }
 
 // Every chunk's segment digests: the contiguous ranges', then (when the

@@ -574,25 +574,37 @@ Result<std::optional<std::vector<uint8_t>>> GetIfStored(ObjectStore* store,
   return got.status();
 }
 
-}  // namespace
-
-std::vector<TensorEntry> TensorTableOf(const Checkpoint& ck) {
+// The tensor table of a checkpoint's tensors, each with its hash (before
+// and after alike), sorted by name.
+std::vector<TensorEntry> TableOf(const std::vector<TensorInfo>& tensors,
+                                 const std::vector<Hash128>& hashes) {
   std::vector<TensorEntry> out;
-  for (size_t i = 0; i < ck.tensors().size(); ++i) {
-    const TensorInfo& t = ck.tensors()[i];
+  out.reserve(tensors.size());
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const TensorInfo& t = tensors[i];
     TensorEntry e;
     e.name = t.name;
     e.dtype = t.dtype;
     e.width = static_cast<uint8_t>(t.element_width);
     e.shape = t.shape;
     e.num_elements = t.num_elements;
-    auto d = ck.Data(i);
-    e.before = e.after = RangeHash(d.data(), d.size());
+    e.before = e.after = hashes[i];
     out.push_back(std::move(e));
   }
   std::sort(out.begin(), out.end(),
             [](const TensorEntry& a, const TensorEntry& b) { return a.name < b.name; });
   return out;
+}
+
+}  // namespace
+
+std::vector<TensorEntry> TensorTableOf(const Checkpoint& ck) {
+  std::vector<Hash128> hashes;
+  for (size_t i = 0; i < ck.tensors().size(); ++i) {
+    auto d = ck.Data(i);
+    hashes.push_back(RangeHash(d.data(), d.size()));
+  }
+  return TableOf(ck.tensors(), hashes);
 }
 
 Result<std::vector<TensorEntry>> ReadTensorTable(const Checkpoint& ck,
@@ -673,22 +685,7 @@ Result<std::vector<TensorEntry>> ReadTensorTable(const Checkpoint& ck,
   });
   if (!first_error.ok()) return first_error;
 
-  std::vector<TensorEntry> out;
-  out.reserve(tensors.size());
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    const TensorInfo& t = tensors[i];
-    TensorEntry e;
-    e.name = t.name;
-    e.dtype = t.dtype;
-    e.width = static_cast<uint8_t>(t.element_width);
-    e.shape = t.shape;
-    e.num_elements = t.num_elements;
-    e.before = e.after = hashes[i];
-    out.push_back(std::move(e));
-  }
-  std::sort(out.begin(), out.end(),
-            [](const TensorEntry& a, const TensorEntry& b) { return a.name < b.name; });
-  return out;
+  return TableOf(tensors, hashes);
 }
 
 Result<std::unique_ptr<DirectCoordinator>> DirectCoordinator::Open(

@@ -164,6 +164,20 @@ class PartsTest : public ::testing::Test {
     local_ = *local;
   }
 
+  // Two receivers, each opened and synced to `version` on its own thread;
+  // the caller joins them.
+  std::vector<std::thread> SyncReceivers(uint64_t version) {
+    std::vector<std::thread> receivers;
+    for (int i = 0; i < 2; ++i) {
+      receivers.emplace_back([this, i, version] {
+        auto r = Receiver::Open(store_.get(), MakeReceiver(i));
+        ASSERT_OK(r);
+        EXPECT_OK((*r)->SyncTo(version, 30000));
+      });
+    }
+    return receivers;
+  }
+
   // Every rank publishes its part on its own thread.
   void PublishParts(uint64_t version) {
     std::vector<std::thread> threads;
@@ -200,15 +214,7 @@ TEST_F(PartsTest, RanksPartsBecomeVersionsEveryReceiverHolds) {
   std::mt19937_64 rng(2);
   for (uint64_t version = 1; version <= 3; ++version) {
     Step(rng);
-    std::vector<std::thread> receivers;
-    for (int i = 0; i < 2; ++i) {
-      receivers.emplace_back([&, i] {
-        auto r = Receiver::Open(store_.get(), MakeReceiver(i));
-        ASSERT_OK(r);
-        auto s = (*r)->SyncTo(version, 30000);
-        EXPECT_OK(s);
-      });
-    }
+    std::vector<std::thread> receivers = SyncReceivers(version);
     // The coordinator starts first and waits for the parts.
     Result<CoordinatedReport> report = InternalError("not run");
     std::thread coord([&] { report = coordinator_->Publish(version); });
@@ -291,15 +297,7 @@ TEST_F(PartsTest, MissingPartPublishesNothingAndAbortedVersionsKeepBaselines) {
   c = PartsCoordinator::Open(parts_.get(), publisher_.get(), dir_.File("baseline.safetensors"),
                              dir_.File("staging.safetensors"), co);
   ASSERT_TRUE(c.ok());
-  std::vector<std::thread> receivers;
-  for (int i = 0; i < 2; ++i) {
-    receivers.emplace_back([&, i] {
-      auto r = Receiver::Open(store_.get(), MakeReceiver(i));
-      ASSERT_TRUE(r.ok());
-      auto s = (*r)->SyncTo(2, 30000);
-      EXPECT_OK(s);
-    });
-  }
+  std::vector<std::thread> receivers = SyncReceivers(2);
   Result<CoordinatedReport> report = InternalError("not run");
   std::thread coord([&] { report = (*c)->Publish(2); });
   PublishParts(2);
@@ -358,14 +356,7 @@ TEST_F(PackedPartsTest, PackedPartsAreAssembledIntoVersions) {
   std::mt19937_64 rng(6);
   for (uint64_t version = 1; version <= 2; ++version) {
     Step(rng);
-    std::vector<std::thread> receivers;
-    for (int i = 0; i < 2; ++i) {
-      receivers.emplace_back([&, i] {
-        auto r = Receiver::Open(store_.get(), MakeReceiver(i));
-        ASSERT_OK(r);
-        EXPECT_OK((*r)->SyncTo(version, 30000));
-      });
-    }
+    std::vector<std::thread> receivers = SyncReceivers(version);
     PublishParts(version);
     // The parts are in packs: a part's objects are its chunks less those
     // listed with an offset in a pack (part list format 3).
@@ -433,14 +424,7 @@ TEST_F(PackedPartsTest, TamperedPackIsRefused) {
   // Intact again, the version is assembled from the staging copy rolled
   // back each time.
   ASSERT_OK(parts_->Put(key, *original));
-  std::vector<std::thread> receivers;
-  for (int i = 0; i < 2; ++i) {
-    receivers.emplace_back([&, i] {
-      auto r = Receiver::Open(store_.get(), MakeReceiver(i));
-      ASSERT_OK(r);
-      EXPECT_OK((*r)->SyncTo(1, 30000));
-    });
-  }
+  std::vector<std::thread> receivers = SyncReceivers(1);
   auto report = coordinator_->Publish(1);
   for (auto& t : receivers) t.join();
   ASSERT_OK(report);
