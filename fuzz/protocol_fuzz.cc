@@ -65,7 +65,7 @@ bool Same(const refit::Announcement& a, const refit::Announcement& b) {
 bool Same(const refit::Manifest& a, const refit::Manifest& b) {
   if (a.version != b.version || a.base_version != b.base_version ||
       a.members != b.members || !SameTensors(a.tensors, b.tensors) ||
-      a.chunks.size() != b.chunks.size()) {
+      a.direct != b.direct || a.chunks.size() != b.chunks.size()) {
     return false;
   }
   for (size_t i = 0; i < a.chunks.size(); ++i) {
@@ -73,7 +73,9 @@ bool Same(const refit::Manifest& a, const refit::Manifest& b) {
     const refit::ManifestChunk& y = b.chunks[i];
     if (x.size != y.size || x.sha256 != y.sha256 || x.tensor_id != y.tensor_id ||
         x.start != y.start || x.count != y.count || x.changed != y.changed ||
-        x.kind != y.kind) {
+        x.kind != y.kind || x.run != y.run || x.stride != y.stride ||
+        x.in_part != y.in_part || x.rank != y.rank || x.part_index != y.part_index ||
+        x.pack_offset != y.pack_offset) {
       return false;
     }
   }
@@ -81,7 +83,13 @@ bool Same(const refit::Manifest& a, const refit::Manifest& b) {
 }
 
 bool Same(const refit::Vote& a, const refit::Vote& b) {
-  return a.ready == b.ready && a.message == b.message;
+  if (a.ready != b.ready || a.message != b.message || a.tensors.size() != b.tensors.size()) {
+    return false;
+  }
+  for (size_t i = 0; i < a.tensors.size(); ++i) {
+    if (!(a.tensors[i] == b.tensors[i])) return false;
+  }
+  return true;
 }
 
 bool Same(const refit::Decision& a, const refit::Decision& b) {
