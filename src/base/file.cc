@@ -243,35 +243,6 @@ Result<std::pair<int, uint64_t>> OpenWithSize(const std::string& path, int flags
 
 }  // namespace
 
-Result<std::vector<uint8_t>> ReadFileRange(const std::string& path,
-                                           uint64_t offset, uint64_t length) {
-  REFIT_ASSIGN_OR_RETURN(auto opened, OpenWithSize(path, O_RDONLY));
-  const auto [fd, size] = opened;
-  if (offset > size || length > size - offset) {
-    close(fd);
-    return DataLossError("'" + path + "' has " + std::to_string(size) +
-                         " bytes, too few for bytes [" +
-                         std::to_string(offset) + ", +" +
-                         std::to_string(length) + ")");
-  }
-  std::vector<uint8_t> out(static_cast<size_t>(length));
-  size_t done = 0;
-  while (done < out.size()) {
-    ssize_t n = pread(fd, out.data() + done, out.size() - done,
-                      static_cast<off_t>(offset + done));
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      Status s = n < 0 ? ErrnoStatus("cannot read", path)
-                       : DataLossError("'" + path + "' shrank while read");
-      close(fd);
-      return s;
-    }
-    done += static_cast<size_t>(n);
-  }
-  close(fd);
-  return out;
-}
-
 ReadOnlyFile::~ReadOnlyFile() {
   if (fd_ >= 0) close(fd_);
 }
@@ -323,6 +294,20 @@ void ReadOnlyFile::AdviseSequential(uint64_t offset, uint64_t length) const {
   if (fd_ < 0) return;
   posix_fadvise(fd_, static_cast<off_t>(offset), static_cast<off_t>(length),
                 POSIX_FADV_SEQUENTIAL);
+}
+
+Result<std::vector<uint8_t>> ReadFileRange(const std::string& path,
+                                           uint64_t offset, uint64_t length) {
+  REFIT_ASSIGN_OR_RETURN(ReadOnlyFile f, ReadOnlyFile::Open(path));
+  if (offset > f.size() || length > f.size() - offset) {
+    return DataLossError("'" + path + "' has " + std::to_string(f.size()) +
+                         " bytes, too few for bytes [" +
+                         std::to_string(offset) + ", +" +
+                         std::to_string(length) + ")");
+  }
+  std::vector<uint8_t> out(static_cast<size_t>(length));
+  REFIT_RETURN_IF_ERROR(f.ReadAt(offset, out));
+  return out;
 }
 
 Status WriteFileRange(const std::string& path, uint64_t offset,

@@ -97,7 +97,6 @@ class ReadOnlyFile {
   std::string path_;
 };
 
-
 // Writes `data` to a temp file beside `path` (unique per call), fsyncs it, renames it over `path` and
 // fsyncs the directory: readers see the old file or the new one, whole.
 Status WriteFileAtomic(const std::string& path, std::span<const uint8_t> data);

@@ -178,6 +178,21 @@ class PartsTest : public ::testing::Test {
     return receivers;
   }
 
+  // Both receivers hold the canonical model, and every rank learned that
+  // `version` committed.
+  void ExpectEveryoneHolds(uint64_t version) {
+    for (int i = 0; i < 2; ++i) {
+      EXPECT_TRUE(Matches(dir_.File("r" + std::to_string(i) + "/model.safetensors"), canon_))
+          << "receiver " << i << " version " << version;
+    }
+    for (auto& r : ranks_) {
+      auto d = r->AwaitDecision(10000);
+      ASSERT_OK(d);
+      EXPECT_TRUE(*d);
+      EXPECT_EQ(r->committed_version(), version);
+    }
+  }
+
   // Every rank publishes its part on its own thread.
   void PublishParts(uint64_t version) {
     std::vector<std::thread> threads;
@@ -226,16 +241,7 @@ TEST_F(PartsTest, RanksPartsBecomeVersionsEveryReceiverHolds) {
     EXPECT_GT(report->part_chunks, 0u);
     EXPECT_GT(report->changed_elements, 0u);
     EXPECT_EQ(report->changed_elements, report->publish.diff.changed_elements);
-    for (int i = 0; i < 2; ++i) {
-      EXPECT_TRUE(Matches(dir_.File("r" + std::to_string(i) + "/model.safetensors"), canon_))
-          << "receiver " << i << " version " << version;
-    }
-    for (auto& r : ranks_) {
-      auto d = r->AwaitDecision(10000);
-      ASSERT_OK(d);
-      EXPECT_TRUE(*d);
-      EXPECT_EQ(r->committed_version(), version);
-    }
+    ExpectEveryoneHolds(version);
   }
 }
 
@@ -378,15 +384,7 @@ TEST_F(PackedPartsTest, PackedPartsAreAssembledIntoVersions) {
     ASSERT_OK(report);
     EXPECT_TRUE(report->publish.committed);
     EXPECT_EQ(report->changed_elements, report->publish.diff.changed_elements);
-    for (int i = 0; i < 2; ++i) {
-      EXPECT_TRUE(Matches(dir_.File("r" + std::to_string(i) + "/model.safetensors"), canon_))
-          << "receiver " << i << " version " << version;
-    }
-    for (auto& r : ranks_) {
-      auto d = r->AwaitDecision(10000);
-      ASSERT_OK(d);
-      EXPECT_TRUE(*d);
-    }
+    ExpectEveryoneHolds(version);
   }
 }
 

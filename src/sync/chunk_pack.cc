@@ -126,10 +126,10 @@ Result<std::vector<uint8_t>> ChunkObjectReader::Get(uint64_t index, const Manife
   const uint64_t offset = listed ? manifest->chunks[index].pack_offset : 0;
   const std::string name =
       "chunk " + std::to_string(index) + " of version " + std::to_string(version_);
+  const std::string k = listed ? ManifestChunkKey(*manifest, index) : ChunkKey(version_, index);
   HeldPack* pack = nullptr;
   uint64_t j = offset;
   if (listed) {
-    const std::string k = ManifestChunkKey(*manifest, index);
     if (key) *key = k;
     pack = Held(k);
   } else {
@@ -144,10 +144,9 @@ Result<std::vector<uint8_t>> ChunkObjectReader::Get(uint64_t index, const Manife
         break;
       }
     }
-    if (!pack && key) *key = ChunkKey(version_, index);
+    if (!pack && key) *key = k;
   }
   if (!pack) {
-    const std::string k = listed ? ManifestChunkKey(*manifest, index) : ChunkKey(version_, index);
     REFIT_ASSIGN_OR_RETURN(auto object, store_->Get(k));
     if (!IsPack(object)) {
       if (offset == 0) return object;

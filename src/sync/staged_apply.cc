@@ -203,12 +203,12 @@ Result<StepResult> StagedPrepare::Chain(bool vote, bool* version_fault) {
     }
   }
   const Clock::time_point sealing = Clock::now();
-  Status sealed = target.Seal();
+  const Status sealed = target.Seal();
   result_.seal_seconds = SecondsSince(sealing);
-  if (Status s = std::move(sealed); !s.ok()) {
-    *version_fault = s.code() == StatusCode::kResourceExhausted ||
-                     s.code() == StatusCode::kUnimplemented;
-    return s;
+  if (!sealed.ok()) {
+    *version_fault = sealed.code() == StatusCode::kResourceExhausted ||
+                     sealed.code() == StatusCode::kUnimplemented;
+    return sealed;
   }
   const StagingUsage usage = target.usage();
   result_.staged_host_bytes = usage.host_bytes;
