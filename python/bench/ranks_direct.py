@@ -2,11 +2,11 @@
 coordinator, in the same run (docs/benchmarks.md, "Versions from many ranks").
 
 Rank processes (one per rank of a TP x PP layout that `refit layout generate`
-writes) publish one version of a synthetic BF16 model, `--rate` of its
-elements changed by one-ulp XORs, to a directory store; two checkpoint
-receivers apply it. Each path is timed from the last rank's part being
-stored to every receiver having the version active, against the slowest
-rank's detect + encode + upload; the coordinator's peak resident memory
+writes) publish `--versions` versions of a synthetic BF16 model, each with `--rate`
+of its elements changed by one-ulp XORs, to a directory store; two
+checkpoint receivers apply them. Each version of each path is timed from
+the last rank's part being stored to every receiver having the version
+active, against the slowest rank's detect + encode + upload; the coordinator's peak resident memory
 (VmHWM of its own process, after imports, after opening, after the
 version), the disk it uses, and where the last receiver to activate spent
 its step (StepResult.stages) are reported. `--receivers memory` runs two
@@ -77,8 +77,17 @@ def step_tensor(a, rate, seed, index):
     return flat.reshape(a.shape)
 
 
-def local_tensors(layout, rank, rate):
-    """The rank's local tensors of the target, scattered from the canonical
+def canonical_at(layout, index, rate, version):
+    """Canonical tensor `index` at `version`: the base stepped `version` times
+    (step v draws its positions from seed v + 1)."""
+    a = canonical_tensor(layout, index, 1)
+    for v in range(1, version + 1):
+        a = step_tensor(a, rate, v + 1, index)
+    return a
+
+
+def local_tensors(layout, rank, rate, version):
+    """The rank's local tensors of `version`, scattered from the canonical
     ones by the pieces, one canonical tensor at a time."""
     r = next(x for x in layout["ranks"] if x["rank"] == rank)
     out = {t["name"]: np.zeros(int(np.prod(t["shape"])), dtype=np.uint16)
@@ -91,7 +100,7 @@ def local_tensors(layout, rank, rate):
     for i, c in enumerate(layout["canonical"]):
         if c["name"] not in by_canonical:
             continue
-        canon = step_tensor(canonical_tensor(layout, i, 1), rate, 2, i).reshape(-1)
+        canon = canonical_at(layout, i, rate, version).reshape(-1)
         for name, p in by_canonical[c["name"]]:
             lo, lr, lc = p["local"]
             co, cr, cc = p["canon"]
@@ -107,21 +116,25 @@ def local_tensors(layout, rank, rate):
 def rank_main(args, store, parts, rank, base, queue):
     with open(args["layout"]) as f:
         layout = json.load(f)
-    local = local_tensors(layout, rank, args["rate"])
     pub = refit.Publisher(store, layout=args["layout"], rank=rank, baseline=base, key=KEY,
                           parts=parts, decision_timeout=600)
     # The rank's part (detect + encode + upload), then the decision, timed apart
     # (the public publish() returns after both).
     from refit._tensors import named_items, prepare
-    p = prepare(named_items(local), writable=False, expected=pub._dtypes)
-    t0 = time.time()
-    report = pub._native.publish(1, p.triples)
-    stored = time.time()
-    committed = pub._native.await_decision(600)
-    queue.put(("rank", rank, t0, stored, report["seconds"], committed))
+    rows = []
+    for v in range(1, args["versions"] + 1):
+        local = local_tensors(layout, rank, args["rate"], v)
+        p = prepare(named_items(local), writable=False, expected=pub._dtypes)
+        t0 = time.time()
+        report = pub._native.publish(v, p.triples)
+        stored = time.time()
+        committed = pub._native.await_decision(600)
+        rows.append((t0, stored, report["seconds"], committed))
+        del p, local
+    queue.put(("rank", rank, rows))
 
 
-def receiver_main(store, member, ckpt, kind, queue):
+def receiver_main(store, member, ckpt, kind, versions, queue):
     if kind == "checkpoint":
         rcv = refit.Receiver(store, member=member, checkpoint_dir=ckpt, key=KEY,
                              decision_timeout=600)
@@ -132,11 +145,13 @@ def receiver_main(store, member, ckpt, kind, queue):
         del base
         rcv = refit.Receiver(store, member=member, tensors=tensors, dtypes="BF16", key=KEY,
                              decision_timeout=600)
-    report = rcv.sync(1, timeout=600)
-    done = time.time()
-    steps = [s for s in report.steps if s.version == 1 and s.outcome == "committed"]
-    stages = steps[-1].stages if steps else {}
-    queue.put(("receiver", member, done, stages))
+    rows = []
+    for v in range(1, versions + 1):
+        report = rcv.sync(v, timeout=600)
+        done = time.time()
+        steps = [s for s in report.steps if s.version == v and s.outcome == "committed"]
+        rows.append((done, steps[-1].stages if steps else {}))
+    queue.put(("receiver", member, rows))
     rcv.close()
 
 
@@ -151,25 +166,31 @@ def maxrss():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def coordinator_main(store, members, ranks, base, baseline, queue):
+def coordinator_main(store, members, ranks, base, baseline, versions, queue):
     # Peak resident memory after the interpreter and modules loaded, after
     # opening (a direct coordinator reads the first version's tensor table
     # from `table`, through a few small read buffers), and after the version.
     rss = [maxrss()]
+    timing = []  # direct: (manifest, vote) seconds per version
     if baseline is None:
         c = refit.Coordinator(store, members=members, ranks=ranks, table=base, key=KEY,
                               vote_timeout=600, parts_timeout=600)
         rss.append(maxrss())
-        report, parts = c.publish(1)
-        committed = report["committed"]
+        committed = True
+        for v in range(1, versions + 1):
+            report, parts = c.publish(v)
+            committed = committed and report["committed"]
+            timing.append((report["manifest_seconds"], report["vote_seconds"]))
     else:
         c = refit.Coordinator(store + "-protocol", members=members, ranks=ranks, parts=store,
                               baseline=baseline, key=KEY, vote_timeout=600, parts_timeout=600)
         rss.append(maxrss())
-        report, parts = c.publish(1)
-        committed = report.committed
+        committed = True
+        for v in range(1, versions + 1):
+            report, parts = c.publish(v)
+            committed = committed and report.committed
     rss.append(maxrss())
-    queue.put(("coordinator", time.time(), committed, parts["chunks"], rss))
+    queue.put(("coordinator", time.time(), committed, parts["chunks"], rss, timing))
 
 
 def disk_bytes(path):
@@ -180,7 +201,7 @@ def disk_bytes(path):
     return total
 
 
-def run_path(direct, work, layout_path, base, nranks, rate, receivers):
+def run_path(direct, work, layout_path, base, nranks, rate, receivers, versions):
     store = os.path.join(work, "store-direct" if direct else "store-parts")
     members = ["r0", "r1"]
     ckpts = []
@@ -201,10 +222,12 @@ def run_path(direct, work, layout_path, base, nranks, rate, receivers):
     q = ctx.Queue()
     receiver_store = store if direct else store + "-protocol"
     procs = [ctx.Process(target=coordinator_main,
-                         args=(store, members, list(range(nranks)), base, baseline, q))]
-    procs += [ctx.Process(target=receiver_main, args=(receiver_store, m, ck, receivers, q))
+                         args=(store, members, list(range(nranks)), base, baseline, versions,
+                               q))]
+    procs += [ctx.Process(target=receiver_main,
+                          args=(receiver_store, m, ck, receivers, versions, q))
               for m, ck in zip(members, ckpts)]
-    args = {"layout": layout_path, "rate": rate}
+    args = {"layout": layout_path, "rate": rate, "versions": versions}
     # Direct: parts go to the protocol store itself. Assembled: to `store`,
     # the parts store, while decisions are read from the protocol store.
     procs += [ctx.Process(target=rank_main,
@@ -215,26 +238,36 @@ def run_path(direct, work, layout_path, base, nranks, rate, receivers):
     results = [q.get(timeout=1200) for _ in procs]
     for p in procs:
         p.join()
-    ranks = [r for r in results if r[0] == "rank"]
-    receivers = [r for r in results if r[0] == "receiver"]
+    ranks = [r[2] for r in results if r[0] == "rank"]
+    receivers = [r[2] for r in results if r[0] == "receiver"]
     coord = next(r for r in results if r[0] == "coordinator")
-    last_part = max(r[3] for r in ranks)
-    last = max(receivers, key=lambda r: r[2])
-    active = last[2]
-    slowest = max(r[4] for r in ranks)
+    rows = []
+    for v in range(versions):
+        last_part = max(r[v][1] for r in ranks)
+        slowest = max(r[v][2] for r in ranks)
+        last = max((r[v] for r in receivers), key=lambda x: x[0])
+        rows.append({
+            "version": v + 1,
+            "committed": all(r[v][3] for r in ranks),
+            "slowest_rank_part_s": round(slowest, 4),
+            "last_part_to_all_active_s": round(last[0] - last_part, 4),
+            "ratio": round((last[0] - last_part) / slowest, 2),
+            # The direct coordinator's checks of the part lists, announcement
+            # and manifest, then its wait for every vote.
+            "coordinator_manifest_vote_s": [round(x, 4) for x in coord[5][v]] if coord[5]
+            else None,
+            # Where the last receiver to activate spent its step (seconds; its
+            # apply_cpu sums the apply workers' time, overlapping the rest).
+            "last_receiver_stages_s": {k: round(x, 4) for k, x in last[1].items()},
+        })
     return {
         "path": "direct" if direct else "assembled",
-        "committed": coord[2] and all(r[5] for r in ranks),
-        "chunks": coord[3],
-        "slowest_rank_part_s": slowest,
-        "last_part_to_all_active_s": active - last_part,
-        "ratio": (active - last_part) / slowest,
-        # Peak RSS (MiB) after imports, after opening, after the version.
+        "committed": coord[2] and all(r["committed"] for r in rows),
+        "chunks_last_version": coord[3],
+        # Peak RSS (MiB) after imports, after opening, after the versions.
         "coordinator_maxrss_mib": [round(x / 2**20, 1) for x in coord[4]],
         "coordinator_disk_mib": disk_bytes(coord_dir) / 2**20,
-        # Where the last receiver to activate spent its step (seconds; its
-        # apply_cpu sums the apply workers' time, overlapping the rest).
-        "last_receiver_stages_s": {k: round(v, 4) for k, v in last[3].items()},
+        "versions": rows,
     }
 
 
@@ -246,6 +279,9 @@ def main():
     ap.add_argument("--tp", type=int, default=4)
     ap.add_argument("--pp", type=int, default=2)
     ap.add_argument("--rate", type=float, default=0.03)
+    ap.add_argument("--versions", type=int, default=3,
+                    help="versions published one after another; from the second on, "
+                         "receivers reuse the digests they kept (the steady state)")
     ap.add_argument("--receivers", choices=("checkpoint", "memory"), default="checkpoint",
                     help="two checkpoint receivers (files) or two in-memory receivers "
                          "(host NumPy tensors loaded from the base)")
@@ -277,7 +313,8 @@ def main():
               f"{nranks} rank processes (TP{ns.tp} x PP{ns.pp}), {ns.rate:.0%} changed, "
               f"2 {ns.receivers} receivers, directory store")
         for direct in (True, False):
-            r = run_path(direct, work, layout_path, base, nranks, ns.rate, ns.receivers)
+            r = run_path(direct, work, layout_path, base, nranks, ns.rate, ns.receivers,
+                         ns.versions)
             r["receivers"] = ns.receivers
             print(json.dumps(r))
     finally:
