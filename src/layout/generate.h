@@ -11,6 +11,9 @@
 // checkpoints of all but gpt-oss. A config.json of any other architecture,
 // or one with a field that changes the tensor set in a way the generator
 // does not model, is refused by name (docs/layout.md, "Generated layouts").
+// GenerateEngineLayout writes the matching inference-engine side (vLLM's
+// fused qkv_proj / gate_up_proj / FusedMoE w13 and w2 parameters of each
+// tensor-parallel rank) over the same canonical tensors.
 // Pure and thread-safe.
 #ifndef REFIT_LAYOUT_GENERATE_H_
 #define REFIT_LAYOUT_GENERATE_H_
