@@ -282,6 +282,10 @@ TEST(GenerateEngine, LlamaGqaAtEveryTp) {
     Check(Llama(), tp, 1);
     if (HasFailure()) return;
   }
+  // 100 tokens padded to 128: rank 7's 16 rows are all padding.
+  ModelConfig small_vocab = Llama();
+  small_vocab.vocab_size = 100;
+  Check(small_vocab, 8, 1);
   Result<Layout> l = GenerateEngineLayout(Llama(), {Engine::kVllm, 8, 1, 64});
   ASSERT_OK(l);
   const LocalTensor* qkv = Find(l->ranks[5], "model.layers.1.self_attn.qkv_proj.weight");
