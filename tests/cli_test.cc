@@ -780,6 +780,21 @@ TEST_F(CliTest, LayoutGenerateCheckAndRefuse) {
   RunResult unknown = Run({"layout", "generate", "--config", config, "--gate-up", "zigzag",
                            "-o", layout});
   EXPECT_EQ(unknown.exit_code, 2) << unknown.err;
+
+  // The engine side: vLLM's TP 2 ranks, proved covered; trainer options refused.
+  const std::string engine = dir_.File("engine_layout.json");
+  RunResult vllm = Run({"layout", "generate", "--config", config, "--engine", "vllm", "--tp",
+                        "2", "-o", engine});
+  ASSERT_EQ(vllm.exit_code, 0) << vllm.err;
+  EXPECT_NE(vllm.out.find("2 ranks (vllm tp 2 ep 1)"), std::string::npos) << vllm.out;
+  check = Run({"layout", "check", engine});
+  ASSERT_EQ(check.exit_code, 0) << check.err;
+  EXPECT_NE(ReadText(engine).find("model.layers.0.self_attn.qkv_proj.weight"), std::string::npos);
+  RunResult trainer_flag = Run({"layout", "generate", "--config", config, "--engine", "vllm",
+                                "--pp", "2", "-o", engine});
+  EXPECT_EQ(trainer_flag.exit_code, 2) << trainer_flag.err;
+  EXPECT_NE(trainer_flag.err.find("--pp describes a trainer"), std::string::npos)
+      << trainer_flag.err;
 }
 
 // The Quickstart's demo (at a small scale): every copy bit-exact, the

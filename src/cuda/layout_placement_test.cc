@@ -9,6 +9,7 @@
 
 #include <cstring>
 #include <random>
+#include <vector>
 
 #include "layout/generate.h"
 #include "support/test_layout.h"
@@ -88,6 +89,63 @@ TEST(LayoutPlacementTest, PlacementsScatterAsTheLayoutDefines) {
     }
   }
   EXPECT_EQ(cases, 8 * (1 + 2 + 4));
+}
+
+// vLLM engine layouts (GenerateEngineLayout: fused qkv_proj with KV heads
+// split or replicated, gate_up_proj, FusedMoE w13/w2 with and without
+// expert parallelism, padded vocabulary shards): a receiver's placements
+// write exactly what the layout scatters (generate_engine_test.cc checks
+// that against vLLM's loaders).
+TEST(LayoutPlacementTest, EngineLayoutsPlaceAsTheyScatter) {
+  auto dense = layout::ParseModelConfig(kTiny);
+  ASSERT_OK(dense);
+  auto moe = layout::ParseModelConfig(R"({
+    "model_type": "qwen3_moe", "vocab_size": 1000, "hidden_size": 64,
+    "intermediate_size": 96, "moe_intermediate_size": 32, "num_experts": 6,
+    "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+    "head_dim": 16, "tie_word_embeddings": true})");
+  ASSERT_OK(moe);
+  int cases = 0;
+  for (const layout::ModelConfig* config : {&*dense, &*moe}) {
+    for (uint32_t tp : {1u, 2u, 4u}) {
+      std::vector<uint32_t> eps = {1};
+      if (tp > 1 && config->num_experts > 0) eps.push_back(tp);
+      for (uint32_t ep : eps) {
+        layout::EngineParallelism par;
+        par.tp = tp;
+        par.ep = ep;
+        auto l = layout::GenerateEngineLayout(*config, par);
+        ASSERT_OK(l);
+        const TensorBytes canonical = Random(*l, tp * 3 + ep);
+        auto expected = layout::testing::ScatterToRanks(*l, canonical, 0xA5);
+        ASSERT_OK(expected);
+        for (size_t ri = 0; ri < l->ranks.size(); ++ri) {
+          TensorBytes local;
+          std::map<std::string, uint64_t> address;
+          for (const auto& [name, bytes] : (*expected)[ri]) {
+            local[name].assign(bytes.size(), 0xA5);
+          }
+          for (auto& [name, bytes] : local) {
+            address[name] = reinterpret_cast<uint64_t>(bytes.data());
+          }
+          auto plan = PlanFromLayout(*l, l->ranks[ri].rank, address);
+          ASSERT_OK(plan);
+          for (const TensorPlacement& p : plan->placements()) {
+            const auto& src = canonical.at(p.name);
+            for (uint64_t i = 0; i < p.rows * p.cols; ++i) {
+              if (auto d = p.Map(i)) {
+                std::memcpy(reinterpret_cast<uint8_t*>(p.base) + *d * 2, &src[i * 2], 2);
+              }
+            }
+          }
+          ASSERT_EQ(local, (*expected)[ri])
+              << config->model_type << " tp " << tp << " ep " << ep << " rank " << ri;
+          ++cases;
+        }
+      }
+    }
+  }
+  EXPECT_EQ(cases, (1 + 2 + 4) + (1 + 2 + 2 + 4 + 4));
 }
 
 TEST(LayoutPlacementTest, RefusesWhatItCannotPlace) {

@@ -11,6 +11,9 @@
 // checkpoints of all but gpt-oss. A config.json of any other architecture,
 // or one with a field that changes the tensor set in a way the generator
 // does not model, is refused by name (docs/layout.md, "Generated layouts").
+// GenerateEngineLayout writes the matching inference-engine side (vLLM's
+// fused qkv_proj / gate_up_proj / FusedMoE w13 and w2 parameters of each
+// tensor-parallel rank) over the same canonical tensors.
 // Pure and thread-safe.
 #ifndef REFIT_LAYOUT_GENERATE_H_
 #define REFIT_LAYOUT_GENERATE_H_
@@ -151,6 +154,42 @@ struct Parallelism {
 // ranks at all (its global scale is the amax of the whole tensor, which the
 // rank encoder needs on one rank: generate those with tp 1).
 Result<Layout> GenerateLayout(const ModelConfig& config, const Parallelism& par);
+
+// Engine-side layouts (docs/layout.md, "Engine layouts"): the parameters of
+// an inference engine's tensor-parallel ranks, under the engine's own names
+// and shapes, mapped to the same canonical tensors as GenerateLayout's, so
+// one generator serves the trainer and the receivers.
+enum class Engine {
+  kVllm,  // vLLM's fused parameters (qkv_proj, gate_up_proj, FusedMoE w13/w2)
+};
+
+struct EngineParallelism {
+  Engine engine = Engine::kVllm;
+  uint32_t tp = 1;  // tensor-parallel size: one layout rank per TP rank
+  // Expert parallelism: 1 (every rank holds every expert, its intermediate
+  // rows split over TP) or tp (vLLM's --enable-expert-parallel on one
+  // data-parallel replica: rank t holds whole experts, a contiguous range,
+  // the first E % tp ranks one more).
+  uint32_t ep = 1;
+  // The vocabulary is padded to a multiple of this (vLLM's
+  // DEFAULT_VOCAB_PADDING_SIZE), then split evenly over TP; padding rows map
+  // to nothing.
+  uint64_t vocab_padding = 64;
+};
+
+// The layout of `config` loaded by an engine with `par`: par.tp ranks, rank
+// t = the engine's TP rank, local tensors named and shaped as the engine's
+// parameters (vLLM: model.named_parameters() of a model built from
+// `config`), in the canonical dtype. Canonical tensors are GenerateLayout's.
+// Requires what the engine requires: num_attention_heads, the intermediate
+// sizes and the padded vocabulary divisible by tp; num_key_value_heads
+// divisible by tp, or tp divisible by it (each KV head replicated on
+// tp / num_key_value_heads ranks). Fails with kUnimplemented naming the
+// model_type or the quantization for what the engine generator does not
+// model: multi-head latent attention (deepseek_v3, kimi_k2), gpt-oss's
+// fused experts, quantized checkpoints; with kInvalidArgument for a split
+// the engine would refuse, or an ep other than 1 or tp.
+Result<Layout> GenerateEngineLayout(const ModelConfig& config, const EngineParallelism& par);
 
 // [begin, end) of part i when n items are split over `parts` (the first
 // n % parts parts get one more).

@@ -26,6 +26,8 @@ namespace {
 struct LayoutArgs {
   // generate
   std::string config, output, gate_up = "concat", local_dtype;
+  std::string engine;  // empty: a trainer layout
+  std::vector<std::string> trainer_options_given;
   uint32_t tp = 1, pp = 1, ep = 1, dp = 1, cp = 1;
   bool no_fused_qkv = false, transposed = false;
   uint64_t vocab_multiple = 1;
@@ -57,11 +59,75 @@ Result<layout::GateUp> ParseGateUp(const std::string& s, uint64_t* group) {
                               "' is not concat, separate or interleaved:N (N > 0)");
 }
 
+// Proves a generated layout valid, writes it and prints a summary.
+int WriteGenerated(const LayoutArgs& a, const layout::Layout& l, const std::string& setup) {
+  const char* cmd = "layout generate";
+  // Generated layouts are valid by construction; prove it before writing.
+  if (Status s = layout::ValidateLayout(l); !s.ok()) {
+    return Fail(cmd, InternalError("generated layout is invalid: " +
+                                   std::string(s.message())),
+                a.json);
+  }
+  std::string text = layout::LayoutToJson(l);
+  if (Status s = WriteFileAtomic(a.output, std::span(reinterpret_cast<const uint8_t*>(
+                                                          text.data()),
+                                                      text.size()));
+      !s.ok()) {
+    return Fail(cmd, s, a.json);
+  }
+  uint64_t pieces = 0, tensors = 0;
+  for (const layout::RankLayout& r : l.ranks) {
+    tensors += r.tensors.size();
+    for (const layout::LocalTensor& t : r.tensors) pieces += t.pieces.size();
+  }
+  if (a.json) {
+    Json j;
+    j["ok"] = true;
+    j["command"] = cmd;
+    j["output"] = a.output;
+    if (!a.engine.empty()) j["engine"] = a.engine;
+    j["ranks"] = l.ranks.size();
+    j["canonical_tensors"] = l.canonical.size();
+    j["local_tensors"] = tensors;
+    j["pieces"] = pieces;
+    PrintJson(j);
+  } else {
+    fmt::print("wrote {}: {} ranks ({}), {} canonical tensors, {} local tensors, {} pieces\n",
+               a.output, l.ranks.size(), setup, l.canonical.size(), WithCommas(tensors),
+               WithCommas(pieces));
+  }
+  return kExitOk;
+}
+
+// An inference engine's layout (docs/layout.md, "Engine layouts"): one rank
+// per engine TP rank. Options that describe a trainer are refused.
+int RunGenerateEngine(const LayoutArgs& a, const layout::ModelConfig& m) {
+  const char* cmd = "layout generate";
+  if (a.engine != "vllm") {
+    return Fail(cmd, InvalidArgumentError("--engine '" + a.engine + "' is not vllm"), a.json);
+  }
+  if (!a.trainer_options_given.empty()) {
+    return Fail(cmd,
+                InvalidArgumentError(a.trainer_options_given.front() +
+                                     " describes a trainer; with --engine only --tp and --ep "
+                                     "apply"),
+                a.json);
+  }
+  layout::EngineParallelism p;
+  p.engine = layout::Engine::kVllm;
+  p.tp = a.tp;
+  p.ep = a.ep;
+  Result<layout::Layout> l = layout::GenerateEngineLayout(m, p);
+  if (!l.ok()) return Fail(cmd, l.status(), a.json);
+  return WriteGenerated(a, *l, fmt::format("vllm tp {} ep {}", p.tp, p.ep));
+}
+
 int RunGenerate(const LayoutArgs& a) {
   const char* cmd = "layout generate";
   if (Status s = CheckExists(a.config, "config"); !s.ok()) return Fail(cmd, s, a.json);
   Result<layout::ModelConfig> m = layout::LoadModelConfig(a.config);
   if (!m.ok()) return Fail(cmd, m.status(), a.json);
+  if (!a.engine.empty()) return RunGenerateEngine(a, *m);
   layout::Parallelism p;
   p.tp = a.tp;
   p.pp = a.pp;
@@ -77,41 +143,9 @@ int RunGenerate(const LayoutArgs& a) {
   p.gate_up = *gu;
   Result<layout::Layout> l = layout::GenerateLayout(*m, p);
   if (!l.ok()) return Fail(cmd, l.status(), a.json);
-  // Generated layouts are valid by construction; prove it before writing.
-  if (Status s = layout::ValidateLayout(*l); !s.ok()) {
-    return Fail(cmd, InternalError("generated layout is invalid: " +
-                                   std::string(s.message())),
-                a.json);
-  }
-  std::string text = layout::LayoutToJson(*l);
-  if (Status s = WriteFileAtomic(a.output, std::span(reinterpret_cast<const uint8_t*>(
-                                                          text.data()),
-                                                      text.size()));
-      !s.ok()) {
-    return Fail(cmd, s, a.json);
-  }
-  uint64_t pieces = 0, tensors = 0;
-  for (const layout::RankLayout& r : l->ranks) {
-    tensors += r.tensors.size();
-    for (const layout::LocalTensor& t : r.tensors) pieces += t.pieces.size();
-  }
-  if (a.json) {
-    Json j;
-    j["ok"] = true;
-    j["command"] = cmd;
-    j["output"] = a.output;
-    j["ranks"] = l->ranks.size();
-    j["canonical_tensors"] = l->canonical.size();
-    j["local_tensors"] = tensors;
-    j["pieces"] = pieces;
-    PrintJson(j);
-  } else {
-    fmt::print("wrote {}: {} ranks (tp {} pp {} ep {} dp {} cp {}), {} canonical tensors, "
-               "{} local tensors, {} pieces\n",
-               a.output, l->ranks.size(), p.tp, p.pp, p.ep, p.dp, p.cp,
-               l->canonical.size(), WithCommas(tensors), WithCommas(pieces));
-  }
-  return kExitOk;
+  return WriteGenerated(a, *l,
+                        fmt::format("tp {} pp {} ep {} dp {} cp {}", p.tp, p.pp, p.ep, p.dp,
+                                    p.cp));
 }
 
 int RunCheck(const LayoutArgs& a) {
@@ -237,7 +271,7 @@ std::function<std::optional<int>(bool)> RegisterLayoutCommand(CLI::App* app) {
       ->check(IntIn(1, 1 << 16));
   gen->add_option("--pp", a->pp, "pipeline stages")->capture_default_str()
       ->check(IntIn(1, 1 << 16));
-  gen->add_option("--ep", a->ep, "expert-parallel size (divides --dp)")
+  gen->add_option("--ep", a->ep, "expert-parallel size (divides --dp; with --engine, 1 or --tp)")
       ->capture_default_str()->check(IntIn(1, 1 << 16));
   gen->add_option("--dp", a->dp, "data-parallel replicas")->capture_default_str()
       ->check(IntIn(1, 1 << 16));
@@ -254,9 +288,15 @@ std::function<std::optional<int>(bool)> RegisterLayoutCommand(CLI::App* app) {
       ->capture_default_str()->check(IntIn(1, 1 << 20));
   gen->add_option("--local-dtype", a->local_dtype,
                   "dtype of the trainer's storage (default: the checkpoint's)");
+  gen->add_option("--engine", a->engine,
+                  "write an inference engine's layout instead of a trainer's: vllm "
+                  "(one rank per engine TP rank; --tp, and --ep 1 or equal to --tp)")
+      ->check(CLI::IsMember({"vllm"}));
   gen->add_flag("--json", a->json, "print a JSON object on stdout instead of text");
   gen->footer("Example: refit layout generate --config config.json --tp 4 --pp 2 "
-              "--dp 2 -o layout.json");
+              "--dp 2 -o layout.json\n"
+              "         refit layout generate --config config.json --engine vllm --tp 4 "
+              "-o engine_layout.json");
   CLI::App* check = layout_cmd->add_subcommand(
       "check",
       "Validate LAYOUT, assign ownership and prove that every canonical element is "
@@ -270,7 +310,13 @@ std::function<std::optional<int>(bool)> RegisterLayoutCommand(CLI::App* app) {
   check->add_flag("--json", a->json, "print a JSON object on stdout instead of text");
   return [a, gen, check](bool global_json) -> std::optional<int> {
     a->json |= global_json;
-    if (*gen) return RunGenerate(*a);
+    if (*gen) {
+      for (const char* name : {"--pp", "--dp", "--cp", "--no-fused-qkv", "--gate-up",
+                               "--transposed", "--vocab-multiple", "--local-dtype"}) {
+        if (gen->count(name) > 0) a->trainer_options_given.push_back(name);
+      }
+      return RunGenerate(*a);
+    }
     if (*check) return RunCheck(*a);
     return std::nullopt;
   };
