@@ -596,6 +596,7 @@ class BatchCutter {
         d.lane_first = lane_base;
         d.table_first = table_base;
         d.records = cur_.scratch_bytes;
+        cur_.records += d.k;
         ++cur_.conditional;
       }
       for (DevDensePlane q : p.planes) {

@@ -240,7 +240,7 @@ struct HostBatch {
   uint64_t segments = 0;
   uint32_t smem = 0;            // largest per-chunk table need
   uint32_t max_fused_lanes = 0;  // widest fused chunk (lanes), 0 if none
-  uint64_t records = 0;         // changed records (sparse) in the batch
+  uint64_t records = 0;         // changed records (sparse, kind 5) in the batch
   uint32_t unfused = 0;         // chunks for kernels A and B (not fused)
   uint32_t regions = 0;         // strided regions (run != 0) among the chunks
   uint32_t conditional = 0;     // kind-5 chunks (DevChunk::conditional)
