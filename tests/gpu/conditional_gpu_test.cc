@@ -168,7 +168,7 @@ void CheckOnGpu(const Bf16& a, uint64_t rows, uint64_t cols, const Chunks& e, co
   PlacementPlan plan;
   ASSERT_OK(plan.Add(WholePlacement("t", 2, rows, cols, d.addr())));
   ReceiverOptions ro;
-  ro.staging_bytes = 16 << 20;  // 8 slots: chunks of a few batches in flight
+  ro.staging_bytes = 64 << 20;  // 8 slots: chunks of a few batches in flight
   auto rx = Receiver::Create(std::move(plan), {"t"}, ro);
   ASSERT_OK(rx);
   auto prep = (*rx)->Prepare(e.buf, e.spans);
