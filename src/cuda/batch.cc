@@ -196,6 +196,103 @@ Status ParseSparse(const ParsedChunk& c, uint64_t payload_offset, Parsed* out) {
   return Status::Ok();
 }
 
+// Conditional XOR payload (kind 5, docs/format.md §4.3): the header, the
+// models and the lane framing, checked as codec::DecodeConditional checks
+// them before the symbols, except what needs the base's classes: a class's
+// change count against its members and its geometric gap models, which
+// the device builds once it has counted the members (conditional_apply.cu).
+// The chunk becomes a GPU-decoded dense XOR chunk (DevConditional).
+Status ParseConditional(const ParsedChunk& c, uint64_t payload_offset, Parsed* out) {
+  const ChunkHeader& h = c.header;
+  const uint32_t k = static_cast<uint32_t>(h.changed);
+  std::span<const uint8_t> p = c.payload;
+  ByteReader r(p);
+  DevConditional dc{};
+  dc.lo = r.U8();
+  uint64_t total = 0;
+  for (int cl = 0; cl < kCondClasses; ++cl) {
+    const uint64_t v = r.Varint();
+    if (v > k) return DataLossError("class change count above the chunk's");
+    dc.k[cl] = static_cast<uint32_t>(v);
+    dc.first[cl] = static_cast<uint32_t>(total);
+    total += v;
+  }
+  REFIT_RETURN_IF_ERROR(r.status("conditional header"));
+  if (total != k) {
+    return DataLossError("class change counts sum to " + std::to_string(total) +
+                         ", the chunk says " + std::to_string(k));
+  }
+  for (DevConditionalPlane& pl : dc.plane) pl = DevConditionalPlane{kCondAbsent, 0, 0, 0};
+  std::vector<DevTable> tables(1);  // slot 0: the DevConditional
+  auto add = [&](const codec::Model& m, DevConditionalPlane* pl) {
+    pl->mode = static_cast<uint8_t>(m.mode);
+    pl->t = static_cast<uint8_t>(m.t);
+    if (m.mode == codec::ModelMode::kConstant) pl->symbol = m.symbol;
+    if (m.mode == codec::ModelMode::kTable) {
+      DevTable t{};
+      t.t = static_cast<uint32_t>(m.t);
+      std::memcpy(t.f, m.f.data(), sizeof(t.f));
+      pl->table = static_cast<uint8_t>(tables.size() - 1);
+      tables.push_back(t);
+    }
+  };
+  size_t off = static_cast<size_t>(r.position() - p.data());
+  for (int cl = 0; cl < kCondClasses; ++cl) {
+    if (dc.k[cl] == 0) continue;
+    if (off >= p.size()) return DataLossError("conditional models truncated");
+    const int gw = p[off++];
+    if (gw < 1 || gw > 4) return DataLossError("gap width outside 1..4");
+    dc.gw[cl] = static_cast<uint32_t>(gw);
+    for (int b = 0; b < gw; ++b) {
+      DevConditionalPlane& pl = dc.plane[4 * cl + b];
+      if (off < p.size() && p[off] == static_cast<uint8_t>(codec::ModelMode::kGeometric)) {
+        // Its frequencies follow from the class's members (section 5.2);
+        // what does not depend on them is checked as ReadModel does.
+        if (p.size() - off < 3) return DataLossError("geometric model truncated");
+        const uint32_t t = p[off + 1], max_symbol = p[off + 2];
+        if (t < 1 || t > static_cast<uint32_t>(codec::kMaxPrecision) ||
+            max_symbol + 1 > (uint32_t{1} << t)) {
+          return DataLossError("class " + std::to_string(cl) +
+                               " gap plane: geometric model precision " + std::to_string(t) +
+                               " invalid for max symbol " + std::to_string(max_symbol));
+        }
+        pl = DevConditionalPlane{kCondGeometric, static_cast<uint8_t>(max_symbol),
+                                 static_cast<uint8_t>(t), 0};
+        off += 3;
+        continue;
+      }
+      codec::Model m;
+      size_t used = 0;
+      Status s = codec::ReadModel(p.subspan(off), codec::GapContext{}, &m, &used);
+      if (!s.ok()) return s.WithContext("class " + std::to_string(cl) + " gap plane");
+      off += used;
+      add(m, &pl);
+    }
+  }
+  for (int b = 0; b < 2; ++b) {
+    codec::Model m;
+    size_t used = 0;
+    Status s = codec::ReadModel(p.subspan(off), codec::GapContext{}, &m, &used);
+    if (!s.ok()) return s.WithContext("value plane");
+    off += used;
+    add(m, &dc.plane[4 * kCondClasses + b]);
+  }
+  if (tables.size() > 256) return DataLossError("conditional payload has too many tables");
+  REFIT_RETURN_IF_ERROR(
+      ParseLaneFraming(p.subspan(off), payload_offset + off, &out->lanes));
+  std::memcpy(static_cast<void*>(&tables[0]), &dc, sizeof(dc));
+  out->tables = std::move(tables);
+  DevChunk& d = out->dev;
+  d.lanes = static_cast<uint8_t>(out->lanes.size() - 1);
+  d.layout = kDevDense;
+  d.dense_gpu = 1;
+  d.conditional = 1;
+  d.kind = static_cast<uint8_t>(ChunkKind::kDenseXor);
+  out->dense_bytes = uint64_t{h.count} * h.width;
+  out->scratch = CondScratchLayout(static_cast<uint32_t>(h.count), k).total;
+  return Status::Ok();
+}
+
 // Parses chunk `index` (at `span` in buffer) and lays out each of its
 // placements on this GPU into *out: none when the plan does not place its
 // tensor here or no placement holds an element of its range.
@@ -256,14 +353,20 @@ Status ParsePlacements(std::span<const uint8_t> buffer, const ChunkSpan& span,
     const uint64_t w = h.width;
     Status st;
     if (h.IsConditional()) {
-      // No GPU decoder codes kind 5 yet (it needs the base's classes).
-      return UnimplementedError("chunk " + std::to_string(index) + " of '" + tp.name +
-                                "' is conditional XOR (kind 5), which the GPU receiver "
-                                "does not decode; nothing was written. Publish without "
-                                "conditional chunks (refit publish without --conditional, "
-                                "Publisher(conditional=False)), or receive on the CPU");
-    }
-    if (h.IsSparse()) {
+      // Every base element of the range is read on the device (its class
+      // and, where changed, its old bits), through the linear address.
+      if (!addr) {
+        return UnimplementedError(
+            "chunk " + std::to_string(index) + " of '" + tp.name +
+            "' is conditional XOR (kind 5), which the GPU receiver decodes only where the "
+            "chunk's span is stored contiguously on this GPU (its base elements are read "
+            "there); nothing was written. Publish without conditional chunks (refit publish "
+            "without --conditional, Publisher(conditional=False)), or receive on the CPU");
+      }
+      const uint64_t payload_offset =
+          static_cast<uint64_t>(pc->payload.data() - buffer.data()) - span.offset;
+      st = ParseConditional(*pc, payload_offset, &p);
+    } else if (h.IsSparse()) {
       d.layout = kDevSparse;
       const uint64_t payload_offset =
           static_cast<uint64_t>(pc->payload.data() - buffer.data()) -
@@ -287,6 +390,82 @@ Status ParsePlacements(std::span<const uint8_t> buffer, const ChunkSpan& span,
     p.scratch = Align16(p.scratch);
     if (verify) p.scratch += 16 * uint64_t{d.segments};
     out->push_back(std::move(p));
+  }
+  return Status::Ok();
+}
+
+// A region of a tensor (DevChunk's start, n, run, stride; run 0:
+// contiguous).
+struct Region {
+  uint64_t start, count, run, stride;
+  uint64_t rows() const { return run == 0 ? 1 : count / run; }
+  uint64_t row_len() const { return run == 0 ? count : run; }
+  uint64_t step() const { return run == 0 ? 0 : stride; }
+  uint64_t end() const { return start + (rows() - 1) * step() + row_len(); }
+};
+
+// Whether the elements [a, b) include one of r's.
+bool IntervalHits(uint64_t a, uint64_t b, const Region& r) {
+  if (b <= r.start || a >= r.end()) return false;
+  if (r.run == 0 || a <= r.start) return true;
+  // a lies in row `row`'s stride (row < rows, since a < end).
+  const uint64_t o = a - r.start, row = o / r.stride;
+  if (o % r.stride < r.run) return true;
+  return row + 1 < r.rows() && b > r.start + (row + 1) * r.stride;
+}
+
+// Whether regions x and y share an element: each row of the one with fewer
+// rows against the other.
+bool RegionsOverlap(const Region& x, const Region& y) {
+  if (x.end() <= y.start || y.end() <= x.start) return false;
+  const Region& a = x.rows() <= y.rows() ? x : y;
+  const Region& b = x.rows() <= y.rows() ? y : x;
+  for (uint64_t i = 0; i < a.rows(); ++i) {
+    const uint64_t first = a.start + i * a.step();
+    if (IntervalHits(first, first + a.row_len(), b)) return true;
+  }
+  return false;
+}
+
+// A kind-5 chunk decodes against its range as it is when its batch runs;
+// the batches of one apply run concurrently, in no set order, so another
+// chunk of the same apply that writes one of its elements would race with
+// that read. The chunks of one delta never share elements (each element
+// changes once per version), so this refuses only chunks of several
+// versions given to one apply: DeviceTarget applies a fold's versions one
+// apply after another, each decoded against what the one before left.
+Status CheckConditionalOverlaps(const std::vector<std::vector<Parsed>>& parsed,
+                                const PlacementPlan& plan) {
+  struct Entry {
+    Region r;
+    uint32_t chunk;
+    bool conditional;
+  };
+  std::vector<std::vector<Entry>> by_placement(plan.placements().size());
+  bool any = false;
+  for (const std::vector<Parsed>& ps : parsed) {
+    for (const Parsed& p : ps) {
+      const DevChunk& d = p.dev;
+      by_placement[d.placement].push_back(
+          {Region{d.start, d.n, d.run, d.stride}, p.chunk_index, d.conditional != 0});
+      any |= d.conditional != 0;
+    }
+  }
+  if (!any) return Status::Ok();
+  for (size_t pi = 0; pi < by_placement.size(); ++pi) {
+    const std::vector<Entry>& es = by_placement[pi];
+    for (const Entry& x : es) {
+      if (!x.conditional) continue;
+      for (const Entry& y : es) {
+        if (&x == &y || !RegionsOverlap(x.r, y.r)) continue;
+        return FailedPreconditionError(
+            "chunk " + std::to_string(x.chunk) + " of '" + plan.placements()[pi].name +
+            "' is conditional XOR (kind 5) and shares elements with chunk " +
+            std::to_string(y.chunk) +
+            " of the same apply; it decodes against its range's base, which that chunk "
+            "writes while the apply runs. Apply each version on its own; nothing was written");
+      }
+    }
   }
   return Status::Ok();
 }
@@ -413,6 +592,13 @@ class BatchCutter {
       }
       const uint32_t table_base = static_cast<uint32_t>(cur_.tables.size());
       cur_.tables.insert(cur_.tables.end(), p.tables.begin(), p.tables.end());
+      if (d.conditional) {
+        d.lane_first = lane_base;
+        d.table_first = table_base;
+        d.records = cur_.scratch_bytes;
+        cur_.records += d.k;
+        ++cur_.conditional;
+      }
       for (DevDensePlane q : p.planes) {
         q.chunk = static_cast<uint32_t>(cur_.chunks.size());
         if (q.mode == kPlaneEntropy) {
@@ -528,6 +714,8 @@ const char* ChunkStatusName(uint32_t status) {
     case kStatusZeroXor: return "a sparse XOR value is zero";
     case kStatusAfterMismatch: return "the result does not hash to \"after\"; undone";
     case kStatusSkipped: return "skipped";
+    case kStatusClassCount:
+      return "a conditional XOR class has more changes than the base has members";
     default: return "unknown status";
   }
 }
@@ -558,6 +746,7 @@ Result<PreparedDelta> PrepareBatches(std::span<const uint8_t> buffer,
                                 tensor_names, plan, opts.verify, &parsed[i]);
   });
   for (const Status& s : errors) REFIT_RETURN_IF_ERROR(s);
+  REFIT_RETURN_IF_ERROR(CheckConditionalOverlaps(parsed, plan));
 
   BatchLimits limits = opts.limits;
   uint32_t slots = 2;

@@ -44,6 +44,7 @@ enum ChunkStatus : uint32_t {
   kStatusZeroXor = 4,        // a zero XOR value
   kStatusAfterMismatch = 5,  // applied, did not hash to "after", undone
   kStatusSkipped = 6,        // not applied (Classify said so)
+  kStatusClassCount = 7,     // kind 5: a class has more changes than members
 };
 const char* ChunkStatusName(uint32_t status);
 
@@ -97,7 +98,75 @@ struct DevChunk {
                            // no record staging (records/values unused)
   uint8_t dense_gpu;       // dense, its planes decoded on the GPU into
                            // staging at `data` (DevDensePlane)
+  uint8_t conditional;     // kind 5 (see DevConditional): decoded on the
+                           // GPU into a dense XOR plane at `data`; `kind`
+                           // then reads 3 (dense XOR), as the apply and its
+                           // undo treat it
 };
+
+// Conditional XOR chunks (kind 5, docs/format.md §4.3) on the GPU. The
+// host parses the payload's header, models and lane framing; the class of
+// each element and the members per class come from the base, in device
+// memory, only at apply time (conditional_apply.cu). The chunk is
+// presented to the other kernels as a GPU-decoded dense XOR chunk
+// (layout kDevDense, kind 3, dense_gpu): the conditional kernels write its
+// XOR plane (zero where unchanged) into the dense staging at `data`, and
+// kernel B XORs the nonzero elements in; an "after" mismatch XORs them
+// again. The plane, not the payload, is what an undo needs, so an undo
+// never decodes against the range's after state.
+//
+// The chunk's first table slot (DevChunk::table_first) holds its
+// DevConditional; the slots after it the frequencies of its table-mode
+// planes (DevConditionalPlane::table counts from table_first + 1).
+inline constexpr int kCondClasses = 8;
+inline constexpr int kCondPlanes = 4 * kCondClasses + 2;  // class c gap byte
+                                                           // b at 4c + b;
+                                                           // difference bytes
+                                                           // at 32, 33
+// Elements per tile of the class counts (conditional_apply.cu).
+inline constexpr uint32_t kCondTile = 256;
+
+enum : uint8_t {
+  kCondConstant = 0,   // section 5.2 modes
+  kCondUniform = 1,
+  kCondTable = 2,
+  kCondGeometric = 3,  // built on the device from m_c and k_c
+  kCondAbsent = 255,   // past the class's gap width, or an empty class
+};
+struct DevConditionalPlane {
+  uint8_t mode;
+  uint8_t symbol;      // constant: the symbol; geometric: max_symbol
+  uint8_t t;           // precision (uniform 8; table; geometric)
+  uint8_t table;       // table mode: frequencies at table_first + 1 + table
+};
+struct DevConditional {
+  uint32_t lo;
+  uint32_t k[kCondClasses];      // changes per class (sum: DevChunk::k)
+  uint32_t first[kCondClasses];  // first record of each class
+  uint32_t gw[kCondClasses];     // gap width (0 for an empty class)
+  DevConditionalPlane plane[kCondPlanes];
+};
+static_assert(sizeof(DevConditional) <= sizeof(DevTable));
+
+// Scratch of a kind-5 chunk, from DevChunk::records on (byte offsets): the
+// members per class and their class-major offsets (16 u32), the tiles'
+// class counts (tiles x 8 u32, made exclusive prefixes by the decode), the
+// differences by class-major member index (n u16, zero where unchanged),
+// then the records' gaps (k u32) and differences (k u16).
+struct CondScratch {
+  uint64_t counts, member_zz, gaps, zz, total;
+};
+REFIT_HOST_DEVICE inline CondScratch CondScratchLayout(uint32_t n, uint32_t k) {
+  const uint64_t tiles = (uint64_t{n} + kCondTile - 1) / kCondTile;
+  const uint64_t m16 = ~uint64_t{15};
+  CondScratch s;
+  s.counts = 64;
+  s.member_zz = s.counts + ((32 * tiles + 15) & m16);
+  s.gaps = s.member_zz + ((2 * uint64_t{n} + 15) & m16);
+  s.zz = s.gaps + ((4 * uint64_t{k} + 15) & m16);
+  s.total = s.zz + ((2 * uint64_t{k} + 15) & m16);
+  return s;
+}
 
 // Elements from a chunk's first canonical element to one past its last.
 inline uint64_t RegionSpan(uint64_t count, uint64_t run, uint64_t stride) {
@@ -171,9 +240,10 @@ struct HostBatch {
   uint64_t segments = 0;
   uint32_t smem = 0;            // largest per-chunk table need
   uint32_t max_fused_lanes = 0;  // widest fused chunk (lanes), 0 if none
-  uint64_t records = 0;         // changed records (sparse) in the batch
+  uint64_t records = 0;         // changed records (sparse, kind 5) in the batch
   uint32_t unfused = 0;         // chunks for kernels A and B (not fused)
   uint32_t regions = 0;         // strided regions (run != 0) among the chunks
+  uint32_t conditional = 0;     // kind-5 chunks (DevChunk::conditional)
   std::vector<uint8_t> meta;    // SerializeMeta's bytes, made by Prepare
   // Bytes copied to the device (chunk bytes and CPU-decoded dense bytes).
   uint64_t device_bytes() const {

@@ -4,6 +4,10 @@
 
 #include <random>
 
+#include <cstring>
+
+#include "base/hash.h"
+#include "codec/conditional.h"
 #include "codec/payload.h"
 #include "delta/chunk.h"
 #include "delta/encoder.h"
@@ -350,6 +354,175 @@ TEST(Batch, DensePlanesBecomeGpuJobsUnlessZstd) {
   SerializeChunk(h, payload, &bad);
   ChunkSpan span{0, bad.size()};
   EXPECT_FALSE(PrepareBatches(bad, std::span(&span, 1), names, plan, {}).ok());
+}
+
+// A conditional XOR chunk (kind 5) of a region of a [256, 256] BF16-like
+// tensor (exponents over a few classes), ~rate of its elements changed by
+// one unit in the last place.
+std::vector<uint8_t> MakeConditionalChunk(uint64_t start, uint64_t count, uint64_t run,
+                                          uint64_t stride, double rate, uint32_t seed,
+                                          ChunkHeader* header) {
+  std::mt19937_64 rng(seed);
+  std::vector<uint16_t> a(count), b;
+  for (auto& x : a) {
+    const uint32_t r = static_cast<uint32_t>(rng());
+    x = static_cast<uint16_t>((r & 0x8000) | (110 + (r >> 16) % 12) << 7 | (r & 0x7f));
+  }
+  b = a;
+  std::bernoulli_distribution change(rate);
+  std::vector<uint32_t> positions;
+  std::vector<uint8_t> xors;
+  for (uint64_t i = 0; i < count; ++i) {
+    if (!change(rng)) continue;
+    b[i] = static_cast<uint16_t>(b[i] + 1);
+    const uint16_t x = a[i] ^ b[i];
+    positions.push_back(static_cast<uint32_t>(i));
+    xors.push_back(static_cast<uint8_t>(x));
+    xors.push_back(static_cast<uint8_t>(x >> 8));
+  }
+  std::vector<uint8_t> payload;
+  EXPECT_OK(codec::EncodeConditional(static_cast<uint32_t>(count),
+                                     reinterpret_cast<const uint8_t*>(a.data()), positions,
+                                     xors.data(), codec::EncodeOptions{}, &payload));
+  ChunkHeader& h = *header;
+  h = ChunkHeader{};
+  h.kind = codec::ChunkKind::kConditionalXor;
+  h.width = 2;
+  h.version = 1;
+  h.start = start;
+  h.count = count;
+  h.run = run;
+  h.stride = stride;
+  h.changed = positions.size();
+  h.before = RangeHash(a.data(), 2 * count);
+  h.after = RangeHash(b.data(), 2 * count);
+  std::vector<uint8_t> out;
+  SerializeChunk(h, payload, &out);
+  return out;
+}
+
+// A kind-5 chunk becomes a GPU-decoded dense XOR chunk: its header (lo,
+// the classes' change counts) in its first table slot, its lanes framed,
+// room for its XOR plane in the dense staging and for the class counts,
+// member differences and records in scratch.
+TEST(Batch, ConditionalChunkBecomesAGpuDecodedDenseXorChunk) {
+  ChunkHeader h;
+  const uint64_t n = 1 << 16;
+  auto chunk = MakeConditionalChunk(0, n, 0, 0, 0.03, 5, &h);
+  PlacementPlan plan;
+  ASSERT_OK(plan.Add(WholePlacement("t", 2, 256, 256, 4096)));
+  std::vector<std::string> names = {"t"};
+  ChunkSpan span{0, chunk.size()};
+  auto p = PrepareBatches(chunk, std::span(&span, 1), names, plan, {});
+  ASSERT_OK(p);
+  ASSERT_EQ(p->batches.size(), 1u);
+  const HostBatch& b = p->batches[0];
+  ASSERT_EQ(b.chunks.size(), 1u);
+  const DevChunk& d = b.chunks[0];
+  EXPECT_EQ(d.layout, kDevDense);
+  EXPECT_EQ(d.kind, static_cast<uint8_t>(codec::ChunkKind::kDenseXor));
+  EXPECT_EQ(d.dense_gpu, 1);
+  EXPECT_EQ(d.conditional, 1);
+  EXPECT_EQ(d.fused, 0);
+  EXPECT_EQ(b.conditional, 1u);
+  EXPECT_EQ(b.unfused, 1u);
+  EXPECT_TRUE(b.planes.empty());
+  EXPECT_EQ(d.linear_address, 4096u);
+  EXPECT_EQ(d.records, 0u);
+  EXPECT_GE(b.gpu_dense_bytes, 2 * n);
+  EXPECT_GE(b.scratch_bytes, CondScratchLayout(n, d.k).total + 16 * uint64_t{d.segments});
+  EXPECT_EQ(b.lanes.size(), d.lanes + 1u);
+  EXPECT_EQ(b.lanes.back(), chunk.size() - 4);  // the stream ends at the checksum
+  ASSERT_GE(b.tables.size(), d.table_first + 1u);
+  DevConditional dc;
+  std::memcpy(&dc, &b.tables[d.table_first], sizeof(dc));
+  auto parsed = ParseChunk(chunk);
+  ASSERT_OK(parsed);
+  auto info = codec::DescribeConditional(parsed->payload);
+  ASSERT_OK(info);
+  EXPECT_EQ(dc.lo, static_cast<uint32_t>(info->lo));
+  uint32_t sum = 0;
+  for (int c = 0; c < kCondClasses; ++c) {
+    EXPECT_EQ(dc.k[c], info->changes[c]);
+    EXPECT_EQ(dc.first[c], sum);
+    sum += dc.k[c];
+    EXPECT_EQ(dc.gw[c] != 0, dc.k[c] != 0);
+    for (uint32_t g = 0; g < 4; ++g) {
+      EXPECT_EQ(dc.plane[4 * c + g].mode == kCondAbsent, g >= dc.gw[c]) << c << " " << g;
+      if (dc.plane[4 * c + g].mode == kCondTable) {
+        EXPECT_LT(d.table_first + 1u + dc.plane[4 * c + g].table, b.tables.size());
+      }
+    }
+  }
+  EXPECT_EQ(sum, h.changed);
+  EXPECT_NE(dc.plane[4 * kCondClasses].mode, kCondAbsent);
+  EXPECT_NE(dc.plane[4 * kCondClasses + 1].mode, kCondAbsent);
+  // A truncated payload (the checksum fixed) never gets past the host.
+  auto bad = chunk;
+  auto pc = ParseChunk(bad);
+  ASSERT_OK(pc);
+  std::vector<uint8_t> cut(pc->payload.begin(), pc->payload.begin() + 5);
+  bad.clear();
+  SerializeChunk(pc->header, cut, &bad);
+  span = {0, bad.size()};
+  EXPECT_THAT(PrepareBatches(bad, std::span(&span, 1), names, plan, {}),
+              StatusIs(StatusCode::kDataLoss));
+}
+
+// The GPU decoder reads a kind-5 chunk's base through its span's linear
+// address: a placement that does not store the span contiguously (a
+// column shard) is refused, naming the chunk, before anything runs.
+TEST(Batch, ConditionalChunkNeedsItsSpanContiguous) {
+  ChunkHeader h;
+  auto chunk = MakeConditionalChunk(0, 1 << 16, 0, 0, 0.03, 6, &h);
+  PlacementPlan plan;
+  ASSERT_OK(plan.Add(ColShardPlacement("t", 2, 256, 256, 0, 128, 4096)));
+  std::vector<std::string> names = {"t"};
+  ChunkSpan span{0, chunk.size()};
+  PrepareOptions opts;
+  opts.verify = false;
+  auto p = PrepareBatches(chunk, std::span(&span, 1), names, plan, opts);
+  EXPECT_THAT(p, StatusIs(StatusCode::kUnimplemented));
+  EXPECT_NE(p.status().message().find("chunk 0"), std::string::npos) << p.status().ToString();
+}
+
+// A kind-5 chunk decodes against its range as the batches of one apply
+// find it, in no set order: one that shares an element with another chunk
+// of the apply is refused, naming it; regions that interleave without
+// sharing elements (tensor-parallel ranks' column blocks) are not.
+TEST(Batch, ConditionalChunkSharingElementsWithAnotherIsRefused) {
+  PlacementPlan plan;
+  ASSERT_OK(plan.Add(WholePlacement("t", 2, 256, 256, 4096)));
+  std::vector<std::string> names = {"t"};
+  struct R {
+    uint64_t start, count, run, stride;
+  };
+  auto prepare = [&](std::initializer_list<R> regions) {
+    std::vector<uint8_t> buf;
+    std::vector<ChunkSpan> spans;
+    uint32_t seed = 10;
+    for (const R& r : regions) {
+      ChunkHeader h;
+      auto c = MakeConditionalChunk(r.start, r.count, r.run, r.stride, 0.05, ++seed, &h);
+      spans.push_back({buf.size(), c.size()});
+      buf.insert(buf.end(), c.begin(), c.end());
+    }
+    return PrepareBatches(buf, spans, names, plan, {});
+  };
+  // Two ranks' column halves of rows 0..99, and the range right after.
+  EXPECT_OK(prepare({{0, 100 * 128, 128, 256}, {128, 100 * 128, 128, 256}, {100 * 256, 1000, 0, 0}}));
+  // A range in the gaps between a region's rows (row 0's right half).
+  EXPECT_OK(prepare({{0, 100 * 128, 128, 256}, {128, 128, 0, 0}}));
+  // Overlapping column blocks.
+  auto p = prepare({{0, 100 * 128, 128, 256}, {100, 100 * 128, 128, 256}});
+  EXPECT_THAT(p, StatusIs(StatusCode::kFailedPrecondition));
+  EXPECT_NE(p.status().message().find("chunk 0"), std::string::npos) << p.status().ToString();
+  // A range that ends in a region's last row, given first.
+  p = prepare({{99 * 256 + 127, 10, 0, 0}, {0, 100 * 128, 128, 256}});
+  EXPECT_THAT(p, StatusIs(StatusCode::kFailedPrecondition));
+  // The same range twice (two versions of it in one apply).
+  p = prepare({{0, 4096, 0, 0}, {0, 4096, 0, 0}});
+  EXPECT_THAT(p, StatusIs(StatusCode::kFailedPrecondition));
 }
 
 }  // namespace

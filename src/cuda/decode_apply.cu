@@ -1097,6 +1097,10 @@ cudaError_t LaunchDecode(const BatchDevice& b, cudaStream_t stream) {
   if (b.num_planes != 0) {
     DenseDecodeKernel<<<b.num_planes, 256, 0, stream>>>(b);
   }
+  if (b.conditional != 0) {
+    const cudaError_t e = LaunchConditional(b, stream);
+    if (e != cudaSuccess) return e;
+  }
   return cudaGetLastError();
 }
 

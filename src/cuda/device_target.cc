@@ -363,8 +363,12 @@ Status DeviceTarget::Seal() {
     for (const HostBatch& b : v.prepared.batches) {
       for (const DevChunk& c : b.chunks) {
         const uint32_t index = v.prepared.chunk_of_status[c.status_index];
-        v.kinds[index] = c.kind;
-        if (IsXorKind(c.kind)) continue;
+        // A conditional XOR chunk (kind 5) runs as a dense XOR one on the
+        // device, but applying it again decodes it against its after state:
+        // its range is saved like an overwrite chunk's, and restored.
+        v.kinds[index] =
+            c.conditional ? static_cast<uint8_t>(codec::ChunkKind::kConditionalXor) : c.kind;
+        if (IsXorKind(v.kinds[index])) continue;
         if (c.linear_address == 0) {
           m.restorable = false;
           continue;

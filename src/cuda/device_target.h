@@ -11,15 +11,19 @@
 // in a region of its own (cuda::Receiver::Stage), so that the pause only
 // launches kernels; else it copies the payload into page-locked host memory
 // (bounded by `host_staging_bytes`; the pause then includes the copies
-// over the bus, through the GPU receiver's slots). Non-XOR chunks' ranges are saved on the device in the
-// pause, for a restore.
+// over the bus, through the GPU receiver's slots). The ranges of non-XOR
+// chunks and of conditional XOR chunks (kind 5, which decode only against
+// their base) are saved on the device in the pause, for a restore.
 //
-// The pause (Apply): the versions are applied one after another, each
-// chunk's range checked on the device to its "after" hash (when every
-// placement stores its canonical tensor contiguously; see verify in
-// pipeline.h). On any failure, the applied chunks are undone (XOR chunks by
-// applying them again, others from their saved ranges) and every tensor
-// the target can hash is checked to hold its hash from before the pause.
+// The pause (Apply): the versions are applied one after another (one GPU
+// apply each, so a version's conditional chunks decode against their
+// ranges as the version before left them), each chunk's range checked on
+// the device to its "after" hash (when every placement stores its
+// canonical tensor contiguously; see verify in pipeline.h). On any
+// failure, the applied chunks are undone (XOR chunks by applying them
+// again, others, kind 5 included, from their saved ranges) and every
+// tensor the target can hash is checked to hold its hash from before the
+// pause.
 //
 // Device memory: the staged payload, the GPU receiver's decode arena
 // (`apply_staging_bytes`), the saved ranges of non-XOR chunks; usage()

@@ -31,6 +31,7 @@ struct BatchDevice {
   uint32_t fused_lanes = 0;    // lanes of the widest fused chunk (0: none)
   uint32_t unfused = 0;        // chunks for kernels A and B (0: skip them)
   uint32_t regions = 0;        // strided regions among the chunks (0: none)
+  uint32_t conditional = 0;    // kind-5 chunks (0: skip their kernels)
   const DevDensePlane* planes = nullptr;  // dense planes decoded on the GPU
   uint32_t num_planes = 0;
 };
@@ -57,7 +58,13 @@ inline constexpr uint32_t kMaxDecodeSmem = 96 * 1024;
 // element of its chunk's decoded staging (constant, verbatim, or rANS lanes
 // checked as the codec checks them, one thread per lane); a bad lane sets
 // the chunk's status, so kernel B leaves its range alone.
+// Conditional XOR chunks (kind 5, DevChunk::conditional), when the batch
+// has any (conditional_apply.cu): decode each against its base in device
+// memory into its dense XOR plane, checking the payload as the codec does
+// (class counts, lanes, ranks, zero differences) and setting the chunk's
+// status on failure; kernel B then applies the plane as a dense XOR chunk.
 cudaError_t LaunchDecode(const BatchDevice& b, cudaStream_t stream);
+cudaError_t LaunchConditional(const BatchDevice& b, cudaStream_t stream);
 
 // Kernel B: for non-fused chunks still kStatusOk, turns gaps into positions (block
 // scan per chunk) and applies the records through the placement, one

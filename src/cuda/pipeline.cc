@@ -192,6 +192,7 @@ struct Receiver::Impl {
     d.fused_lanes = hb.max_fused_lanes;
     d.unfused = hb.unfused;
     d.regions = hb.regions;
+    d.conditional = hb.conditional;
     d.planes = reinterpret_cast<const DevDensePlane*>(meta + dp);
     d.num_planes = static_cast<uint32_t>(hb.planes.size());
     return d;

@@ -24,9 +24,18 @@
 // Guarantee: every chunk's range ends either untouched or exactly "after"
 // (at most once). Chunks are independent: a corrupt chunk is refused and
 // reported while the others apply; callers that need all-or-nothing undo
-// the XOR chunks by applying them again. Range hashes need the range stored
+// the XOR chunks by applying them again, except conditional XOR chunks
+// (kind 5), which decode only against their base: save their ranges
+// before (DeviceTarget does). Range hashes need the range stored
 // contiguously on this GPU; shards and interleaved layouts must run with
 // verify = false (their canonical bytes are not all here).
+//
+// Conditional XOR chunks (docs/format.md §4.3) are decoded on the device
+// against the range as it is when their batch runs (conditional_apply.cu);
+// they need their span stored contiguously on this GPU, and Prepare
+// refuses one that shares elements with another chunk of the same apply
+// (the batches run in no set order): apply a fold's versions one Apply
+// after another.
 //
 // Device memory: one staging arena of ReceiverOptions::staging_bytes,
 // allocated at the first Classify or Apply and split into payload, metadata

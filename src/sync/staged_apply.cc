@@ -126,7 +126,8 @@ Result<std::optional<StepResult>> StagedPrepare::StageVersion(
       seen.push_back(m ? m->chunks[i].sha256 : ComputeSha256(*got));
       if (Status s = opt_.staged->Add(k, a.tensors, bytes); !s.ok()) {
         // A version the staging cannot hold, or whose chunks the target
-        // does not decode (a GPU target and conditional XOR chunks),
+        // does not decode (a GPU target and conditional XOR chunks of a
+        // tensor it does not store contiguously),
         // cannot be applied here.
         *version_fault = s.code() == StatusCode::kResourceExhausted ||
                          s.code() == StatusCode::kUnimplemented;

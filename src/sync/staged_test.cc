@@ -260,7 +260,8 @@ TEST_F(StagedTest, ConditionalChunksApplyOnTheHost) {
   }
 }
 
-// A staging target that does not decode kind 5, as the GPU one (cuda/
+// A staging target that does not decode kind 5, as the GPU one does not
+// for a tensor whose chunk spans it does not store contiguously (cuda/
 // batch.cc): it refuses such a chunk with UNIMPLEMENTED; everything else
 // goes to a host target.
 class NoConditionalTarget final : public StagedTarget {
