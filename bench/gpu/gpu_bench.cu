@@ -24,6 +24,17 @@
 //                   [--encode-only 0|1] [--floor-only 0|1] [--encode-threads N]
 //                   [--encode-staging-mib 256]
 //                   [--records-per-lane 1024]
+//                   [--normal-weights 0|1] [--conditional 0|1]
+//
+// --normal-weights 1 makes the tile BF16 values ~ N(0, 0.02) and moves
+// each changed element by 1-3 units in the last place (an add, as a
+// trainer step does), instead of random bits and small XORs.
+// --conditional 1 (implies --normal-weights 1) lets the encoder choose
+// conditional XOR chunks (kind 5, decoded given the base); the trainer
+// side's GPU encode is then skipped (it does not write kind 5). With
+// --normal-weights, every timed apply starts from a device copy of the
+// base (a kind-5 chunk applied twice does not toggle back), so run both
+// modes with it to compare their pauses.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -150,6 +161,7 @@ struct Delta {
   uint64_t bytes = 0;
   std::vector<ChunkSpan> spans;
   uint64_t records = 0;
+  uint64_t conditional = 0;  // chunks of kind 5
 };
 
 // One chunk per 8 MiB range of each tensor; tile is the base of every
@@ -157,8 +169,8 @@ struct Delta {
 // With `upload_to` (device), each range's new bytes are also copied there,
 // which makes the device model "after" without the receiver.
 Delta Encode(const std::vector<uint8_t>& tile, int tensors, uint64_t per_tensor,
-             double rate, int threads, uint32_t records_per_lane,
-             uint8_t* upload_to = nullptr) {
+             double rate, int threads, uint32_t records_per_lane, bool add_ulps,
+             bool conditional, uint8_t* upload_to = nullptr) {
   const uint64_t chunks_per_tensor = per_tensor / kChunkBytes;
   const uint64_t total = chunks_per_tensor * tensors;
   std::vector<std::vector<uint8_t>> out(total);
@@ -172,7 +184,12 @@ Delta Encode(const std::vector<uint8_t>& tile, int tensors, uint64_t per_tensor,
     for (uint64_t i = skip(rng); i < n; i += 1 + skip(rng)) {
       uint16_t v;
       std::memcpy(&v, &b[2 * i], 2);
-      v ^= static_cast<uint16_t>(1 + rng() % 3);
+      const uint16_t d = static_cast<uint16_t>(1 + rng() % 3);
+      if (add_ulps) {
+        v = (rng() & 1) ? static_cast<uint16_t>(v + d) : static_cast<uint16_t>(v - d);
+      } else {
+        v ^= d;
+      }
       std::memcpy(&b[2 * i], &v, 2);
     }
     if (upload_to != nullptr) {
@@ -186,6 +203,7 @@ Delta Encode(const std::vector<uint8_t>& tile, int tensors, uint64_t per_tensor,
     ids.tensor_id = c / chunks_per_tensor;
     ChunkEncodeOptions opt;
     opt.codec.records_per_lane = records_per_lane;
+    opt.allow_conditional = conditional;
     EncodeScratch scratch;
     ChunkResult r;
     if (!EncodeChunkRange(ids, tile.data(), b.data(), 0, n, opt, &scratch, &r).ok() ||
@@ -202,7 +220,10 @@ Delta Encode(const std::vector<uint8_t>& tile, int tensors, uint64_t per_tensor,
     SerializeChunk(h, payload, &out[c]);
   });
   Delta d;
-  for (auto& c : out) d.bytes += c.size();
+  for (auto& c : out) {
+    d.bytes += c.size();
+    d.conditional += ParseChunk(c)->header.kind == codec::ChunkKind::kConditionalXor;
+  }
   CK(cudaHostAlloc(reinterpret_cast<void**>(&d.pinned), d.bytes, cudaHostAllocDefault));
   uint64_t off = 0;
   for (auto& c : out) {
@@ -221,6 +242,8 @@ int Main(int argc, char** argv) {
   bool floor_only = false;   // the scatter floors only
   int encode_threads = 0;     // GpuEncodeOptions::host_threads (0: default)
   uint64_t encode_staging_mib = 0;  // GpuEncodeOptions::staging_bytes (0: default)
+  bool normal_weights = false;  // BF16 ~ N(0, 0.02), changes by 1-3 ulps
+  bool conditional = false;     // the encoder may choose kind 5
   std::vector<double> rates = {0.001, 0.01, 0.03};
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i];
@@ -228,6 +251,8 @@ int Main(int argc, char** argv) {
     if (a == "--encode-only") encode_only = std::atoi(argv[i + 1]) != 0;
     if (a == "--floor-only") floor_only = std::atoi(argv[i + 1]) != 0;
     if (a == "--encode-threads") encode_threads = std::atoi(argv[i + 1]);
+    if (a == "--normal-weights") normal_weights = std::atoi(argv[i + 1]) != 0;
+    if (a == "--conditional") conditional = std::atoi(argv[i + 1]) != 0;
     if (a == "--encode-staging-mib") {
       encode_staging_mib = std::strtoull(argv[i + 1], nullptr, 10);
     }
@@ -245,6 +270,7 @@ int Main(int argc, char** argv) {
       }
     }
   }
+  if (conditional) normal_weights = true;
   const int threads = DefaultThreads();
   cudaDeviceProp prop;
   CK(cudaGetDeviceProperties(&prop, 0));
@@ -279,9 +305,20 @@ int Main(int argc, char** argv) {
   std::vector<uint8_t> tile(kChunkBytes);
   {
     std::mt19937_64 rng(1);
-    for (size_t i = 0; i < tile.size(); i += 8) {
-      const uint64_t v = rng();
-      std::memcpy(&tile[i], &v, 8);
+    if (normal_weights) {
+      std::normal_distribution<float> normal(0.0f, 0.02f);
+      for (size_t i = 0; i < tile.size(); i += 2) {
+        const float f = normal(rng);
+        uint32_t u;
+        std::memcpy(&u, &f, 4);
+        const uint16_t v = static_cast<uint16_t>((u + 0x7fff + ((u >> 16) & 1)) >> 16);
+        std::memcpy(&tile[i], &v, 2);
+      }
+    } else {
+      for (size_t i = 0; i < tile.size(); i += 8) {
+        const uint64_t v = rng();
+        std::memcpy(&tile[i], &v, 8);
+      }
     }
   }
   uint8_t* model;
@@ -459,7 +496,8 @@ int Main(int argc, char** argv) {
   };
   if (encode_only) {
     for (double rate : rates) {
-      Delta d = Encode(tile, tensors, per_tensor, rate, threads, records_per_lane, model);
+      Delta d = Encode(tile, tensors, per_tensor, rate, threads, records_per_lane,
+                       normal_weights, conditional, model);
       if (!encode_gpu(d, rate)) return 1;
       CK(cudaMemcpy(model, base_copy, model_bytes, cudaMemcpyDeviceToDevice));
       CK(cudaFreeHost(d.pinned));
@@ -472,7 +510,8 @@ int Main(int argc, char** argv) {
               " H2D payload ms | e2e / H2D | CPU decode ms | extra device MiB |\n");
   for (double rate : rates) {
     const double t0 = Now();
-    Delta d = Encode(tile, tensors, per_tensor, rate, threads, records_per_lane);
+    Delta d = Encode(tile, tensors, per_tensor, rate, threads, records_per_lane,
+                     normal_weights, conditional);
     const double enc_s = Now() - t0;
     std::span<const uint8_t> payload(d.pinned, d.bytes);
     // The same bytes already in device memory (the pause without the copy).
@@ -510,11 +549,24 @@ int Main(int argc, char** argv) {
       std::fprintf(stderr, "apply: %s\n", r1.status().ToString().c_str());
       return 1;
     }
-    if (!encode_gpu(d, rate)) return 1;
+    if (conditional) {
+      std::printf("  (%llu of %zu chunks conditional XOR; the GPU encoder does not write"
+                  " kind 5: its timing is skipped)\n",
+                  static_cast<unsigned long long>(d.conditional), d.spans.size());
+    } else if (!encode_gpu(d, rate)) {
+      return 1;
+    }
+    // With --normal-weights every apply starts from the base's device copy.
+    auto restore = [&] {
+      if (normal_weights) {
+        CK(cudaMemcpy(model, base_copy, model_bytes, cudaMemcpyDeviceToDevice));
+      }
+    };
     auto best_of = [&](std::span<const uint8_t> pay, int reps) {
       GpuApplyReport best;
       best.seconds = 1e9;
       for (int rep = 0; rep < reps; ++rep) {
+        restore();
         auto r = (*rn)->Apply(pay, *pn);
         if (!r.ok()) {
           std::fprintf(stderr, "apply: %s\n", r.status().ToString().c_str());
@@ -529,7 +581,11 @@ int Main(int argc, char** argv) {
     // Verified applies from the base again: from host memory, then from
     // device memory.
     auto verified = [&](std::span<const uint8_t> pay) {
-      if (!(*rn)->Apply(payload, *pn).ok()) std::exit(1);  // back to base
+      if (normal_weights) {
+        restore();
+      } else if (!(*rn)->Apply(payload, *pn).ok()) {
+        std::exit(1);  // back to base
+      }
       auto r = (*rv)->Apply(pay, *pv);
       if (!r.ok()) {
         std::fprintf(stderr, "verified apply: %s\n", r.status().ToString().c_str());
@@ -541,7 +597,11 @@ int Main(int argc, char** argv) {
     const GpuApplyReport bv = r2.seconds < r1->seconds ? r2 : *r1;
     const GpuApplyReport dv = verified(dpayload);
     // Back to the base for the next rate.
-    if (!(*rn)->Apply(payload, *pn).ok()) return 1;
+    if (normal_weights) {
+      restore();
+    } else if (!(*rn)->Apply(payload, *pn).ok()) {
+      return 1;
+    }
     const float floor_ms = scatter_floor(rate, false);
     const float floor_rmw_ms = scatter_floor(rate, true);
     // Baselines: plain H2D of the payload; CPU decode of every chunk.
@@ -550,6 +610,8 @@ int Main(int argc, char** argv) {
     p0 = Now();
     ParallelForEach(d.spans.size(), threads, [&](size_t i, int) {
       auto pc = ParseChunk(payload.subspan(d.spans[i].offset, d.spans[i].size));
+      // Decoded given the base: not timed here.
+      if (pc->header.kind == codec::ChunkKind::kConditionalXor) return;
       std::vector<uint32_t> pos(pc->header.changed);
       std::vector<uint8_t> val(pc->header.changed * 2);
       (void)codec::DecodeSparse(pc->payload, pc->header.kind,
