@@ -285,7 +285,12 @@ def main():
     ap.add_argument("--receivers", choices=("checkpoint", "memory"), default="checkpoint",
                     help="two checkpoint receivers (files) or two in-memory receivers "
                          "(host NumPy tensors loaded from the base)")
+    ap.add_argument("--paths", default="direct,assembled",
+                    help="which paths to run, in order: direct, assembled or both")
     ns = ap.parse_args()
+    paths = [p.strip() for p in ns.paths.split(",") if p.strip()]
+    if not paths or any(p not in ("direct", "assembled") for p in paths):
+        ap.error("--paths takes direct, assembled or both, comma-separated")
     work = tempfile.mkdtemp(prefix="refit-ranks-bench-")
     try:
         config = {"model_type": "qwen2", "hidden_size": ns.hidden,
@@ -312,8 +317,8 @@ def main():
         print(f"model {size / 2**20:.0f} MiB (made in {time.time() - t0:.1f} s), "
               f"{nranks} rank processes (TP{ns.tp} x PP{ns.pp}), {ns.rate:.0%} changed, "
               f"2 {ns.receivers} receivers, directory store")
-        for direct in (True, False):
-            r = run_path(direct, work, layout_path, base, nranks, ns.rate, ns.receivers,
+        for path in paths:
+            r = run_path(path == "direct", work, layout_path, base, nranks, ns.rate, ns.receivers,
                          ns.versions)
             r["receivers"] = ns.receivers
             print(json.dumps(r))

@@ -17,6 +17,10 @@ double SecondsSince(Clock::time_point since) {
 
 }  // namespace
 
+ApplyPool::Span ApplyPool::SpanOf(const Job& j) {
+  return Span{j.tensor, j.offset, j.length, j.run, j.stride};
+}
+
 int ApplyThreads(int requested) {
   return requested > 0 ? requested : DefaultThreads();
 }
@@ -42,7 +46,7 @@ void ApplyPool::Submit(Job job) {
     Run(&d, &scratch_);
     std::lock_guard<std::mutex> lock(mu_);
     ++in_flight_;
-    pending_.push_back({d.job.tensor, d.job.offset, d.job.length});
+    pending_.push_back(SpanOf(d.job));
     done_.push_back(std::move(d));
     return;
   }
@@ -54,7 +58,7 @@ void ApplyPool::Submit(Job job) {
   });
   wait_seconds_ += SecondsSince(t0);
   ++in_flight_;
-  pending_.push_back({job.tensor, job.offset, job.length});
+  pending_.push_back(SpanOf(job));
   queue_.push_back(std::move(job));
   cv_.notify_all();
 }
@@ -68,26 +72,48 @@ std::vector<ApplyPool::Done> ApplyPool::Drain(bool all) {
   done_.clear();
   in_flight_ -= out.size();
   for (const Done& d : out) {
-    auto it = std::find(pending_.begin(), pending_.end(),
-                        Span{d.job.tensor, d.job.offset, d.job.length});
+    auto it = std::find(pending_.begin(), pending_.end(), SpanOf(d.job));
     if (it != pending_.end()) pending_.erase(it);
   }
   cv_.notify_all();
   return out;
 }
 
-bool ApplyPool::Pending(size_t tensor, uint64_t offset, uint64_t length) {
+bool ApplyPool::Span::Overlaps(const Span& o) const {
+  if (tensor != o.tensor || offset >= o.offset + o.length || o.offset >= offset + length) {
+    return false;
+  }
+  // Two strided regions of one stride whose rows do not wrap share bytes
+  // only where both their rows and their columns meet; anything else is
+  // taken to overlap where the byte spans do.
+  if (stride == 0 || stride != o.stride || offset % stride + run > stride ||
+      o.offset % stride + o.run > stride) {
+    return true;
+  }
+  const uint64_t col = offset % stride, ocol = o.offset % stride;
+  return col < ocol + o.run && ocol < col + run;
+}
+
+bool ApplyPool::Pending(size_t tensor, uint64_t offset, uint64_t length, uint64_t run,
+                        uint64_t stride) {
+  const Span s{tensor, offset, length, run, stride};
   std::lock_guard<std::mutex> lock(mu_);
   for (const Span& p : pending_) {
-    if (p.tensor == tensor && p.offset < offset + length && offset < p.offset + p.length) {
-      return true;
-    }
+    if (p.Overlaps(s)) return true;
   }
   return false;
 }
 
 void ApplyPool::Run(Done* d, ApplyScratch* scratch) {
   const Clock::time_point t0 = Clock::now();
+  if (d->job.classify && !d->job.chunks.empty()) {
+    const ChunkHeader& h = d->job.chunks.front().header;
+    d->state = ClassifyRange(h, RegionHash(h, d->job.data));
+    if (d->state != RangeState::kBefore) {
+      d->seconds = SecondsSince(t0);
+      return;
+    }
+  }
   for (const ParsedChunk& c : d->job.chunks) {
     UndoRecord undo;
     d->status = ApplyChunkInPlace(c, d->job.data, scratch, nullptr, &undo,

@@ -43,6 +43,15 @@ class ApplyPool {
     uint64_t index = 0;
     size_t tensor = 0;
     uint64_t offset = 0, length = 0;
+    // A strided region's row length and stride in bytes (0: contiguous):
+    // regions of one tensor's distinct columns interleave in the same
+    // bytes without sharing any (Pending).
+    uint64_t run = 0, stride = 0;
+    // The worker hashes the region first (the first chunk's) and applies
+    // only at its "before"; Done::state says what it found. For regions
+    // whose hash is read from their bytes (strided ones), which the
+    // caller's thread would otherwise read one region at a time.
+    bool classify = false;
     bool early = false;             // submitted before the manifest was seen
     std::vector<std::vector<uint8_t>> objects;  // own the bytes `chunks` point into
     std::vector<ParsedChunk> chunks;
@@ -53,6 +62,7 @@ class ApplyPool {
   struct Done {
     Job job;
     Status status;
+    RangeState state = RangeState::kBefore;  // a `classify` job's finding
     std::vector<UndoRecord> undo;  // one per applied chunk
     size_t applied = 0;  // chunks of the job applied, a prefix of them
     double seconds = 0;  // the worker's time on the job
@@ -71,12 +81,15 @@ class ApplyPool {
   // Finished jobs, in any order; with `all`, waits until none is in flight.
   std::vector<Done> Drain(bool all);
   // Whether a submitted job that was not drained yet (queued, running, or
-  // finished) touches bytes of [offset, offset + length) of `tensor`. The
+  // finished) touches bytes of [offset, offset + length) of `tensor`, or
+  // with `stride` > 0 the rows of `run` bytes every `stride` bytes from
+  // `offset` within it (a strided region). The
   // caller drains before it reads such a range: its hash (and the digests
   // the caller keeps) are known only once the job is drained, and two
   // applies of one range must never race (a chunk delivered twice, e.g.
   // under another chunk's key).
-  bool Pending(size_t tensor, uint64_t offset, uint64_t length);
+  bool Pending(size_t tensor, uint64_t offset, uint64_t length, uint64_t run = 0,
+               uint64_t stride = 0);
   // Seconds the caller spent blocked in Submit and in Drain(true).
   double wait_seconds() const { return wait_seconds_; }
 
@@ -96,9 +109,11 @@ class ApplyPool {
   size_t in_flight_ = 0;  // submitted and not yet drained
   struct Span {
     size_t tensor;
-    uint64_t offset, length;
+    uint64_t offset, length, run, stride;
     bool operator==(const Span&) const = default;
+    bool Overlaps(const Span& o) const;
   };
+  static Span SpanOf(const Job& j);
   std::vector<Span> pending_;  // the ranges of those jobs
   bool stop_ = false;
   double wait_seconds_ = 0;  // the caller's only

@@ -132,6 +132,29 @@ void Digests::Rewritten(const BoundTensors& b, size_t t, uint64_t offset,
   }
 }
 
+void Digests::Refresh(const BoundTensors& b) {
+  std::vector<std::pair<size_t, size_t>> todo;  // (tensor, segment)
+  for (size_t t = 0; t < digests_.size(); ++t) {
+    if (!known_[t]) {
+      digests_[t].resize(SegmentsOf(b.bytes[t]));
+      stale_[t].assign(digests_[t].size(), true);
+      known_[t] = true;
+    }
+    for (size_t i = 0; i < stale_[t].size(); ++i) {
+      if (stale_[t][i]) todo.emplace_back(t, i);
+    }
+  }
+  ParallelFor(todo.size(), 16, threads_, [&](size_t begin, size_t end) {
+    for (size_t k = begin; k < end; ++k) {
+      const auto [t, i] = todo[k];
+      const uint64_t off = i * kRangeHashSegment;
+      digests_[t][i] =
+          HashBytes(b.data[t] + off, std::min<uint64_t>(kRangeHashSegment, b.bytes[t] - off));
+    }
+  });
+  for (const auto& [t, i] : todo) stale_[t][i] = false;
+}
+
 std::vector<Hash128> Digests::Current(size_t t) const {
   if (!known_[t]) return {};
   for (bool s : stale_[t]) {

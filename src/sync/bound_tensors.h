@@ -99,6 +99,12 @@ class Digests {
   // is whole segments of the tensor; otherwise as Written.
   void Rewritten(const BoundTensors& b, size_t t, uint64_t offset,
                  uint64_t length, std::vector<Hash128>&& after);
+  // Hashes again, from the bytes, every segment whose digest no longer
+  // holds, and every tensor not hashed yet, segments side by side across
+  // all tensors: afterwards Range composes every whole-segment range and
+  // Current returns every tensor's digests. For when the bytes are final
+  // (a vote's hashes, the digests kept for the next version).
+  void Refresh(const BoundTensors& b);
   // Tensor t's segment digests when every one of them is known and holds;
   // empty otherwise.
   std::vector<Hash128> Current(size_t t) const;

@@ -373,6 +373,10 @@ Status VersionApply::Drain(bool all) {
     }
     const ApplyPool::Job& job = d.job;
     result_.stages.apply_cpu += d.seconds;
+    if (d.state != RangeState::kBefore) {
+      Classified(job.index, job.tensor, d.state);  // found by its worker: nothing applied
+      continue;
+    }
     ++r_.chunks_applied_total_;
     REFIT_RETURN_IF_ERROR(journal_.Applied(job.index, d.undo.front()));
     // The journal as a reload would read it: a rollback in this same step
@@ -397,12 +401,27 @@ Result<std::optional<StepResult>> VersionApply::StreamChunks() {
   last_progress_ = Clock::now();
   int polls = 0;
   REFIT_RETURN_IF_ERROR(ReadManifestIfStored());  // present already when catching up
+  const OnExit stop_prefetch([this] { prefetch_.reset(); });
   for (uint64_t i = 0;;) {
     if (manifest_) {
       if (!manifest_seen_) manifest_seen_ = Clock::now();
       if (i >= manifest_->chunks.size()) break;
     }
     Clock::time_point fetching = Clock::now();
+    // A direct version's part chunks are read and checked ahead, side by
+    // side, once the manifest names their keys.
+    const int threads = ApplyThreads(opt_.threads);
+    if (manifest_ && manifest_->direct && !prefetch_ && threads > 1) {
+      prefetch_.emplace(r_.store_, a_, *manifest_, opt_.auth, i, std::min(threads, 4));
+    }
+    if (prefetch_) {
+      if (auto ahead = prefetch_->Take(i)) {
+        object_ = std::move(ahead->object);  // the chunk points into its buffer
+        REFIT_RETURN_IF_ERROR(TakeChunk(i, fetching, std::move(ahead->chunk)));
+        ++i;
+        continue;
+      }
+    }
     const uint64_t since = r_.store_->ChangeCount();
     auto got = reader_->Get(i, manifest_ ? &*manifest_ : nullptr);
     if (got.ok() || got.status().code() == StatusCode::kDataLoss) {
@@ -447,8 +466,15 @@ Result<std::optional<StepResult>> VersionApply::StreamChunks() {
   return std::optional<StepResult>();
 }
 
-Status VersionApply::TakeChunk(uint64_t i, Clock::time_point fetched_from) {
-  auto parsed = CheckFetched(i, /*original=*/true);
+Status VersionApply::TakeChunk(uint64_t i, Clock::time_point fetched_from,
+                               std::optional<ParsedChunk> checked) {
+  Result<ParsedChunk> parsed = ParsedChunk{};
+  if (checked) {
+    result_.bytes_fetched += object_.size();
+    parsed = std::move(*checked);
+  } else {
+    parsed = CheckFetched(i, /*original=*/true);
+  }
   result_.stages.fetch += SecondsSince(fetched_from);
   Receiver::BadRead& bad_read = r_.bad_read_;
   if (!parsed.ok()) {
@@ -482,34 +508,48 @@ Status VersionApply::TakeChunk(uint64_t i, Clock::time_point fetched_from) {
     return base;
   }
   auto [off, len] = ByteRange(c.header);
-  if (pool_->Pending(t, off, len)) REFIT_RETURN_IF_ERROR(Drain(true));
-  const Hash128 h = RegionNow(c.header);
-  switch (ClassifyRange(c.header, h)) {
-    case RangeState::kAfter:
-      ++result_.chunks_skipped;
-      break;
-    case RangeState::kBefore: {
-      ApplyPool::Job job;
-      job.index = i;
-      job.tensor = t;
-      job.offset = off;
-      job.length = len;
-      job.early = !manifest_;
-      job.chunks.push_back(c);  // points into `object_`'s buffer, which moves along
-      job.objects.push_back(std::move(object_));
-      job.resent.push_back(false);
-      job.data = b_->data[t];
-      pool_->Submit(std::move(job));
-      REFIT_RETURN_IF_ERROR(Drain(false));
-      break;
+  const uint64_t w = a_.tensors[t].width;
+  const bool strided = c.header.IsStrided();
+  if (pool_->Pending(t, off, len, strided ? c.header.run * w : 0,
+                     strided ? c.header.stride * w : 0)) {
+    REFIT_RETURN_IF_ERROR(Drain(true));
+  }
+  // A strided region's hash is read from its bytes: its worker reads them
+  // (classify), not this thread. A range's composes from the digests.
+  const RangeState state =
+      strided ? RangeState::kBefore : ClassifyRange(c.header, RegionNow(c.header));
+  if (state == RangeState::kBefore) {
+    ApplyPool::Job job;
+    job.index = i;
+    job.tensor = t;
+    job.offset = off;
+    job.length = len;
+    if (strided) {
+      job.run = c.header.run * w;
+      job.stride = c.header.stride * w;
+      job.classify = true;
     }
-    case RangeState::kNeither:
-      torn_.push_back(i);
-      digests_->SetCovered(t, false);
-      break;
+    job.early = !manifest_;
+    job.chunks.push_back(c);  // points into `object_`'s buffer, which moves along
+    job.objects.push_back(std::move(object_));
+    job.resent.push_back(false);
+    job.data = b_->data[t];
+    pool_->Submit(std::move(job));
+    REFIT_RETURN_IF_ERROR(Drain(false));
+  } else {
+    Classified(i, t, state);
   }
   seen_.push_back(sha);
   return Status();
+}
+
+void VersionApply::Classified(uint64_t i, size_t t, RangeState state) {
+  if (state == RangeState::kAfter) {
+    ++result_.chunks_skipped;
+  } else if (state == RangeState::kNeither) {
+    torn_.push_back(i);
+    digests_->SetCovered(t, false);
+  }
 }
 
 // A covered tensor was at the base as a whole and each of its chunks'
@@ -556,7 +596,10 @@ Result<StepResult> VersionApply::VoteAndDecide() {
     Vote ready{true, "", {}};
     if (manifest_->direct) {
       // Every tensor's hash after the version, which the coordinator
-      // records on commit when all members agree.
+      // records on commit when all members agree: the segments strided
+      // regions wrote are hashed again (in parallel), and the digests are
+      // then whole for the next version's base check.
+      digests_->Refresh(*b_);
       for (size_t t = 0; t < a_.tensors.size(); ++t) {
         ready.tensors.push_back(digests_->Range(*b_, t, 0, b_->bytes[t]));
       }

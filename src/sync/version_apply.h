@@ -21,6 +21,7 @@
 #include "delta/apply.h"
 #include "refit/status.h"
 #include "sync/apply_pool.h"
+#include "sync/chunk_prefetch.h"
 #include "sync/bound_tensors.h"
 #include "sync/chunk_pack.h"
 #include "sync/journal.h"
@@ -63,7 +64,10 @@ class VersionApply {
   // Step 2 for chunk i, fetched into object_ (its Get began at
   // `fetched_from`): checked, then skipped, submitted to the pool or found
   // torn.
-  Status TakeChunk(uint64_t i, Clock::time_point fetched_from);
+  // `checked`: chunk i as ChunkPrefetch read and checked it (object_
+  // holds its object); otherwise object_ is checked here.
+  Status TakeChunk(uint64_t i, Clock::time_point fetched_from,
+                   std::optional<ParsedChunk> checked = std::nullopt);
   // Step 4's check: every tensor at the manifest's "after" hash.
   Status CheckTensors();
   // Steps 4-6 from the vote on: vote (a member), wait for the decision,
@@ -86,6 +90,9 @@ class VersionApply {
   // The bytes of a chunk's tensor that its region spans (a strided
   // region: from its first row's start to its last row's end).
   std::pair<uint64_t, uint64_t> ByteRange(const ChunkHeader& h) const;
+  // Chunk i's region (of tensor t) was found at `state` other than
+  // "before": counted as skipped (at "after") or kept for repair (neither).
+  void Classified(uint64_t i, size_t t, RangeState state);
   // The range hash of chunk c's region as it is now.
   Hash128 RegionNow(const ChunkHeader& h) const;
   // Where chunk i is stored: v/<V>/chunk/<i>, or a rank's part object when
@@ -141,6 +148,7 @@ class VersionApply {
   std::optional<BaseCheck> base_check_;
   // Destroyed before the tensors and the flusher: joins its workers.
   std::optional<ApplyPool> pool_;
+  std::optional<ChunkPrefetch> prefetch_;  // a direct version's, in StreamChunks
   Status apply_error_;
   std::vector<uint64_t> torn_;
   // Taken from the receiver at the start, so that a step that does not
