@@ -8,7 +8,6 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
-#include <random>
 #include <vector>
 
 #include "layout/generate.h"
@@ -25,17 +24,27 @@ constexpr char kTiny[] = R"({
   "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4,
   "num_key_value_heads": 2, "tie_word_embeddings": false})";
 
-TensorBytes Random(const layout::Layout& l, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  TensorBytes out;
-  for (const layout::CanonicalTensor& c : l.canonical) {
-    uint64_t n = 2;
-    for (uint64_t d : c.shape) n *= d;
-    auto& b = out[c.name];
-    b.resize(n);
-    for (auto& x : b) x = static_cast<uint8_t>(rng());
+// Writes every canonical element of `canonical` through rank ri's
+// placements of `l` into local tensors filled with 0xA5, as a receiver
+// would, and returns them (for comparison with the layout's scatter).
+TensorBytes PlacedThrough(const layout::Layout& l, size_t ri, const TensorBytes& canonical,
+                          const TensorBytes& shapes) {
+  TensorBytes local;
+  std::map<std::string, uint64_t> address;
+  for (const auto& [name, bytes] : shapes) local[name].assign(bytes.size(), 0xA5);
+  for (auto& [name, bytes] : local) address[name] = reinterpret_cast<uint64_t>(bytes.data());
+  auto plan = PlanFromLayout(l, l.ranks[ri].rank, address);
+  EXPECT_OK(plan);
+  if (!plan.ok()) return {};
+  for (const TensorPlacement& p : plan->placements()) {
+    const auto& src = canonical.at(p.name);
+    for (uint64_t i = 0; i < p.rows * p.cols; ++i) {
+      if (auto d = p.Map(i)) {
+        std::memcpy(reinterpret_cast<uint8_t*>(p.base) + *d * 2, &src[i * 2], 2);
+      }
+    }
   }
-  return out;
+  return local;
 }
 
 TEST(LayoutPlacementTest, PlacementsScatterAsTheLayoutDefines) {
@@ -56,30 +65,11 @@ TEST(LayoutPlacementTest, PlacementsScatterAsTheLayoutDefines) {
           par.vocab_multiple = 64;
           auto l = layout::GenerateLayout(*config, par);
           ASSERT_OK(l);
-          const TensorBytes canonical = Random(*l, tp * 7 + fused);
+          const TensorBytes canonical = layout::testing::RandomCanonical(*l, tp * 7 + fused);
           auto expected = layout::testing::ScatterToRanks(*l, canonical, 0xA5);
           ASSERT_OK(expected);
           for (size_t ri = 0; ri < l->ranks.size(); ++ri) {
-            TensorBytes local;
-            std::map<std::string, uint64_t> address;
-            for (const auto& [name, bytes] : (*expected)[ri]) {
-              local[name].assign(bytes.size(), 0xA5);
-            }
-            for (auto& [name, bytes] : local) {
-              address[name] = reinterpret_cast<uint64_t>(bytes.data());
-            }
-            auto plan = PlanFromLayout(*l, l->ranks[ri].rank, address);
-            ASSERT_OK(plan);
-            for (const TensorPlacement& p : plan->placements()) {
-              const auto& src = canonical.at(p.name);
-              for (uint64_t i = 0; i < p.rows * p.cols; ++i) {
-                if (auto d = p.Map(i)) {
-                  std::memcpy(reinterpret_cast<uint8_t*>(p.base) + *d * 2,
-                              &src[i * 2], 2);
-                }
-              }
-            }
-            ASSERT_EQ(local, (*expected)[ri])
+            ASSERT_EQ(PlacedThrough(*l, ri, canonical, (*expected)[ri]), (*expected)[ri])
                 << "tp " << tp << " fused " << fused << " transposed "
                 << transposed << " rank " << ri;
             ++cases;
@@ -116,29 +106,11 @@ TEST(LayoutPlacementTest, EngineLayoutsPlaceAsTheyScatter) {
         par.ep = ep;
         auto l = layout::GenerateEngineLayout(*config, par);
         ASSERT_OK(l);
-        const TensorBytes canonical = Random(*l, tp * 3 + ep);
+        const TensorBytes canonical = layout::testing::RandomCanonical(*l, tp * 3 + ep);
         auto expected = layout::testing::ScatterToRanks(*l, canonical, 0xA5);
         ASSERT_OK(expected);
         for (size_t ri = 0; ri < l->ranks.size(); ++ri) {
-          TensorBytes local;
-          std::map<std::string, uint64_t> address;
-          for (const auto& [name, bytes] : (*expected)[ri]) {
-            local[name].assign(bytes.size(), 0xA5);
-          }
-          for (auto& [name, bytes] : local) {
-            address[name] = reinterpret_cast<uint64_t>(bytes.data());
-          }
-          auto plan = PlanFromLayout(*l, l->ranks[ri].rank, address);
-          ASSERT_OK(plan);
-          for (const TensorPlacement& p : plan->placements()) {
-            const auto& src = canonical.at(p.name);
-            for (uint64_t i = 0; i < p.rows * p.cols; ++i) {
-              if (auto d = p.Map(i)) {
-                std::memcpy(reinterpret_cast<uint8_t*>(p.base) + *d * 2, &src[i * 2], 2);
-              }
-            }
-          }
-          ASSERT_EQ(local, (*expected)[ri])
+          ASSERT_EQ(PlacedThrough(*l, ri, canonical, (*expected)[ri]), (*expected)[ri])
               << config->model_type << " tp " << tp << " ep " << ep << " rank " << ri;
           ++cases;
         }

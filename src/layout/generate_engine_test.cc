@@ -10,7 +10,6 @@
 #include <cstdio>
 #include <cstring>
 #include <map>
-#include <random>
 #include <set>
 #include <string>
 #include <vector>
@@ -24,6 +23,7 @@ namespace refit::layout {
 namespace {
 
 using testing::ScatterToRanks;
+using testing::RandomCanonical;
 using testing::TensorBytes;
 
 constexpr uint8_t kPad = 0xA5;
@@ -85,19 +85,6 @@ ModelConfig Qwen2Moe() {
   m.num_hidden_layers = 3;
   m.dense_layers = {0};
   return m;
-}
-
-TensorBytes RandomBytes(const Layout& l, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  TensorBytes out;
-  for (const CanonicalTensor& c : l.canonical) {
-    uint64_t n = 2;  // BF16
-    for (uint64_t d : c.shape) n *= d;
-    std::vector<uint8_t>& b = out[c.name];
-    b.resize(n);
-    for (uint8_t& x : b) x = static_cast<uint8_t>(rng());
-  }
-  return out;
 }
 
 // The reference: rank t's parameters as vLLM's loaders fill them from the
@@ -250,7 +237,7 @@ void Check(const ModelConfig& m, uint32_t tp, uint32_t ep, bool bytes = true) {
   ASSERT_OK(trainer);
   EXPECT_TRUE(trainer->canonical == l->canonical);
   if (!bytes) return;
-  TensorBytes canon = RandomBytes(*l, tp * 10 + ep);
+  TensorBytes canon = RandomCanonical(*l, tp * 10 + ep);
   Result<std::vector<TensorBytes>> local = ScatterToRanks(*l, canon, kPad);
   ASSERT_OK(local);
   for (uint32_t t = 0; t < tp; ++t) {

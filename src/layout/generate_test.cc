@@ -9,7 +9,6 @@
 #include <algorithm>
 #include <cstring>
 #include <map>
-#include <random>
 #include <string>
 #include <vector>
 
@@ -23,6 +22,7 @@ namespace {
 
 using testing::AssembleCanonical;
 using testing::ScatterToRanks;
+using testing::RandomCanonical;
 using testing::TensorBytes;
 
 // The fields of the qwen2-tiny fixture's config.json that matter here
@@ -50,22 +50,6 @@ ModelConfig Moe(bool mixtral) {
   m.moe_intermediate_size = 40;
   m.shared_expert_intermediate_size = mixtral ? 0 : 24;
   return m;
-}
-
-TensorBytes RandomBytes(const Layout& l, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  TensorBytes out;
-  for (const CanonicalTensor& c : l.canonical) {
-    uint64_t n = 2;  // BF16
-    for (uint64_t d : c.shape) n *= d;
-    std::vector<uint8_t>& b = out[c.name];
-    b.resize(n);
-    for (size_t i = 0; i < n; i += 8) {
-      uint64_t x = rng();
-      std::memcpy(&b[i], &x, std::min<size_t>(8, n - i));
-    }
-  }
-  return out;
 }
 
 std::string Describe(const Parallelism& p) {
@@ -97,7 +81,7 @@ Layout CheckGenerated(const ModelConfig& m, const Parallelism& p, uint64_t seed,
     EXPECT_TRUE(*back == *l);
   }
   if (!bytes) return *std::move(l);
-  TensorBytes canon = RandomBytes(*l, seed);
+  TensorBytes canon = RandomCanonical(*l, seed);
   Result<std::vector<TensorBytes>> local = ScatterToRanks(*l, canon);
   EXPECT_OK(local);
   if (!local.ok()) return {};
@@ -328,7 +312,7 @@ class Conventions : public ::testing::Test {
   Layout Make(const Parallelism& p) {
     Result<Layout> l = GenerateLayout(Tiny(), p);
     EXPECT_OK(l);
-    canon_ = RandomBytes(*l, 5);
+    canon_ = RandomCanonical(*l, 5);
     local_ = *ScatterToRanks(*l, canon_, 0xA5);
     return *l;
   }

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstring>
 #include <map>
+#include <random>
 #include <set>
 #include <string>
 #include <vector>
@@ -21,6 +22,24 @@ namespace refit::layout::testing {
 
 // Tensor name -> bytes (row-major, little-endian elements).
 using TensorBytes = std::map<std::string, std::vector<uint8_t>>;
+
+// Random BF16 bytes for every canonical tensor of `l` (seeded), the
+// model the layout tests scatter and place.
+inline TensorBytes RandomCanonical(const Layout& l, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  TensorBytes out;
+  for (const CanonicalTensor& c : l.canonical) {
+    uint64_t n = 2;  // BF16
+    for (uint64_t d : c.shape) n *= d;
+    std::vector<uint8_t>& b = out[c.name];
+    b.resize(n);
+    for (size_t i = 0; i < n; i += 8) {
+      const uint64_t x = rng();
+      std::memcpy(&b[i], &x, std::min<size_t>(8, n - i));
+    }
+  }
+  return out;
+}
 
 namespace detail {
 
