@@ -86,21 +86,21 @@ size_t SegmentsOf(uint64_t bytes) {
                                           kRangeHashSegment);
 }
 
+// Digest of segment i of tensor t as its bytes are now.
+Hash128 SegmentDigest(const BoundTensors& b, size_t t, size_t i) {
+  const uint64_t off = i * kRangeHashSegment;
+  return HashBytes(b.data[t] + off, std::min<uint64_t>(kRangeHashSegment, b.bytes[t] - off));
+}
+
 }  // namespace
 
 Hash128 Digests::Ensure(const BoundTensors& b, size_t t) {
   if (!known_[t]) {
-    const uint64_t n = b.bytes[t];
     std::vector<Hash128>& d = digests_[t];
-    d.resize(SegmentsOf(n));
-    const uint8_t* data = b.data[t];
+    d.resize(SegmentsOf(b.bytes[t]));
     // Many segments per piece: a thread's share streams through memory.
     ParallelFor(d.size(), 64, threads_, [&](size_t begin, size_t end) {
-      for (size_t i = begin; i < end; ++i) {
-        const uint64_t off = i * kRangeHashSegment;
-        d[i] = HashBytes(data + off,
-                         std::min<uint64_t>(kRangeHashSegment, n - off));
-      }
+      for (size_t i = begin; i < end; ++i) d[i] = SegmentDigest(b, t, i);
     });
     known_[t] = true;
     stale_[t].assign(d.size(), false);
@@ -147,9 +147,7 @@ void Digests::Refresh(const BoundTensors& b) {
   ParallelFor(todo.size(), 16, threads_, [&](size_t begin, size_t end) {
     for (size_t k = begin; k < end; ++k) {
       const auto [t, i] = todo[k];
-      const uint64_t off = i * kRangeHashSegment;
-      digests_[t][i] =
-          HashBytes(b.data[t] + off, std::min<uint64_t>(kRangeHashSegment, b.bytes[t] - off));
+      digests_[t][i] = SegmentDigest(b, t, i);
     }
   });
   for (const auto& [t, i] : todo) stale_[t][i] = false;

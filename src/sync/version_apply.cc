@@ -229,12 +229,6 @@ std::pair<uint64_t, uint64_t> VersionApply::ByteRange(const ChunkHeader& h) cons
   return {h.start * w, (h.End() - h.start) * w};
 }
 
-Hash128 VersionApply::RegionNow(const ChunkHeader& h) const {
-  if (h.IsStrided()) return RegionHash(h, b_->data[h.tensor_id]);
-  auto [off, len] = ByteRange(h);
-  return digests_->Range(*b_, h.tensor_id, off, len);
-}
-
 std::string VersionApply::KeyOf(uint64_t i) const {
   return manifest_ && i < manifest_->chunks.size() ? ManifestChunkKey(*manifest_, i)
                                                    : ChunkKey(a_.version, i);
@@ -410,9 +404,10 @@ Result<std::optional<StepResult>> VersionApply::StreamChunks() {
     Clock::time_point fetching = Clock::now();
     // A direct version's part chunks are read and checked ahead, side by
     // side, once the manifest names their keys.
-    const int threads = ApplyThreads(opt_.threads);
-    if (manifest_ && manifest_->direct && !prefetch_ && threads > 1) {
-      prefetch_.emplace(r_.store_, a_, *manifest_, opt_.auth, i, std::min(threads, 4));
+    if (manifest_ && manifest_->direct && !prefetch_) {
+      if (const int threads = ApplyThreads(opt_.threads); threads > 1) {
+        prefetch_.emplace(r_.store_, a_, *manifest_, opt_.auth, i, std::min(threads, 4));
+      }
     }
     if (prefetch_) {
       if (auto ahead = prefetch_->Take(i)) {
@@ -510,25 +505,22 @@ Status VersionApply::TakeChunk(uint64_t i, Clock::time_point fetched_from,
   auto [off, len] = ByteRange(c.header);
   const uint64_t w = a_.tensors[t].width;
   const bool strided = c.header.IsStrided();
-  if (pool_->Pending(t, off, len, strided ? c.header.run * w : 0,
-                     strided ? c.header.stride * w : 0)) {
-    REFIT_RETURN_IF_ERROR(Drain(true));
-  }
+  const uint64_t run = strided ? c.header.run * w : 0;
+  const uint64_t stride = strided ? c.header.stride * w : 0;
+  if (pool_->Pending(t, off, len, run, stride)) REFIT_RETURN_IF_ERROR(Drain(true));
   // A strided region's hash is read from its bytes: its worker reads them
   // (classify), not this thread. A range's composes from the digests.
-  const RangeState state =
-      strided ? RangeState::kBefore : ClassifyRange(c.header, RegionNow(c.header));
+  const RangeState state = strided ? RangeState::kBefore
+                                   : ClassifyRange(c.header, digests_->Range(*b_, t, off, len));
   if (state == RangeState::kBefore) {
     ApplyPool::Job job;
     job.index = i;
     job.tensor = t;
     job.offset = off;
     job.length = len;
-    if (strided) {
-      job.run = c.header.run * w;
-      job.stride = c.header.stride * w;
-      job.classify = true;
-    }
+    job.run = run;
+    job.stride = stride;
+    job.classify = strided;
     job.early = !manifest_;
     job.chunks.push_back(c);  // points into `object_`'s buffer, which moves along
     job.objects.push_back(std::move(object_));

@@ -21,9 +21,9 @@
 #include "delta/apply.h"
 #include "refit/status.h"
 #include "sync/apply_pool.h"
-#include "sync/chunk_prefetch.h"
 #include "sync/bound_tensors.h"
 #include "sync/chunk_pack.h"
+#include "sync/chunk_prefetch.h"
 #include "sync/journal.h"
 #include "sync/protocol.h"
 #include "sync/receiver.h"
@@ -93,8 +93,6 @@ class VersionApply {
   // Chunk i's region (of tensor t) was found at `state` other than
   // "before": counted as skipped (at "after") or kept for repair (neither).
   void Classified(uint64_t i, size_t t, RangeState state);
-  // The range hash of chunk c's region as it is now.
-  Hash128 RegionNow(const ChunkHeader& h) const;
   // Where chunk i is stored: v/<V>/chunk/<i>, or a rank's part object when
   // the manifest (seen) says so.
   std::string KeyOf(uint64_t i) const;
