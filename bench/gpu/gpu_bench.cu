@@ -53,6 +53,7 @@
 #include "cuda/pipeline.h"
 #include "delta/chunk.h"
 #include "delta/encoder.h"
+#include "trainer/convert.h"
 
 namespace refit::cuda {
 namespace {
@@ -174,7 +175,7 @@ Delta Encode(const std::vector<uint8_t>& tile, int tensors, uint64_t per_tensor,
   const uint64_t chunks_per_tensor = per_tensor / kChunkBytes;
   const uint64_t total = chunks_per_tensor * tensors;
   std::vector<std::vector<uint8_t>> out(total);
-  std::atomic<uint64_t> records{0};
+  std::atomic<uint64_t> records{0}, conditional_chunks{0};
   ParallelForEach(total, threads, [&](size_t c, int) {
     std::vector<uint8_t> b = tile;
     std::mt19937_64 rng(c * 7919 + static_cast<uint64_t>(rate * 1e6));
@@ -212,6 +213,7 @@ Delta Encode(const std::vector<uint8_t>& tile, int tensors, uint64_t per_tensor,
       std::exit(1);
     }
     records += r.header.changed;
+    conditional_chunks += r.header.kind == codec::ChunkKind::kConditionalXor;
     // Re-frame at the chunk's real start in its tensor.
     auto pc = ParseChunk(r.chunk);
     ChunkHeader h = pc->header;
@@ -220,10 +222,7 @@ Delta Encode(const std::vector<uint8_t>& tile, int tensors, uint64_t per_tensor,
     SerializeChunk(h, payload, &out[c]);
   });
   Delta d;
-  for (auto& c : out) {
-    d.bytes += c.size();
-    d.conditional += ParseChunk(c)->header.kind == codec::ChunkKind::kConditionalXor;
-  }
+  for (auto& c : out) d.bytes += c.size();
   CK(cudaHostAlloc(reinterpret_cast<void**>(&d.pinned), d.bytes, cudaHostAllocDefault));
   uint64_t off = 0;
   for (auto& c : out) {
@@ -232,6 +231,7 @@ Delta Encode(const std::vector<uint8_t>& tile, int tensors, uint64_t per_tensor,
     off += c.size();
   }
   d.records = records;
+  d.conditional = conditional_chunks;
   return d;
 }
 
@@ -271,6 +271,11 @@ int Main(int argc, char** argv) {
     }
   }
   if (conditional) normal_weights = true;
+  if (conditional && encode_only) {
+    std::fprintf(stderr, "--conditional has no trainer side to time: the GPU encoder does not"
+                         " write kind 5\n");
+    return 2;
+  }
   const int threads = DefaultThreads();
   cudaDeviceProp prop;
   CK(cudaGetDeviceProperties(&prop, 0));
@@ -308,10 +313,7 @@ int Main(int argc, char** argv) {
     if (normal_weights) {
       std::normal_distribution<float> normal(0.0f, 0.02f);
       for (size_t i = 0; i < tile.size(); i += 2) {
-        const float f = normal(rng);
-        uint32_t u;
-        std::memcpy(&u, &f, 4);
-        const uint16_t v = static_cast<uint16_t>((u + 0x7fff + ((u >> 16) & 1)) >> 16);
+        const uint16_t v = trainer::Bf16FromF32(normal(rng));
         std::memcpy(&tile[i], &v, 2);
       }
     } else {
