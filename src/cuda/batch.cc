@@ -201,7 +201,8 @@ Status ParseSparse(const ParsedChunk& c, uint64_t payload_offset, Parsed* out) {
 // them before the symbols, except what needs the base's classes: a class's
 // change count against its members and its geometric gap models, which
 // the device builds once it has counted the members (conditional_apply.cu).
-// The chunk becomes a GPU-decoded dense XOR chunk (DevConditional).
+// The chunk becomes a sparse XOR chunk that the conditional kernels decode
+// and apply (DevConditional).
 Status ParseConditional(const ParsedChunk& c, uint64_t payload_offset, Parsed* out) {
   const ChunkHeader& h = c.header;
   const uint32_t k = static_cast<uint32_t>(h.changed);
@@ -284,11 +285,9 @@ Status ParseConditional(const ParsedChunk& c, uint64_t payload_offset, Parsed* o
   out->tables = std::move(tables);
   DevChunk& d = out->dev;
   d.lanes = static_cast<uint8_t>(out->lanes.size() - 1);
-  d.layout = kDevDense;
-  d.dense_gpu = 1;
+  d.layout = kDevSparse;
   d.conditional = 1;
-  d.kind = static_cast<uint8_t>(ChunkKind::kDenseXor);
-  out->dense_bytes = uint64_t{h.count} * h.width;
+  d.kind = static_cast<uint8_t>(ChunkKind::kSparseXor);
   out->scratch = CondScratchLayout(static_cast<uint32_t>(h.count), k).total;
   return Status::Ok();
 }
@@ -581,6 +580,7 @@ class BatchCutter {
       d.values = d.records + Align16(4 * uint64_t{d.k});
       d.undo = d.values + Align16(uint64_t{d.width} * d.k);
       cur_.records += d.k;
+      if (d.conditional) ++cur_.conditional;
     } else if (d.dense_gpu) {
       // Room in device staging only; shifted when the batch closes.
       d.data = cur_.gpu_dense_bytes;
@@ -592,13 +592,6 @@ class BatchCutter {
       }
       const uint32_t table_base = static_cast<uint32_t>(cur_.tables.size());
       cur_.tables.insert(cur_.tables.end(), p.tables.begin(), p.tables.end());
-      if (d.conditional) {
-        d.lane_first = lane_base;
-        d.table_first = table_base;
-        d.records = cur_.scratch_bytes;
-        cur_.records += d.k;
-        ++cur_.conditional;
-      }
       for (DevDensePlane q : p.planes) {
         q.chunk = static_cast<uint32_t>(cur_.chunks.size());
         if (q.mode == kPlaneEntropy) {
@@ -626,7 +619,7 @@ class BatchCutter {
     cur_.smem = std::max(cur_.smem, d.smem);
     if (d.fused) {
       cur_.max_fused_lanes = std::max<uint32_t>(cur_.max_fused_lanes, d.lanes);
-    } else {
+    } else if (!d.conditional) {
       ++cur_.unfused;
     }
     if (d.run != 0) ++cur_.regions;

@@ -98,22 +98,22 @@ struct DevChunk {
                            // no record staging (records/values unused)
   uint8_t dense_gpu;       // dense, its planes decoded on the GPU into
                            // staging at `data` (DevDensePlane)
-  uint8_t conditional;     // kind 5 (see DevConditional): decoded on the
-                           // GPU into a dense XOR plane at `data`; `kind`
-                           // then reads 3 (dense XOR), as the apply and its
-                           // undo treat it
+  uint8_t conditional;     // kind 5 (see DevConditional): decoded and
+                           // applied on the GPU against its base into
+                           // sparse XOR records; `kind` then reads 1 (sparse
+                           // XOR), as the undo treats it
 };
 
 // Conditional XOR chunks (kind 5, docs/format.md §4.3) on the GPU. The
 // host parses the payload's header, models and lane framing; the class of
 // each element and the members per class come from the base, in device
 // memory, only at apply time (conditional_apply.cu). The chunk is
-// presented to the other kernels as a GPU-decoded dense XOR chunk
-// (layout kDevDense, kind 3, dense_gpu): the conditional kernels write its
-// XOR plane (zero where unchanged) into the dense staging at `data`, and
-// kernel B XORs the nonzero elements in; an "after" mismatch XORs them
-// again. The plane, not the payload, is what an undo needs, so an undo
-// never decodes against the range's after state.
+// presented to the other kernels as a sparse XOR chunk (layout kDevSparse,
+// kind 1, not fused) that kernels A and B leave alone: the conditional
+// kernels decode it, apply it and leave its records (positions and XOR
+// values) in its scratch like a kind-1 chunk's, so that an "after"
+// mismatch XORs them again. An undo never decodes against the range's
+// after state.
 //
 // The chunk's first table slot (DevChunk::table_first) holds its
 // DevConditional; the slots after it the frequencies of its table-mode
@@ -123,8 +123,12 @@ inline constexpr int kCondPlanes = 4 * kCondClasses + 2;  // class c gap byte
                                                            // b at 4c + b;
                                                            // difference bytes
                                                            // at 32, 33
-// Elements per tile of the class counts (conditional_apply.cu).
+// Elements per tile (conditional_apply.cu): 8 per lane of a warp; a run
+// of kCondRunTiles tiles is one warp's work, and the unit of the class
+// counts kept in scratch.
 inline constexpr uint32_t kCondTile = 256;
+inline constexpr uint32_t kCondRunTiles = 16;
+inline constexpr uint32_t kCondRun = kCondTile * kCondRunTiles;
 
 enum : uint8_t {
   kCondConstant = 0,   // section 5.2 modes
@@ -148,23 +152,29 @@ struct DevConditional {
 };
 static_assert(sizeof(DevConditional) <= sizeof(DevTable));
 
-// Scratch of a kind-5 chunk, from DevChunk::records on (byte offsets): the
-// members per class and their class-major offsets (16 u32), the tiles'
-// class counts (tiles x 8 u32, made exclusive prefixes by the decode), the
-// differences by class-major member index (n u16, zero where unchanged),
-// then the records' gaps (k u32) and differences (k u16).
+// Scratch of a kind-5 chunk, from DevChunk::records on (byte offsets):
+// the records' gaps, made ranks and then positions (k u32), and their
+// differences, made XOR values (k u16 at DevChunk::values), where kernel
+// B's undo reads a sparse XOR chunk's records; the members per class (8
+// u32); per run of kCondRun elements its class counts, made exclusive
+// prefixes by the decode (runs x 8 u32), and its first record of each
+// class (runs x 8 u32). O(k + n / 64) bytes, 6 per record and 1 per 64
+// elements: the chunk batches with others as a sparse chunk does.
 struct CondScratch {
-  uint64_t counts, member_zz, gaps, zz, total;
+  uint64_t values, members, counts, cursors, total;
 };
+REFIT_HOST_DEVICE inline uint64_t CondRuns(uint32_t n) {
+  return (uint64_t{n} + kCondRun - 1) / kCondRun;
+}
 REFIT_HOST_DEVICE inline CondScratch CondScratchLayout(uint32_t n, uint32_t k) {
-  const uint64_t tiles = (uint64_t{n} + kCondTile - 1) / kCondTile;
+  const uint64_t runs = CondRuns(n);
   const uint64_t m16 = ~uint64_t{15};
   CondScratch s;
-  s.counts = 64;
-  s.member_zz = s.counts + ((32 * tiles + 15) & m16);
-  s.gaps = s.member_zz + ((2 * uint64_t{n} + 15) & m16);
-  s.zz = s.gaps + ((4 * uint64_t{k} + 15) & m16);
-  s.total = s.zz + ((2 * uint64_t{k} + 15) & m16);
+  s.values = (4 * uint64_t{k} + 15) & m16;
+  s.members = s.values + ((2 * uint64_t{k} + 15) & m16);
+  s.counts = s.members + 32;
+  s.cursors = s.counts + 32 * runs;
+  s.total = s.cursors + 32 * runs;
   return s;
 }
 
@@ -241,7 +251,8 @@ struct HostBatch {
   uint32_t smem = 0;            // largest per-chunk table need
   uint32_t max_fused_lanes = 0;  // widest fused chunk (lanes), 0 if none
   uint64_t records = 0;         // changed records (sparse, kind 5) in the batch
-  uint32_t unfused = 0;         // chunks for kernels A and B (not fused)
+  uint32_t unfused = 0;         // chunks for kernels A and B (not fused,
+                                // not kind 5)
   uint32_t regions = 0;         // strided regions (run != 0) among the chunks
   uint32_t conditional = 0;     // kind-5 chunks (DevChunk::conditional)
   std::vector<uint8_t> meta;    // SerializeMeta's bytes, made by Prepare

@@ -401,11 +401,12 @@ std::vector<uint8_t> MakeConditionalChunk(uint64_t start, uint64_t count, uint64
   return out;
 }
 
-// A kind-5 chunk becomes a GPU-decoded dense XOR chunk: its header (lo,
-// the classes' change counts) in its first table slot, its lanes framed,
-// room for its XOR plane in the dense staging and for the class counts,
-// member differences and records in scratch.
-TEST(Batch, ConditionalChunkBecomesAGpuDecodedDenseXorChunk) {
+// A kind-5 chunk becomes a sparse XOR chunk for the conditional kernels
+// only: its header (lo, the classes' change counts) in its first table
+// slot, its lanes framed, and scratch for its records, the class counts,
+// ranks and differences, O(k + n / 64) bytes (no dense staging), so that
+// it batches with others like a sparse chunk.
+TEST(Batch, ConditionalChunkBecomesASparseXorChunkOfTheConditionalKernels) {
   ChunkHeader h;
   const uint64_t n = 1 << 16;
   auto chunk = MakeConditionalChunk(0, n, 0, 0, 0.03, 5, &h);
@@ -419,18 +420,23 @@ TEST(Batch, ConditionalChunkBecomesAGpuDecodedDenseXorChunk) {
   const HostBatch& b = p->batches[0];
   ASSERT_EQ(b.chunks.size(), 1u);
   const DevChunk& d = b.chunks[0];
-  EXPECT_EQ(d.layout, kDevDense);
-  EXPECT_EQ(d.kind, static_cast<uint8_t>(codec::ChunkKind::kDenseXor));
-  EXPECT_EQ(d.dense_gpu, 1);
+  EXPECT_EQ(d.layout, kDevSparse);
+  EXPECT_EQ(d.kind, static_cast<uint8_t>(codec::ChunkKind::kSparseXor));
+  EXPECT_EQ(d.dense_gpu, 0);
   EXPECT_EQ(d.conditional, 1);
   EXPECT_EQ(d.fused, 0);
   EXPECT_EQ(b.conditional, 1u);
-  EXPECT_EQ(b.unfused, 1u);
+  EXPECT_EQ(b.unfused, 0u);  // kernels A and B have nothing to do
   EXPECT_TRUE(b.planes.empty());
+  EXPECT_EQ(b.gpu_dense_bytes, 0u);
+  EXPECT_TRUE(b.dense.empty());
   EXPECT_EQ(d.linear_address, 4096u);
   EXPECT_EQ(d.records, 0u);
-  EXPECT_GE(b.gpu_dense_bytes, 2 * n);
-  EXPECT_GE(b.scratch_bytes, CondScratchLayout(n, d.k).total + 16 * uint64_t{d.segments});
+  const CondScratch layout = CondScratchLayout(n, d.k);
+  EXPECT_EQ(d.values, layout.values);  // where the undo reads XOR values
+  EXPECT_EQ(b.records, d.k);
+  EXPECT_GE(b.scratch_bytes, layout.total + 16 * uint64_t{d.segments});
+  EXPECT_LT(b.scratch_bytes, 8 * uint64_t{d.k} + n / 64 + 16 * uint64_t{d.segments} + 256);
   EXPECT_EQ(b.lanes.size(), d.lanes + 1u);
   EXPECT_EQ(b.lanes.back(), chunk.size() - 4);  // the stream ends at the checksum
   ASSERT_GE(b.tables.size(), d.table_first + 1u);

@@ -1,51 +1,67 @@
 // Conditional XOR chunks (kind 5, docs/format.md §4.3) on the GPU: decodes
-// each such chunk of a batch against its base, in device memory, into a
-// dense XOR plane (batch.h, DevConditional), which kernel B then applies
-// as a dense XOR chunk. The CPU decoder (codec::DecodeConditional) is the
+// and applies each such chunk of a batch against its base, in device
+// memory, leaving its records (positions and XOR values) in its scratch as
+// a sparse XOR chunk's (batch.h, DevConditional), so that the "after"
+// check undoes it as one. The CPU decoder (codec::DecodeConditional) is the
 // reference: these kernels accept and refuse exactly the payloads it does
 // (the host has checked the header, the models that do not depend on the
-// base and the lane framing, batch.cc) and give the same XOR values.
+// base and the lane framing, batch.cc) and give the same records.
 //
-// Three kernels, launched only for batches that hold kind-5 chunks, so the
-// other kernels keep their registers (decode_apply.cu):
-//   CondCountKernel   per tile of kCondTile elements: the base elements'
-//                     class counts; clears the member differences.
-//   CondDecodeKernel  one block per chunk: the tiles' counts to exclusive
-//                     prefixes per class (members m_c, class offsets M_c),
-//                     k_c <= m_c, the gap and difference tables (geometric
-//                     ones built here from m_c and k_c, section 5.2), the
-//                     rANS lanes (one thread per lane) into gaps and
-//                     differences, then per class a scan of the gaps into
-//                     ranks, each checked < m_c, and each record's
-//                     difference stored at its member index M_c + rank.
-//   CondPlaneKernel   per tile: each element's class and rank among its
-//                     class's members (tile prefix, then the warps' ballots)
-//                     gives its member index, whose difference d (0:
-//                     unchanged) makes its XOR value old ^ (old + unzigzag(d)).
-// A chunk found corrupt gets its status before anything is written outside
-// the batch's scratch and staging: kernel B applies only chunks still
-// kStatusOk. The base is only read here, in kernels that run on the batch's
-// stream before kernel B writes the range; no other chunk of the apply
-// writes it (batch.cc refuses kind-5 chunks that share elements with
-// another chunk of the same apply).
+// Four kernels, launched only for batches that hold kind-5 chunks, so the
+// other kernels keep their registers (decode_apply.cu). A tile is 256
+// elements, 8 consecutive ones per lane of a warp; a run is kCondRunTiles
+// tiles, one warp's work.
+//   CondCountKernel   per run: the base elements' class counts.
+//   CondDecodeKernel  one block per chunk: the runs' counts to exclusive
+//                     prefixes per class (members m_c), k_c <= m_c, the gap
+//                     and difference tables (geometric ones built here from
+//                     m_c and k_c, section 5.2, a warp per plane), the rANS
+//                     lanes (one thread per lane) into gaps and differences,
+//                     then per class a scan of the gaps into ranks, each
+//                     checked < m_c.
+//   CondCursorKernel  per run and class: its first record (the first rank
+//                     at or past the run's prefix).
+//   CondApplyKernel   a warp per run, tile by tile: per class, the records
+//                     whose ranks fall in the tile (the tile's counts bound
+//                     them), each found among its class's members in the
+//                     tile by one warp scan; the record's element gets
+//                     old + unzigzag(d), and its rank and difference are
+//                     replaced by its position and XOR value.
+// A chunk found corrupt gets its status in the decode, before anything is
+// written outside the batch's scratch; the apply kernel writes only chunks
+// still kStatusOk. The base is read only by these kernels, which run on the
+// batch's stream, and no other chunk of the apply writes the range
+// (batch.cc refuses kind-5 chunks that share elements with another chunk
+// of the same apply); within the apply kernel a tile's elements are read
+// and written by one warp.
 #include <cub/block/block_scan.cuh>
 
 #include "cuda/conditional_tables.h"
 #include "cuda/cuda_common.h"
 #include "cuda/kernels.h"
+#include "cuda/lane_ring.cuh"
+#include "cuda/xxh3.cuh"
 
 namespace refit::cuda::internal {
 namespace {
 
-constexpr int kThreads = 256;  // one element of a tile, or one lane, each
-static_assert(kCondTile == kThreads, "a tile is one element per thread");
-constexpr int kWarps = kThreads / 32;
+constexpr int kThreads = 256;
+constexpr uint32_t kWarps = kThreads / 32;
+constexpr uint32_t kFull = 0xffffffffu;
+static_assert(kCondTile == 32 * 8, "a tile is 8 elements per lane");
 constexpr uint32_t kRansLow = 1u << 16;
-// Blocks per chunk (grid y) over its tiles in the two tile kernels.
+// Blocks per chunk (grid y) over its runs in the count and apply kernels,
+// and over its runs' classes in the cursor kernel.
 constexpr uint32_t kTileBlocks = 64;
+constexpr uint32_t kCursorBlocks = 8;
+// The class nibble of an element past the chunk.
+constexpr uint32_t kNoClass = 0xf;
+// Slots of each plane's slot -> symbol lookup (the symbol of a slot's
+// 2^(t - 8)-slot bucket, stepped forward from there).
+constexpr uint32_t kSlotBits = 8;
 
-__device__ inline const uint8_t* Addr(uint64_t a) {
-  return reinterpret_cast<const uint8_t*>(static_cast<uintptr_t>(a));
+__device__ inline uint8_t* Addr(uint64_t a) {
+  return reinterpret_cast<uint8_t*>(static_cast<uintptr_t>(a));
 }
 
 // Offset from the chunk's first canonical element of its element i (as in
@@ -56,10 +72,10 @@ __device__ __forceinline__ uint64_t RegionOffset(uint64_t run, uint64_t stride, 
   return uint64_t{i / r} * stride + i % r;
 }
 
-// Base element i of the chunk (its span is contiguous at linear_address:
-// batch.cc refuses kind-5 chunks that are not).
-__device__ __forceinline__ uint32_t BaseAt(const DevChunk& c, uint32_t i) {
-  return *reinterpret_cast<const uint16_t*>(
+// Address of element i of the chunk (its span is contiguous at
+// linear_address: batch.cc refuses kind-5 chunks that are not).
+__device__ __forceinline__ uint16_t* ElementAt(const DevChunk& c, uint32_t i) {
+  return reinterpret_cast<uint16_t*>(
       Addr(c.linear_address + 2 * RegionOffset(c.run, c.stride, i)));
 }
 
@@ -81,36 +97,209 @@ __device__ __forceinline__ bool Pending(const BatchDevice& b, const DevChunk& c)
   return c.conditional && b.status[c.status_index] == kStatusOk;
 }
 
-// The tile's class counts: per warp one ballot per class, one shared add
-// per warp and class.
+__device__ __forceinline__ uint32_t Tiles(uint32_t n) {
+  return (n + kCondTile - 1) / kCondTile;
+}
+
+// A chunk's kind-5 scratch (batch.h, CondScratchLayout).
+struct CondView {
+  uint32_t* ranks;    // gaps, then ranks, then positions
+  uint16_t* values;   // differences, then XOR values
+  uint32_t* members;  // m_c
+  uint32_t* counts;   // [run][class]
+  uint32_t* cursors;  // [run][class]
+  __device__ CondView(const BatchDevice& b, const DevChunk& c) {
+    const CondScratch l = CondScratchLayout(c.n, c.k);
+    uint8_t* sc = b.scratch + c.records;
+    ranks = reinterpret_cast<uint32_t*>(sc);
+    values = reinterpret_cast<uint16_t*>(sc + l.values);
+    members = reinterpret_cast<uint32_t*>(sc + l.members);
+    counts = reinterpret_cast<uint32_t*>(sc + l.counts);
+    cursors = reinterpret_cast<uint32_t*>(sc + l.cursors);
+  }
+};
+
+// Elements 8 lane .. 8 lane + 7 of tile t: their bits into v[0..3] (two
+// per word, the lower element in the low half; zero past the chunk).
+__device__ __forceinline__ void LoadTile(const DevChunk& c, uint32_t t, uint32_t lane,
+                                         uint32_t v[4]) {
+  const uint32_t i0 = t * kCondTile + 8 * lane;
+  if (c.run == 0 && (c.linear_address & 15) == 0 && i0 + 8 <= c.n) {
+    const uint4 q = *reinterpret_cast<const uint4*>(Addr(c.linear_address + 2 * uint64_t{i0}));
+    v[0] = q.x;
+    v[1] = q.y;
+    v[2] = q.z;
+    v[3] = q.w;
+  } else {
+#pragma unroll
+    for (uint32_t j = 0; j < 4; ++j) {
+      const uint32_t i = i0 + 2 * j;
+      const uint32_t a = i < c.n ? *ElementAt(c, i) : 0;
+      const uint32_t b = i + 1 < c.n ? *ElementAt(c, i + 1) : 0;
+      v[j] = a | b << 16;
+    }
+  }
+}
+
+// The classes of LoadTile's elements, in the nibbles of the result
+// (kNoClass past the chunk).
+__device__ __forceinline__ uint32_t TileClasses(const DevChunk& c, uint32_t lo, uint32_t t,
+                                                uint32_t lane, const uint32_t v[4]) {
+  const uint32_t i0 = t * kCondTile + 8 * lane;
+  uint32_t cls = 0;
+#pragma unroll
+  for (uint32_t e = 0; e < 8; ++e) {
+    const uint32_t x = (v[e / 2] >> (16 * (e % 2))) & 0xffffu;
+    cls |= (i0 + e < c.n ? ClassOf(x, lo) : kNoClass) << (4 * e);
+  }
+  return cls;
+}
+
+// Lane j < 8: the tile's count of class j (0 in the other lanes), from
+// the class nibbles of each lane's elements.
+__device__ __forceinline__ uint32_t TileCount(uint32_t cls, uint32_t lane) {
+  uint32_t acc = 0;  // the lane's count of class j in nibble j (<= 8)
+#pragma unroll
+  for (uint32_t e = 0; e < 8; ++e) {
+    const uint32_t cl = (cls >> (4 * e)) & 0xfu;
+    acc += cl < kCondClasses ? 1u << (4 * cl) : 0u;
+  }
+  uint32_t mine = 0;
+#pragma unroll
+  for (uint32_t j = 0; j < kCondClasses / 2; ++j) {
+    // Classes 2j and 2j + 1 in 16-bit halves (a tile has <= 256 each).
+    const uint32_t pair = ((acc >> (8 * j)) & 0xfu) | ((acc >> (8 * j + 4)) & 0xfu) << 16;
+    const uint32_t sum = __reduce_add_sync(kFull, pair);
+    if (lane == 2 * j) mine = sum & 0xffffu;
+    if (lane == 2 * j + 1) mine = sum >> 16;
+  }
+  return mine;
+}
+
+// Each run's class counts into counts[8 run + class].
 __global__ void __launch_bounds__(kThreads) CondCountKernel(BatchDevice b) {
   const DevChunk& c = b.chunks[blockIdx.x];
   if (!Pending(b, c)) return;
   const uint32_t lo = HeaderOf(b, c).lo;
-  const CondScratch layout = CondScratchLayout(c.n, c.k);
-  uint8_t* sc = b.scratch + c.records;
-  uint32_t* counts = reinterpret_cast<uint32_t*>(sc + layout.counts);
-  uint16_t* member_zz = reinterpret_cast<uint16_t*>(sc + layout.member_zz);
-  __shared__ uint32_t s_count[kCondClasses];
-  const uint32_t tiles = (c.n + kCondTile - 1) / kCondTile;
+  uint32_t* counts = CondView(b, c).counts;
+  const uint32_t tiles = Tiles(c.n), runs = static_cast<uint32_t>(CondRuns(c.n));
   const uint32_t lane = threadIdx.x % 32;
-  for (uint32_t t = blockIdx.y; t < tiles; t += gridDim.y) {
-    if (threadIdx.x < kCondClasses) s_count[threadIdx.x] = 0;
-    __syncthreads();
-    const uint32_t i = t * kCondTile + threadIdx.x;
-    uint32_t cl = kCondClasses;  // none: past the chunk
-    if (i < c.n) {
-      cl = ClassOf(BaseAt(c, i), lo);
-      member_zz[i] = 0;  // member indices cover [0, n) as elements do
-    }
+  const uint32_t warps = gridDim.y * kWarps;
+  for (uint32_t w = blockIdx.y * kWarps + threadIdx.x / 32; w < runs; w += warps) {
+    uint32_t total = 0;
+    const uint32_t t_end = min(tiles, (w + 1) * kCondRunTiles);
+    // Four tiles' loads in flight at a time.
+    for (uint32_t t = w * kCondRunTiles; t < t_end; t += 4) {
+      uint32_t v[4][4];
 #pragma unroll
-    for (uint32_t k = 0; k < kCondClasses; ++k) {
-      const uint32_t m = __ballot_sync(0xffffffffu, cl == k);
-      if (lane == 0 && m != 0) atomicAdd(&s_count[k], static_cast<uint32_t>(__popc(m)));
+      for (uint32_t u = 0; u < 4; ++u) {
+        if (t + u < t_end) LoadTile(c, t + u, lane, v[u]);
+      }
+#pragma unroll
+      for (uint32_t u = 0; u < 4; ++u) {
+        if (t + u < t_end) total += TileCount(TileClasses(c, lo, t + u, lane, v[u]), lane);
+      }
     }
-    __syncthreads();
-    if (threadIdx.x < kCondClasses) counts[kCondClasses * t + threadIdx.x] = s_count[threadIdx.x];
-    __syncthreads();  // s_count is cleared for the next tile
+    if (lane < kCondClasses) counts[kCondClasses * w + lane] = total;
+  }
+}
+
+// Sum and argmax (lowest symbol on ties) over a warp, each lane holding 8
+// consecutive symbols' values.
+__device__ __forceinline__ uint64_t WarpSum64(uint64_t v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(kFull, v, o);
+  return v;
+}
+__device__ __forceinline__ uint32_t WarpArgMax(const uint32_t f[8], uint32_t lane,
+                                               uint32_t max_symbol) {
+  uint32_t best = 0, at = 0xffffu;
+#pragma unroll
+  for (uint32_t j = 0; j < 8; ++j) {
+    const uint32_t s = 8 * lane + j;
+    if (s <= max_symbol && (at == 0xffffu || f[j] > best)) {
+      best = f[j];
+      at = s;
+    }
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const uint32_t ob = __shfl_xor_sync(kFull, best, o);
+    const uint32_t oa = __shfl_xor_sync(kFull, at, o);
+    if (oa != 0xffffu && (at == 0xffffu || ob > best || (ob == best && oa < at))) {
+      best = ob;
+      at = oa;
+    }
+  }
+  return at;
+}
+
+// GeometricFreqs (conditional_tables.h) by a warp: lane l computes the
+// frequencies of symbols 8 l .. 8 l + 7 into f, with the same integer
+// steps, so the table is the same bit for bit.
+__device__ void GeometricFreqsWarp(uint32_t m, uint32_t k, uint32_t plane, uint32_t max_symbol,
+                                   uint32_t t, uint32_t lane, uint32_t f[8]) {
+  const uint64_t one32 = uint64_t{1} << 32;
+  uint64_t q = (m > 0 && k <= m) ? (uint64_t{m - k} << 32) / m : 0;
+  q = q < 1 ? 1 : (q > one32 - 1 ? one32 - 1 : q);
+  for (uint32_t b = 0; b < plane; ++b) {
+    for (int i = 0; i < 8; ++i) q = (q * q) >> 32;
+  }
+  uint64_t x = uint64_t{1} << 31;
+  for (uint32_t s = 0; s < 8 * lane; ++s) x = (x * q) >> 32;
+  uint64_t w[8];
+  uint64_t total = 0;
+#pragma unroll
+  for (uint32_t j = 0; j < 8; ++j) {
+    w[j] = x > 1 ? x : 1;
+    x = (x * q) >> 32;
+    if (8 * lane + j <= max_symbol) total += w[j];
+  }
+  total = WarpSum64(total);
+  uint32_t sum = 0;
+#pragma unroll
+  for (uint32_t j = 0; j < 8; ++j) {
+    if (8 * lane + j > max_symbol) {
+      f[j] = 0;
+      continue;
+    }
+    const uint64_t v = ((w[j] << kCondMaxPrecision) / total) >> (kCondMaxPrecision - t);
+    f[j] = static_cast<uint32_t>(v > 1 ? v : 1);
+    sum += f[j];
+  }
+  sum = __reduce_add_sync(kFull, sum);
+  int32_t d = static_cast<int32_t>(1u << t) - static_cast<int32_t>(sum);
+  if (d > 0) {
+    const uint32_t top = WarpArgMax(f, lane, max_symbol);
+#pragma unroll
+    for (uint32_t j = 0; j < 8; ++j) {
+      if (8 * lane + j == top) f[j] += static_cast<uint32_t>(d);
+    }
+  }
+  // d < 0: one unit at a time from the largest frequency, lowest symbol on
+  // ties; taken as runs of units from the same symbol. The largest symbol
+  // `top` (value V) keeps being chosen for its i-th unit while every lower
+  // symbol's value is below V - i and every higher one's at most V - i.
+  while (d < 0) {
+    const uint32_t top = WarpArgMax(f, lane, max_symbol);
+    uint32_t value = 0, below = 0, above = 0;
+#pragma unroll
+    for (uint32_t j = 0; j < 8; ++j) {
+      const uint32_t s = 8 * lane + j;
+      if (s > max_symbol) continue;
+      if (s == top) value = f[j];
+      if (s < top) below = max(below, f[j]);
+      if (s > top) above = max(above, f[j]);
+    }
+    value = __reduce_max_sync(kFull, value);
+    below = __reduce_max_sync(kFull, below);
+    above = __reduce_max_sync(kFull, above);
+    const uint32_t run = min(static_cast<uint32_t>(-d), min(value + 1 - above, value - below));
+#pragma unroll
+    for (uint32_t j = 0; j < 8; ++j) {
+      if (8 * lane + j == top) f[j] -= run;
+    }
+    d += static_cast<int32_t>(run);
   }
 }
 
@@ -124,9 +313,10 @@ __device__ __forceinline__ uint32_t SearchSymbol(const uint32_t* fc, uint32_t sl
 }
 
 struct DecodeShared {
-  uint32_t fc[kCondPlanes][256];  // f | c << 16 of each coded plane
-  uint32_t m[kCondClasses];       // members per class
-  uint32_t offset[kCondClasses];  // M_c: members of the classes before c
+  uint32_t fc[kCondPlanes][256];          // f | c << 16 of each coded plane
+  uint8_t slot[kCondPlanes][1 << kSlotBits];  // bucket -> first symbol
+  DevConditional h;
+  uint32_t m[kCondClasses];               // members per class
   uint32_t err;
 };
 
@@ -134,50 +324,50 @@ struct DecodeShared {
 __global__ void __launch_bounds__(kThreads) CondDecodeKernel(BatchDevice b) {
   const DevChunk& c = b.chunks[blockIdx.x];
   if (!Pending(b, c)) return;
-  using Scan = cub::BlockScan<uint32_t, kThreads>;
   using Scan64 = cub::BlockScan<unsigned long long, kThreads>;
-  __shared__ union {
-    typename Scan::TempStorage s32;
-    typename Scan64::TempStorage s64;
-  } temp;
+  __shared__ typename Scan64::TempStorage temp;
   __shared__ DecodeShared sh;
-  const DevConditional& h = HeaderOf(b, c);
-  const CondScratch layout = CondScratchLayout(c.n, c.k);
-  uint8_t* sc = b.scratch + c.records;
-  uint32_t* info = reinterpret_cast<uint32_t*>(sc);  // m[8], then M[8]
-  uint32_t* counts = reinterpret_cast<uint32_t*>(sc + layout.counts);
-  uint16_t* member_zz = reinterpret_cast<uint16_t*>(sc + layout.member_zz);
-  uint32_t* gaps = reinterpret_cast<uint32_t*>(sc + layout.gaps);
-  uint16_t* zz = reinterpret_cast<uint16_t*>(sc + layout.zz);
-  const uint32_t tid = threadIdx.x;
+  const CondView cv(b, c);
+  const uint32_t tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  if (tid == 0) sh.h = HeaderOf(b, c);
 
-  // 1. The tiles' counts to exclusive prefixes, per class; the members.
-  const uint32_t tiles = (c.n + kCondTile - 1) / kCondTile;
+  // 1. The runs' counts to exclusive prefixes, two classes per scan (a
+  // step of 256 runs adds less than 2^32 to each); the members.
+  const uint32_t runs = static_cast<uint32_t>(CondRuns(c.n));
   uint32_t carry[kCondClasses];
 #pragma unroll
   for (int k = 0; k < kCondClasses; ++k) carry[k] = 0;
-  for (uint32_t t0 = 0; t0 < tiles; t0 += kThreads) {
+  for (uint32_t t0 = 0; t0 < runs; t0 += kThreads) {
     const uint32_t t = t0 + tid;
+    uint4 lo4 = make_uint4(0, 0, 0, 0), hi4 = lo4;
+    uint4* at = reinterpret_cast<uint4*>(cv.counts + kCondClasses * t);
+    if (t < runs) {
+      lo4 = at[0];
+      hi4 = at[1];
+    }
+    uint32_t v[kCondClasses] = {lo4.x, lo4.y, lo4.z, lo4.w, hi4.x, hi4.y, hi4.z, hi4.w};
 #pragma unroll
-    for (int k = 0; k < kCondClasses; ++k) {
-      const uint32_t v = t < tiles ? counts[kCondClasses * t + k] : 0;
-      uint32_t ex, agg;
-      Scan(temp.s32).ExclusiveSum(v, ex, agg);
+    for (int j = 0; j < kCondClasses / 2; ++j) {
+      const unsigned long long pair = v[2 * j] | uint64_t{v[2 * j + 1]} << 32;
+      unsigned long long ex, agg;
+      Scan64(temp).ExclusiveSum(pair, ex, agg);
       __syncthreads();
-      if (t < tiles) counts[kCondClasses * t + k] = carry[k] + ex;
-      carry[k] += agg;
+      v[2 * j] = carry[2 * j] + static_cast<uint32_t>(ex);
+      v[2 * j + 1] = carry[2 * j + 1] + static_cast<uint32_t>(ex >> 32);
+      carry[2 * j] += static_cast<uint32_t>(agg);
+      carry[2 * j + 1] += static_cast<uint32_t>(agg >> 32);
+    }
+    if (t < runs) {
+      at[0] = make_uint4(v[0], v[1], v[2], v[3]);
+      at[1] = make_uint4(v[4], v[5], v[6], v[7]);
     }
   }
   if (tid == 0) {
     sh.err = kStatusOk;
-    uint32_t before = 0;
     for (int k = 0; k < kCondClasses; ++k) {
       sh.m[k] = carry[k];
-      sh.offset[k] = before;
-      info[k] = carry[k];
-      info[kCondClasses + k] = before;
-      before += carry[k];
-      if (h.k[k] > carry[k]) sh.err = kStatusClassCount;
+      cv.members[k] = carry[k];
+      if (sh.h.k[k] > carry[k]) sh.err = kStatusClassCount;
     }
   }
   __syncthreads();
@@ -186,26 +376,41 @@ __global__ void __launch_bounds__(kThreads) CondDecodeKernel(BatchDevice b) {
     return;
   }
 
-  // 2. Decode tables, one thread per plane.
-  if (tid < kCondPlanes) {
-    const DevConditionalPlane pl = h.plane[tid];
-    uint32_t* fc = sh.fc[tid];
+  // 2. Decode tables, a warp per plane: lane l holds symbols 8 l .. 8 l + 7.
+  for (uint32_t p = warp; p < kCondPlanes; p += kWarps) {
+    const DevConditionalPlane pl = sh.h.plane[p];
+    if (pl.mode != kCondUniform && pl.mode != kCondTable && pl.mode != kCondGeometric) continue;
+    uint32_t f[8];
     if (pl.mode == kCondUniform) {
-      for (uint32_t s = 0; s < 256; ++s) fc[s] = 1;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) f[j] = 1;
     } else if (pl.mode == kCondTable) {
       const DevTable& tb = b.tables[c.table_first + 1 + pl.table];
-      for (uint32_t s = 0; s < 256; ++s) fc[s] = tb.f[s];
-    } else if (pl.mode == kCondGeometric) {
-      const uint32_t cl = tid / 4;  // geometric planes are gap planes
-      GeometricFreqs(sh.m[cl], h.k[cl], tid % 4, pl.symbol, pl.t, fc);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) f[j] = tb.f[8 * lane + j];
+    } else {
+      const uint32_t cl = p / 4;  // geometric planes are gap planes
+      GeometricFreqsWarp(sh.m[cl], sh.h.k[cl], p % 4, pl.symbol, pl.t, lane, f);
     }
-    if (pl.mode == kCondUniform || pl.mode == kCondTable || pl.mode == kCondGeometric) {
-      uint32_t cum = 0;
-      for (uint32_t s = 0; s < 256; ++s) {
-        const uint32_t f = fc[s];
-        fc[s] = f | cum << 16;
-        cum += f;
-      }
+    uint32_t mine = 0;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) mine += f[j];
+    uint32_t inc = mine;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const uint32_t y = __shfl_up_sync(kFull, inc, o);
+      if (lane >= static_cast<uint32_t>(o)) inc += y;
+    }
+    uint32_t cum = inc - mine;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      sh.fc[p][8 * lane + j] = f[j] | cum << 16;
+      cum += f[j];
+    }
+    __syncwarp();
+    const uint32_t bits = min(uint32_t{pl.t}, kSlotBits);
+    for (uint32_t e = lane; e < (1u << bits); e += 32) {
+      sh.slot[p][e] = static_cast<uint8_t>(SearchSymbol(sh.fc[p], e << (pl.t - bits)));
     }
   }
   __syncthreads();
@@ -216,20 +421,22 @@ __global__ void __launch_bounds__(kThreads) CondDecodeKernel(BatchDevice b) {
   uint32_t err = kStatusOk;
   if (tid < L) {
     const uint8_t* pay = b.payload;
+    const uint32_t* words = reinterpret_cast<const uint32_t*>(pay);
     const uint32_t beg = b.lanes[c.lane_first + tid];
     const uint32_t end = b.lanes[c.lane_first + tid + 1];
-    uint32_t x = uint32_t{pay[beg]} | uint32_t{pay[beg + 1]} << 8 |
-                 uint32_t{pay[beg + 2]} << 16 | uint32_t{pay[beg + 3]} << 24;
+    uint32_t x = Rd32(pay + beg);
     uint32_t q = beg + 4;
     if (x < kRansLow) err = kStatusLaneEnd;
+    LaneRing ring{0, 0, 0, 0};
+    ring.Start(words, q);
     uint32_t cl = 0;
     for (uint32_t r = tid; r < k_all && err == kStatusOk; r += L) {
-      while (r >= h.first[cl] + h.k[cl]) ++cl;  // r < k: some class holds it
-      const uint32_t gw = h.gw[cl];
+      while (r >= sh.h.first[cl] + sh.h.k[cl]) ++cl;  // r < k: some class holds it
+      const uint32_t gw = sh.h.gw[cl];
       uint32_t gap = 0, d = 0;
-      for (uint32_t j = 0; j < gw + 2 && err == kStatusOk; ++j) {
+      for (uint32_t j = 0; j < gw + 2; ++j) {
         const uint32_t p = j < gw ? 4 * cl + j : 4 * kCondClasses + (j - gw);
-        const DevConditionalPlane pl = h.plane[p];
+        const DevConditionalPlane pl = sh.h.plane[p];
         uint32_t s;
         if (pl.mode == kCondConstant) {
           s = pl.symbol;
@@ -237,7 +444,9 @@ __global__ void __launch_bounds__(kThreads) CondDecodeKernel(BatchDevice b) {
           const uint32_t t = pl.t;
           const uint32_t* fc = sh.fc[p];
           const uint32_t slot = x & ((1u << t) - 1);
-          s = SearchSymbol(fc, slot);
+          const uint32_t shift = t > kSlotBits ? t - kSlotBits : 0;
+          s = sh.slot[p][slot >> shift];
+          while (s < 255 && (fc[s + 1] >> 16) <= slot) ++s;
           const uint32_t e = fc[s];
           x = (e & 0xffffu) * (x >> t) + slot - (e >> 16);
           if (x < kRansLow) {
@@ -245,8 +454,7 @@ __global__ void __launch_bounds__(kThreads) CondDecodeKernel(BatchDevice b) {
               err = kStatusLaneShort;
               break;
             }
-            x = (x << 16) | uint32_t{pay[q]} | uint32_t{pay[q + 1]} << 8;
-            q += 2;
+            x = (x << 16) | ring.Take16(words, q);
           }
         }
         if (j < gw) {
@@ -260,8 +468,8 @@ __global__ void __launch_bounds__(kThreads) CondDecodeKernel(BatchDevice b) {
         err = kStatusZeroXor;
         break;
       }
-      gaps[r] = gap;
-      zz[r] = static_cast<uint16_t>(d);
+      cv.ranks[r] = gap;
+      cv.values[r] = static_cast<uint16_t>(d);
     }
     if (err == kStatusOk && (q != end || x != kRansLow)) err = kStatusLaneEnd;
   }
@@ -272,25 +480,24 @@ __global__ void __launch_bounds__(kThreads) CondDecodeKernel(BatchDevice b) {
     return;
   }
 
-  // 4. Per class: ranks = running sums of (gap + 1) - 1, ascending; each
-  // below m_c, its difference stored at member index M_c + rank (distinct
-  // ranks: distinct slots, all inside [0, n)).
+  // 4. Per class: ranks = running sums of (gap + 1) - 1, ascending, each
+  // below m_c, in place of the gaps.
   for (int cl = 0; cl < kCondClasses; ++cl) {
-    const uint32_t first = h.first[cl], last = first + h.k[cl];
+    const uint32_t first = sh.h.first[cl], last = first + sh.h.k[cl];
     const uint64_t m = sh.m[cl];
     unsigned long long run = 0;
     for (uint32_t r0 = first; r0 < last; r0 += kThreads) {
       const uint32_t r = r0 + tid;
-      const unsigned long long v = r < last ? uint64_t{gaps[r]} + 1 : 0;
+      const unsigned long long v = r < last ? uint64_t{cv.ranks[r]} + 1 : 0;
       unsigned long long inc, agg;
-      Scan64(temp.s64).InclusiveSum(v, inc, agg);
+      Scan64(temp).InclusiveSum(v, inc, agg);
       __syncthreads();
       if (r < last) {
         const uint64_t rank = run + inc - 1;
         if (rank >= m) {
           err = kStatusPosition;
         } else {
-          member_zz[sh.offset[cl] + rank] = zz[r];
+          cv.ranks[r] = static_cast<uint32_t>(rank);
         }
       }
       run += agg;
@@ -301,45 +508,148 @@ __global__ void __launch_bounds__(kThreads) CondDecodeKernel(BatchDevice b) {
   if (tid == 0 && sh.err != kStatusOk) b.status[c.status_index] = sh.err;
 }
 
-// Each element's XOR value into the chunk's dense plane (see the file
-// comment).
-__global__ void __launch_bounds__(kThreads) CondPlaneKernel(BatchDevice b) {
+// First index in [first, last) whose rank is >= v (ranks ascending there).
+__device__ __forceinline__ uint32_t LowerBound(const uint32_t* ranks, uint32_t first,
+                                               uint32_t last, uint32_t v) {
+  while (first < last) {
+    const uint32_t mid = first + (last - first) / 2;
+    if (ranks[mid] < v) {
+      first = mid + 1;
+    } else {
+      last = mid;
+    }
+  }
+  return first;
+}
+
+// Per run and class, the first of the class's records at or past the
+// run's prefix: cursors[8 run + class].
+__global__ void __launch_bounds__(kThreads) CondCursorKernel(BatchDevice b) {
   const DevChunk& c = b.chunks[blockIdx.x];
   if (!Pending(b, c)) return;
-  const uint32_t lo = HeaderOf(b, c).lo;
-  const CondScratch layout = CondScratchLayout(c.n, c.k);
-  const uint8_t* sc = b.scratch + c.records;
-  const uint32_t* offset = reinterpret_cast<const uint32_t*>(sc) + kCondClasses;
-  const uint32_t* counts = reinterpret_cast<const uint32_t*>(sc + layout.counts);
-  const uint16_t* member_zz = reinterpret_cast<const uint16_t*>(sc + layout.member_zz);
-  // The chunk's decoded staging is this batch's own device memory.
-  uint16_t* plane = reinterpret_cast<uint16_t*>(const_cast<uint8_t*>(b.payload) + c.data);
-  __shared__ uint32_t s_warp[kWarps][kCondClasses];  // members per warp
-  const uint32_t tiles = (c.n + kCondTile - 1) / kCondTile;
-  const uint32_t lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const uint32_t below = (1u << lane) - 1;
-  for (uint32_t t = blockIdx.y; t < tiles; t += gridDim.y) {
-    const uint32_t i = t * kCondTile + threadIdx.x;
-    uint32_t x = 0, cl = kCondClasses;
-    if (i < c.n) {
-      x = BaseAt(c, i);
-      cl = ClassOf(x, lo);
-    }
-    uint32_t in_warp = 0;
+  const DevConditional& h = HeaderOf(b, c);
+  const CondView cv(b, c);
+  const uint32_t items = kCondClasses * static_cast<uint32_t>(CondRuns(c.n));
+  for (uint32_t i = blockIdx.y * kThreads + threadIdx.x; i < items; i += gridDim.y * kThreads) {
+    const uint32_t cl = i % kCondClasses;
+    cv.cursors[i] = LowerBound(cv.ranks, h.first[cl], h.first[cl] + h.k[cl], cv.counts[i]);
+  }
+}
+
+// A warp's window on its run's records: per class, up to 32 consecutive
+// records' ranks and differences, from global record index base[class].
+constexpr uint32_t kWindow = 32;
+struct Window {
+  uint32_t rank[kCondClasses][kWindow];
+  uint16_t zz[kCondClasses][kWindow];
+};
+
+// Loads the window of each class whose bit is set in `which`: its records
+// from lane c's ptr on, up to lane c's stop (c < 8), at most kWindow.
+__device__ __forceinline__ void LoadWindow(const CondView& cv, uint32_t which, uint32_t ptr,
+                                           uint32_t stop, uint32_t lane, Window& win) {
 #pragma unroll
-    for (uint32_t k = 0; k < kCondClasses; ++k) {
-      const uint32_t m = __ballot_sync(0xffffffffu, cl == k);
-      if (cl == k) in_warp = __popc(m & below);
-      if (lane == 0) s_warp[warp][k] = __popc(m);
+  for (uint32_t cl = 0; cl < kCondClasses; ++cl) {
+    const uint32_t from = __shfl_sync(kFull, ptr, cl);
+    const uint32_t to = __shfl_sync(kFull, stop, cl);
+    if ((which >> cl & 1u) != 0 && from + lane < to) {
+      win.rank[cl][lane] = cv.ranks[from + lane];
+      win.zz[cl][lane] = cv.values[from + lane];
     }
-    __syncthreads();
-    if (i < c.n) {
-      uint32_t rank = counts[kCondClasses * t + cl] + in_warp;
-      for (uint32_t v = 0; v < warp; ++v) rank += s_warp[v][cl];
-      const uint32_t d = member_zz[offset[cl] + rank];
-      plane[i] = static_cast<uint16_t>(d == 0 ? 0 : x ^ ((x + Unzigzag(d)) & 0xffffu));
+  }
+  __syncwarp();
+}
+
+// A warp per run, tile by tile (see the file comment). Lane c < 8 walks
+// class c's records of the run, [cursor, next run's cursor), through the
+// warp's window: the records are read and rewritten only by their run's
+// warp, and a record's rank and difference are read from the window before
+// its position and XOR value replace them in scratch.
+__global__ void __launch_bounds__(kThreads) CondApplyKernel(BatchDevice b) {
+  const DevChunk& c = b.chunks[blockIdx.x];
+  if (!Pending(b, c)) return;
+  __shared__ Window windows[kWarps];
+  Window& win = windows[threadIdx.x / 32];
+  const DevConditional& h = HeaderOf(b, c);
+  const uint32_t lo = h.lo;
+  const CondView cv(b, c);
+  const uint32_t tiles = Tiles(c.n), runs = static_cast<uint32_t>(CondRuns(c.n));
+  const uint32_t lane = threadIdx.x % 32;
+  const uint32_t warps = gridDim.y * kWarps;
+  for (uint32_t w = blockIdx.y * kWarps + threadIdx.x / 32; w < runs; w += warps) {
+    // Lane c < 8: class c's next record ptr, its run's end stop, the
+    // window's first record base, and the members of class c before the
+    // current tile.
+    uint32_t ptr = 0, stop = 0, base = 0, prefix = 0;
+    if (lane < kCondClasses) {
+      ptr = cv.cursors[kCondClasses * w + lane];
+      stop = w + 1 < runs ? cv.cursors[kCondClasses * (w + 1) + lane] : h.first[lane] + h.k[lane];
+      prefix = cv.counts[kCondClasses * w + lane];
+      base = ptr;
     }
-    __syncthreads();  // s_warp is rewritten for the next tile
+    __syncwarp();  // the previous run's window is no longer read
+    LoadWindow(cv, 0xffu, ptr, stop, lane, win);
+    const uint32_t t_begin = w * kCondRunTiles, t_end = min(tiles, t_begin + kCondRunTiles);
+    uint32_t ahead[4];  // the next tile's elements, loaded a tile ahead
+    LoadTile(c, t_begin, lane, ahead);
+    for (uint32_t t = t_begin; t < t_end; ++t) {
+      uint32_t v[4] = {ahead[0], ahead[1], ahead[2], ahead[3]};
+      if (t + 1 < t_end) LoadTile(c, t + 1, lane, ahead);
+      const uint32_t cls = TileClasses(c, lo, t, lane, v);
+      const uint32_t end = prefix + TileCount(cls, lane);  // lane c < 8
+      for (;;) {
+        // Lane c < 8: class c's records of this tile in the window, [beg, ptr).
+        const uint32_t beg = ptr;
+        if (lane < kCondClasses) {
+          while (ptr < stop && ptr - base < kWindow && win.rank[lane][ptr - base] < end) ++ptr;
+        }
+        const bool used_up = lane < kCondClasses && ptr < stop && ptr - base == kWindow;
+        uint32_t busy = __ballot_sync(kFull, lane < kCondClasses && ptr > beg);
+        while (busy != 0) {
+          const uint32_t cl = __ffs(busy) - 1;
+          busy &= busy - 1;
+          const uint32_t r0 = __shfl_sync(kFull, beg, cl);
+          const uint32_t r1 = __shfl_sync(kFull, ptr, cl);
+          const uint32_t wb = __shfl_sync(kFull, base, cl);
+          const uint32_t before = __shfl_sync(kFull, prefix, cl);
+          // The lane's members of class cl (bit e: element 8 lane + e),
+          // and those of the lanes up to it.
+          uint32_t mine = 0;
+#pragma unroll
+          for (uint32_t e = 0; e < 8; ++e) {
+            mine |= (((cls >> (4 * e)) & 0xfu) == cl ? 1u : 0u) << e;
+          }
+          const uint32_t count = __popc(mine);
+          uint32_t inc = count;
+#pragma unroll
+          for (int o = 1; o < 32; o <<= 1) {
+            const uint32_t y = __shfl_up_sync(kFull, inc, o);
+            if (lane >= static_cast<uint32_t>(o)) inc += y;
+          }
+          const uint32_t excl = inc - count;
+          for (uint32_t r = r0; r < r1; ++r) {
+            const uint32_t j = win.rank[cl][r - wb] - before;  // < the tile's members
+            if (j < excl || j >= inc) continue;
+            uint32_t left = mine;  // its (j - excl)-th member is the record's
+            for (uint32_t skip = excl; skip < j; ++skip) left &= left - 1;
+            const uint32_t e = __ffs(left) - 1;
+            const uint32_t word = e < 4 ? (e < 2 ? v[0] : v[1]) : (e < 6 ? v[2] : v[3]);
+            const uint32_t old = (word >> (16 * (e % 2))) & 0xffffu;
+            const uint32_t now = (old + Unzigzag(win.zz[cl][r - wb])) & 0xffffu;
+            const uint32_t i = t * kCondTile + 8 * lane + e;
+            *ElementAt(c, i) = static_cast<uint16_t>(now);
+            cv.ranks[r] = i;
+            cv.values[r] = static_cast<uint16_t>(old ^ now);
+          }
+        }
+        const uint32_t need = __ballot_sync(kFull, used_up);
+        if (need == 0) break;
+        __syncwarp();  // the used-up windows are no longer read
+        LoadWindow(cv, need, ptr, stop, lane, win);
+        if (used_up) base = ptr;
+      }
+      if (lane < kCondClasses) prefix = end;
+    }
   }
 }
 
@@ -349,7 +659,8 @@ cudaError_t LaunchConditional(const BatchDevice& b, cudaStream_t stream) {
   if (b.num_chunks == 0 || b.conditional == 0) return cudaSuccess;
   CondCountKernel<<<dim3(b.num_chunks, kTileBlocks), kThreads, 0, stream>>>(b);
   CondDecodeKernel<<<b.num_chunks, kThreads, 0, stream>>>(b);
-  CondPlaneKernel<<<dim3(b.num_chunks, kTileBlocks), kThreads, 0, stream>>>(b);
+  CondCursorKernel<<<dim3(b.num_chunks, kCursorBlocks), kThreads, 0, stream>>>(b);
+  CondApplyKernel<<<dim3(b.num_chunks, kTileBlocks), kThreads, 0, stream>>>(b);
   return cudaGetLastError();
 }
 

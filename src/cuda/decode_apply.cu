@@ -8,6 +8,7 @@
 
 #include "cuda/cuda_common.h"
 #include "cuda/kernels.h"
+#include "cuda/lane_ring.cuh"
 #include "cuda/xxh3.cuh"
 
 namespace refit::cuda::internal {
@@ -97,54 +98,6 @@ constexpr int kApplyThreads = 256;
 constexpr int kApplyItems = 4;       // consecutive records per thread
 constexpr uint32_t kTileRecords = kApplyThreads * kApplyItems;
 
-// dst = *a when p; the load writes dst's own register, so nothing waits for
-// it until dst is read (a load into a temporary followed by a move would
-// wait at the move).
-__device__ inline void LoadIf(bool p, uint32_t& dst, const uint32_t* a) {
-  asm("{\n\t.reg .pred q;\n\tsetp.ne.b32 q, %2, 0;\n\t"
-      "@q ld.global.nc.u32 %0, [%1];\n\t}"
-      : "+r"(dst)
-      : "l"(a), "r"(static_cast<uint32_t>(p)));
-}
-
-// A rANS lane's bytes, read 16 bits at a time from a ring of four aligned
-// 32-bit words held in registers: the word holding the read position q sits
-// in slot (q / 4) % 4, followed by the next three. When a word is used up
-// its slot is refilled with the word 12 bytes ahead, so a renormalization
-// waits for memory only if the lane outruns six renormalizations of
-// prefetch. Loads may read up to 20 bytes past the lane's last byte;
-// payload slots are padded for that (kPayloadPad, kernels.h), and the
-// checks on q never let such bytes be used.
-struct LaneRing {
-  uint32_t w0, w1, w2, w3;
-
-  __device__ uint32_t Pick(uint32_t i) const {
-    return i == 0 ? w0 : i == 1 ? w1 : i == 2 ? w2 : w3;
-  }
-  __device__ void Start(const uint32_t* words, uint32_t q) {
-    const uint32_t wi = q >> 2;
-    w0 = __ldg(words + wi + ((0 - wi) & 3));
-    w1 = __ldg(words + wi + ((1 - wi) & 3));
-    w2 = __ldg(words + wi + ((2 - wi) & 3));
-    w3 = __ldg(words + wi + ((3 - wi) & 3));
-  }
-  // The little-endian 16-bit word at q; advances q by 2.
-  __device__ uint32_t Take16(const uint32_t* words, uint32_t& q) {
-    const uint32_t wi = q >> 2, i = wi & 3;
-    const uint32_t v =
-        __funnelshift_r(Pick(i), Pick((i + 1) & 3), 8 * (q & 3)) & 0xffffu;
-    q += 2;
-    if ((q & 3) < 2) {  // word wi is used up
-      const uint32_t* a = words + wi + 4;
-      LoadIf(i == 0, w0, a);
-      LoadIf(i == 1, w1, a);
-      LoadIf(i == 2, w2, a);
-      LoadIf(i == 3, w3, a);
-    }
-    return v;
-  }
-};
-
 // Kernel A: decodes the lanes of one sparse chunk into scratch. Lane j
 // writes record i = j + m * L to slot i (gaps at c.records, values at
 // c.values), so a warp's stores are coalesced. Checks everything the CPU
@@ -155,7 +108,7 @@ struct LaneRing {
 __global__ void __launch_bounds__(kDecodeThreads)
     DecodeLanesKernel(BatchDevice b) {
   const DevChunk& cg = b.chunks[blockIdx.x];
-  if (cg.layout != kDevSparse || cg.fused ||
+  if (cg.layout != kDevSparse || cg.fused || cg.conditional ||
       b.status[cg.status_index] != kStatusOk) {
     return;
   }
@@ -864,7 +817,7 @@ __device__ inline void ScatterItems(const BatchDevice& b,
 __global__ void __launch_bounds__(kApplyThreads)
     ScanApplyKernel(BatchDevice b) {
   const DevChunk& cg = b.chunks[blockIdx.x];
-  if (cg.fused || b.status[cg.status_index] != kStatusOk) return;
+  if (cg.fused || cg.conditional || b.status[cg.status_index] != kStatusOk) return;
   if (cg.layout == kDevDense) {
     StoreDense(b, cg, false);
     return;

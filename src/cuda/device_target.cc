@@ -363,7 +363,7 @@ Status DeviceTarget::Seal() {
     for (const HostBatch& b : v.prepared.batches) {
       for (const DevChunk& c : b.chunks) {
         const uint32_t index = v.prepared.chunk_of_status[c.status_index];
-        // A conditional XOR chunk (kind 5) runs as a dense XOR one on the
+        // A conditional XOR chunk (kind 5) runs as a sparse XOR one on the
         // device, but applying it again decodes it against its after state:
         // its range is saved like an overwrite chunk's, and restored.
         v.kinds[index] =

@@ -60,9 +60,11 @@ inline constexpr uint32_t kMaxDecodeSmem = 96 * 1024;
 // the chunk's status, so kernel B leaves its range alone.
 // Conditional XOR chunks (kind 5, DevChunk::conditional), when the batch
 // has any (conditional_apply.cu): decode each against its base in device
-// memory into its dense XOR plane, checking the payload as the codec does
-// (class counts, lanes, ranks, zero differences) and setting the chunk's
-// status on failure; kernel B then applies the plane as a dense XOR chunk.
+// memory, checking the payload as the codec does (class counts, lanes,
+// ranks, zero differences) and setting the chunk's status on failure, then
+// apply those still kStatusOk, leaving their records (positions, XOR
+// values) in scratch for the "after" check's undo; kernels A and B leave
+// them alone.
 cudaError_t LaunchDecode(const BatchDevice& b, cudaStream_t stream);
 cudaError_t LaunchConditional(const BatchDevice& b, cudaStream_t stream);
 

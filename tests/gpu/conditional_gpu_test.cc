@@ -200,7 +200,8 @@ void CheckOnGpu(const Bf16& a, uint64_t rows, uint64_t cols, const Chunks& e, co
 }
 
 // Contiguous chunks: small (under a tile), a few tiles (not a multiple),
-// more tiles than the decode's block scans at once, > 2^20 elements; few
+// several runs of tiles, more runs than the decode's block scans at once
+// (> 2^20 elements), starting on and off 16-byte boundaries; few
 // and many lanes; several chunks of one tensor in one batch and across
 // batches.
 TEST(GpuConditional, ContiguousRangesMatchCpu) {
@@ -360,7 +361,7 @@ TEST(GpuConditional, CorruptPayloadsAreRefusedWithoutWriting) {
 }
 
 // A chunk whose records decode but whose "after" hash is wrong: the GPU
-// applies its plane, finds the range off "after" and XORs the plane again
+// applies its records, finds the range off "after" and XORs them again
 // (never decoding against the after state), so the range ends untouched,
 // while a good chunk of the same batch applies.
 TEST(GpuConditional, AfterMismatchIsUndone) {
