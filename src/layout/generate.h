@@ -12,8 +12,9 @@
 // or one with a field that changes the tensor set in a way the generator
 // does not model, is refused by name (docs/layout.md, "Generated layouts").
 // GenerateEngineLayout writes the matching inference-engine side (vLLM's
-// fused qkv_proj / gate_up_proj / FusedMoE w13 and w2 parameters of each
-// tensor-parallel rank) over the same canonical tensors.
+// fused qkv_proj / gate_up_proj / fused_qkv_a_proj / FusedMoE w13 and w2
+// parameters of each tensor-parallel rank) over the same canonical tensors
+// (less the MTP layers', which the engine's main model does not load).
 // Pure and thread-safe.
 #ifndef REFIT_LAYOUT_GENERATE_H_
 #define REFIT_LAYOUT_GENERATE_H_
@@ -160,7 +161,8 @@ Result<Layout> GenerateLayout(const ModelConfig& config, const Parallelism& par)
 // and shapes, mapped to the same canonical tensors as GenerateLayout's, so
 // one generator serves the trainer and the receivers.
 enum class Engine {
-  kVllm,  // vLLM's fused parameters (qkv_proj, gate_up_proj, FusedMoE w13/w2)
+  kVllm,  // vLLM's fused parameters (qkv_proj, gate_up_proj, fused_qkv_a_proj,
+          // FusedMoE w13/w2)
 };
 
 struct EngineParallelism {
@@ -169,7 +171,7 @@ struct EngineParallelism {
   // Expert parallelism: 1 (every rank holds every expert, its intermediate
   // rows split over TP) or tp (vLLM's --enable-expert-parallel on one
   // data-parallel replica: rank t holds whole experts, a contiguous range,
-  // the first E % tp ranks one more).
+  // the first E % tp ranks one more; gpt-oss needs E % tp == 0).
   uint32_t ep = 1;
   // The vocabulary is padded to a multiple of this (vLLM's
   // DEFAULT_VOCAB_PADDING_SIZE), then split evenly over TP; padding rows map
@@ -180,15 +182,19 @@ struct EngineParallelism {
 // The layout of `config` loaded by an engine with `par`: par.tp ranks, rank
 // t = the engine's TP rank, local tensors named and shaped as the engine's
 // parameters (vLLM: model.named_parameters() of a model built from
-// `config`), in the canonical dtype. Canonical tensors are GenerateLayout's.
-// Requires what the engine requires: num_attention_heads, the intermediate
-// sizes and the padded vocabulary divisible by tp; num_key_value_heads
-// divisible by tp, or tp divisible by it (each KV head replicated on
+// `config`), in the canonical dtype. Canonical tensors are GenerateLayout's
+// but for the multi-token prediction layers (num_nextn_predict_layers),
+// which vLLM's main model does not load: a layout maps every canonical
+// element it lists, so they are left out of it. Requires what the engine
+// requires: num_attention_heads, the intermediate sizes and the padded
+// vocabulary divisible by tp; num_key_value_heads divisible by tp, or (but
+// for gpt-oss) tp divisible by it (each KV head replicated on
 // tp / num_key_value_heads ranks). Fails with kUnimplemented naming the
 // model_type or the quantization for what the engine generator does not
-// model: multi-head latent attention (deepseek_v3, kimi_k2), gpt-oss's
-// fused experts, quantized checkpoints; with kInvalidArgument for a split
-// the engine would refuse, or an ep other than 1 or tp.
+// model: quantized checkpoints (fp8, mxfp4, NVFP4, an FP8 KV cache),
+// gpt-oss with tied embeddings, other architectures; with
+// kInvalidArgument for a split the engine would refuse, or an ep other
+// than 1 or tp.
 Result<Layout> GenerateEngineLayout(const ModelConfig& config, const EngineParallelism& par);
 
 // [begin, end) of part i when n items are split over `parts` (the first

@@ -23,13 +23,16 @@ namespace refit::layout::testing {
 // Tensor name -> bytes (row-major, little-endian elements).
 using TensorBytes = std::map<std::string, std::vector<uint8_t>>;
 
-// Random BF16 bytes for every canonical tensor of `l` (seeded), the
-// model the layout tests scatter and place.
+// Random bytes for every canonical tensor of `l` (seeded), the model the
+// layout tests scatter and place: elements of the tensor's dtype, 2 bytes
+// where the dtype is unknown.
 inline TensorBytes RandomCanonical(const Layout& l, uint64_t seed) {
   std::mt19937_64 rng(seed);
   TensorBytes out;
+  DTypeRegistry dtypes;
   for (const CanonicalTensor& c : l.canonical) {
-    uint64_t n = 2;  // BF16
+    Result<int> width = dtypes.ElementWidth(c.dtype);
+    uint64_t n = width.ok() ? static_cast<uint64_t>(*width) : 2;
     for (uint64_t d : c.shape) n *= d;
     std::vector<uint8_t>& b = out[c.name];
     b.resize(n);
