@@ -276,30 +276,12 @@ __device__ void GeometricFreqsWarp(uint32_t m, uint32_t k, uint32_t plane, uint3
       if (8 * lane + j == top) f[j] += static_cast<uint32_t>(d);
     }
   }
-  // d < 0: one unit at a time from the largest frequency, lowest symbol on
-  // ties; taken as runs of units from the same symbol. The largest symbol
-  // `top` (value V) keeps being chosen for its i-th unit while every lower
-  // symbol's value is below V - i and every higher one's at most V - i.
-  while (d < 0) {
-    const uint32_t top = WarpArgMax(f, lane, max_symbol);
-    uint32_t value = 0, below = 0, above = 0;
+  for (; d < 0; ++d) {
+    const uint32_t best = WarpArgMax(f, lane, max_symbol);
 #pragma unroll
     for (uint32_t j = 0; j < 8; ++j) {
-      const uint32_t s = 8 * lane + j;
-      if (s > max_symbol) continue;
-      if (s == top) value = f[j];
-      if (s < top) below = max(below, f[j]);
-      if (s > top) above = max(above, f[j]);
+      if (8 * lane + j == best) --f[j];
     }
-    value = __reduce_max_sync(kFull, value);
-    below = __reduce_max_sync(kFull, below);
-    above = __reduce_max_sync(kFull, above);
-    const uint32_t run = min(static_cast<uint32_t>(-d), min(value + 1 - above, value - below));
-#pragma unroll
-    for (uint32_t j = 0; j < 8; ++j) {
-      if (8 * lane + j == top) f[j] -= run;
-    }
-    d += static_cast<int32_t>(run);
   }
 }
 
@@ -536,40 +518,12 @@ __global__ void __launch_bounds__(kThreads) CondCursorKernel(BatchDevice b) {
   }
 }
 
-// A warp's window on its run's records: per class, up to 32 consecutive
-// records' ranks and differences, from global record index base[class].
-constexpr uint32_t kWindow = 32;
-struct Window {
-  uint32_t rank[kCondClasses][kWindow];
-  uint16_t zz[kCondClasses][kWindow];
-};
-
-// Loads the window of each class whose bit is set in `which`: its records
-// from lane c's ptr on, up to lane c's stop (c < 8), at most kWindow.
-__device__ __forceinline__ void LoadWindow(const CondView& cv, uint32_t which, uint32_t ptr,
-                                           uint32_t stop, uint32_t lane, Window& win) {
-#pragma unroll
-  for (uint32_t cl = 0; cl < kCondClasses; ++cl) {
-    const uint32_t from = __shfl_sync(kFull, ptr, cl);
-    const uint32_t to = __shfl_sync(kFull, stop, cl);
-    if ((which >> cl & 1u) != 0 && from + lane < to) {
-      win.rank[cl][lane] = cv.ranks[from + lane];
-      win.zz[cl][lane] = cv.values[from + lane];
-    }
-  }
-  __syncwarp();
-}
-
 // A warp per run, tile by tile (see the file comment). Lane c < 8 walks
-// class c's records of the run, [cursor, next run's cursor), through the
-// warp's window: the records are read and rewritten only by their run's
-// warp, and a record's rank and difference are read from the window before
-// its position and XOR value replace them in scratch.
+// class c's records of the run, [cursor, next run's cursor): the records
+// are read and rewritten only by their run's warp.
 __global__ void __launch_bounds__(kThreads) CondApplyKernel(BatchDevice b) {
   const DevChunk& c = b.chunks[blockIdx.x];
   if (!Pending(b, c)) return;
-  __shared__ Window windows[kWarps];
-  Window& win = windows[threadIdx.x / 32];
   const DevConditional& h = HeaderOf(b, c);
   const uint32_t lo = h.lo;
   const CondView cv(b, c);
@@ -577,18 +531,13 @@ __global__ void __launch_bounds__(kThreads) CondApplyKernel(BatchDevice b) {
   const uint32_t lane = threadIdx.x % 32;
   const uint32_t warps = gridDim.y * kWarps;
   for (uint32_t w = blockIdx.y * kWarps + threadIdx.x / 32; w < runs; w += warps) {
-    // Lane c < 8: class c's next record ptr, its run's end stop, the
-    // window's first record base, and the members of class c before the
-    // current tile.
-    uint32_t ptr = 0, stop = 0, base = 0, prefix = 0;
+    uint32_t ptr = 0, stop = 0, next = ~0u, prefix = 0;
     if (lane < kCondClasses) {
       ptr = cv.cursors[kCondClasses * w + lane];
       stop = w + 1 < runs ? cv.cursors[kCondClasses * (w + 1) + lane] : h.first[lane] + h.k[lane];
       prefix = cv.counts[kCondClasses * w + lane];
-      base = ptr;
+      if (ptr < stop) next = cv.ranks[ptr];
     }
-    __syncwarp();  // the previous run's window is no longer read
-    LoadWindow(cv, 0xffu, ptr, stop, lane, win);
     const uint32_t t_begin = w * kCondRunTiles, t_end = min(tiles, t_begin + kCondRunTiles);
     uint32_t ahead[4];  // the next tile's elements, loaded a tile ahead
     LoadTile(c, t_begin, lane, ahead);
@@ -596,57 +545,50 @@ __global__ void __launch_bounds__(kThreads) CondApplyKernel(BatchDevice b) {
       uint32_t v[4] = {ahead[0], ahead[1], ahead[2], ahead[3]};
       if (t + 1 < t_end) LoadTile(c, t + 1, lane, ahead);
       const uint32_t cls = TileClasses(c, lo, t, lane, v);
-      const uint32_t end = prefix + TileCount(cls, lane);  // lane c < 8
-      for (;;) {
-        // Lane c < 8: class c's records of this tile in the window, [beg, ptr).
-        const uint32_t beg = ptr;
-        if (lane < kCondClasses) {
-          while (ptr < stop && ptr - base < kWindow && win.rank[lane][ptr - base] < end) ++ptr;
-        }
-        const bool used_up = lane < kCondClasses && ptr < stop && ptr - base == kWindow;
-        uint32_t busy = __ballot_sync(kFull, lane < kCondClasses && ptr > beg);
-        while (busy != 0) {
-          const uint32_t cl = __ffs(busy) - 1;
-          busy &= busy - 1;
-          const uint32_t r0 = __shfl_sync(kFull, beg, cl);
-          const uint32_t r1 = __shfl_sync(kFull, ptr, cl);
-          const uint32_t wb = __shfl_sync(kFull, base, cl);
-          const uint32_t before = __shfl_sync(kFull, prefix, cl);
-          // The lane's members of class cl (bit e: element 8 lane + e),
-          // and those of the lanes up to it.
-          uint32_t mine = 0;
+      // Lane c < 8: class c's records in this tile, [beg, ptr).
+      const uint32_t end = prefix + TileCount(cls, lane);
+      const uint32_t beg = ptr;
+      while (next < end) {
+        ++ptr;
+        next = ptr < stop ? cv.ranks[ptr] : ~0u;
+      }
+      uint32_t busy = __ballot_sync(kFull, lane < kCondClasses && ptr > beg);
+      while (busy != 0) {
+        const uint32_t cl = __ffs(busy) - 1;
+        busy &= busy - 1;
+        const uint32_t r0 = __shfl_sync(kFull, beg, cl);
+        const uint32_t r1 = __shfl_sync(kFull, ptr, cl);
+        const uint32_t base = __shfl_sync(kFull, prefix, cl);
+        // The lane's members of class cl (bit e: element 8 lane + e), and
+        // those of the lanes up to it.
+        uint32_t mine = 0;
 #pragma unroll
-          for (uint32_t e = 0; e < 8; ++e) {
-            mine |= (((cls >> (4 * e)) & 0xfu) == cl ? 1u : 0u) << e;
-          }
-          const uint32_t count = __popc(mine);
-          uint32_t inc = count;
-#pragma unroll
-          for (int o = 1; o < 32; o <<= 1) {
-            const uint32_t y = __shfl_up_sync(kFull, inc, o);
-            if (lane >= static_cast<uint32_t>(o)) inc += y;
-          }
-          const uint32_t excl = inc - count;
-          for (uint32_t r = r0; r < r1; ++r) {
-            const uint32_t j = win.rank[cl][r - wb] - before;  // < the tile's members
-            if (j < excl || j >= inc) continue;
-            uint32_t left = mine;  // its (j - excl)-th member is the record's
-            for (uint32_t skip = excl; skip < j; ++skip) left &= left - 1;
-            const uint32_t e = __ffs(left) - 1;
-            const uint32_t word = e < 4 ? (e < 2 ? v[0] : v[1]) : (e < 6 ? v[2] : v[3]);
-            const uint32_t old = (word >> (16 * (e % 2))) & 0xffffu;
-            const uint32_t now = (old + Unzigzag(win.zz[cl][r - wb])) & 0xffffu;
-            const uint32_t i = t * kCondTile + 8 * lane + e;
-            *ElementAt(c, i) = static_cast<uint16_t>(now);
-            cv.ranks[r] = i;
-            cv.values[r] = static_cast<uint16_t>(old ^ now);
-          }
+        for (uint32_t e = 0; e < 8; ++e) {
+          mine |= (((cls >> (4 * e)) & 0xfu) == cl ? 1u : 0u) << e;
         }
-        const uint32_t need = __ballot_sync(kFull, used_up);
-        if (need == 0) break;
-        __syncwarp();  // the used-up windows are no longer read
-        LoadWindow(cv, need, ptr, stop, lane, win);
-        if (used_up) base = ptr;
+        const uint32_t count = __popc(mine);
+        uint32_t inc = count;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+          const uint32_t y = __shfl_up_sync(kFull, inc, o);
+          if (lane >= static_cast<uint32_t>(o)) inc += y;
+        }
+        const uint32_t excl = inc - count;
+        for (uint32_t r = r0; r < r1; ++r) {
+          const uint32_t j = cv.ranks[r] - base;  // < the tile's members of cl
+          __syncwarp();  // every lane has read the rank before it is replaced
+          if (j < excl || j >= inc) continue;
+          uint32_t left = mine;  // its (j - excl)-th member is the record's
+          for (uint32_t skip = excl; skip < j; ++skip) left &= left - 1;
+          const uint32_t e = __ffs(left) - 1;
+          const uint32_t word = e < 4 ? (e < 2 ? v[0] : v[1]) : (e < 6 ? v[2] : v[3]);
+          const uint32_t old = (word >> (16 * (e % 2))) & 0xffffu;
+          const uint32_t now = (old + Unzigzag(cv.values[r])) & 0xffffu;
+          const uint32_t i = t * kCondTile + 8 * lane + e;
+          *ElementAt(c, i) = static_cast<uint16_t>(now);
+          cv.ranks[r] = i;
+          cv.values[r] = static_cast<uint16_t>(old ^ now);
+        }
       }
       if (lane < kCondClasses) prefix = end;
     }
