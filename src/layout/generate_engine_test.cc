@@ -629,7 +629,8 @@ TEST(GenerateEngine, GptOssWithTpAndEp) {
 
 // Real sizes in their BF16 form: DeepSeek-V3 (256 experts) and Kimi-K2
 // (384) at TP 8 with EP 8, DeepSeek-V3 also without EP, gpt-oss-120b at
-// TP 8 with and without EP; generated, owned and proved covered in seconds.
+// TP 8 with and without EP; generated, owned and proved covered (the time
+// is printed, not checked: timings belong to benchmarks).
 TEST(GenerateEngine, FrontierModelsAtTp8) {
   struct Case {
     const char* name;
@@ -666,7 +667,6 @@ TEST(GenerateEngine, FrontierModelsAtTp8) {
     double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     EXPECT_EQ(l->ranks[0].tensors.size(), c.tensors);
     std::printf("%s vLLM TP 8 EP %u: generate + own + cover %.2f s\n", c.name, c.ep, s);
-    EXPECT_LT(s, 60.0);
   }
   Result<Layout> l = GenerateEngineLayout(kimi, {Engine::kVllm, 8, 8, 64});
   ASSERT_OK(l);
@@ -705,7 +705,6 @@ TEST(GenerateEngine, Qwen3Moe30bAtTp4) {
         ep == 1 ? std::vector<uint64_t>{128, 384, 2048} : std::vector<uint64_t>{32, 1536, 2048};
     EXPECT_EQ(w13->shape, want);
     std::printf("Qwen3-30B-A3B vLLM TP 4 EP %u: generate + own + cover %.2f s\n", ep, s);
-    EXPECT_LT(s, 30.0);
   }
 }
 
