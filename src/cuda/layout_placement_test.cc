@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "layout/generate.h"
+#include "support/frontier_configs.h"
 #include "support/test_layout.h"
 #include "support/testing.h"
 
@@ -40,7 +41,8 @@ TensorBytes PlacedThrough(const layout::Layout& l, size_t ri, const TensorBytes&
     const auto& src = canonical.at(p.name);
     for (uint64_t i = 0; i < p.rows * p.cols; ++i) {
       if (auto d = p.Map(i)) {
-        std::memcpy(reinterpret_cast<uint8_t*>(p.base) + *d * 2, &src[i * 2], 2);
+        std::memcpy(reinterpret_cast<uint8_t*>(p.base) + *d * p.width, &src[i * p.width],
+                    static_cast<size_t>(p.width));
       }
     }
   }
@@ -118,6 +120,49 @@ TEST(LayoutPlacementTest, EngineLayoutsPlaceAsTheyScatter) {
     }
   }
   EXPECT_EQ(cases, (1 + 2 + 4) + (1 + 2 + 2 + 4 + 4));
+}
+
+// The frontier engine layouts: DeepSeek-V3 / Kimi-K2 (MLA's fused
+// q_a + kv_a rows, or a head-split q_proj; head-split q_b, kv_b, o_proj;
+// FusedMoE experts, shared experts, the FP32 score correction bias) and
+// BF16 gpt-oss (head-split sinks, w13 holding gate_up_proj's columns
+// transposed, w2_bias on rank 0 alone without EP): placed as scattered.
+TEST(LayoutPlacementTest, FrontierEngineLayoutsPlaceAsTheyScatter) {
+  std::vector<layout::ModelConfig> configs;
+  for (const char* type : {"deepseek_v3", "kimi_k2"}) {
+    for (uint64_t q_lora_rank : {uint64_t{24}, uint64_t{0}}) {
+      auto m = layout::ParseModelConfig(layout::testing::TinyDeepSeekV3Config(q_lora_rank, type));
+      ASSERT_OK(m);
+      configs.push_back(*m);
+    }
+  }
+  auto oss = layout::ParseModelConfig(layout::testing::kTinyGptOss);
+  ASSERT_OK(oss);
+  configs.push_back(*oss);
+  int cases = 0;
+  for (const layout::ModelConfig& config : configs) {
+    for (uint32_t tp : {1u, 2u, 4u}) {
+      std::vector<uint32_t> eps = {1};
+      if (tp > 1) eps.push_back(tp);
+      for (uint32_t ep : eps) {
+        layout::EngineParallelism par;
+        par.tp = tp;
+        par.ep = ep;
+        auto l = layout::GenerateEngineLayout(config, par);
+        SCOPED_TRACE(config.model_type + " tp " + std::to_string(tp) + " ep " + std::to_string(ep));
+        ASSERT_OK(l);
+        const TensorBytes canonical = layout::testing::RandomCanonical(*l, tp * 5 + ep);
+        auto expected = layout::testing::ScatterToRanks(*l, canonical, 0xA5);
+        ASSERT_OK(expected);
+        for (size_t ri = 0; ri < l->ranks.size(); ++ri) {
+          ASSERT_EQ(PlacedThrough(*l, ri, canonical, (*expected)[ri]), (*expected)[ri])
+              << config.model_type << " tp " << tp << " ep " << ep << " rank " << ri;
+          ++cases;
+        }
+      }
+    }
+  }
+  EXPECT_EQ(cases, 5 * (1 + 2 + 2 + 4 + 4));
 }
 
 TEST(LayoutPlacementTest, RefusesWhatItCannotPlace) {

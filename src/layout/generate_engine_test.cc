@@ -28,9 +28,11 @@ namespace {
 using testing::GptOss120bConfig;
 using testing::kDeepSeekV3;
 using testing::kKimiK2;
+using testing::kTinyGptOss;
 using testing::RandomCanonical;
 using testing::ScatterToRanks;
 using testing::TensorBytes;
+using testing::TinyDeepSeekV3Config;
 
 constexpr uint8_t kPad = 0xA5;
 
@@ -99,25 +101,11 @@ ModelConfig Parse(const std::string& json) {
   return m.ok() ? *m : ModelConfig{};
 }
 
-// DeepSeek-V3 in small: MLA with q_lora_rank (0: a plain q_proj), a dense
-// first layer, 8 routed experts and 2 shared ones, the score correction
-// bias, and an MTP layer.
 ModelConfig DeepSeekV3(uint64_t q_lora_rank, const char* type = "deepseek_v3") {
-  return Parse(std::string(R"({"model_type": ")") + type + R"(", "hidden_size": 64,
-      "intermediate_size": 96, "num_hidden_layers": 3, "num_attention_heads": 8,
-      "vocab_size": 300, "kv_lora_rank": 16, "q_lora_rank": )" +
-               (q_lora_rank ? std::to_string(q_lora_rank) : "null") + R"(, "qk_nope_head_dim": 8,
-      "qk_rope_head_dim": 4, "v_head_dim": 6, "n_routed_experts": 8, "n_shared_experts": 2,
-      "moe_intermediate_size": 16, "first_k_dense_replace": 1,
-      "num_nextn_predict_layers": 1, "topk_method": "noaux_tc"})");
+  return Parse(TinyDeepSeekV3Config(q_lora_rank, type));
 }
 
-// gpt-oss in small (BF16): 8 q heads, 4 KV heads, 4 experts of I = 32.
-ModelConfig GptOss() {
-  return Parse(R"({"model_type": "gpt_oss", "hidden_size": 32, "intermediate_size": 32,
-      "num_hidden_layers": 2, "num_attention_heads": 8, "num_key_value_heads": 4,
-      "head_dim": 8, "vocab_size": 100, "num_local_experts": 4})");
-}
+ModelConfig GptOss() { return Parse(kTinyGptOss); }
 
 // The reference: rank t's parameters as vLLM's loaders fill them from the
 // canonical tensors, written from vLLM's formulas, not the generator's.
