@@ -49,6 +49,22 @@ TensorBytes PlacedThrough(const layout::Layout& l, size_t ri, const TensorBytes&
   return local;
 }
 
+// Every rank of `l` placed through its plan gives what the layout
+// scatters, for canonical tensors of random bytes from `seed`; returns the
+// ranks checked (0 after a failure).
+int ExpectPlacedAsScattered(const layout::Layout& l, uint64_t seed) {
+  const TensorBytes canonical = layout::testing::RandomCanonical(l, seed);
+  auto expected = layout::testing::ScatterToRanks(l, canonical, 0xA5);
+  EXPECT_OK(expected);
+  if (!expected.ok()) return 0;
+  for (size_t ri = 0; ri < l.ranks.size(); ++ri) {
+    const TensorBytes placed = PlacedThrough(l, ri, canonical, (*expected)[ri]);
+    EXPECT_EQ(placed, (*expected)[ri]) << "rank " << ri;
+    if (placed != (*expected)[ri]) return 0;
+  }
+  return static_cast<int>(l.ranks.size());
+}
+
 TEST(LayoutPlacementTest, PlacementsScatterAsTheLayoutDefines) {
   auto config = layout::ParseModelConfig(kTiny);
   ASSERT_OK(config);
@@ -67,15 +83,9 @@ TEST(LayoutPlacementTest, PlacementsScatterAsTheLayoutDefines) {
           par.vocab_multiple = 64;
           auto l = layout::GenerateLayout(*config, par);
           ASSERT_OK(l);
-          const TensorBytes canonical = layout::testing::RandomCanonical(*l, tp * 7 + fused);
-          auto expected = layout::testing::ScatterToRanks(*l, canonical, 0xA5);
-          ASSERT_OK(expected);
-          for (size_t ri = 0; ri < l->ranks.size(); ++ri) {
-            ASSERT_EQ(PlacedThrough(*l, ri, canonical, (*expected)[ri]), (*expected)[ri])
-                << "tp " << tp << " fused " << fused << " transposed "
-                << transposed << " rank " << ri;
-            ++cases;
-          }
+          SCOPED_TRACE(::testing::Message() << "tp " << tp << " fused " << fused
+                                            << " transposed " << transposed);
+          cases += ExpectPlacedAsScattered(*l, tp * 7 + fused);
         }
       }
     }
@@ -108,14 +118,8 @@ TEST(LayoutPlacementTest, EngineLayoutsPlaceAsTheyScatter) {
         par.ep = ep;
         auto l = layout::GenerateEngineLayout(*config, par);
         ASSERT_OK(l);
-        const TensorBytes canonical = layout::testing::RandomCanonical(*l, tp * 3 + ep);
-        auto expected = layout::testing::ScatterToRanks(*l, canonical, 0xA5);
-        ASSERT_OK(expected);
-        for (size_t ri = 0; ri < l->ranks.size(); ++ri) {
-          ASSERT_EQ(PlacedThrough(*l, ri, canonical, (*expected)[ri]), (*expected)[ri])
-              << config->model_type << " tp " << tp << " ep " << ep << " rank " << ri;
-          ++cases;
-        }
+        SCOPED_TRACE(::testing::Message() << config->model_type << " tp " << tp << " ep " << ep);
+        cases += ExpectPlacedAsScattered(*l, tp * 3 + ep);
       }
     }
   }
@@ -151,14 +155,7 @@ TEST(LayoutPlacementTest, FrontierEngineLayoutsPlaceAsTheyScatter) {
         auto l = layout::GenerateEngineLayout(config, par);
         SCOPED_TRACE(config.model_type + " tp " + std::to_string(tp) + " ep " + std::to_string(ep));
         ASSERT_OK(l);
-        const TensorBytes canonical = layout::testing::RandomCanonical(*l, tp * 5 + ep);
-        auto expected = layout::testing::ScatterToRanks(*l, canonical, 0xA5);
-        ASSERT_OK(expected);
-        for (size_t ri = 0; ri < l->ranks.size(); ++ri) {
-          ASSERT_EQ(PlacedThrough(*l, ri, canonical, (*expected)[ri]), (*expected)[ri])
-              << config.model_type << " tp " << tp << " ep " << ep << " rank " << ri;
-          ++cases;
-        }
+        cases += ExpectPlacedAsScattered(*l, tp * 5 + ep);
       }
     }
   }
