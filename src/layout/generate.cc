@@ -128,17 +128,8 @@ class RankBuilder {
   void Raw(const std::string& canonical, uint64_t rows, uint64_t cols,
            uint64_t local_offset, uint64_t local_row_stride, uint64_t canon_offset,
            uint64_t canon_row_stride, uint64_t canon_col_stride) {
-    Piece p;
-    p.canonical = canonical;
-    p.rows = rows;
-    p.cols = cols;
-    p.local_offset = local_offset;
-    p.local_row_stride = local_row_stride;
-    p.local_col_stride = 1;
-    p.canon_offset = canon_offset;
-    p.canon_row_stride = canon_row_stride;
-    p.canon_col_stride = canon_col_stride;
-    tensors.back().pieces.push_back(p);
+    tensors.back().pieces.push_back(Piece{canonical, rows, cols, local_offset, local_row_stride, 1,
+                                          canon_offset, canon_row_stride, canon_col_stride});
   }
 
   bool transposed() const { return transposed_.back(); }

@@ -53,17 +53,8 @@ class EngineRank {
   void Strided(const std::string& canonical, uint64_t rows, uint64_t cols, uint64_t at,
                uint64_t local_row_stride, uint64_t canon_offset, uint64_t canon_row_stride,
                uint64_t canon_col_stride) {
-    Piece p;
-    p.canonical = canonical;
-    p.rows = rows;
-    p.cols = cols;
-    p.local_offset = at;
-    p.local_row_stride = local_row_stride;
-    p.local_col_stride = 1;
-    p.canon_offset = canon_offset;
-    p.canon_row_stride = canon_row_stride;
-    p.canon_col_stride = canon_col_stride;
-    tensors.back().pieces.push_back(std::move(p));
+    tensors.back().pieces.push_back(Piece{canonical, rows, cols, at, local_row_stride, 1,
+                                          canon_offset, canon_row_stride, canon_col_stride});
   }
 
   // A replicated tensor of n elements (norms, routers): one piece.
