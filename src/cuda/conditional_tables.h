@@ -1,8 +1,11 @@
 // The geometric gap model of a conditional XOR class (docs/format.md
 // §5.2, normalized by §5.1), which a GPU receiver builds on the device once
-// it has counted the class's members in the base (conditional_apply.cu).
-// Host and device code: a CPU test checks it against the codec's
-// GeometricWeights and Normalize. Pure function, thread-safe.
+// it has counted the class's members in the base. Host and device code: a
+// CPU test checks it against the codec's GeometricWeights and Normalize.
+// The device's decoder computes the same steps with a warp per table
+// (GeometricFreqsWarp in conditional_apply.cu), checked end to end by the
+// GPU tests; this function is their host reference. Pure function,
+// thread-safe.
 #ifndef REFIT_CUDA_CONDITIONAL_TABLES_H_
 #define REFIT_CUDA_CONDITIONAL_TABLES_H_
 

@@ -9,8 +9,9 @@
 namespace refit::cuda {
 namespace {
 
-// The device's geometric gap tables (conditional_apply.cu builds them from
-// the members it counts) equal the codec's, which the CPU decoder uses.
+// The host reference of the device's geometric gap tables (which
+// conditional_apply.cu builds with a warp from the members it counts)
+// equals the codec's, which the CPU decoder uses.
 TEST(ConditionalTables, GeometricFreqsEqualTheCodecs) {
   std::mt19937_64 rng(3);
   int checked = 0;
