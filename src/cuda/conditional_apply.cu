@@ -60,18 +60,6 @@ constexpr uint32_t kNoClass = 0xf;
 // 2^(t - 8)-slot bucket, stepped forward from there).
 constexpr uint32_t kSlotBits = 8;
 
-__device__ inline uint8_t* Addr(uint64_t a) {
-  return reinterpret_cast<uint8_t*>(static_cast<uintptr_t>(a));
-}
-
-// Offset from the chunk's first canonical element of its element i (as in
-// decode_apply.cu).
-__device__ __forceinline__ uint64_t RegionOffset(uint64_t run, uint64_t stride, uint32_t i) {
-  if (run == 0) return i;
-  const uint32_t r = static_cast<uint32_t>(run);
-  return uint64_t{i / r} * stride + i % r;
-}
-
 // Address of element i of the chunk (its span is contiguous at
 // linear_address: batch.cc refuses kind-5 chunks that are not).
 __device__ __forceinline__ uint16_t* ElementAt(const DevChunk& c, uint32_t i) {
@@ -283,15 +271,6 @@ __device__ void GeometricFreqsWarp(uint32_t m, uint32_t k, uint32_t plane, uint3
       if (8 * lane + j == best) --f[j];
     }
   }
-}
-
-// Largest symbol s with c[s] <= slot (fc[s] = f | c << 16); it has f > 0.
-__device__ __forceinline__ uint32_t SearchSymbol(const uint32_t* fc, uint32_t slot) {
-  uint32_t lo = 0;
-  for (uint32_t step = 128; step > 0; step >>= 1) {
-    if ((fc[lo + step] >> 16) <= slot) lo += step;
-  }
-  return lo;
 }
 
 struct DecodeShared {
@@ -520,7 +499,10 @@ __global__ void __launch_bounds__(kThreads) CondCursorKernel(BatchDevice b) {
 
 // A warp per run, tile by tile (see the file comment). Lane c < 8 walks
 // class c's records of the run, [cursor, next run's cursor): the records
-// are read and rewritten only by their run's warp.
+// are read and rewritten only by their run's warp. kWrite false maps the
+// records (positions and XOR values into scratch) without writing an
+// element: Receiver::MapConditional, before the pause.
+template <bool kWrite>
 __global__ void __launch_bounds__(kThreads) CondApplyKernel(BatchDevice b) {
   const DevChunk& c = b.chunks[blockIdx.x];
   if (!Pending(b, c)) return;
@@ -585,7 +567,7 @@ __global__ void __launch_bounds__(kThreads) CondApplyKernel(BatchDevice b) {
           const uint32_t old = (word >> (16 * (e % 2))) & 0xffffu;
           const uint32_t now = (old + Unzigzag(cv.values[r])) & 0xffffu;
           const uint32_t i = t * kCondTile + 8 * lane + e;
-          *ElementAt(c, i) = static_cast<uint16_t>(now);
+          if (kWrite) *ElementAt(c, i) = static_cast<uint16_t>(now);
           cv.ranks[r] = i;
           cv.values[r] = static_cast<uint16_t>(old ^ now);
         }
@@ -595,14 +577,44 @@ __global__ void __launch_bounds__(kThreads) CondApplyKernel(BatchDevice b) {
   }
 }
 
+// The pause of mapped chunks: each record's element XORed with its value
+// (records of one chunk have distinct positions; chunks do not overlap).
+__global__ void __launch_bounds__(kThreads) CondXorKernel(BatchDevice b) {
+  const DevChunk& c = b.chunks[blockIdx.x];
+  if (!Pending(b, c)) return;
+  const CondView cv(b, c);
+  for (uint32_t r = blockIdx.y * kThreads + threadIdx.x; r < c.k; r += gridDim.y * kThreads) {
+    uint16_t* p = ElementAt(c, cv.ranks[r]);
+    *p = static_cast<uint16_t>(*p ^ cv.values[r]);
+  }
+}
+
+void LaunchDecodeAndMap(const BatchDevice& b, bool write, cudaStream_t stream) {
+  CondCountKernel<<<dim3(b.num_chunks, kTileBlocks), kThreads, 0, stream>>>(b);
+  CondDecodeKernel<<<b.num_chunks, kThreads, 0, stream>>>(b);
+  CondCursorKernel<<<dim3(b.num_chunks, kCursorBlocks), kThreads, 0, stream>>>(b);
+  if (write) {
+    CondApplyKernel<true><<<dim3(b.num_chunks, kTileBlocks), kThreads, 0, stream>>>(b);
+  } else {
+    CondApplyKernel<false><<<dim3(b.num_chunks, kTileBlocks), kThreads, 0, stream>>>(b);
+  }
+}
+
 }  // namespace
 
 cudaError_t LaunchConditional(const BatchDevice& b, cudaStream_t stream) {
   if (b.num_chunks == 0 || b.conditional == 0) return cudaSuccess;
-  CondCountKernel<<<dim3(b.num_chunks, kTileBlocks), kThreads, 0, stream>>>(b);
-  CondDecodeKernel<<<b.num_chunks, kThreads, 0, stream>>>(b);
-  CondCursorKernel<<<dim3(b.num_chunks, kCursorBlocks), kThreads, 0, stream>>>(b);
-  CondApplyKernel<<<dim3(b.num_chunks, kTileBlocks), kThreads, 0, stream>>>(b);
+  if (b.conditional_mapped != 0) {
+    CondXorKernel<<<dim3(b.num_chunks, kTileBlocks), kThreads, 0, stream>>>(b);
+  } else {
+    LaunchDecodeAndMap(b, /*write=*/true, stream);
+  }
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchConditionalMap(const BatchDevice& b, cudaStream_t stream) {
+  if (b.num_chunks == 0 || b.conditional == 0) return cudaSuccess;
+  LaunchDecodeAndMap(b, /*write=*/false, stream);
   return cudaGetLastError();
 }
 

@@ -1,6 +1,7 @@
 // What every CUDA source of src/cuda shares: CUDA errors as Status, device
 // allocations that free themselves, and (under nvcc) loads and stores of
-// one element of 1, 2, 4 or 8 bytes. Internal to src/cuda.
+// one element of 1, 2, 4 or 8 bytes, a chunk's element offsets and a rANS
+// table's symbol search. Internal to src/cuda.
 //
 // DeviceBuffer is not thread-safe; CudaError and the element accessors are
 // pure.
@@ -102,6 +103,31 @@ class DeviceBuffer {
 };
 
 #if defined(__CUDACC__)
+// The device pointer of an address held as an integer.
+__device__ inline uint8_t* Addr(uint64_t a) {
+  return reinterpret_cast<uint8_t*>(static_cast<uintptr_t>(a));
+}
+
+// Offset from a chunk's first canonical element of its element `pos`: the
+// position itself for a contiguous range (run 0); for a strided region,
+// rows of `run` elements `stride` apart (run < count < 2^32).
+__device__ __forceinline__ uint64_t RegionOffset(uint64_t run, uint64_t stride, uint32_t pos) {
+  if (run == 0) return pos;
+  const uint32_t r = static_cast<uint32_t>(run);
+  return uint64_t{pos / r} * stride + pos % r;
+}
+
+// A rANS table's symbol for `slot`: the largest symbol s with c[s] <= slot
+// (fc[s] = f | c << 16, c ascending, 256 entries); it always has f[s] > 0
+// since a zero-frequency symbol shares its c with the next one.
+__device__ __forceinline__ uint32_t SearchSymbol(const uint32_t* fc, uint32_t slot) {
+  uint32_t lo = 0;
+  for (uint32_t step = 128; step > 0; step >>= 1) {
+    if ((fc[lo + step] >> 16) <= slot) lo += step;
+  }
+  return lo;
+}
+
 // The w-byte element at p (w-aligned), zero-extended; w is 1, 2, 4 or 8.
 __device__ inline uint64_t LoadWord(const uint8_t* p, uint32_t w) {
   switch (w) {

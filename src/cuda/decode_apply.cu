@@ -18,20 +18,6 @@ constexpr int kThreads = 256;
 constexpr uint32_t kRansLow = 1u << 16;
 constexpr uint64_t kSegment = 64 * 1024;
 
-__device__ inline uint8_t* Addr(uint64_t a) {
-  return reinterpret_cast<uint8_t*>(static_cast<uintptr_t>(a));
-}
-
-// Offset from a chunk's first canonical element of its element `pos`: the
-// position itself for a contiguous range (run 0); for a strided region,
-// rows of `run` elements `stride` apart (run < count < 2^32).
-__device__ __forceinline__ uint64_t RegionOffset(uint64_t run, uint64_t stride,
-                                                 uint32_t pos) {
-  if (run == 0) return pos;
-  const uint32_t r = static_cast<uint32_t>(run);
-  return uint64_t{pos / r} * stride + pos % r;
-}
-
 // Stores (or, with undo, reverts) the decoded records of a chunk whose
 // positions and values are in scratch. XOR is its own inverse; overwrite
 // kinds save the bytes they replace and restore them on undo.
@@ -80,17 +66,6 @@ __device__ void StoreDense(const BatchDevice& b, const DevChunk& c, bool undo) {
       StoreWord(p, LoadWord(vals + off, w), w);
     }
   }
-}
-
-// Largest symbol s with c[s] <= slot (fc[s] = f | c << 16, c ascending);
-// it always has f[s] > 0 since a zero-frequency symbol shares its c with
-// the next one.
-__device__ inline uint32_t SearchSymbol(const uint32_t* fc, uint32_t slot) {
-  uint32_t lo = 0;
-  for (uint32_t step = 128; step > 0; step >>= 1) {
-    if ((fc[lo + step] >> 16) <= slot) lo += step;
-  }
-  return lo;
 }
 
 constexpr int kDecodeThreads = 128;  // >= the lanes of most chunks

@@ -394,6 +394,13 @@ Status DeviceTarget::Seal() {
       REFIT_ASSIGN_OR_RETURN(v.resident, v.receiver->Stage(v.bytes, v.prepared));
       m.resident_bytes += v.resident->bytes();
     }
+    // The first version's base is what the GPU holds now: its conditional
+    // XOR chunks are decoded against it here, so that the pause only XORs
+    // their records in. A later version's base exists only in the pause.
+    if (!m.staging.items().empty()) {
+      Impl::Version& first = m.staging.items().front();
+      REFIT_RETURN_IF_ERROR(first.receiver->MapConditional(*first.resident, first.prepared));
+    }
   } else {
     for (Impl::Version& v : m.staging.items()) v.resident.reset();
     if (offset > m.pinned_size) {
@@ -409,6 +416,15 @@ Status DeviceTarget::Seal() {
       std::memcpy(m.pinned + v.offset, v.bytes.data(), v.bytes.size());
     }
   }
+  // The ranges that only a copy restores (overwrite and conditional
+  // chunks), saved now: nothing writes them until the pause.
+  for (const Impl::Saved& s : m.saved) {
+    REFIT_CUDA_RETURN(
+        cudaMemcpyAsync(m.backup.bytes() + s.offset,
+                        reinterpret_cast<const void*>(s.address), s.length,
+                        cudaMemcpyDeviceToDevice, m.stream),
+        "save a range");
+  }
   REFIT_CUDA_RETURN(cudaStreamSynchronize(m.stream), "stage the payload");
   m.sealed = true;
   return Status();
@@ -420,15 +436,6 @@ Result<StagedApplyReport> DeviceTarget::Apply() {
   const auto t0 = std::chrono::steady_clock::now();
   REFIT_CUDA_RETURN(cudaSetDevice(m.opt.device), "cudaSetDevice");
   StagedApplyReport report;
-  for (const Impl::Saved& s : m.saved) {
-    REFIT_CUDA_RETURN(
-        cudaMemcpyAsync(m.backup.bytes() + s.offset,
-                        reinterpret_cast<const void*>(s.address), s.length,
-                        cudaMemcpyDeviceToDevice, m.stream),
-        "save a range");
-  }
-  if (!m.saved.empty())
-    REFIT_CUDA_RETURN(cudaStreamSynchronize(m.stream), "save ranges");
   Status failed;
   for (size_t k = 0; k < m.staging.items().size(); ++k) {
     Impl::Version& v = m.staging.items()[k];

@@ -11,12 +11,16 @@
 // in a region of its own (cuda::Receiver::Stage), so that the pause only
 // launches kernels; else it copies the payload into page-locked host memory
 // (bounded by `host_staging_bytes`; the pause then includes the copies
-// over the bus, through the GPU receiver's slots). The ranges of non-XOR
-// chunks and of conditional XOR chunks (kind 5, which decode only against
-// their base) are saved on the device in the pause, for a restore.
+// over the bus, through the GPU receiver's slots). Staged in device
+// memory, the first version's conditional XOR chunks (kind 5) are decoded
+// against the base the GPU holds into XOR records
+// (cuda::Receiver::MapConditional), so that the pause only XORs them in.
+// The ranges of non-XOR chunks and of conditional XOR chunks (which decode
+// only against their base) are saved on the device, for a restore; Seal()
+// saves them, since nothing writes the tensors between it and the pause.
 //
 // The pause (Apply): the versions are applied one after another (one GPU
-// apply each, so a version's conditional chunks decode against their
+// apply each, so a later version's conditional chunks decode against their
 // ranges as the version before left them), each chunk's range checked on
 // the device to its "after" hash (when every placement stores its
 // canonical tensor contiguously; see verify in pipeline.h). On any

@@ -32,6 +32,9 @@ struct BatchDevice {
   uint32_t unfused = 0;        // chunks for kernels A and B (0: skip them)
   uint32_t regions = 0;        // strided regions among the chunks (0: none)
   uint32_t conditional = 0;    // kind-5 chunks (0: skip their kernels)
+  // The kind-5 chunks were mapped against the base the GPU holds
+  // (LaunchConditionalMap): their records only need XORing in.
+  uint32_t conditional_mapped = 0;
   const DevDensePlane* planes = nullptr;  // dense planes decoded on the GPU
   uint32_t num_planes = 0;
 };
@@ -65,8 +68,17 @@ inline constexpr uint32_t kMaxDecodeSmem = 96 * 1024;
 // apply those still kStatusOk, leaving their records (positions, XOR
 // values) in scratch for the "after" check's undo; kernels A and B leave
 // them alone.
+// Mapped conditional chunks (BatchDevice::conditional_mapped): their
+// records are XORed in, nothing is decoded.
 cudaError_t LaunchDecode(const BatchDevice& b, cudaStream_t stream);
 cudaError_t LaunchConditional(const BatchDevice& b, cudaStream_t stream);
+
+// Before the pause: decodes the batch's conditional XOR chunks against the
+// base the GPU holds now, checking them as LaunchConditional does, and
+// leaves their records (positions, XOR values) in scratch without writing
+// an element. The batch must then be applied to this same base, with
+// conditional_mapped set.
+cudaError_t LaunchConditionalMap(const BatchDevice& b, cudaStream_t stream);
 
 // Kernel B: for non-fused chunks still kStatusOk, turns gaps into positions (block
 // scan per chunk) and applies the records through the placement, one

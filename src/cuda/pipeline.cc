@@ -43,6 +43,10 @@ struct StagedDelta::Impl {
   std::vector<uint64_t> offsets;  // per batch, into region
   const void* owner = nullptr;    // the Receiver::Impl that staged it
   uint64_t batches = 0;
+  // MapConditional ran: the conditional chunks' records are in scratch,
+  // and their statuses (the decode's refusals) by status index.
+  bool mapped = false;
+  std::vector<uint32_t> mapped_status;
 };
 
 StagedDelta::StagedDelta(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -366,6 +370,47 @@ Result<std::unique_ptr<StagedDelta>> Receiver::Stage(
   return std::unique_ptr<StagedDelta>(new StagedDelta(std::move(st)));
 }
 
+Status Receiver::MapConditional(StagedDelta& staged, const PreparedDelta& p) {
+  Impl& m = *impl_;
+  StagedDelta::Impl& st = *staged.impl_;
+  if (st.owner != impl_.get() || st.batches != p.batches.size()) {
+    return InvalidArgumentError(
+        "the staged delta was not staged by this receiver from this "
+        "preparation");
+  }
+  if (st.mapped) {
+    return FailedPreconditionError("the staged delta's conditional chunks are already mapped");
+  }
+  const bool any = std::any_of(p.batches.begin(), p.batches.end(),
+                               [](const HostBatch& hb) { return hb.conditional != 0; });
+  if (!any) return Status::Ok();
+  REFIT_RETURN_IF_ERROR(m.status.Reserve(4 * uint64_t{p.status_count}));
+  REFIT_CUDA_RETURN(cudaMemsetAsync(m.status.data(), 0, 4 * uint64_t{p.status_count}, m.copy),
+                    "memset");
+  static_assert(kStatusOk == 0);
+  REFIT_CUDA_RETURN(cudaEventRecord(m.begin, m.copy), "record");
+  const uint32_t streams =
+      static_cast<uint32_t>(std::clamp<size_t>(p.batches.size(), 1, kMaxStreams));
+  for (uint32_t s = 0; s < streams; ++s) {
+    REFIT_CUDA_RETURN(cudaStreamWaitEvent(m.compute[s], m.begin, 0), "wait");
+  }
+  for (size_t b = 0; b < p.batches.size(); ++b) {
+    const HostBatch& hb = p.batches[b];
+    if (hb.conditional == 0) continue;
+    REFIT_CUDA_RETURN(internal::LaunchConditionalMap(m.Device(hb, st, b),
+                                                     m.compute[b % streams]),
+                      "map launch");
+  }
+  REFIT_RETURN_IF_ERROR(m.Join(m.copy, streams));
+  st.mapped_status.assign(p.status_count, kStatusOk);
+  REFIT_CUDA_RETURN(cudaMemcpyAsync(st.mapped_status.data(), m.status.data(),
+                                    4 * uint64_t{p.status_count}, cudaMemcpyDeviceToHost, m.copy),
+                    "copy status");
+  REFIT_CUDA_RETURN(cudaStreamSynchronize(m.copy), "map");
+  st.mapped = true;
+  return Status::Ok();
+}
+
 Result<GpuApplyReport> Receiver::Run(std::span<const uint8_t> payload,
                                      const StagedDelta::Impl* staged,
                                      const PreparedDelta& p,
@@ -393,6 +438,12 @@ Result<GpuApplyReport> Receiver::Run(std::span<const uint8_t> payload,
         initial[i] = kStatusSkipped;
         ++report.chunks_skipped;
       }
+    }
+  }
+  // A chunk the mapping refused stays refused.
+  if (staged && staged->mapped) {
+    for (uint32_t i = 0; i < p.status_count; ++i) {
+      if (initial[i] == kStatusOk) initial[i] = staged->mapped_status[i];
     }
   }
   // A staged delta brings its own payload, metadata and scratch: only the
@@ -434,6 +485,7 @@ Result<GpuApplyReport> Receiver::Run(std::span<const uint8_t> payload,
     internal::BatchDevice d;
     if (staged) {
       d = m.Device(hb, *staged, b);
+      d.conditional_mapped = staged->mapped ? 1 : 0;
     } else {
       REFIT_RETURN_IF_ERROR(m.Upload(payload, hb, s));
       REFIT_CUDA_RETURN(cudaStreamWaitEvent(cs, m.copied[s], 0), "wait");

@@ -11,7 +11,9 @@
 //             (refused: Apply writes nothing).
 //   Stage     (optional, before the pause) copies every batch (payload,
 //             CPU-decoded dense bytes, metadata) into a device region of
-//             its own, with its own scratch.
+//             its own, with its own scratch; MapConditional then decodes
+//             its conditional XOR chunks against the base into XOR records
+//             there.
 //   Apply     (GPU, the pause) per batch: the payload is copied on a copy
 //             stream into one of up to 8 staging slots, and the batch is
 //             decoded and applied on that slot's compute stream as soon as
@@ -145,6 +147,17 @@ class Receiver {
   // the copies are complete.
   Result<std::unique_ptr<StagedDelta>> Stage(std::span<const uint8_t> payload,
                                              const PreparedDelta& prepared);
+
+  // Before the pause, for a staged delta whose ranges hold its base now:
+  // decodes its conditional XOR chunks (kind 5) against that base into
+  // XOR records in the staged scratch, writing no element, so that the
+  // pause only XORs them in as it does sparse XOR chunks. The ranges must
+  // not change until the staged delta is applied (a chunk mapped against
+  // another base applies wrong records, which the "after" check refuses
+  // and undoes). A chunk the decode refuses stays refused: Apply reports it
+  // as it would have. Does nothing for a delta without kind-5 chunks;
+  // FAILED_PRECONDITION for one already mapped.
+  Status MapConditional(StagedDelta& staged, const PreparedDelta& prepared);
 
   // Apply for a delta staged by this receiver's Stage from `prepared`:
   // the same guarantees and report; the batches run concurrently.

@@ -5,8 +5,9 @@
 // larger than the class-count tiles; hostile payloads refused without a
 // write; an "after" mismatch undone; a fold's versions through a
 // DeviceTarget, and the refusal of a kind-5 chunk that shares elements
-// with another chunk of one apply. Needs a CUDA GPU; run by hand
-// (tests/gpu/README.md), never under ctest.
+// with another chunk of one apply; each also staged and mapped against
+// the base before the pause (Receiver::MapConditional). Needs a CUDA GPU;
+// run by hand (tests/gpu/README.md), never under ctest.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 #include <xxhash.h>
@@ -158,11 +159,17 @@ void ApplyOnCpu(const Chunks& e, Bf16* t) {
   }
 }
 
+// How the GPU receiver applies a delta: through its staging slots, staged
+// in device memory, or staged and its kind-5 chunks mapped against the
+// base before the pause (Receiver::MapConditional).
+enum class Path { kSlots, kStaged, kMapped };
+
 // Applies `e` on the GPU to `a` (a [rows, cols] tensor, whole and
 // contiguous): Classify says "before" for every chunk, Apply gives `want`,
-// and a second Classify says "after". `staged`: through Receiver::Stage.
+// and a second Classify says "after".
 void CheckOnGpu(const Bf16& a, uint64_t rows, uint64_t cols, const Chunks& e, const Bf16& want,
-                bool staged) {
+                Path path) {
+  const bool staged = path != Path::kSlots;
   DeviceMem d(2 * a.size());
   Upload(d, a);
   PlacementPlan plan;
@@ -181,6 +188,12 @@ void CheckOnGpu(const Bf16& a, uint64_t rows, uint64_t cols, const Chunks& e, co
     auto st = (*rx)->Stage(e.buf, *prep);
     ASSERT_OK(st);
     resident = std::move(*st);
+    if (path == Path::kMapped) {
+      ASSERT_OK((*rx)->MapConditional(*resident, *prep));
+      EXPECT_EQ(Download(d, a.size()), a);  // nothing written before the pause
+      EXPECT_THAT((*rx)->MapConditional(*resident, *prep),
+                  StatusIs(StatusCode::kFailedPrecondition));
+    }
   }
   auto rep = staged ? (*rx)->Apply(*resident, *prep, &*states)
                     : (*rx)->Apply(e.buf, *prep, &*states);
@@ -222,9 +235,10 @@ TEST(GpuConditional, ContiguousRangesMatchCpu) {
         Bf16 cpu = a;
         ASSERT_NO_FATAL_FAILURE(ApplyOnCpu(e, &cpu));
         ASSERT_EQ(cpu, b);
-        ASSERT_NO_FATAL_FAILURE(CheckOnGpu(a, chunks * n, 1, e, cpu, /*staged=*/false));
+        ASSERT_NO_FATAL_FAILURE(CheckOnGpu(a, chunks * n, 1, e, cpu, Path::kSlots));
+        ASSERT_NO_FATAL_FAILURE(CheckOnGpu(a, chunks * n, 1, e, cpu, Path::kMapped));
         if (n > 1000 && rate > 0.01) {
-          ASSERT_NO_FATAL_FAILURE(CheckOnGpu(a, chunks * n, 1, e, cpu, /*staged=*/true));
+          ASSERT_NO_FATAL_FAILURE(CheckOnGpu(a, chunks * n, 1, e, cpu, Path::kStaged));
         }
       }
     }
@@ -260,8 +274,9 @@ TEST(GpuConditional, StridedRegionsMatchCpu) {
       if (e.spans.empty()) continue;
       Bf16 cpu = a;
       ASSERT_NO_FATAL_FAILURE(ApplyOnCpu(e, &cpu));
-      ASSERT_NO_FATAL_FAILURE(CheckOnGpu(a, sh.rows, sh.cols, e, cpu, /*staged=*/false));
-      ASSERT_NO_FATAL_FAILURE(CheckOnGpu(a, sh.rows, sh.cols, e, cpu, /*staged=*/true));
+      for (Path path : {Path::kSlots, Path::kStaged, Path::kMapped}) {
+        ASSERT_NO_FATAL_FAILURE(CheckOnGpu(a, sh.rows, sh.cols, e, cpu, path));
+      }
     }
   }
 }
@@ -301,6 +316,20 @@ Status CpuAndGpuAgree(const Bf16& base, const std::vector<uint8_t>& c) {
   }
   auto rep = (*rx)->Apply(c, *prep);
   EXPECT_EQ(rep.ok(), cpu_ok) << rep.status().ToString();
+  EXPECT_EQ(Download(d, base.size()), cpu_ok ? cpu : base);
+  // Staged and mapped before the pause: the same outcome, and a refusal
+  // found by the mapping is the pause's.
+  Upload(d, base);
+  auto staged = (*rx)->Stage(c, *prep);
+  EXPECT_OK(staged);
+  if (!staged.ok()) return staged.status();
+  EXPECT_OK((*rx)->MapConditional(**staged, *prep));
+  EXPECT_EQ(Download(d, base.size()), base);
+  auto mapped = (*rx)->Apply(**staged, *prep);
+  EXPECT_EQ(mapped.ok(), rep.ok()) << mapped.status().ToString();
+  if (!mapped.ok() && !rep.ok()) {
+    EXPECT_EQ(mapped.status().ToString(), rep.status().ToString());
+  }
   EXPECT_EQ(Download(d, base.size()), cpu_ok ? cpu : base);
   return rep.status();
 }
@@ -395,6 +424,15 @@ TEST(GpuConditional, AfterMismatchIsUndone) {
   EXPECT_EQ((*rx)->last_status()[1], kStatusAfterMismatch);
   Bf16 want = a;
   std::copy(b.begin(), b.begin() + n, want.begin());
+  EXPECT_EQ(Download(d, a.size()), want);
+  // Mapped before the pause: the same.
+  Upload(d, a);
+  auto staged = (*rx)->Stage(e.buf, *prep);
+  ASSERT_OK(staged);
+  ASSERT_OK((*rx)->MapConditional(**staged, *prep));
+  EXPECT_THAT((*rx)->Apply(**staged, *prep), StatusIs(StatusCode::kDataLoss));
+  EXPECT_EQ((*rx)->last_status()[0], kStatusOk);
+  EXPECT_EQ((*rx)->last_status()[1], kStatusAfterMismatch);
   EXPECT_EQ(Download(d, a.size()), want);
 }
 
