@@ -194,6 +194,10 @@ def main():
                          "commit, in the background")
     ap.add_argument("--profile", default="",
                     help="write a Chrome trace of the last version's activate() here")
+    ap.add_argument("--conditional", action="store_true",
+                    help="with --trainer file: versions may carry conditional XOR chunks "
+                         "(kind 5), which the GPU receiver decodes against its base before "
+                         "the pause")
     ap.add_argument("--json", default="")
     ap.add_argument("--role", default="trainer")
     ap.add_argument("--work", default="")
@@ -201,6 +205,8 @@ def main():
     args = ap.parse_args()
     if args.role == "receiver":
         return receiver_main(args)
+    if args.conditional and args.trainer != "file":
+        ap.error("--conditional needs --trainer file (the GPU encoder does not write kind 5)")
 
     from safetensors.torch import load_file, save_file
     work = args.work or tempfile.mkdtemp(prefix="refit-e2e-")
@@ -234,7 +240,8 @@ def main():
     t = time.perf_counter()
     if args.trainer == "file":
         pub = refit.Publisher(store, baseline=os.path.join(work, "baseline.safetensors"),
-                              members=["r0"], initial=bf16, vote_timeout=60)
+                              members=["r0"], initial=bf16, vote_timeout=60,
+                              conditional=args.conditional)
     else:
         durable = os.path.join(work, "durable.safetensors") if args.durable else None
         pub = refit.Publisher(store, members=["r0"], initial=bf16, vote_timeout=60,
