@@ -111,6 +111,9 @@ struct DeviceTarget::Impl {
     std::unique_ptr<StagedDelta> resident;
     uint64_t offset = 0;         // in the pinned staged payload
     std::vector<uint8_t> kinds;  // chunk kind by chunk index
+    // Its conditional chunks were mapped before the pause (resident):
+    // undone by XORing their records again, not from saved copies.
+    bool mapped = false;
   };
   // The staged versions; applied (or restored) ones are freed by the next
   // Begin(), outside the pause.
@@ -122,6 +125,8 @@ struct DeviceTarget::Impl {
   uint64_t pinned_size = 0;
   struct Saved {
     uint64_t address, length, offset;
+    size_t version;    // index in the staging
+    bool conditional;  // a kind-5 chunk's range
   };
   std::vector<Saved> saved;
   bool restorable = true;
@@ -201,6 +206,16 @@ struct DeviceTarget::Impl {
       }
       for (size_t c = 0; c < v.spans.size(); ++c) {
         if (applied[c] && IsXorKind(v.kinds[c])) undo.push_back(v.spans[c]);
+      }
+      if (v.mapped) {
+        // Mapped conditional chunks: their staged records again.
+        std::vector<bool> by_status(v.prepared.status_count, j < failed);
+        if (j == failed) {
+          for (size_t s = 0; s < status.size() && s < by_status.size(); ++s) {
+            by_status[s] = status[s] == kStatusOk;
+          }
+        }
+        REFIT_RETURN_IF_ERROR(v.receiver->UndoMapped(*v.resident, v.prepared, by_status));
       }
       if (undo.empty()) continue;
       REFIT_ASSIGN_OR_RETURN(Receiver * r,
@@ -351,10 +366,11 @@ Status DeviceTarget::Seal() {
   Impl& m = *impl_;
   REFIT_CUDA_RETURN(cudaSetDevice(m.opt.device), "cudaSetDevice");
   uint64_t offset = 0;
-  uint64_t saved_bytes = 0;
   m.saved.clear();
   m.restorable = true;
-  for (Impl::Version& v : m.staging.items()) {
+  for (size_t k = 0; k < m.staging.items().size(); ++k) {
+    Impl::Version& v = m.staging.items()[k];
+    v.mapped = false;
     REFIT_ASSIGN_OR_RETURN(v.receiver, m.ReceiverFor(*v.table, /*check=*/true));
     REFIT_ASSIGN_OR_RETURN(v.prepared, v.receiver->Prepare(v.bytes, v.spans));
     v.offset = offset;
@@ -365,7 +381,8 @@ Status DeviceTarget::Seal() {
         const uint32_t index = v.prepared.chunk_of_status[c.status_index];
         // A conditional XOR chunk (kind 5) runs as a sparse XOR one on the
         // device, but applying it again decodes it against its after state:
-        // its range is saved like an overwrite chunk's, and restored.
+        // its range is saved like an overwrite chunk's, and restored
+        // (unless it is mapped before the pause, below).
         v.kinds[index] =
             c.conditional ? static_cast<uint8_t>(codec::ChunkKind::kConditionalXor) : c.kind;
         if (IsXorKind(v.kinds[index])) continue;
@@ -375,12 +392,10 @@ Status DeviceTarget::Seal() {
         }
         // A strided region's span, its rows and what lies between them.
         const uint64_t length = RegionSpan(c.n, c.run, c.stride) * c.width;
-        m.saved.push_back({c.linear_address, length, saved_bytes});
-        saved_bytes += (length + 255) & ~uint64_t{255};
+        m.saved.push_back({c.linear_address, length, 0, k, c.conditional != 0});
       }
     }
   }
-  REFIT_RETURN_IF_ERROR(m.backup.Reserve(saved_bytes));
   // On the device when every version's batches fit: each batch then sits in
   // a region of its own, so that the pause launches them all at once.
   uint64_t resident = 0;
@@ -397,9 +412,12 @@ Status DeviceTarget::Seal() {
     // The first version's base is what the GPU holds now: its conditional
     // XOR chunks are decoded against it here, so that the pause only XORs
     // their records in. A later version's base exists only in the pause.
+    // Its records, kept there, also undo it: its ranges need no copy.
     if (!m.staging.items().empty()) {
       Impl::Version& first = m.staging.items().front();
       REFIT_RETURN_IF_ERROR(first.receiver->MapConditional(*first.resident, first.prepared));
+      first.mapped = true;
+      std::erase_if(m.saved, [](const Impl::Saved& s) { return s.version == 0 && s.conditional; });
     }
   } else {
     for (Impl::Version& v : m.staging.items()) v.resident.reset();
@@ -418,6 +436,12 @@ Status DeviceTarget::Seal() {
   }
   // The ranges that only a copy restores (overwrite and conditional
   // chunks), saved now: nothing writes them until the pause.
+  uint64_t saved_bytes = 0;
+  for (Impl::Saved& s : m.saved) {
+    s.offset = saved_bytes;
+    saved_bytes += (s.length + 255) & ~uint64_t{255};
+  }
+  REFIT_RETURN_IF_ERROR(m.backup.Reserve(saved_bytes));
   for (const Impl::Saved& s : m.saved) {
     REFIT_CUDA_RETURN(
         cudaMemcpyAsync(m.backup.bytes() + s.offset,

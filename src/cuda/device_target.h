@@ -14,23 +14,24 @@
 // over the bus, through the GPU receiver's slots). Staged in device
 // memory, the first version's conditional XOR chunks (kind 5) are decoded
 // against the base the GPU holds into XOR records
-// (cuda::Receiver::MapConditional), so that the pause only XORs them in.
-// The ranges of non-XOR chunks and of conditional XOR chunks (which decode
-// only against their base) are saved on the device, for a restore; Seal()
-// saves them, since nothing writes the tensors between it and the pause.
+// (cuda::Receiver::MapConditional), so that the pause only XORs them in,
+// and a restore XORs them in again. The ranges of non-XOR chunks and of
+// the other conditional XOR chunks (which decode only against their base)
+// are saved on the device, for a restore; Seal() saves them, since nothing
+// writes the tensors between it and the pause.
 //
 // The pause (Apply): the versions are applied one after another (one GPU
 // apply each, so a later version's conditional chunks decode against their
 // ranges as the version before left them), each chunk's range checked on
 // the device to its "after" hash (when every placement stores its
 // canonical tensor contiguously; see verify in pipeline.h). On any
-// failure, the applied chunks are undone (XOR chunks by applying them
-// again, others, kind 5 included, from their saved ranges) and every
-// tensor the target can hash is checked to hold its hash from before the
-// pause.
+// failure, the applied chunks are undone (XOR chunks and mapped
+// conditional ones by applying their records again, others from their
+// saved ranges) and every tensor the target can hash is checked to hold
+// its hash from before the pause.
 //
 // Device memory: the staged payload, the GPU receiver's decode arena
-// (`apply_staging_bytes`), the saved ranges of non-XOR chunks; usage()
+// (`apply_staging_bytes`), the saved ranges; usage()
 // reports them. Not thread-safe.
 #ifndef REFIT_CUDA_DEVICE_TARGET_H_
 #define REFIT_CUDA_DEVICE_TARGET_H_

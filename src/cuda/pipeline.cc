@@ -411,6 +411,34 @@ Status Receiver::MapConditional(StagedDelta& staged, const PreparedDelta& p) {
   return Status::Ok();
 }
 
+Status Receiver::UndoMapped(const StagedDelta& staged, const PreparedDelta& p,
+                            const std::vector<bool>& applied) {
+  Impl& m = *impl_;
+  const StagedDelta::Impl& st = *staged.impl_;
+  if (st.owner != impl_.get() || st.batches != p.batches.size() || !st.mapped ||
+      applied.size() != p.status_count) {
+    return InvalidArgumentError("UndoMapped needs a mapped delta staged by this receiver "
+                                "from this preparation, and a flag per chunk");
+  }
+  std::vector<uint32_t> status(p.status_count);
+  for (uint32_t i = 0; i < p.status_count; ++i) {
+    status[i] = applied[i] ? kStatusOk : kStatusSkipped;
+  }
+  REFIT_RETURN_IF_ERROR(m.status.Reserve(4 * uint64_t{p.status_count}));
+  REFIT_CUDA_RETURN(cudaMemcpyAsync(m.status.data(), status.data(), 4 * status.size(),
+                                    cudaMemcpyHostToDevice, m.copy),
+                    "copy status");
+  for (size_t b = 0; b < p.batches.size(); ++b) {
+    const HostBatch& hb = p.batches[b];
+    if (hb.conditional == 0) continue;
+    internal::BatchDevice d = m.Device(hb, st, b);
+    d.conditional_mapped = 1;
+    REFIT_CUDA_RETURN(internal::LaunchConditional(d, m.copy), "undo launch");
+  }
+  REFIT_CUDA_RETURN(cudaStreamSynchronize(m.copy), "undo");
+  return Status::Ok();
+}
+
 Result<GpuApplyReport> Receiver::Run(std::span<const uint8_t> payload,
                                      const StagedDelta::Impl* staged,
                                      const PreparedDelta& p,

@@ -159,6 +159,13 @@ class Receiver {
   // FAILED_PRECONDITION for one already mapped.
   Status MapConditional(StagedDelta& staged, const PreparedDelta& prepared);
 
+  // Undoes, for a staged delta whose conditional chunks were mapped, the
+  // mapped chunks that an Apply of it wrote: those with `applied[i]` (by
+  // status index) XOR their records in again, with no check. The others,
+  // and every other kind, are left alone. Returns when done.
+  Status UndoMapped(const StagedDelta& staged, const PreparedDelta& prepared,
+                    const std::vector<bool>& applied);
+
   // Apply for a delta staged by this receiver's Stage from `prepared`:
   // the same guarantees and report; the batches run concurrently.
   Result<GpuApplyReport> Apply(const StagedDelta& staged,
