@@ -10,7 +10,8 @@ active, against the slowest rank's detect + encode + upload; the coordinator's p
 (VmHWM of its own process, after imports, after opening, after the
 version), the disk it uses, and where the last receiver to activate spent
 its step (StepResult.stages) are reported. `--receivers memory` runs two
-in-memory receivers (host NumPy tensors loaded from the base) instead.
+in-memory receivers (host NumPy tensors loaded from the base) instead, and
+`--receivers gpu` two receivers of CUDA tensors (PyTorch) on one GPU.
 
 Every tensor of the synthetic model, and its changed positions, come from
 a generator seeded by the tensor's index, so a rank process makes only the
@@ -19,7 +20,7 @@ its share of the model (several GiB models are practical).
 
   PYTHONPATH=build/release/python python3 python/bench/ranks_direct.py \\
       --refit build/release/tools/refit/refit [--hidden 1024 --layers 8] \\
-      [--receivers checkpoint|memory]
+      [--receivers checkpoint|memory|gpu]
 """
 
 import argparse
@@ -138,6 +139,16 @@ def receiver_main(store, member, ckpt, kind, versions, queue):
     if kind == "checkpoint":
         rcv = refit.Receiver(store, member=member, checkpoint_dir=ckpt, key=KEY,
                              decision_timeout=600)
+    elif kind == "gpu":
+        # CUDA tensors copied from the base, applied on the GPU (a two-phase
+        # receiver: the version staged in device memory, then the pause).
+        import torch
+        base = refit.load(ckpt)
+        tensors = {name: torch.from_numpy(np.array(base[name]).view(np.int16))
+                   .view(torch.bfloat16).cuda() for name in base}
+        del base
+        rcv = refit.Receiver(store, member=member, tensors=tensors, key=KEY,
+                             decision_timeout=600, staging_bytes=2 << 30)
     else:
         # Host tensors in this process's memory, copied from the base.
         base = refit.load(ckpt)
@@ -206,7 +217,7 @@ def run_path(direct, work, layout_path, base, nranks, rate, receivers, versions)
     members = ["r0", "r1"]
     ckpts = []
     for m in members:
-        if receivers == "memory":
+        if receivers in ("memory", "gpu"):
             ckpts.append(base)  # each loads its tensors from the base
             continue
         ck = os.path.join(work, f"{m}-{'direct' if direct else 'parts'}.safetensors")
@@ -282,9 +293,10 @@ def main():
     ap.add_argument("--versions", type=int, default=3,
                     help="versions published one after another; from the second on, "
                          "receivers reuse the digests they kept (the steady state)")
-    ap.add_argument("--receivers", choices=("checkpoint", "memory"), default="checkpoint",
-                    help="two checkpoint receivers (files) or two in-memory receivers "
-                         "(host NumPy tensors loaded from the base)")
+    ap.add_argument("--receivers", choices=("checkpoint", "memory", "gpu"), default="checkpoint",
+                    help="two checkpoint receivers (files), two in-memory receivers "
+                         "(host NumPy tensors loaded from the base) or two GPU receivers "
+                         "(CUDA tensors on the first GPU)")
     ap.add_argument("--paths", default="direct,assembled",
                     help="which paths to run, in order: direct, assembled or both")
     ns = ap.parse_args()
