@@ -161,7 +161,13 @@ def receiver_main(store, member, ckpt, kind, versions, queue):
         report = rcv.sync(v, timeout=600)
         done = time.time()
         steps = [s for s in report.steps if s.version == v and s.outcome == "committed"]
-        rows.append((done, steps[-1].stages if steps else {}))
+        stages = dict(steps[-1].stages) if steps else {}
+        if steps and kind == "gpu":
+            # A two-phase step fills its own fields instead of the stages.
+            s = steps[-1]
+            stages = {"tail": s.tail_seconds, "seal": s.seal_seconds,
+                      "after_hash": s.after_hash_seconds, "pause": s.pause_seconds}
+        rows.append((done, stages))
     queue.put(("receiver", member, rows))
     rcv.close()
 
