@@ -884,6 +884,7 @@ void BindReports(py::module_& m) {
       .def_readonly("staged_device_bytes", &StepResult::staged_device_bytes)
       .def_readonly("seal_seconds", &StepResult::seal_seconds)
       .def_readonly("after_hash_seconds", &StepResult::after_hash_seconds)
+      .def_readonly("base_from_kept_digests", &StepResult::base_from_kept_digests)
       .def_readonly("changed_tensors", &StepResult::changed_tensors)
       .def_property_readonly(
           "stages",

@@ -154,6 +154,10 @@ struct StepResult {
   // and, for a direct version, computing the tensors' hashes after it.
   double seal_seconds = 0;
   double after_hash_seconds = 0;
+  // The version's base was checked from the digests the receiver kept
+  // from the version before (ReceiverOptions::full_base_check_every)
+  // instead of by reading every tensor.
+  bool base_from_kept_digests = false;
   // Where a version's step spent its time (seconds), for benchmarks: wall
   // time of the stepping thread in each part, except apply_cpu, which sums
   // the apply workers' time (it overlaps the other parts). Filled by steps

@@ -73,6 +73,7 @@ Result<StepResult> VersionApply::Run() {
   REFIT_ASSIGN_OR_RETURN(decision_, r_.ReadDecision(a_.version));
   digests_.emplace(a_.tensors.size(), ApplyThreads(opt_.threads));
   reused_digests_ = SeedDigests();
+  result_.base_from_kept_digests = reused_digests_;
   if (opt_.early_writeback) flusher_.emplace(*b_);
   if (decision_ && !decision_->commit) return Aborted();
   if (state_->failed) return AfterFailedVote();
