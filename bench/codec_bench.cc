@@ -79,6 +79,27 @@ void BM_EncodeSparse(benchmark::State& state) {
   SetCounters(state, in.positions.size(), out.size());
 }
 
+// Arg 0: per mille changed; arg 1: the lane kernel (internal::LaneKernel,
+// 0 portable, 1 AVX2): the kernels side by side in one run.
+void BM_EncodeSparseWith(benchmark::State& state) {
+  const SparseInput& in = Sparse(static_cast<int>(state.range(0)));
+  const auto kernel = static_cast<internal::LaneKernel>(state.range(1));
+  if (!internal::LaneKernelSupported(kernel)) {
+    state.SkipWithError("lane kernel not supported on this CPU");
+    return;
+  }
+  std::vector<uint8_t> out;
+  for (auto _ : state) {
+    out.clear();
+    const Status s = internal::EncodeSparseWith(kernel, ChunkKind::kSparseXor, kElements, kWidth,
+                                                in.positions, in.values.data(), EncodeOptions(),
+                                                &out);
+    if (!s.ok()) state.SkipWithError(s.ToString().c_str());
+    benchmark::DoNotOptimize(out.data());
+  }
+  SetCounters(state, in.positions.size(), out.size());
+}
+
 // Times decode(payload, positions, values) of the k records that encode(out)
 // wrote; `elements` per iteration.
 template <typename EncodeFn, typename DecodeFn>
@@ -240,6 +261,10 @@ void BM_DecodeStep(benchmark::State& state) {
 
 // Arguments are the change rate in per mille.
 BENCHMARK(BM_EncodeSparse)->Arg(10)->Arg(30)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_EncodeSparseWith)
+    ->ArgNames({"per_mille", "kernel"})
+    ->ArgsProduct({{10, 30}, {0, 1}})
+    ->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_DecodeSparse)->Arg(10)->Arg(30)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_EncodeDense)->Arg(500)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_DecodeDense)->Arg(500)->Unit(benchmark::kMillisecond);

@@ -215,7 +215,7 @@ struct Kernels {
 
 Kernels PickKernels() {
   Kernels k{&internal::ClassifyBaseline, &internal::PlaceBaseline};
-#if defined(REFIT_CONDITIONAL_X86)
+#if defined(REFIT_CODEC_X86)
   __builtin_cpu_init();
   if (__builtin_cpu_supports("avx2")) k.classify = &internal::ClassifyAvx2;
   // PDEP is microcoded (hundreds of cycles) on AMD before Zen 3.

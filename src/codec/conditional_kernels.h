@@ -41,7 +41,7 @@ void ClassifyBaseline(const uint8_t* base, uint32_t blocks, uint32_t lo,
 void PlaceBaseline(const ConditionalBlock* classes, uint32_t blocks,
                    uint64_t valid_last, const uint64_t* changed, uint64_t off[8],
                    uint64_t* hits);
-#if defined(REFIT_CONDITIONAL_X86)
+#if defined(REFIT_CODEC_X86)
 void ClassifyAvx2(const uint8_t* base, uint32_t blocks, uint32_t lo,
                   ConditionalBlock* out);
 // With PDEP (BMI2), one instruction per class and block.

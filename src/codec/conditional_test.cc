@@ -169,7 +169,7 @@ TEST(ConditionalTest, TruncatedOrCorruptPayloadsNeverCrash) {
 // The kernels for other instruction sets return what the baseline does
 // (the payload must never depend on the CPU).
 TEST(ConditionalKernelTest, EveryKernelAgreesWithTheBaseline) {
-#if defined(REFIT_CONDITIONAL_X86)
+#if defined(REFIT_CODEC_X86)
   if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("bmi2")) {
     GTEST_SKIP() << "this CPU has no AVX2 + BMI2";
   }

@@ -9,6 +9,7 @@
 
 #include "base/bytes.h"
 #include "codec/rans.h"
+#include "codec/rans_kernels.h"
 #include "codec/sparse_plane.h"
 #include "codec/table.h"
 
@@ -57,10 +58,35 @@ struct CodedPlanes {
   std::vector<const DecPlane*> dec;
 };
 
+// The kernel that codes eight lanes at a time, or nullptr for the
+// portable code alone.
+internal::SparseLanesFn LanesKernel(internal::LaneKernel kernel) {
+#if defined(REFIT_CODEC_X86)
+  if (kernel == internal::LaneKernel::kAvx2) return &internal::EncodeSparseLanesAvx2;
+#endif
+  (void)kernel;
+  return nullptr;
+}
+
+// A coded plane's lookups for the lane kernels; false where a frequency or
+// the precision falls outside what SparseLanePlane holds.
+bool BuildLanePlane(const Model& m, const EncPlane& enc, uint32_t shift,
+                    internal::SparseLanePlane* p) {
+  if (m.t < 1 || m.t > kMaxPrecision) return false;
+  p->t = static_cast<uint32_t>(m.t);
+  p->shift = shift;
+  for (int s = 0; s < 256; ++s) {
+    const uint32_t f = m.f[s];
+    if (f >= (uint32_t{1} << 15)) return false;
+    p->fb[s] = f | enc.sym[s].bias << 16;
+  }
+  return true;
+}
+
 // The sparse encoder's two passes, specialized on the element width so the
 // per-record value copies compile to single loads and stores.
 template <int W>
-Status EncodeSparseW(ChunkKind kind, uint32_t n,
+Status EncodeSparseW(internal::SparseLanesFn kernel, ChunkKind kind, uint32_t n,
                      std::span<const uint32_t> positions, const uint8_t* values,
                      const EncodeOptions& opt, std::vector<uint8_t>* out) {
   const uint32_t k = static_cast<uint32_t>(positions.size());
@@ -118,6 +144,32 @@ Status EncodeSparseW(ChunkKind kind, uint32_t n,
   out->insert(out->end(), header.begin(), header.end());
   const int lanes = ChooseLanes(k, opt.records_per_lane, !coded.index.empty());
   const uint32_t* pos = positions.data();
+  // The kernel takes whole groups of eight lanes; the portable loops code
+  // the rest.
+  const uint32_t L = static_cast<uint32_t>(lanes);
+  const uint32_t groups = kernel != nullptr && !coded.index.empty() ? L / 8 : 0;
+  std::vector<internal::SparseLanePlane> lane_planes;
+  if (groups > 0) {
+    lane_planes.resize(coded.index.size());
+    for (size_t c = 0; c < coded.index.size(); ++c) {
+      const int j = coded.index[c];
+      if (!BuildLanePlane(models[j], enc[j], SparsePlaneAt(j, gw).shift(), &lane_planes[c])) {
+        lane_planes.clear();
+        break;
+      }
+    }
+  }
+  const auto bulk = [&](uint32_t rounds, uint16_t* words, uint32_t* state,
+                        uint16_t** ptr) -> uint32_t {
+    if (lane_planes.empty()) return 0;
+    std::array<uint32_t, kMaxLanes> end;
+    for (uint32_t j = 0; j < 8 * groups; ++j) end[j] = static_cast<uint32_t>(ptr[j] - words);
+    kernel(internal::SparseLaneJob{pos, values, W, L, rounds, groups,
+                                   static_cast<int>(lane_planes.size()),
+                                   lane_planes.data(), state, end.data(), words});
+    for (uint32_t j = 0; j < 8 * groups; ++j) ptr[j] = words + end[j];
+    return 8 * groups;
+  };
   // Pass 2: symbols are recomputed per record rather than stored; the gap's
   // bytes, then the value's, are the planes in order (SparsePlaneAt).
   EncodeStream(
@@ -127,7 +179,7 @@ Status EncodeSparseW(ChunkKind kind, uint32_t n,
         std::memcpy(syms, &gap, 4);
         std::memcpy(syms + gw, values + static_cast<size_t>(i) * W, W);
       },
-      out);
+      out, bulk);
   return Status::Ok();
 }
 
@@ -473,9 +525,30 @@ Status ReadDensePlane(ByteReader* r, uint32_t n, int w, int j, uint8_t* out,
 
 }  // namespace
 
-Status EncodeSparse(ChunkKind kind, uint32_t n, int w,
-                    std::span<const uint32_t> positions, const uint8_t* values,
-                    const EncodeOptions& opt, std::vector<uint8_t>* out) {
+namespace internal {
+
+bool LaneKernelSupported(LaneKernel kernel) {
+  switch (kernel) {
+    case LaneKernel::kPortable:
+      return true;
+#if defined(REFIT_CODEC_X86)
+    // libgcc's check includes the OS having enabled the YMM state.
+    case LaneKernel::kAvx2:
+      __builtin_cpu_init();
+      return __builtin_cpu_supports("avx2");
+#endif
+    default:
+      return false;
+  }
+}
+
+Status EncodeSparseWith(LaneKernel kernel, ChunkKind kind, uint32_t n, int w,
+                        std::span<const uint32_t> positions,
+                        const uint8_t* values, const EncodeOptions& opt,
+                        std::vector<uint8_t>* out) {
+  if (!LaneKernelSupported(kernel)) {
+    return InvalidArgumentError("lane kernel not supported on this CPU");
+  }
   REFIT_RETURN_IF_ERROR(CheckSparseArgs(kind, n, w, positions.size()));
   if (values == nullptr || out == nullptr) {
     return InvalidArgumentError("null values or output");
@@ -483,10 +556,25 @@ Status EncodeSparse(ChunkKind kind, uint32_t n, int w,
   if (opt.records_per_lane == 0) {
     return InvalidArgumentError("records_per_lane must be >= 1");
   }
+  const SparseLanesFn fn = LanesKernel(kernel);
   return DispatchWidth(w, [&](auto width) {
-    return EncodeSparseW<decltype(width)::value>(kind, n, positions, values,
+    return EncodeSparseW<decltype(width)::value>(fn, kind, n, positions, values,
                                                  opt, out);
   });
+}
+
+}  // namespace internal
+
+Status EncodeSparse(ChunkKind kind, uint32_t n, int w,
+                    std::span<const uint32_t> positions, const uint8_t* values,
+                    const EncodeOptions& opt, std::vector<uint8_t>* out) {
+  // Picked once: EncodeSparse runs per chunk.
+  static const internal::LaneKernel best =
+      internal::LaneKernelSupported(internal::LaneKernel::kAvx2)
+          ? internal::LaneKernel::kAvx2
+          : internal::LaneKernel::kPortable;
+  return internal::EncodeSparseWith(best, kind, n, w, positions, values, opt,
+                                    out);
 }
 
 Status DecodeSparse(std::span<const uint8_t> payload, ChunkKind kind,

@@ -104,6 +104,26 @@ struct PayloadInfo {
   uint64_t table_bytes = 0;  // bytes spent on model descriptions
 };
 
+namespace internal {
+
+// How EncodeSparse codes its rANS lanes: the portable code (the oracle), or
+// eight lanes at a time with AVX2 where the CPU has it. Every kernel gives
+// the same bytes; EncodeSparse uses the best one this CPU supports.
+enum class LaneKernel : int { kPortable = 0, kAvx2 = 1 };
+
+// Whether this CPU (and this build) can run `kernel`.
+bool LaneKernelSupported(LaneKernel kernel);
+
+// EncodeSparse with the lanes coded by `kernel`, for tests and benchmarks
+// that compare kernels. Requires LaneKernelSupported(kernel) (else
+// kInvalidArgument) and EncodeSparse's requirements.
+Status EncodeSparseWith(LaneKernel kernel, ChunkKind kind, uint32_t n, int w,
+                        std::span<const uint32_t> positions,
+                        const uint8_t* values, const EncodeOptions& opt,
+                        std::vector<uint8_t>* out);
+
+}  // namespace internal
+
 // Parses a payload's structure (models and lane framing, not the symbols).
 // kind selects sparse or dense; k is ignored for dense kinds.
 Result<PayloadInfo> DescribePayload(std::span<const uint8_t> payload,

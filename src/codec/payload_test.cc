@@ -186,6 +186,61 @@ TEST(SparseTest, LaneSettings) {
   }
 }
 
+// Every lane kernel writes the portable code's bytes: widths, densities and
+// value spreads that make every plane mode appear, lane counts below,
+// at and between multiples of eight, a last round of every fill, and wide
+// gaps (gap planes 2 and 3 coded).
+TEST(SparseTest, LaneKernelsAgreeWithThePortableCode) {
+  using internal::LaneKernel;
+  if (!internal::LaneKernelSupported(LaneKernel::kAvx2)) {
+    GTEST_SKIP() << "no AVX2 on this CPU";
+  }
+  const auto expect_same = [](const Sparse& s, ChunkKind kind, uint32_t rpl) {
+    SCOPED_TRACE("w=" + std::to_string(s.w) + " k=" + std::to_string(s.k()) +
+                 " records_per_lane=" + std::to_string(rpl));
+    EncodeOptions opt;
+    opt.records_per_lane = rpl;
+    std::vector<uint8_t> portable, avx2;
+    ASSERT_OK(internal::EncodeSparseWith(LaneKernel::kPortable, kind, s.n, s.w,
+                                         s.positions, s.values.data(), opt, &portable));
+    ASSERT_OK(internal::EncodeSparseWith(LaneKernel::kAvx2, kind, s.n, s.w,
+                                         s.positions, s.values.data(), opt, &avx2));
+    EXPECT_EQ(avx2, portable);
+  };
+  uint64_t seed = 1;
+  for (int w : {1, 2, 4, 8}) {
+    for (uint32_t per_mille : {3u, 30u, 300u, 1000u}) {
+      const Sparse s = MakeSparse(30011, w, per_mille, seed++);
+      for (uint32_t rpl : {1u, 3u, 8u, 61u, 1024u}) {
+        expect_same(s, ChunkKind::kSparseXor, rpl);
+      }
+      // Values spread over every byte: uniform and table models.
+      Sparse wide = s;
+      std::mt19937_64 rng(seed++);
+      for (size_t i = 0; i < wide.values.size(); ++i) {
+        wide.values[i] = static_cast<uint8_t>(rng());
+      }
+      expect_same(wide, ChunkKind::kSparseOverwrite, 5);
+    }
+  }
+  // One wide gap among small ones: 3 and 4 gap bytes.
+  for (uint32_t wide_gap : {(1u << 20) + 7, (1u << 28) - 200000}) {
+    Sparse s;
+    s.n = kMaxChunkElements;
+    s.w = 2;
+    std::mt19937_64 rng(seed++);
+    uint64_t p = 0;
+    for (int r = 0; r < 4000; ++r) {
+      p += r == 3000 ? wide_gap : rng() % 40;
+      s.positions.push_back(static_cast<uint32_t>(p++));
+      const uint64_t v = DrawXor(rng, 2);
+      s.values.push_back(static_cast<uint8_t>(v));
+      s.values.push_back(static_cast<uint8_t>(v >> 8));
+    }
+    for (uint32_t rpl : {1u, 9u, 100u}) expect_same(s, ChunkKind::kSparseXor, rpl);
+  }
+}
+
 TEST(SparseTest, RejectsBadArguments) {
   const Sparse s = MakeSparse(1000, 2, 30, 1);
   std::vector<uint8_t> out;

@@ -18,6 +18,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "base/bytes.h"
@@ -105,13 +106,28 @@ inline uint8_t DecStep(const uint8_t* symbol, const uint32_t* entry,
 
 }  // namespace internal
 
+// EncodeStream's `bulk` when nothing codes lanes in bulk.
+struct NoBulkLanes {
+  uint32_t operator()(uint32_t, uint16_t*, uint32_t*, uint16_t**) const {
+    return 0;
+  }
+};
+
 // Encodes a stream and appends it to *out. `coded` lists the coded planes in
 // plane order with their tables; fill(i, syms) must write record i's symbols
 // into syms[0 .. P-1] (only the coded entries are read).
-template <typename Fill>
+//
+// bulk(rounds, words, state, ptr) may code a prefix of the lanes in one go
+// (a vector kernel, rans_kernels.h): lanes [0, m) for the m it returns, each
+// its records r * L + j for r < rounds (the rounds in which every lane has a
+// record), last round first, updating state[j] and ptr[j] (the lane's words
+// start at ptr[j], inside `words`) exactly as the loops below would. It is
+// called once, after the records past rounds * L; returning 0 leaves every
+// record to the loops.
+template <typename Fill, typename Bulk = NoBulkLanes>
 void EncodeStream(uint32_t n_records, int lanes, std::span<const int> coded,
                   std::span<const EncPlane* const> enc, Fill&& fill,
-                  std::vector<uint8_t>* out) {
+                  std::vector<uint8_t>* out, Bulk&& bulk = Bulk()) {
   const int nc = static_cast<int>(coded.size());
   const uint32_t L = static_cast<uint32_t>(lanes);
   // Each coded symbol emits at most one word (t <= 15), so lane j needs at
@@ -145,8 +161,36 @@ void EncodeStream(uint32_t n_records, int lanes, std::span<const int> coded,
     }
     constexpr uint32_t G = internal::kRansGroup;
     std::array<std::array<uint8_t, kMaxPlanes>, G> syms{};
+    // One record, alone in its chain.
+    const auto code_one = [&](uint32_t rec, uint32_t lane) {
+      fill(rec, syms[0].data());
+      uint32_t x = state[lane];
+      uint16_t* p = ptr[lane];
+      for (int c = nc - 1; c >= 0; --c) {
+        internal::EncStep(sym[c][syms[0][index[c]]], shift[c], &x, &p);
+      }
+      state[lane] = x;
+      ptr[lane] = p;
+    };
     uint32_t i = n_records;            // records [0, i) are left
     uint32_t j = (n_records - 1) % L;  // the lane of record i - 1
+    if constexpr (!std::is_same_v<std::remove_cvref_t<Bulk>, NoBulkLanes>) {
+      const uint32_t rounds = n_records / L;
+      if (rounds > 0) {
+        // The records past the full rounds are the last of their lanes.
+        for (; i > rounds * L; --i) code_one(i - 1, i - 1 - rounds * L);
+        j = L - 1;
+        const uint32_t done = bulk(rounds, words.get(), state.data(), ptr.data());
+        if (done > 0) {
+          // The other lanes round by round: each lane is one chain, and
+          // the lanes of a round overlap.
+          for (uint32_t r = rounds; r-- > 0;) {
+            for (uint32_t lane = done; lane < L; ++lane) code_one(r * L + lane, lane);
+          }
+          i = 0;
+        }
+      }
+    }
     // G consecutive records sit in G distinct lanes: coding them plane by
     // plane side by side hands the CPU G independent chains at once.
     if (L >= G) {
@@ -180,14 +224,7 @@ void EncodeStream(uint32_t n_records, int lanes, std::span<const int> coded,
       }
     }
     for (; i > 0; --i) {
-      fill(i - 1, syms[0].data());
-      uint32_t x = state[j];
-      uint16_t* p = ptr[j];
-      for (int c = nc - 1; c >= 0; --c) {
-        internal::EncStep(sym[c][syms[0][index[c]]], shift[c], &x, &p);
-      }
-      state[j] = x;
-      ptr[j] = p;
+      code_one(i - 1, j);
       j = j == 0 ? L - 1 : j - 1;
     }
   }
