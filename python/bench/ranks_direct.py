@@ -163,10 +163,12 @@ def receiver_main(store, member, ckpt, kind, versions, queue):
         steps = [s for s in report.steps if s.version == v and s.outcome == "committed"]
         stages = dict(steps[-1].stages) if steps else {}
         if steps and kind == "gpu":
-            # A two-phase step fills its own fields instead of the stages.
+            # A two-phase step has fields of its own besides some stages.
             s = steps[-1]
-            stages = {"tail": s.tail_seconds, "seal": s.seal_seconds,
-                      "after_hash": s.after_hash_seconds, "pause": s.pause_seconds}
+            stages = {k: x for k, x in stages.items()
+                      if k in ("base_check", "vote", "decision_wait")}
+            stages.update({"tail": s.tail_seconds, "seal": s.seal_seconds,
+                           "after_hash": s.after_hash_seconds, "pause": s.pause_seconds})
         rows.append((done, stages))
     queue.put(("receiver", member, rows))
     rcv.close()

@@ -115,6 +115,7 @@ class StepResult:
     staged_device_bytes: int
     seal_seconds: float
     after_hash_seconds: float
+    base_from_kept_digests: bool
     # Seconds of a step that applied one version, by part (base_check, fetch,
     # chunk_wait, apply_wait, apply_cpu, check, flush, vote, decision_wait,
     # activate); zeros otherwise.

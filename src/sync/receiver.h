@@ -161,7 +161,9 @@ struct StepResult {
   // Where a version's step spent its time (seconds), for benchmarks: wall
   // time of the stepping thread in each part, except apply_cpu, which sums
   // the apply workers' time (it overlaps the other parts). Filled by steps
-  // that apply one version; zero otherwise.
+  // that apply one version; zero otherwise. A two-phase receiver's prepare
+  // fills base_check, vote and decision_wait (its staging and after-hashes
+  // are seal_seconds and after_hash_seconds, its pause pause_seconds).
   struct Stages {
     double base_check = 0;     // hashing tensors to check the base
     double fetch = 0;          // reading and checking chunks and the manifest

@@ -178,7 +178,9 @@ Result<StepResult> StagedPrepare::Chain(bool vote, bool* version_fault) {
   result_.versions_folded = chain.size();
   StagedTarget& target = *opt_.staged;
   REFIT_RETURN_IF_ERROR(target.Begin());
+  const Clock::time_point checking = Clock::now();
   REFIT_RETURN_IF_ERROR(CheckBase(version_fault));
+  result_.stages.base_check = SecondsSince(checking);
   manifests_.resize(chain.size());
   for (size_t k = 0; k < chain.size(); ++k) {
     if (k > 0) {
@@ -230,12 +232,16 @@ Result<StepResult> StagedPrepare::Chain(bool vote, bool* version_fault) {
       }
       ready.tensors = std::move(*after);
     }
+    const Clock::time_point voting = Clock::now();
     REFIT_RETURN_IF_ERROR(
         r_.store_->Put(VoteKey(v, opt_.member), opt_.auth.SealMember(EncodeVote(ready))));
+    result_.stages.vote = SecondsSince(voting);
+    const Clock::time_point waiting = Clock::now();
     std::optional<Decision> decision;
     REFIT_RETURN_IF_ERROR(r_.AwaitDecision(
         v, &decision, "ready for",
         "nothing was written and the next step prepares it again"));
+    result_.stages.decision_wait = SecondsSince(waiting);
     if (!decision->commit) {
       REFIT_RETURN_IF_ERROR(target.Begin());
       result_.outcome = StepResult::Outcome::kAborted;
