@@ -288,6 +288,31 @@ void FixChecksum(std::vector<uint8_t>* chunk) {
   std::memcpy(chunk->data() + chunk->size() - 4, &c, 4);
 }
 
+// `chunk` with a wrong "after" hash: its records decode and apply, and the
+// range then fails the check.
+std::vector<uint8_t> WithWrongAfter(const std::vector<uint8_t>& chunk) {
+  auto pc = ParseChunk(chunk);
+  EXPECT_OK(pc);
+  if (!pc.ok()) return chunk;
+  ChunkHeader h = pc->header;
+  h.after.lo ^= 1;
+  std::vector<uint8_t> payload(pc->payload.begin(), pc->payload.end());
+  std::vector<uint8_t> out;
+  SerializeChunk(h, payload, &out);
+  return out;
+}
+
+// The tensor table of one BF16 tensor "t" of [rows, cols].
+std::vector<TensorEntry> OneTensorTable(uint64_t rows, uint64_t cols) {
+  std::vector<TensorEntry> table(1);
+  table[0].name = "t";
+  table[0].dtype = "BF16";
+  table[0].width = 2;
+  table[0].shape = {rows, cols};
+  table[0].num_elements = rows * cols;
+  return table;
+}
+
 // Applies the one chunk `c` to `base` (n elements) on the CPU and the GPU,
 // without the pre-apply check (the decoders meet whatever the payload
 // holds): both refuse it or both apply it alike; refused, the GPU range is
@@ -399,17 +424,7 @@ TEST(GpuConditional, AfterMismatchIsUndone) {
   const Bf16 b = Step(a, 0.05, 102);
   Chunks e;
   e.Add(ConditionalChunk(a, b, Region{0, n, 0, 0}, 128));
-  std::vector<uint8_t> wrong = ConditionalChunk(a, b, Region{n, n, 0, 0}, 128);
-  {
-    auto pc = ParseChunk(wrong);
-    ASSERT_OK(pc);
-    ChunkHeader h = pc->header;
-    h.after.lo ^= 1;
-    std::vector<uint8_t> payload(pc->payload.begin(), pc->payload.end());
-    wrong.clear();
-    SerializeChunk(h, payload, &wrong);
-  }
-  e.Add(wrong);
+  e.Add(WithWrongAfter(ConditionalChunk(a, b, Region{n, n, 0, 0}, 128)));
   DeviceMem d(2 * a.size());
   Upload(d, a);
   PlacementPlan plan;
@@ -453,17 +468,8 @@ TEST(GpuConditional, FoldedVersionsAndOverlapRefusal) {
   const std::vector<uint8_t> c2 = ConditionalChunk(v1, v2, whole, 512, 2);
   // Version 3: a strided region (the left half of the columns) whose
   // "after" hash is wrong, so it fails in the pause.
-  std::vector<uint8_t> c3 =
-      ConditionalChunk(v2, v3, Region{0, rows * (cols / 2), cols / 2, cols}, 512, 3);
-  {
-    auto pc = ParseChunk(c3);
-    ASSERT_OK(pc);
-    ChunkHeader h = pc->header;
-    h.after.hi ^= 1;
-    std::vector<uint8_t> payload(pc->payload.begin(), pc->payload.end());
-    c3.clear();
-    SerializeChunk(h, payload, &c3);
-  }
+  const std::vector<uint8_t> c3 = WithWrongAfter(
+      ConditionalChunk(v2, v3, Region{0, rows * (cols / 2), cols / 2, cols}, 512, 3));
   Bf16 cpu = v0;
   {
     Chunks e;
@@ -497,12 +503,7 @@ TEST(GpuConditional, FoldedVersionsAndOverlapRefusal) {
   }
   // Through a DeviceTarget: versions 1 and 2 folded into one pause; then
   // versions 1, 2 and the failing 3 from v0 again, all restored.
-  std::vector<TensorEntry> table(1);
-  table[0].name = "t";
-  table[0].dtype = "BF16";
-  table[0].width = 2;
-  table[0].shape = {rows, cols};
-  table[0].num_elements = n;
+  const std::vector<TensorEntry> table = OneTensorTable(rows, cols);
   auto target = DeviceTarget::Create({{"t", "BF16", 2, {rows, cols}}}, plan, {});
   ASSERT_OK(target);
   DeviceTarget& t = **target;
@@ -547,12 +548,7 @@ TEST(GpuConditional, MappedVersionIsUndoneWithoutASavedCopy) {
   DeviceMem d(2 * n);
   PlacementPlan plan;
   ASSERT_OK(plan.Add(WholePlacement("t", 2, rows, cols, d.addr())));
-  std::vector<TensorEntry> table(1);
-  table[0].name = "t";
-  table[0].dtype = "BF16";
-  table[0].width = 2;
-  table[0].shape = {rows, cols};
-  table[0].num_elements = n;
+  const std::vector<TensorEntry> table = OneTensorTable(rows, cols);
   for (bool fail : {false, true}) {
     SCOPED_TRACE(fail ? "a chunk fails" : "all apply");
     auto target = DeviceTarget::Create({{"t", "BF16", 2, {rows, cols}}}, plan, {});
@@ -562,17 +558,7 @@ TEST(GpuConditional, MappedVersionIsUndoneWithoutASavedCopy) {
     ASSERT_OK(t.Hashes(table).status());
     ASSERT_OK(t.Begin());
     for (size_t q = 0; q < chunks.size(); ++q) {
-      std::vector<uint8_t> c = chunks[q];
-      if (fail && q == 2) {
-        auto pc = ParseChunk(c);
-        ASSERT_OK(pc);
-        ChunkHeader h = pc->header;
-        h.after.lo ^= 1;
-        std::vector<uint8_t> payload(pc->payload.begin(), pc->payload.end());
-        c.clear();
-        SerializeChunk(h, payload, &c);
-      }
-      ASSERT_OK(t.Add(0, table, c));
+      ASSERT_OK(t.Add(0, table, fail && q == 2 ? WithWrongAfter(chunks[q]) : chunks[q]));
     }
     ASSERT_OK(t.Seal());
     EXPECT_EQ(Download(d, n), v0);  // nothing written before the pause
