@@ -72,8 +72,7 @@ Result<StepResult> VersionApply::Run() {
   REFIT_RETURN_IF_ERROR(OpenJournalAndBind());
   REFIT_ASSIGN_OR_RETURN(decision_, r_.ReadDecision(a_.version));
   digests_.emplace(a_.tensors.size(), ApplyThreads(opt_.threads));
-  reused_digests_ = SeedDigests();
-  result_.base_from_kept_digests = reused_digests_;
+  result_.base_from_kept_digests = SeedDigests();
   if (opt_.early_writeback) flusher_.emplace(*b_);
   if (decision_ && !decision_->commit) return Aborted();
   if (state_->failed) return AfterFailedVote();
@@ -154,7 +153,7 @@ void VersionApply::KeepDigests() {
   auto kept = std::make_shared<KeptDigests>();
   kept->version = a_.version;
   kept->files = std::move(flushed_);
-  kept->reused = reused_digests_ ? kept_->reused + 1 : 0;
+  kept->reused = result_.base_from_kept_digests ? kept_->reused + 1 : 0;
   for (size_t t = 0; t < a_.tensors.size(); ++t) {
     kept->names.push_back(a_.tensors[t].name);
     kept->digests.push_back(digests_->Current(t));

@@ -152,7 +152,6 @@ class VersionApply {
   // Taken from the receiver at the start, so that a step that does not
   // activate its version leaves none behind.
   std::shared_ptr<KeptDigests> kept_;
-  bool reused_digests_ = false;
   std::vector<FileStamp> flushed_;  // the checkpoint's files after the flush
 };
 
