@@ -283,8 +283,8 @@ struct DirectReport {
   uint64_t part_chunks = 0;       // chunks the manifest lists
   uint64_t part_bytes = 0;        // their stored sizes, as the part lists state
   uint64_t changed_elements = 0;  // over all parts
-  double wait_seconds = 0;        // until every part list was stored
-  double manifest_seconds = 0;    // checking the lists, announcement and manifest
+  double wait_seconds = 0;        // announcing, then until every part list was stored
+  double manifest_seconds = 0;    // the lists' checks and the manifest
   double vote_seconds = 0;        // until every vote (or the deadline)
   double seconds = 0;
 };

@@ -166,8 +166,10 @@ def receiver_main(store, member, ckpt, kind, versions, queue):
             # A two-phase step has fields of its own besides some stages.
             s = steps[-1]
             stages = {k: x for k, x in stages.items()
-                      if k in ("base_check", "vote", "decision_wait")}
-            stages.update({"tail": s.tail_seconds, "seal": s.seal_seconds,
+                      if k in ("base_check", "fetch", "chunk_wait", "apply_cpu", "vote",
+                               "decision_wait")}
+            stages.update({"read_early": getattr(s, "chunks_read_early", -1),
+                           "tail": s.tail_seconds, "seal": s.seal_seconds,
                            "after_hash": s.after_hash_seconds, "pause": s.pause_seconds})
         rows.append((done, stages))
     queue.put(("receiver", member, rows))

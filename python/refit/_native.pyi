@@ -103,6 +103,7 @@ class StepResult:
     changed_elements: int
     bytes_fetched: int
     chunks_before_manifest: int
+    chunks_read_early: int
     seconds: float
     tail_seconds: float
     versions_folded: int

@@ -873,6 +873,7 @@ void BindReports(py::module_& m) {
       .def_readonly("bytes_fetched", &StepResult::bytes_fetched)
       .def_readonly("chunks_before_manifest",
                     &StepResult::chunks_before_manifest)
+      .def_readonly("chunks_read_early", &StepResult::chunks_read_early)
       .def_readonly("seconds", &StepResult::seconds)
       .def_readonly("tail_seconds", &StepResult::tail_seconds)
       .def_readonly("versions_folded", &StepResult::versions_folded)

@@ -15,7 +15,9 @@
 #include <atomic>
 #include <cstring>
 #include <filesystem>
+#include <mutex>
 #include <random>
+#include <set>
 #include <thread>
 
 #include "delta/chunk.h"
@@ -27,6 +29,7 @@
 #include "support/testing.h"
 #include "sync/chunk_pack.h"
 #include "sync/follow.h"
+#include "sync/keys.h"
 #include "sync/host_staged_target.h"
 #include "sync/receiver.h"
 
@@ -160,6 +163,22 @@ class DirectTest : public ::testing::TestWithParam<int> {
     o.poll_ms = 2;
     o.decision_timeout_ms = 30000;
     o.threads = 2;
+    return o;
+  }
+
+  // A two-phase receiver `name` of host tensors in *memory.
+  ReceiverOptions StagedReceiver(const std::string& name, TensorBytes* memory) {
+    ReceiverOptions o = MakeReceiver(2);
+    o.member = name;
+    std::filesystem::create_directories(dir_.File("state-" + name));
+    o.state_dir = dir_.File("state-" + name);
+    std::vector<MutableTensorView> views;
+    for (const auto& c : layout_.canonical) {
+      views.push_back({c.name, c.dtype, 2, c.shape, memory->at(c.name).data()});
+    }
+    o.tensors.clear();
+    o.staged = std::make_shared<HostStagedTarget>(std::move(views), uint64_t{1} << 30);
+    o.chunk_timeout_ms = 30000;
     return o;
   }
 
@@ -347,8 +366,8 @@ TEST_P(DirectTest, ReceiversApplyRanksChunksDirectly) {
   note_strided(1);
   AwaitRanks(true, 1);
 
-  // 2: the last rank is late: nothing is announced; once it reports, the
-  // version commits.
+  // 2: the last rank is late: the version is announced, but no manifest
+  // or decision is written; once the rank reports, the version commits.
   TrainStep(rng);
   for (size_t ri = 0; ri + 1 < ranks_.size(); ++ri) PublishRank(ri, 2);
   {
@@ -358,7 +377,9 @@ TEST_P(DirectTest, ReceiversApplyRanksChunksDirectly) {
     ASSERT_THAT(missing, StatusIs(StatusCode::kDeadlineExceeded));
     EXPECT_NE(missing.status().message().find(std::to_string(layout_.ranks.back().rank)),
               std::string::npos);
-    EXPECT_FALSE(store_->Get(IndexKey(2)).ok());
+    EXPECT_TRUE(store_->Get(IndexKey(2)).ok());
+    EXPECT_FALSE(store_->Get(ManifestKey(2)).ok());
+    EXPECT_FALSE(store_->Get(DecisionKey(2)).ok());
     auto stored = (*impatient)->PartsStored(2);
     ASSERT_OK(stored);
     EXPECT_EQ(stored->size(), ranks_.size() - 1);
@@ -869,21 +890,7 @@ TEST_P(DirectTest, TornCellOfAFoldResyncsFromASnapshot) {
 TEST_P(DirectTest, TwoPhaseReceiverAppliesDirectVersions) {
   std::mt19937_64 rng(Seed() + 31);
   TensorBytes held = canon_, late = canon_;
-  auto staged = [&](const std::string& name, TensorBytes* memory) {
-    ReceiverOptions o = MakeReceiver(2);
-    o.member = name;
-    std::filesystem::create_directories(dir_.File("state-" + name));
-    o.state_dir = dir_.File("state-" + name);
-    std::vector<MutableTensorView> views;
-    for (const auto& c : layout_.canonical) {
-      views.push_back({c.name, c.dtype, 2, c.shape, memory->at(c.name).data()});
-    }
-    o.tensors.clear();
-    o.staged = std::make_shared<HostStagedTarget>(std::move(views), uint64_t{1} << 30);
-    o.chunk_timeout_ms = 30000;
-    return o;
-  };
-  auto opened = Receiver::Open(store_.get(), staged("s0", &held));
+  auto opened = Receiver::Open(store_.get(), StagedReceiver("s0", &held));
   ASSERT_OK(opened);
   Receiver& s0 = **opened;
   DirectCoordinatorOptions co = CoordinatorOptions(60000);
@@ -1014,7 +1021,7 @@ TEST_P(DirectTest, TwoPhaseReceiverAppliesDirectVersions) {
 
   // A two-phase receiver still at version 0 folds 1 and 4 (2 and 3 were
   // aborted) into one pause.
-  auto l = Receiver::Open(store_.get(), staged("s9", &late));
+  auto l = Receiver::Open(store_.get(), StagedReceiver("s9", &late));
   ASSERT_OK(l);
   auto folded = (*l)->Step();
   ASSERT_OK(folded);
@@ -1023,6 +1030,91 @@ TEST_P(DirectTest, TwoPhaseReceiverAppliesDirectVersions) {
   EXPECT_EQ(folded->versions_folded, 2u);
   EXPECT_EQ(late, canon_);
   EXPECT_TRUE(strided) << "the layout gave no strided region";
+}
+
+// Counts the part chunk objects read through it (each key once).
+class PartReads final : public ForwardingStore {
+ public:
+  explicit PartReads(ObjectStore* inner)
+      : ForwardingStore(std::shared_ptr<ObjectStore>(inner, [](ObjectStore*) {})) {}
+  Result<std::vector<uint8_t>> Get(std::string_view key) override {
+    auto got = ForwardingStore::Get(key);
+    if (got.ok() && ParsePartChunkKey(key)) {
+      std::lock_guard<std::mutex> lock(mu_);
+      keys_.insert(std::string(key));
+    }
+    return got;
+  }
+  size_t read() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return keys_.size();
+  }
+
+ private:
+  std::mutex mu_;
+  std::set<std::string> keys_;
+};
+
+// A direct version is announced before its ranks upload: receivers read
+// the ranks' chunks as they are stored (EarlyParts), and stage or apply
+// them once the manifest lists them, bit-exact. Here every rank but the
+// last has stored its part, and both receivers have read every chunk
+// object stored, before the last rank publishes and the manifest is
+// written.
+TEST_P(DirectTest, ChunksStoredBeforeTheManifestAreReadEarly) {
+  std::mt19937_64 rng(Seed() + 41);
+  TensorBytes held = canon_;
+  PartReads staged_store(store_.get()), memory_store(store_.get());
+  auto s0 = Receiver::Open(&staged_store, StagedReceiver("s0", &held));
+  ASSERT_OK(s0);
+  auto m0 = Receiver::Open(&memory_store, MakeReceiver(2));
+  ASSERT_OK(m0);
+  DirectCoordinatorOptions co = CoordinatorOptions(60000);
+  co.members = {"s0", "m0"};
+  auto coordinator = DirectCoordinator::Open(store_.get(), co);
+  ASSERT_OK(coordinator);
+
+  TrainStep(rng);
+  Result<DirectReport> report = InternalError("not run");
+  std::thread decide([&] { report = (*coordinator)->Publish(1); });
+  std::vector<Result<StepResult>> steps(2, InternalError("not run"));
+  std::vector<std::thread> receivers;
+  for (Receiver* r : {s0->get(), m0->get()}) {
+    receivers.emplace_back([r, step = &steps[receivers.size()]] {
+      for (int i = 0; i < 30000; ++i) {
+        *step = r->Step();
+        if (!step->ok() || (*step)->outcome != StepResult::Outcome::kIdle) return;
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+    });
+  }
+  for (size_t ri = 0; ri + 1 < ranks_.size(); ++ri) PublishRank(ri, 1);
+  auto stored = store_->List(PartsPrefix(1));
+  ASSERT_OK(stored);
+  size_t objects = 0;
+  for (const auto& o : *stored) objects += ParsePartChunkKey(o.key) ? 1 : 0;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while ((staged_store.read() < objects || memory_store.read() < objects) &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  EXPECT_FALSE(store_->Get(ManifestKey(1)).ok());
+  EXPECT_GE(staged_store.read(), objects);
+  EXPECT_GE(memory_store.read(), objects);
+  PublishRank(ranks_.size() - 1, 1);
+  decide.join();
+  for (auto& t : receivers) t.join();
+  ASSERT_OK(report);
+  EXPECT_TRUE(report->committed) << report->reason;
+  AwaitRanks(true, 1);
+  for (const auto& step : steps) {
+    ASSERT_OK(step);
+    EXPECT_EQ(step->outcome, StepResult::Outcome::kCommitted);
+    EXPECT_GT(step->chunks_read_early, 0u);
+    EXPECT_LE(step->chunks_read_early, step->chunks_applied + step->chunks_skipped);
+  }
+  EXPECT_EQ(held, canon_);
+  EXPECT_EQ(memory_[0], canon_);
 }
 
 INSTANTIATE_TEST_SUITE_P(RandomLayouts, DirectTest, ::testing::Range(0, 6));

@@ -824,10 +824,27 @@ Result<DirectReport> DirectCoordinator::Publish(uint64_t version) {
     REFIT_ASSIGN_OR_RETURN(auto body, opt_.auth.Open(*decided));
     REFIT_ASSIGN_OR_RETURN(decision, DecodeDecision(body));
   } else {
-    // 1. Every rank's part list, up to the deadline. Nothing is written
-    // before all are in, so a version with a missing part is never
-    // announced.
+    // 1. The announcement, at once: receivers read the ranks' chunks as
+    // they are stored (docs/protocol.md, "Versions from many ranks"), long
+    // before the manifest can list them.
     REFIT_ASSIGN_OR_RETURN(std::vector<TensorEntry> table, TableOf(base));
+    REFIT_RETURN_IF_ERROR(AbortSuperseded(version));
+    constexpr char kConflict[] =
+        "this version was announced with other parts or members; publish a higher version";
+    {
+      Announcement a;
+      a.version = version;
+      a.base_version = base;
+      a.members = opt_.members;
+      a.tensors = table;
+      for (TensorEntry& t : a.tensors) t.after = Hash128{};
+      REFIT_RETURN_IF_ERROR(PutOnce(store_, IndexKey(version),
+                                    opt_.auth.Seal(EncodeAnnouncement(a)), kConflict));
+    }
+
+    // 2. Every rank's part list, up to the deadline. Without all of them
+    // nothing more is written: no manifest, no decision (a later Publish
+    // of the version, or a higher version, goes on from there).
     std::vector<std::string> names;
     for (const TensorEntry& e : table) names.push_back(e.name);
     const uint64_t names_hash = HashTensorNames(names);
@@ -883,9 +900,8 @@ Result<DirectReport> DirectCoordinator::Publish(uint64_t version) {
     }
     report.wait_seconds = Since(t0);
 
-    // 2. The announcement and the manifest, from the lists alone.
+    // 3. The manifest, from the lists alone.
     auto t1 = Clock::now();
-    REFIT_RETURN_IF_ERROR(AbortSuperseded(version));
     Manifest m;
     m.version = version;
     m.base_version = base;
@@ -923,24 +939,14 @@ Result<DirectReport> DirectCoordinator::Publish(uint64_t version) {
                                                          : a.start < b.start;
                      });
     report.part_chunks = m.chunks.size();
-    Announcement a;
-    a.version = version;
-    a.base_version = base;
-    a.members = opt_.members;
-    a.tensors = table;
     for (size_t t = 0; t < table.size(); ++t) {
-      a.tensors[t].after = Hash128{};
       m.tensors[t].after = touched[t] ? Hash128{} : table[t].before;
     }
-    constexpr char kConflict[] =
-        "this version was announced with other parts or members; publish a higher version";
-    REFIT_RETURN_IF_ERROR(
-        PutOnce(store_, IndexKey(version), opt_.auth.Seal(EncodeAnnouncement(a)), kConflict));
     REFIT_RETURN_IF_ERROR(
         PutOnce(store_, ManifestKey(version), opt_.auth.Seal(EncodeManifest(m)), kConflict));
     report.manifest_seconds = Since(t1);
 
-    // 3. Votes and the one decision.
+    // 4. Votes and the one decision.
     REFIT_ASSIGN_OR_RETURN(Decision d, VoteAndDecide(m, std::move(touched), &report));
     decision = d;
   }

@@ -188,10 +188,11 @@ class PartsCoordinator {
 // The direct path (docs/protocol.md, "Versions from many ranks"): the ranks
 // upload their parts to the protocol store itself (RankPublisher with
 // `parts` == `store`), and the coordinator only decides. It waits for every
-// rank's part list, checks the lists (authentication, version, base, the
-// canonical tensor table, every entry's region inside its tensor), and
-// writes the announcement and a manifest (format 2, `direct`) that lists
-// the ranks' chunk objects where they are; receivers fetch and apply them.
+// rank's part list (having announced the version, so that receivers read
+// the ranks' chunks as they land), checks the lists (authentication,
+// version, base, the canonical tensor table, every entry's region inside
+// its tensor), and writes a manifest (format 2, `direct`) that lists the
+// ranks' chunk objects where they are; receivers stage or apply them.
 // It then collects the votes: a ready vote carries the member's tensor
 // hashes after the version; it commits only when every member voted ready
 // with the same hashes, and records them in the decision, which makes them
@@ -251,8 +252,12 @@ class DirectCoordinator {
 
   // Decides version `version` (above the store's head): as above. A
   // version some coordinator already decided reports that decision. The
-  // abort of a version whose parts did not all arrive is DEADLINE_EXCEEDED
-  // naming the missing ranks, with nothing announced. Not thread-safe.
+  // version is announced first, so that receivers read the ranks' chunks
+  // as they are stored. A version whose parts did not all arrive by the
+  // deadline is DEADLINE_EXCEEDED naming the missing ranks, with nothing
+  // written after the announcement (no manifest, no decision): Publish
+  // may be called for it again, or a higher version supersedes it. Not
+  // thread-safe.
   Result<DirectReport> Publish(uint64_t version);
 
   // Which ranks' part lists of `version` are stored (for `refit status`).

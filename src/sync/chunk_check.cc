@@ -27,27 +27,45 @@ bool ManifestMatches(const Announcement& a, const Manifest& m) {
   return same;
 }
 
+namespace {
+
+std::string ChunkName(const ChunkSpec& spec) {
+  return std::string(spec.resend ? "the re-send of " : "") + "chunk " +
+         std::to_string(spec.index) + " of version " + std::to_string(spec.version->version);
+}
+
+const ManifestChunk* EntryOf(const ChunkSpec& spec) {
+  return spec.manifest != nullptr && spec.index < spec.manifest->chunks.size()
+             ? &spec.manifest->chunks[spec.index]
+             : nullptr;
+}
+
+}  // namespace
+
 Result<ParsedChunk> CheckChunk(std::span<const uint8_t> object,
                                const ChunkSpec& spec, const Authenticator& auth,
                                std::span<const uint8_t>* chunk_bytes) {
-  const Announcement& a = *spec.version;
-  const uint64_t i = spec.index;
-  const std::string name = std::string(spec.resend ? "the re-send of " : "") + "chunk " +
-                           std::to_string(i) + " of version " + std::to_string(a.version);
-  const ManifestChunk* entry = spec.manifest != nullptr && i < spec.manifest->chunks.size()
-                                   ? &spec.manifest->chunks[i]
-                                   : nullptr;
+  const ManifestChunk* entry = EntryOf(spec);
   if (!spec.resend && spec.manifest != nullptr &&
       (entry == nullptr || object.size() != entry->size ||
        ComputeSha256(object) != entry->sha256)) {
-    return DataLossError(name + " does not match its manifest hash");
+    return DataLossError(ChunkName(spec) + " does not match its manifest hash");
   }
   REFIT_ASSIGN_OR_RETURN(auto body, auth.Open(object));
   REFIT_ASSIGN_OR_RETURN(ParsedChunk c, ParseChunk(body));
+  REFIT_RETURN_IF_ERROR(CheckParsedChunk(c, spec));
+  if (chunk_bytes != nullptr) *chunk_bytes = body.first(c.size);
+  return c;
+}
+
+Status CheckParsedChunk(const ParsedChunk& c, const ChunkSpec& spec) {
+  const Announcement& a = *spec.version;
+  const ManifestChunk* entry = EntryOf(spec);
+  const std::string name = ChunkName(spec);
   const ChunkHeader& h = c.header;
-  if (h.IsStrided() && (entry == nullptr || entry->run == 0)) {
+  if (h.IsStrided() && !spec.before_manifest && (entry == nullptr || entry->run == 0)) {
     // A strided region (a rank's block of a matrix) is taken only where
-    // the manifest lists one: receivers fetch those chunks after it.
+    // the manifest lists one: receivers stage those chunks after it.
     return DataLossError(name + " is a strided region its manifest does not list");
   }
   // ParseChunk checked the region's form; End() is its last element + 1.
@@ -68,8 +86,7 @@ Result<ParsedChunk> CheckChunk(std::span<const uint8_t> object,
       h.kind != codec::ChunkKind::kRaw) {
     return DataLossError(name + " is not an overwrite");
   }
-  if (chunk_bytes != nullptr) *chunk_bytes = body.first(c.size);
-  return c;
+  return Status();
 }
 
 }  // namespace refit::internal

@@ -51,6 +51,10 @@ struct ChunkSpec {
   // range (v/<V>/resend/<member>/<i>-a or -b), whose bytes and kind are
   // not the manifest's.
   bool resend = false;
+  // A direct version's part chunk read before the manifest (EarlyParts),
+  // held until the manifest is read and checked against it again: a
+  // strided region is not refused for want of a manifest entry (2).
+  bool before_manifest = false;
 };
 
 // Opens `object` with `auth`, parses it as a chunk (docs/format.md §3) and
@@ -75,6 +79,11 @@ struct ChunkSpec {
 Result<ParsedChunk> CheckChunk(std::span<const uint8_t> object,
                                const ChunkSpec& spec, const Authenticator& auth,
                                std::span<const uint8_t>* chunk_bytes = nullptr);
+
+// Checks 2-6 above of a chunk already opened and parsed: what CheckChunk
+// checks after the envelope, for a chunk checked once before the manifest
+// was read and again, with it, after (EarlyParts).
+Status CheckParsedChunk(const ParsedChunk& c, const ChunkSpec& spec);
 
 }  // namespace refit::internal
 

@@ -5,10 +5,15 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
 #include "delta/chunk.h"
+#include "sync/chunk_pack.h"
+#include "sync/early_parts.h"
+#include "sync/keys.h"
+#include "transport/memory_store.h"
 #include "support/status_matchers.h"
 #include "support/testing.h"
 
@@ -230,6 +235,125 @@ TEST(ChunkCheckTest, ManifestMatchesItsAnnouncement) {
   EXPECT_FALSE(RangeInside(a.tensors, 1, 0, 0));
   EXPECT_FALSE(RangeInside(a.tensors, 2, 0, 1));
   EXPECT_FALSE(RangeInside(a.tensors, 0, UINT64_MAX, 2));
+}
+
+// EarlyParts (sync/early_parts.h): a direct version's part chunks read
+// before its manifest is stored are handed over only as the manifest's
+// entries, each once; anything else stays behind for the caller to read.
+ManifestChunk PartEntry(const std::vector<uint8_t>& object, const ChunkHeader& h,
+                        uint32_t rank, uint64_t k, uint64_t pack_offset = 0) {
+  ManifestChunk e = Entry(object, h);
+  e.in_part = true;
+  e.rank = rank;
+  e.part_index = k;
+  e.pack_offset = pack_offset;
+  e.run = h.run;
+  e.stride = h.stride;
+  return e;
+}
+
+TEST(EarlyPartsTest, ChunksReadBeforeTheManifestAreHandedOverAsItsEntriesOnly) {
+  const Announcement a = Version7();
+  MemoryStore store;
+  // Rank 0: two chunks and one whose object is replaced after being read.
+  // Rank 1: a pack of two chunks, the second a strided region. Rank 2: an
+  // object no manifest lists. A part list is not a chunk.
+  const ChunkHeader h00 = Header(0, 0, 1024), h01 = Header(0, 1024, 1024),
+                    h02 = Header(0, 3072, 1024), h10 = Header(1, 0, 500);
+  ChunkHeader h11 = Header(0, 2048, 64);  // 4 rows of 16, 64 apart
+  h11.run = 16;
+  h11.stride = 64;
+  const auto o00 = Object(h00), o01 = Object(h01), o02 = Object(h02), o10 = Object(h10),
+             o11 = Object(h11), stray = Object(Header(1, 500, 500));
+  ASSERT_OK(store.Put(PartChunkKey(7, 0, 0), o00));
+  ASSERT_OK(store.Put(PartChunkKey(7, 0, 1), o01));
+  ASSERT_OK(store.Put(PartChunkKey(7, 0, 2), o02));
+  ASSERT_OK(store.Put(PartChunkKey(7, 1, 0), EncodePack({o10, o11})));
+  ASSERT_OK(store.Put(PartChunkKey(7, 2, 0), stray));
+  ASSERT_OK(store.Put(PartListKey(7, 0), std::vector<uint8_t>{1}));
+  ASSERT_OK(store.Put(PartChunkKey(8, 0, 0), o00));  // another version's
+
+  EarlyParts early(&store, a, Key(), 2, uint64_t{1} << 20);
+  ASSERT_OK(early.Scan());
+  EXPECT_EQ(early.queued(), 5u);
+  ASSERT_OK(store.Put(PartChunkKey(7, 2, 0), stray));
+  ASSERT_OK(early.Scan());  // each object is queued once
+  EXPECT_EQ(early.queued(), 5u);
+  ASSERT_OK(store.Put(PartChunkKey(7, 3, 0), stray));
+  ASSERT_OK(early.Scan());
+  EXPECT_EQ(early.queued(), 6u);
+
+  // The manifest: rank 0's third chunk was stored again with other bytes
+  // (the object read early is not the one listed), and rank 2's object
+  // is not listed.
+  const auto o02_listed = Object(Header(0, 3072, 1024, codec::ChunkKind::kSparseOverwrite));
+  const ChunkHeader h02_listed = Header(0, 3072, 1024, codec::ChunkKind::kSparseOverwrite);
+  Manifest m = ManifestOf(a, {PartEntry(o00, h00, 0, 0), PartEntry(o01, h01, 0, 1),
+                              PartEntry(o11, h11, 1, 1, 1), PartEntry(o02_listed, h02_listed, 0, 2),
+                              PartEntry(o10, h10, 1, 0)});
+  m.direct = true;
+  const std::vector<bool> held = early.Held(m);
+  EXPECT_EQ(held, std::vector<bool>(5, true));
+
+  const std::vector<std::pair<uint64_t, const std::vector<uint8_t>*>> expected = {
+      {0, &o00}, {1, &o01}, {2, &o11}, {4, &o10}};
+  for (const auto& [i, object] : expected) {
+    auto got = early.Take(m, i);
+    ASSERT_TRUE(got.has_value()) << i;
+    EXPECT_EQ(got->object, *object) << i;
+    // As CheckChunk finds it, with the manifest.
+    std::span<const uint8_t> bytes;
+    auto c = CheckChunk(*object, ChunkSpec{&a, i, &m, false}, Key(), &bytes);
+    ASSERT_OK(c);
+    EXPECT_EQ(got->chunk.header.start, c->header.start);
+    EXPECT_EQ(got->chunk.header.run, c->header.run);
+    EXPECT_TRUE(std::equal(got->bytes.begin(), got->bytes.end(), bytes.begin(), bytes.end()));
+    EXPECT_FALSE(early.Take(m, i).has_value()) << "handed over twice: " << i;
+  }
+  EXPECT_FALSE(early.Take(m, 3).has_value());  // not the object listed
+  EXPECT_FALSE(early.Take(m, 5).has_value());  // no such entry
+
+  // An entry that does not match the header read early: its strided region
+  // listed as a range, or a chunk of another rank.
+  EarlyParts again(&store, a, Key(), 1, uint64_t{1} << 20);
+  ASSERT_OK(again.Scan());
+  Manifest as_range = m;
+  as_range.chunks[2].run = 0;
+  as_range.chunks[2].stride = 0;
+  EXPECT_FALSE(again.Take(as_range, 2).has_value());
+  Manifest other_rank = m;
+  other_rank.chunks[0].rank = 2;
+  EXPECT_FALSE(again.Take(other_rank, 0).has_value());
+  EXPECT_TRUE(again.Take(m, 1).has_value());
+}
+
+TEST(EarlyPartsTest, ReadsNoMoreThanItsByteBoundAndNothingOfOtherKeys) {
+  const Announcement a = Version7();
+  MemoryStore store;
+  const auto o0 = Object(Header(0, 0, 1024)), o1 = Object(Header(0, 1024, 1024));
+  ASSERT_OK(store.Put(ChunkKey(7, 0), o0));  // a version of one publisher
+  EarlyParts none(&store, a, Key(), 2, uint64_t{1} << 20);
+  ASSERT_OK(none.Scan());
+  EXPECT_EQ(none.queued(), 0u);
+  ASSERT_OK(store.Put(PartChunkKey(7, 0, 0), o0));
+  ASSERT_OK(store.Put(PartChunkKey(7, 0, 1), o1));
+  EarlyParts bounded(&store, a, Key(), 2, o0.size() + o1.size() - 1);
+  ASSERT_OK(bounded.Scan());
+  EXPECT_EQ(bounded.queued(), 1u);
+  ASSERT_OK(bounded.Scan());
+  EXPECT_EQ(bounded.queued(), 1u);
+  // A damaged object is read and dropped: the caller reads it again.
+  std::vector<uint8_t> damaged = o1;
+  damaged.back() ^= 1;
+  ASSERT_OK(store.Put(PartChunkKey(7, 0, 1), damaged));
+  EarlyParts wide(&store, a, Key(), 2, uint64_t{1} << 20);
+  ASSERT_OK(wide.Scan());
+  EXPECT_EQ(wide.queued(), 2u);
+  Manifest m = ManifestOf(a, {PartEntry(o0, Header(0, 0, 1024), 0, 0),
+                              PartEntry(damaged, Header(0, 1024, 1024), 0, 1)});
+  m.direct = true;
+  EXPECT_TRUE(wide.Take(m, 0).has_value());
+  EXPECT_FALSE(wide.Take(m, 1).has_value());
 }
 
 }  // namespace

@@ -10,7 +10,7 @@ namespace refit::internal {
 
 ChunkPrefetch::ChunkPrefetch(ObjectStore* store, const Announcement& a, const Manifest& m,
                              const Authenticator& auth, uint64_t from, int threads,
-                             size_t window, uint64_t max_bytes)
+                             const std::vector<bool>& skip, size_t window, uint64_t max_bytes)
     : store_(store),
       a_(a),
       m_(m),
@@ -31,7 +31,8 @@ ChunkPrefetch::ChunkPrefetch(ObjectStore* store, const Announcement& a, const Ma
   for (uint64_t i = from; i < m.chunks.size(); ++i) {
     const ManifestChunk& c = m.chunks[i];
     const bool rank_packed = c.rank < packed.size() && packed[c.rank];
-    if (c.in_part && !rank_packed) state_[i] = State::kQueued;
+    const bool skipped = i < skip.size() && skip[i];
+    if (c.in_part && !rank_packed && !skipped) state_[i] = State::kQueued;
   }
   for (int t = 0; t < std::max(1, threads); ++t) workers_.emplace_back([this] { Work(); });
 }
@@ -64,9 +65,10 @@ void ChunkPrefetch::Work() {
     std::optional<Checked> checked;
     auto got = store_->Get(ManifestChunkKey(m_, i));
     if (got.ok()) {
-      auto parsed = CheckChunk(*got, ChunkSpec{&a_, i, &m_, /*resend=*/false}, auth_);
+      std::span<const uint8_t> bytes;
+      auto parsed = CheckChunk(*got, ChunkSpec{&a_, i, &m_, /*resend=*/false}, auth_, &bytes);
       // The chunk points into the object's buffer, which the move keeps.
-      if (parsed.ok()) checked = Checked{std::move(*got), std::move(*parsed)};
+      if (parsed.ok()) checked = Checked{std::move(*got), std::move(*parsed), bytes};
     }
     std::lock_guard<std::mutex> lock(mu_);
     if (checked) {

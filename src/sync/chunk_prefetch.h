@@ -26,6 +26,7 @@
 #include <cstdint>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <thread>
 #include <vector>
 
@@ -39,14 +40,17 @@ namespace refit::internal {
 class ChunkPrefetch {
  public:
   struct Checked {
-    std::vector<uint8_t> object;  // the sealed object
-    ParsedChunk chunk;            // points into `object`
+    std::vector<uint8_t> object;   // the sealed object
+    ParsedChunk chunk;             // points into `object`
+    std::span<const uint8_t> bytes;  // the whole chunk, inside `object`
   };
 
-  // Reads ahead from chunk `from`.
+  // Reads ahead from chunk `from`, except the chunks `skip` marks (read
+  // before the manifest: EarlyParts::Held).
   ChunkPrefetch(ObjectStore* store, const Announcement& a, const Manifest& m,
                 const Authenticator& auth, uint64_t from, int threads,
-                size_t window = 64, uint64_t max_bytes = uint64_t{256} << 20);
+                const std::vector<bool>& skip = {}, size_t window = 64,
+                uint64_t max_bytes = uint64_t{256} << 20);
   ~ChunkPrefetch();
   ChunkPrefetch(const ChunkPrefetch&) = delete;
   ChunkPrefetch& operator=(const ChunkPrefetch&) = delete;

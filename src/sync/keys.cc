@@ -121,11 +121,23 @@ std::string ChunkKey(uint64_t v, uint64_t i) {
   return VersionPrefix(v) + "chunk/" + Padded(i, 8);
 }
 std::string PartChunkKey(uint64_t v, uint32_t rank, uint64_t k) {
-  return "parts/" + Padded(v, kVersionDigits) + "/" + Padded(rank, 10) + "/chunk/" +
-         Padded(k, 10);
+  return PartsPrefix(v) + Padded(rank, 10) + "/chunk/" + Padded(k, 10);
 }
 std::string PartListKey(uint64_t v, uint32_t rank) {
-  return "parts/" + Padded(v, kVersionDigits) + "/" + Padded(rank, 10) + "/list";
+  return PartsPrefix(v) + Padded(rank, 10) + "/list";
+}
+std::string PartsPrefix(uint64_t v) { return "parts/" + Padded(v, kVersionDigits) + "/"; }
+
+std::optional<PartChunkId> ParsePartChunkKey(std::string_view key) {
+  std::string_view rest = key;
+  if (Segment(&rest) != "parts") return std::nullopt;
+  const auto v = ParseVersion(Segment(&rest));
+  const std::string_view rank_text = Segment(&rest);
+  const auto rank = rank_text.size() == 10 ? ParseNumber(rank_text, 10) : std::nullopt;
+  if (!v || !rank || *rank > UINT32_MAX || Segment(&rest) != "chunk") return std::nullopt;
+  const auto k = ParseNumber(rest, 10);
+  if (!k || rest.find('/') != std::string_view::npos) return std::nullopt;
+  return PartChunkId{*v, static_cast<uint32_t>(*rank), *k};
 }
 std::string VotePrefix(uint64_t v) { return VersionPrefix(v) + "vote/"; }
 std::string VoteKey(uint64_t v, const std::string& m) {

@@ -64,6 +64,15 @@ std::string ResendKey(uint64_t version, const std::string& member,
 // these chunk objects in its manifest, and receivers read them there.
 std::string PartChunkKey(uint64_t version, uint32_t rank, uint64_t k);
 std::string PartListKey(uint64_t version, uint32_t rank);
+std::string PartsPrefix(uint64_t version);  // "parts/<V>/"
+// A part chunk key as PartChunkKey makes it, read back; nullopt for any
+// other key.
+struct PartChunkId {
+  uint64_t version = 0;
+  uint32_t rank = 0;
+  uint64_t k = 0;
+};
+std::optional<PartChunkId> ParsePartChunkKey(std::string_view key);
 std::string SnapshotPrefix(uint64_t version);  // "snap/<V>/"
 std::string SnapshotIndexKey(uint64_t version);
 std::string SnapshotFileKey(uint64_t version, uint64_t index);

@@ -125,6 +125,28 @@ TEST(KeysTest, IndexAndSnapshotKeysAndListings) {
   EXPECT_EQ(VersionsOf(listing), (std::vector<uint64_t>{1, 3, 20}));
 }
 
+TEST(KeysTest, PartChunkKeysReadBack) {
+  for (const PartChunkId id : {PartChunkId{1, 0, 0}, PartChunkId{42, 7, 123},
+                               PartChunkId{UINT64_MAX, UINT32_MAX, 12345678901}}) {
+    const std::string key = PartChunkKey(id.version, id.rank, id.k);
+    EXPECT_EQ(key.rfind(PartsPrefix(id.version), 0), 0u) << key;
+    auto back = ParsePartChunkKey(key);
+    ASSERT_TRUE(back.has_value()) << key;
+    EXPECT_EQ(back->version, id.version);
+    EXPECT_EQ(back->rank, id.rank);
+    EXPECT_EQ(back->k, id.k);
+  }
+  const std::string good = PartChunkKey(3, 2, 1);
+  for (const std::string& bad :
+       {PartListKey(3, 2), ChunkKey(3, 1), good + "/x", good.substr(0, good.size() - 1),
+        std::string("parts/00000000000000000003/0000000002/chunk/00000000001"),
+        std::string("parts/00000000000000000003/4294967296/chunk/0000000001"),
+        std::string("parts/00000000000000000003/000000002/chunk/0000000001"),
+        std::string("parts/00000000000000000003/0000000002/chunks/0000000001")}) {
+    EXPECT_FALSE(ParsePartChunkKey(bad).has_value()) << bad;
+  }
+}
+
 // Members' keys flow up a relay tree; the rest flow down.
 TEST(KeysTest, MemberKeysAndVersionsOfKeys) {
   EXPECT_TRUE(IsMemberKey("v/00000000000000000001/vote/r1"));

@@ -94,6 +94,13 @@ struct ReceiverOptions {
   // process, and a second fault when it is written again. false: the flush
   // before the vote writes everything. In-memory tensors: no effect.
   bool early_writeback = true;
+  // A direct version (docs/protocol.md, "Versions from many ranks") is
+  // announced before its ranks finish uploading: until its manifest is
+  // stored, the receiver lists the ranks' chunk objects and reads and
+  // checks up to this many bytes of them in the background (EarlyParts),
+  // and stages or applies them once the manifest lists them. 0: read every
+  // chunk after the manifest.
+  uint64_t early_part_bytes = uint64_t{1} << 30;
 };
 
 struct StepResult {
@@ -119,6 +126,10 @@ struct StepResult {
   // Chunks applied before the version's manifest was seen, i.e. while the
   // publisher was still uploading (docs/protocol.md, "Receiver").
   uint64_t chunks_before_manifest = 0;
+  // A direct version's part chunks read and checked before its manifest
+  // was stored, while the ranks were still uploading (EarlyParts); they
+  // are staged or applied once the manifest lists them.
+  uint64_t chunks_read_early = 0;
   double seconds = 0;
   // Committed versions this step brought the receiver through: k for a
   // fold of V1..Vk (then `version` is Vk and the counters and

@@ -8,7 +8,10 @@
 #include "base/hash.h"
 #include "format/safetensors.h"
 #include "sync/chunk_check.h"
+#include "sync/apply_pool.h"
 #include "sync/chunk_pack.h"
+#include "sync/chunk_prefetch.h"
+#include "sync/early_parts.h"
 
 namespace refit::internal {
 namespace {
@@ -90,27 +93,83 @@ Result<std::optional<StepResult>> StagedPrepare::StageVersion(
     m = std::move(*got);
     return Status();
   };
+  Clock::time_point fetching = Clock::now();
   REFIT_RETURN_IF_ERROR(read_manifest());
+  result_.stages.fetch += SecondsSince(fetching);
   std::optional<Clock::time_point> manifest_seen;
   auto last_progress = Clock::now();
   int polls = 0, bad_reads = 0;
   ChunkObjectReader reader(r_.store_, a.version);
+  // A direct version's part chunks are read and checked ahead, side by
+  // side, once the manifest names their keys (as VersionApply does); the
+  // prefetch borrows the manifest, so it ends before the manifest moves.
+  std::optional<ChunkPrefetch> prefetch;
+  // Before the manifest, a direct version's part chunks are read as the
+  // ranks store them (EarlyParts) and staged once the manifest lists them.
+  std::optional<EarlyParts> early;
+  const int threads = ApplyThreads(opt_.threads);
+  // Stages chunk i, checked: its stored object, its whole bytes there and
+  // its header.
+  auto stage = [&](uint64_t i, std::span<const uint8_t> object,
+                   std::span<const uint8_t> bytes, const ChunkHeader& h) -> Status {
+    result_.bytes_fetched += object.size();
+    result_.stages.fetch += SecondsSince(fetching);
+    bad_reads = 0;
+    seen.push_back(m ? m->chunks[i].sha256 : ComputeSha256(object));
+    const Clock::time_point adding = Clock::now();
+    const Status s = opt_.staged->Add(k, a.tensors, bytes);
+    result_.stages.apply_cpu += SecondsSince(adding);
+    if (!s.ok()) {
+      // A version the staging cannot hold, or whose chunks the target
+      // does not decode (a GPU target and conditional XOR chunks of a
+      // tensor it does not store contiguously), cannot be applied here.
+      *version_fault = s.code() == StatusCode::kResourceExhausted ||
+                       s.code() == StatusCode::kUnimplemented;
+      return s;
+    }
+    result_.changed_elements += h.changed;
+    if (!m) ++result_.chunks_before_manifest;
+    last_progress = Clock::now();
+    return Status();
+  };
   for (uint64_t i = 0;;) {
     if (m) {
       if (!manifest_seen) manifest_seen = Clock::now();
       if (i >= m->chunks.size()) break;
     }
+    fetching = Clock::now();
+    if (m && m->direct && !prefetch && threads > 1) {
+      prefetch.emplace(r_.store_, a, *m, opt_.auth, i, std::min(threads, 4),
+                       early ? early->Held(*m) : std::vector<bool>());
+    }
+    if (early && m) {
+      if (auto got = early->Take(*m, i)) {
+        ++result_.chunks_read_early;
+        REFIT_RETURN_IF_ERROR(stage(i, got->object, got->bytes, got->chunk.header));
+        ++i;
+        continue;
+      }
+    }
+    if (prefetch) {
+      if (auto ahead = prefetch->Take(i)) {
+        REFIT_RETURN_IF_ERROR(stage(i, ahead->object, ahead->bytes, ahead->chunk.header));
+        ++i;
+        continue;
+      }
+    }
+    const uint64_t since = r_.store_->ChangeCount();
     auto got = reader.Get(i, m ? &*m : nullptr);
     // A malformed pack is checked as an empty object: it fails the chunk's
     // checks, and is read again like any chunk that does.
     if (!got.ok() && got.status().code() == StatusCode::kDataLoss) got = std::vector<uint8_t>();
     if (got.ok()) {
-      result_.bytes_fetched += got->size();
       std::span<const uint8_t> bytes;
       auto c = CheckChunk(*got,
                           ChunkSpec{&a, i, m ? &*m : nullptr, /*resend=*/false},
                           opt_.auth, &bytes);
       if (!c.ok()) {
+        result_.bytes_fetched += got->size();
+        result_.stages.fetch += SecondsSince(fetching);
         if (!FailsItsChecks(c.status())) return c.status();
         // Read it again: damaged bytes in transit differ from read to
         // read; a damaged stored object is the version's fault.
@@ -122,20 +181,7 @@ Result<std::optional<StepResult>> StagedPrepare::StageVersion(
             r_.Pause("chunk " + std::to_string(i) + " of version " + V));
         continue;
       }
-      bad_reads = 0;
-      seen.push_back(m ? m->chunks[i].sha256 : ComputeSha256(*got));
-      if (Status s = opt_.staged->Add(k, a.tensors, bytes); !s.ok()) {
-        // A version the staging cannot hold, or whose chunks the target
-        // does not decode (a GPU target and conditional XOR chunks of a
-        // tensor it does not store contiguously),
-        // cannot be applied here.
-        *version_fault = s.code() == StatusCode::kResourceExhausted ||
-                         s.code() == StatusCode::kUnimplemented;
-        return s;
-      }
-      result_.changed_elements += c->header.changed;
-      if (!m) ++result_.chunks_before_manifest;
-      last_progress = Clock::now();
+      REFIT_RETURN_IF_ERROR(stage(i, *got, bytes, c->header));
       ++i;
       continue;
     }
@@ -146,6 +192,14 @@ Result<std::optional<StepResult>> StagedPrepare::StageVersion(
                            " but the store does not hold it");
     }
     REFIT_RETURN_IF_ERROR(read_manifest());
+    if (!m && i == 0 && opt_.early_part_bytes > 0) {
+      if (!early) {
+        early.emplace(r_.store_, a, opt_.auth, std::clamp(threads, 2, 4),
+                      opt_.early_part_bytes);
+      }
+      REFIT_RETURN_IF_ERROR(early->Scan());
+    }
+    result_.stages.fetch += SecondsSince(fetching);
     if (m) continue;
     if (++polls % 8 == 0) {
       REFIT_ASSIGN_OR_RETURN(auto d, r_.ReadDecision(a.version));
@@ -161,9 +215,13 @@ Result<std::optional<StepResult>> StagedPrepare::StageVersion(
           std::to_string(opt_.chunk_timeout_ms) +
           " ms; its publisher may have stopped; nothing was written");
     }
+    const Clock::time_point waiting = Clock::now();
     REFIT_RETURN_IF_ERROR(
-        r_.Pause("chunk " + std::to_string(i) + " of version " + V));
+        r_.Pause("chunk " + std::to_string(i) + " of version " + V, since));
+    result_.stages.chunk_wait += SecondsSince(waiting);
   }
+  prefetch.reset();
+  early.reset();
   if (k + 1 == out_.chain.size())
     result_.tail_seconds = SecondsSince(*manifest_seen);
   manifests_[k] = std::move(*m);

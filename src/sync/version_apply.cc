@@ -395,7 +395,10 @@ Result<std::optional<StepResult>> VersionApply::StreamChunks() {
   last_progress_ = Clock::now();
   int polls = 0;
   REFIT_RETURN_IF_ERROR(ReadManifestIfStored());  // present already when catching up
-  const OnExit stop_prefetch([this] { prefetch_.reset(); });
+  const OnExit stop_prefetch([this] {
+    prefetch_.reset();
+    early_.reset();
+  });
   for (uint64_t i = 0;;) {
     if (manifest_) {
       if (!manifest_seen_) manifest_seen_ = Clock::now();
@@ -406,7 +409,18 @@ Result<std::optional<StepResult>> VersionApply::StreamChunks() {
     // side, once the manifest names their keys.
     if (manifest_ && manifest_->direct && !prefetch_) {
       if (const int threads = ApplyThreads(opt_.threads); threads > 1) {
-        prefetch_.emplace(r_.store_, a_, *manifest_, opt_.auth, i, std::min(threads, 4));
+        prefetch_.emplace(r_.store_, a_, *manifest_, opt_.auth, i, std::min(threads, 4),
+                          early_ ? early_->Held(*manifest_) : std::vector<bool>());
+      }
+    }
+    // Chunks read while the ranks were uploading (before the manifest).
+    if (early_ && manifest_) {
+      if (auto ahead = early_->Take(*manifest_, i)) {
+        ++result_.chunks_read_early;
+        object_ = std::move(ahead->object);  // the chunk points into its buffer
+        REFIT_RETURN_IF_ERROR(TakeChunk(i, fetching, std::move(ahead->chunk)));
+        ++i;
+        continue;
       }
     }
     if (prefetch_) {
@@ -434,6 +448,15 @@ Result<std::optional<StepResult>> VersionApply::StreamChunks() {
                            std::to_string(i) + " but the store does not hold it");
     }
     REFIT_RETURN_IF_ERROR(ReadManifestIfStored());
+    if (!manifest_ && i == 0 && opt_.early_part_bytes > 0) {
+      // No chunk at the version's own keys yet: a direct version's ranks
+      // may be uploading theirs.
+      if (!early_) {
+        early_.emplace(r_.store_, a_, opt_.auth,
+                       std::clamp(ApplyThreads(opt_.threads), 2, 4), opt_.early_part_bytes);
+      }
+      REFIT_RETURN_IF_ERROR(early_->Scan());
+    }
     result_.stages.fetch += SecondsSince(fetching);
     if (manifest_) continue;
     // The publisher is still uploading (or stopped): an abort decision

@@ -24,6 +24,7 @@
 #include "sync/bound_tensors.h"
 #include "sync/chunk_pack.h"
 #include "sync/chunk_prefetch.h"
+#include "sync/early_parts.h"
 #include "sync/journal.h"
 #include "sync/protocol.h"
 #include "sync/receiver.h"
@@ -147,6 +148,7 @@ class VersionApply {
   // Destroyed before the tensors and the flusher: joins its workers.
   std::optional<ApplyPool> pool_;
   std::optional<ChunkPrefetch> prefetch_;  // a direct version's, in StreamChunks
+  std::optional<EarlyParts> early_;        // its chunks read before the manifest
   Status apply_error_;
   std::vector<uint64_t> torn_;
   // Taken from the receiver at the start, so that a step that does not

@@ -1,0 +1,136 @@
+#include "sync/early_parts.h"
+
+#include <algorithm>
+
+#include "sync/chunk_check.h"
+#include "sync/chunk_pack.h"
+#include "sync/keys.h"
+
+namespace refit::internal {
+
+EarlyParts::EarlyParts(ObjectStore* store, const Announcement& a, const Authenticator& auth,
+                       int threads, uint64_t max_bytes)
+    : store_(store), a_(a), auth_(auth), threads_(std::max(1, threads)), max_bytes_(max_bytes) {}
+
+EarlyParts::~EarlyParts() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  for (auto& w : workers_) w.join();
+}
+
+Status EarlyParts::Scan() {
+  REFIT_ASSIGN_OR_RETURN(auto listed, store_->List(PartsPrefix(a_.version)));
+  std::lock_guard<std::mutex> lock(mu_);
+  bool queued = false;
+  for (const ObjectInfo& o : listed) {
+    const auto id = ParsePartChunkKey(o.key);
+    if (!id || id->version != a_.version) continue;  // part lists, strays
+    const Id key{id->rank, id->k};
+    if (objects_.count(key) != 0) continue;
+    if (held_bytes_ + o.size > max_bytes_) break;
+    held_bytes_ += o.size;
+    objects_.emplace(key, State::kQueued);
+    queue_.push_back(key);
+    queued = true;
+  }
+  if (!queued) return Status();
+  // The threads start with the first object found: a version published by
+  // one publisher (no parts) costs a listing per poll and nothing else.
+  while (workers_.size() < static_cast<size_t>(threads_)) {
+    workers_.emplace_back([this] { Work(); });
+  }
+  cv_.notify_all();
+  return Status();
+}
+
+uint64_t EarlyParts::queued() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return objects_.size();
+}
+
+std::vector<std::pair<EarlyParts::Id, EarlyParts::Chunk>> EarlyParts::Read(Id key) const {
+  std::vector<std::pair<Id, Chunk>> out;
+  auto got = store_->Get(PartChunkKey(a_.version, key.first, key.second));
+  if (!got.ok()) return out;
+  std::vector<std::span<const uint8_t>> elements{std::span<const uint8_t>(*got)};
+  if (IsPack(*got)) {
+    auto pack = DecodePack(*got);
+    if (!pack.ok()) return out;
+    elements = std::move(*pack);
+  }
+  for (size_t j = 0; j < elements.size(); ++j) {
+    Chunk c;
+    c.object.assign(elements[j].begin(), elements[j].end());
+    auto body = auth_.Open(c.object);
+    if (!body.ok()) continue;
+    auto parsed = ParseChunk(*body);
+    if (!parsed.ok()) continue;
+    ChunkSpec spec{&a_, 0, nullptr, /*resend=*/false};
+    spec.before_manifest = true;
+    if (!CheckParsedChunk(*parsed, spec).ok()) continue;
+    c.chunk = std::move(*parsed);
+    c.bytes = body->first(c.chunk.size);
+    c.sha = ComputeSha256(c.object);
+    out.emplace_back(Id{key.first, key.second + j}, std::move(c));
+  }
+  return out;
+}
+
+void EarlyParts::Work() {
+  for (;;) {
+    Id key;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+      if (stop_) return;
+      key = queue_.front();
+      queue_.pop_front();
+      objects_[key] = State::kReading;
+    }
+    // The chunk and its spans point into `object`'s buffer, which moves
+    // with it.
+    auto read = Read(key);
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& [id, c] : read) chunks_.emplace(id, std::move(c));
+    objects_[key] = State::kDone;
+    cv_.notify_all();
+  }
+}
+
+std::optional<EarlyParts::Checked> EarlyParts::Take(const Manifest& m, uint64_t i) {
+  if (i >= m.chunks.size()) return std::nullopt;
+  const ManifestChunk& e = m.chunks[i];
+  if (!e.in_part || e.pack_offset > e.part_index) return std::nullopt;
+  const Id object{e.rank, e.part_index - e.pack_offset};
+  std::unique_lock<std::mutex> lock(mu_);
+  auto o = objects_.find(object);
+  if (o == objects_.end()) return std::nullopt;
+  cv_.wait(lock, [&] { return stop_ || o->second == State::kDone; });
+  auto c = chunks_.find(Id{e.rank, e.part_index});
+  if (c == chunks_.end()) return std::nullopt;
+  Chunk chunk = std::move(c->second);
+  chunks_.erase(c);
+  lock.unlock();
+  // The object the manifest lists, and a chunk that is its entry.
+  if (chunk.object.size() != e.size || chunk.sha != e.sha256) return std::nullopt;
+  if (!CheckParsedChunk(chunk.chunk, ChunkSpec{&a_, i, &m, /*resend=*/false}).ok()) {
+    return std::nullopt;
+  }
+  return Checked{std::move(chunk.object), std::move(chunk.chunk), chunk.bytes};
+}
+
+std::vector<bool> EarlyParts::Held(const Manifest& m) const {
+  std::vector<bool> held(m.chunks.size(), false);
+  std::lock_guard<std::mutex> lock(mu_);
+  for (size_t i = 0; i < m.chunks.size(); ++i) {
+    const ManifestChunk& e = m.chunks[i];
+    held[i] = e.in_part && e.pack_offset <= e.part_index &&
+              objects_.count(Id{e.rank, e.part_index - e.pack_offset}) != 0;
+  }
+  return held;
+}
+
+}  // namespace refit::internal
