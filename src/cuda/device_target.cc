@@ -569,6 +569,9 @@ Result<std::vector<Hash128>> DeviceTarget::HashesAfter(const std::vector<TensorE
   const auto padded = [](uint64_t b) { return (b + 255) & ~uint64_t{255}; };
   const uint64_t budget = std::max(m.opt.device_staging_bytes, padded(largest));
   DeviceBuffer copy;
+  // One GPU receiver per version, placing through each group's plan in
+  // turn (made once: streams, arena and pinned buffers are not cheap).
+  std::vector<std::unique_ptr<Receiver>> appliers(versions.size());
   for (size_t i = 0; i < copied.size();) {
     // One group: copies of tensors i .. j - 1.
     uint64_t used = 0;
@@ -606,14 +609,19 @@ Result<std::vector<Hash128>> DeviceTarget::HashesAfter(const std::vector<TensorE
       std::sort(spans.begin(), spans.end(),
                 [](const ChunkSpan& a, const ChunkSpan& b) { return a.offset < b.offset; });
       const Impl::Version& v = versions[k];
-      std::vector<std::string> names;
-      for (const TensorEntry& e : *v.table) names.push_back(e.name);
-      ReceiverOptions ro;
-      ro.staging_bytes = m.opt.apply_staging_bytes;
-      ro.verify = true;
-      ro.host_threads = m.opt.host_threads;
-      ro.device = m.opt.device;
-      REFIT_ASSIGN_OR_RETURN(auto r, Receiver::Create(plan, std::move(names), ro));
+      if (appliers[k]) {
+        REFIT_RETURN_IF_ERROR(appliers[k]->SetPlan(plan));
+      } else {
+        std::vector<std::string> names;
+        for (const TensorEntry& e : *v.table) names.push_back(e.name);
+        ReceiverOptions ro;
+        ro.staging_bytes = m.opt.apply_staging_bytes;
+        ro.verify = true;
+        ro.host_threads = m.opt.host_threads;
+        ro.device = m.opt.device;
+        REFIT_ASSIGN_OR_RETURN(appliers[k], Receiver::Create(plan, std::move(names), ro));
+      }
+      Receiver* r = appliers[k].get();
       REFIT_ASSIGN_OR_RETURN(PreparedDelta p, r->Prepare(v.bytes, spans));
       REFIT_ASSIGN_OR_RETURN(std::vector<uint8_t> states, r->Classify(v.bytes, p));
       for (size_t st = 0; st < states.size(); ++st) {

@@ -202,6 +202,45 @@ struct Receiver::Impl {
     return d;
   }
 
+  // The plan's flattened placements and pieces, in device memory.
+  Status UploadPlan() {
+    std::vector<DevicePlacement> dp;
+    std::vector<DevicePiece> pc;
+    plan.Flatten(&dp, &pc);
+    REFIT_RETURN_IF_ERROR(placements.Reserve(dp.size() * sizeof(dp[0])));
+    REFIT_RETURN_IF_ERROR(pieces.Reserve(pc.size() * sizeof(pc[0])));
+    REFIT_CUDA_RETURN(cudaMemcpy(placements.data(), dp.data(), dp.size() * sizeof(dp[0]),
+                                 cudaMemcpyHostToDevice),
+                      "copy plan");
+    REFIT_CUDA_RETURN(cudaMemcpy(pieces.data(), pc.data(), pc.size() * sizeof(pc[0]),
+                                 cudaMemcpyHostToDevice),
+                      "copy plan");
+    return Status::Ok();
+  }
+
+  // `st` was staged by this receiver from preparation `p`.
+  Status CheckStaged(const StagedDelta::Impl& st, const PreparedDelta& p) const {
+    if (st.owner != this || st.batches != p.batches.size()) {
+      return InvalidArgumentError(
+          "the staged delta was not staged by this receiver from this "
+          "preparation");
+    }
+    return Status::Ok();
+  }
+
+  // The staged path's start: records `begin` on the copy stream after what
+  // is enqueued there (the status words) and makes the first `streams`
+  // compute streams wait for it. Returns `streams`.
+  Result<uint32_t> BeginStaged(size_t batches) {
+    const uint32_t streams =
+        static_cast<uint32_t>(std::clamp<size_t>(batches, 1, kMaxStreams));
+    REFIT_CUDA_RETURN(cudaEventRecord(begin, copy), "record");
+    for (uint32_t s = 0; s < streams; ++s) {
+      REFIT_CUDA_RETURN(cudaStreamWaitEvent(compute[s], begin, 0), "wait");
+    }
+    return streams;
+  }
+
   // Makes `after` wait for everything enqueued on the first `streams`
   // compute streams (default: the slots').
   Status Join(cudaStream_t after, uint32_t streams = 0) {
@@ -242,19 +281,15 @@ Result<std::unique_ptr<Receiver>> Receiver::Create(
   }
   REFIT_CUDA_RETURN(cudaEventCreate(&impl->begin), "event");
   REFIT_CUDA_RETURN(cudaEventCreate(&impl->end), "event");
-  std::vector<DevicePlacement> dp;
-  std::vector<DevicePiece> pieces;
-  impl->plan.Flatten(&dp, &pieces);
-  REFIT_RETURN_IF_ERROR(impl->placements.Reserve(dp.size() * sizeof(dp[0])));
-  REFIT_RETURN_IF_ERROR(impl->pieces.Reserve(pieces.size() * sizeof(pieces[0])));
-  REFIT_CUDA_RETURN(cudaMemcpy(impl->placements.data(), dp.data(),
-                               dp.size() * sizeof(dp[0]), cudaMemcpyHostToDevice),
-                    "copy plan");
-  REFIT_CUDA_RETURN(cudaMemcpy(impl->pieces.data(), pieces.data(),
-                               pieces.size() * sizeof(pieces[0]),
-                               cudaMemcpyHostToDevice),
-                    "copy plan");
+  REFIT_RETURN_IF_ERROR(impl->UploadPlan());
   return std::unique_ptr<Receiver>(new Receiver(std::move(impl)));
+}
+
+Status Receiver::SetPlan(PlacementPlan plan) {
+  REFIT_CUDA_RETURN(cudaSetDevice(impl_->opt.device), "cudaSetDevice");
+  REFIT_CUDA_RETURN(cudaDeviceSynchronize(), "sync");
+  impl_->plan = std::move(plan);
+  return impl_->UploadPlan();
 }
 
 Result<PreparedDelta> Receiver::Prepare(std::span<const uint8_t> payload,
@@ -313,13 +348,8 @@ Result<GpuApplyReport> Receiver::Apply(std::span<const uint8_t> payload,
 Result<GpuApplyReport> Receiver::Apply(const StagedDelta& staged,
                                        const PreparedDelta& p,
                                        const std::vector<uint8_t>* states) {
-  const StagedDelta::Impl& st = *staged.impl_;
-  if (st.owner != impl_.get() || st.batches != p.batches.size()) {
-    return InvalidArgumentError(
-        "the staged delta was not staged by this receiver from this "
-        "preparation");
-  }
-  return Run({}, &st, p, states);
+  REFIT_RETURN_IF_ERROR(impl_->CheckStaged(*staged.impl_, p));
+  return Run({}, staged.impl_.get(), p, states);
 }
 
 uint64_t Receiver::device_bytes() const { return impl_->HeldBytes(); }
@@ -373,11 +403,7 @@ Result<std::unique_ptr<StagedDelta>> Receiver::Stage(
 Status Receiver::MapConditional(StagedDelta& staged, const PreparedDelta& p) {
   Impl& m = *impl_;
   StagedDelta::Impl& st = *staged.impl_;
-  if (st.owner != impl_.get() || st.batches != p.batches.size()) {
-    return InvalidArgumentError(
-        "the staged delta was not staged by this receiver from this "
-        "preparation");
-  }
+  REFIT_RETURN_IF_ERROR(m.CheckStaged(st, p));
   if (st.mapped) {
     return FailedPreconditionError("the staged delta's conditional chunks are already mapped");
   }
@@ -388,12 +414,7 @@ Status Receiver::MapConditional(StagedDelta& staged, const PreparedDelta& p) {
   REFIT_CUDA_RETURN(cudaMemsetAsync(m.status.data(), 0, 4 * uint64_t{p.status_count}, m.copy),
                     "memset");
   static_assert(kStatusOk == 0);
-  REFIT_CUDA_RETURN(cudaEventRecord(m.begin, m.copy), "record");
-  const uint32_t streams =
-      static_cast<uint32_t>(std::clamp<size_t>(p.batches.size(), 1, kMaxStreams));
-  for (uint32_t s = 0; s < streams; ++s) {
-    REFIT_CUDA_RETURN(cudaStreamWaitEvent(m.compute[s], m.begin, 0), "wait");
-  }
+  REFIT_ASSIGN_OR_RETURN(const uint32_t streams, m.BeginStaged(p.batches.size()));
   for (size_t b = 0; b < p.batches.size(); ++b) {
     const HostBatch& hb = p.batches[b];
     if (hb.conditional == 0) continue;
@@ -415,10 +436,9 @@ Status Receiver::UndoMapped(const StagedDelta& staged, const PreparedDelta& p,
                             const std::vector<bool>& applied) {
   Impl& m = *impl_;
   const StagedDelta::Impl& st = *staged.impl_;
-  if (st.owner != impl_.get() || st.batches != p.batches.size() || !st.mapped ||
-      applied.size() != p.status_count) {
-    return InvalidArgumentError("UndoMapped needs a mapped delta staged by this receiver "
-                                "from this preparation, and a flag per chunk");
+  REFIT_RETURN_IF_ERROR(m.CheckStaged(st, p));
+  if (!st.mapped || applied.size() != p.status_count) {
+    return InvalidArgumentError("UndoMapped needs a mapped delta and a flag per chunk");
   }
   std::vector<uint32_t> status(p.status_count);
   for (uint32_t i = 0; i < p.status_count; ++i) {
@@ -488,10 +508,6 @@ Result<GpuApplyReport> Receiver::Run(std::span<const uint8_t> payload,
     REFIT_CUDA_RETURN(cudaEventCreate(&e), "event");
     m.marks.push_back(e);
   }
-  const uint32_t streams =
-      staged ? static_cast<uint32_t>(std::clamp<size_t>(p.batches.size(), 1,
-                                                          kMaxStreams))
-             : m.slots;
   // The status words go first on the copy stream; every batch's kernels
   // wait for them (slots: through their copy; staged: through `begin`,
   // recorded after them).
@@ -499,11 +515,9 @@ Result<GpuApplyReport> Receiver::Run(std::span<const uint8_t> payload,
                                     4 * initial.size(), cudaMemcpyHostToDevice,
                                     m.copy),
                     "copy status");
+  uint32_t streams = m.slots;
   if (staged) {
-    REFIT_CUDA_RETURN(cudaEventRecord(m.begin, m.copy), "record");
-    for (uint32_t s = 0; s < streams; ++s) {
-      REFIT_CUDA_RETURN(cudaStreamWaitEvent(m.compute[s], m.begin, 0), "wait");
-    }
+    REFIT_ASSIGN_OR_RETURN(streams, m.BeginStaged(p.batches.size()));
   }
   Status st;
   auto launch = [&](size_t b) -> Status {

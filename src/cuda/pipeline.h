@@ -116,6 +116,12 @@ class Receiver {
   Receiver(const Receiver&) = delete;
   Receiver& operator=(const Receiver&) = delete;
 
+  // Places the next deltas through `plan` instead (its streams, arena and
+  // buffers are kept): for one receiver applying to one group of tensors
+  // after another. Waits for the work in flight first; deltas prepared or
+  // staged through the old plan must not be applied after it.
+  Status SetPlan(PlacementPlan plan);
+
   // CPU side. `payload` holds the chunks (docs/format.md §3) at `chunks`;
   // for copies that overlap with kernels it should be pinned
   // (cudaHostAlloc / cudaHostRegister). It must stay unchanged until
