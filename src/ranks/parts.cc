@@ -824,27 +824,30 @@ Result<DirectReport> DirectCoordinator::Publish(uint64_t version) {
     REFIT_ASSIGN_OR_RETURN(auto body, opt_.auth.Open(*decided));
     REFIT_ASSIGN_OR_RETURN(decision, DecodeDecision(body));
   } else {
-    // 1. The announcement, at once: receivers read the ranks' chunks as
-    // they are stored (docs/protocol.md, "Versions from many ranks"), long
-    // before the manifest can list them.
+    // 1. The announcement, as soon as the first rank has stored anything
+    // of its part: receivers then read the ranks' chunks as they are
+    // stored (docs/protocol.md, "Versions from many ranks"), long before
+    // the manifest can list them, and wait no longer than an upload lasts.
+    // 2. Every rank's part list, up to the deadline. Without all of them
+    // nothing more is written: no manifest, no decision (a later Publish
+    // of the version, or a higher version, goes on from there).
     REFIT_ASSIGN_OR_RETURN(std::vector<TensorEntry> table, TableOf(base));
-    REFIT_RETURN_IF_ERROR(AbortSuperseded(version));
     constexpr char kConflict[] =
         "this version was announced with other parts or members; publish a higher version";
-    {
+    bool announced = false;
+    auto announce = [&]() -> Status {
+      REFIT_RETURN_IF_ERROR(AbortSuperseded(version));
       Announcement a;
       a.version = version;
       a.base_version = base;
       a.members = opt_.members;
       a.tensors = table;
       for (TensorEntry& t : a.tensors) t.after = Hash128{};
-      REFIT_RETURN_IF_ERROR(PutOnce(store_, IndexKey(version),
-                                    opt_.auth.Seal(EncodeAnnouncement(a)), kConflict));
-    }
-
-    // 2. Every rank's part list, up to the deadline. Without all of them
-    // nothing more is written: no manifest, no decision (a later Publish
-    // of the version, or a higher version, goes on from there).
+      REFIT_RETURN_IF_ERROR(
+          PutOnce(store_, IndexKey(version), opt_.auth.Seal(EncodeAnnouncement(a)), kConflict));
+      announced = true;
+      return Status();
+    };
     std::vector<std::string> names;
     for (const TensorEntry& e : table) names.push_back(e.name);
     const uint64_t names_hash = HashTensorNames(names);
@@ -853,6 +856,10 @@ Result<DirectReport> DirectCoordinator::Publish(uint64_t version) {
     size_t missing = opt_.ranks.size();
     for (;;) {
       const uint64_t since = store_->ChangeCount();
+      if (!announced) {
+        REFIT_ASSIGN_OR_RETURN(auto stored, store_->List(PartsPrefix(version)));
+        if (!stored.empty()) REFIT_RETURN_IF_ERROR(announce());
+      }
       for (size_t i = 0; i < opt_.ranks.size(); ++i) {
         if (lists[i]) continue;
         const uint32_t rank = opt_.ranks[i];
@@ -902,6 +909,7 @@ Result<DirectReport> DirectCoordinator::Publish(uint64_t version) {
 
     // 3. The manifest, from the lists alone.
     auto t1 = Clock::now();
+    if (!announced) REFIT_RETURN_IF_ERROR(announce());
     Manifest m;
     m.version = version;
     m.base_version = base;

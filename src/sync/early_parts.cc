@@ -21,10 +21,10 @@ EarlyParts::~EarlyParts() {
   for (auto& w : workers_) w.join();
 }
 
-Status EarlyParts::Scan() {
+Result<size_t> EarlyParts::Scan() {
   REFIT_ASSIGN_OR_RETURN(auto listed, store_->List(PartsPrefix(a_.version)));
   std::lock_guard<std::mutex> lock(mu_);
-  bool queued = false;
+  size_t queued = 0;
   for (const ObjectInfo& o : listed) {
     const auto id = ParsePartChunkKey(o.key);
     if (!id || id->version != a_.version) continue;  // part lists, strays
@@ -34,16 +34,16 @@ Status EarlyParts::Scan() {
     held_bytes_ += o.size;
     objects_.emplace(key, State::kQueued);
     queue_.push_back(key);
-    queued = true;
+    ++queued;
   }
-  if (!queued) return Status();
+  if (queued == 0) return queued;
   // The threads start with the first object found: a version published by
   // one publisher (no parts) costs a listing per poll and nothing else.
   while (workers_.size() < static_cast<size_t>(threads_)) {
     workers_.emplace_back([this] { Work(); });
   }
   cv_.notify_all();
-  return Status();
+  return queued;
 }
 
 uint64_t EarlyParts::queued() const {
@@ -114,12 +114,32 @@ std::optional<EarlyParts::Checked> EarlyParts::Take(const Manifest& m, uint64_t 
   Chunk chunk = std::move(c->second);
   chunks_.erase(c);
   lock.unlock();
-  // The object the manifest lists, and a chunk that is its entry.
-  if (chunk.object.size() != e.size || chunk.sha != e.sha256) return std::nullopt;
-  if (!CheckParsedChunk(chunk.chunk, ChunkSpec{&a_, i, &m, /*resend=*/false}).ok()) {
+  if (!MatchesEntry(a_, m, i, e.rank, e.part_index, chunk.object.size(), chunk.sha,
+                    chunk.chunk)) {
     return std::nullopt;
   }
   return Checked{std::move(chunk.object), std::move(chunk.chunk), chunk.bytes};
+}
+
+bool EarlyParts::MatchesEntry(const Announcement& a, const Manifest& m, uint64_t i,
+                              uint32_t rank, uint64_t k, uint64_t size, const Sha256& sha,
+                              const ParsedChunk& c) {
+  if (i >= m.chunks.size()) return false;
+  const ManifestChunk& e = m.chunks[i];
+  // The object the manifest lists, and a chunk that is its entry.
+  return e.in_part && e.rank == rank && e.part_index == k && size == e.size &&
+         sha == e.sha256 && CheckParsedChunk(c, ChunkSpec{&a, i, &m, /*resend=*/false}).ok();
+}
+
+std::vector<EarlyParts::Ready> EarlyParts::TakeReady() {
+  std::vector<Ready> out;
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& [id, c] : chunks_) {
+    out.push_back(Ready{id.first, id.second, c.sha,
+                        Checked{std::move(c.object), std::move(c.chunk), c.bytes}});
+  }
+  chunks_.clear();
+  return out;
 }
 
 std::vector<bool> EarlyParts::Held(const Manifest& m) const {

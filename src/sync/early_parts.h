@@ -12,14 +12,17 @@
 // compute its SHA-256. A pack is split into its chunks (the pack stored at
 // the rank's part chunk k holds chunks k, k + 1, ...).
 //
-// Nothing is staged or applied from here before the manifest. Once it is
-// read, Take(m, i) hands over chunk i when an object read early has the
-// size and SHA-256 of manifest entry i and its header matches the entry
-// (CheckParsedChunk again, with the manifest). Everything else (an object
-// the manifest does not list, one that failed a check or could not be
-// read, one beyond the byte bound) is dropped, and the caller reads those
-// chunks after the manifest with the checks, retries and errors it always
-// has: reading early changes what is read when, never what is accepted.
+// Nothing read here is applied before the manifest. Once it is read,
+// Take(m, i) hands over chunk i when an object read early has the size and
+// SHA-256 of manifest entry i and its header matches the entry
+// (MatchesEntry: CheckParsedChunk again, with the manifest). Everything
+// else (an object the manifest does not list, one that failed a check or
+// could not be read, one beyond the byte bound) is dropped, and the caller
+// reads those chunks after the manifest with the checks, retries and
+// errors it always has: reading early changes what is read when, never
+// what is accepted. A two-phase receiver, which writes nothing when it
+// stages, takes the chunks before the manifest instead (TakeReady), stages
+// them, and matches them to the manifest when it is read.
 //
 // Holds at most `max_bytes` of objects read (or being read); the store's
 // objects beyond that are not queued and are read after the manifest.
@@ -58,9 +61,9 @@ class EarlyParts {
   EarlyParts& operator=(const EarlyParts&) = delete;
 
   // Lists the version's part chunk objects and queues those not queued
-  // before, while the byte bound allows. The store's List errors as they
-  // are.
-  Status Scan();
+  // before, while the byte bound allows; how many it queued. The store's
+  // List errors as they are.
+  Result<size_t> Scan();
 
   // Objects queued so far (read, being read or waiting).
   uint64_t queued() const;
@@ -73,6 +76,23 @@ class EarlyParts {
   // Per manifest chunk: whether Take(m, i) may hand it over (its object
   // was queued here), so that a read-ahead after the manifest skips it.
   std::vector<bool> Held(const Manifest& m) const;
+
+  // Before the manifest: every chunk read and checked so far, handed over
+  // (not to Take any more), each with its rank, part chunk index and
+  // SHA-256. A two-phase receiver stages them at once and matches them to
+  // the manifest's entries when it is read (MatchesEntry).
+  struct Ready {
+    uint32_t rank = 0;
+    uint64_t k = 0;
+    Sha256 sha{};
+    Checked chunk;
+  };
+  std::vector<Ready> TakeReady();
+
+  // Whether a chunk (object `size` bytes with SHA-256 `sha`, header `h`)
+  // of `rank`'s part, index k, read before manifest `m`, is its entry i.
+  static bool MatchesEntry(const Announcement& a, const Manifest& m, uint64_t i, uint32_t rank,
+                           uint64_t k, uint64_t size, const Sha256& sha, const ParsedChunk& c);
 
  private:
   using Id = std::pair<uint32_t, uint64_t>;  // rank, part chunk index

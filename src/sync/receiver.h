@@ -173,8 +173,10 @@ struct StepResult {
   // time of the stepping thread in each part, except apply_cpu, which sums
   // the apply workers' time (it overlaps the other parts). Filled by steps
   // that apply one version; zero otherwise. A two-phase receiver's prepare
-  // fills base_check, vote and decision_wait (its staging and after-hashes
-  // are seal_seconds and after_hash_seconds, its pause pause_seconds).
+  // fills base_check, fetch, chunk_wait, apply_cpu (there: handing chunks
+  // to the target, StagedTarget::Add), vote and decision_wait (its sealing
+  // and after-hashes are seal_seconds and after_hash_seconds, its pause
+  // pause_seconds).
   struct Stages {
     double base_check = 0;     // hashing tensors to check the base
     double fetch = 0;          // reading and checking chunks and the manifest

@@ -1,6 +1,7 @@
 #include "sync/staged_apply.h"
 
 #include <algorithm>
+#include <map>
 #include <string_view>
 #include <unordered_map>
 #include <utility>
@@ -105,17 +106,27 @@ Result<std::optional<StepResult>> StagedPrepare::StageVersion(
   // prefetch borrows the manifest, so it ends before the manifest moves.
   std::optional<ChunkPrefetch> prefetch;
   // Before the manifest, a direct version's part chunks are read as the
-  // ranks store them (EarlyParts) and staged once the manifest lists them.
+  // ranks store them (EarlyParts) and staged as they are read, in that
+  // order (staging writes nothing). Once the manifest is read, each must
+  // be one of its entries (rank and index, object size and SHA-256,
+  // header); if one is not, the staging starts over from the manifest.
   std::optional<EarlyParts> early;
+  const bool stage_early = out_.chain.size() == 1;  // a single version
+  struct Early {
+    uint32_t rank;
+    uint64_t k;
+    uint64_t size;
+    Sha256 sha;
+    ParsedChunk chunk;  // its header (the payload is the target's now)
+  };
+  std::vector<Early> staged_early;
+  std::vector<bool> done;  // manifest chunks staged before the manifest
   const int threads = ApplyThreads(opt_.threads);
-  // Stages chunk i, checked: its stored object, its whole bytes there and
-  // its header.
-  auto stage = [&](uint64_t i, std::span<const uint8_t> object,
-                   std::span<const uint8_t> bytes, const ChunkHeader& h) -> Status {
-    result_.bytes_fetched += object.size();
-    result_.stages.fetch += SecondsSince(fetching);
-    bad_reads = 0;
-    seen.push_back(m ? m->chunks[i].sha256 : ComputeSha256(object));
+  // Hands a checked chunk to the target: its stored object's size, its
+  // whole bytes and its header.
+  auto add = [&](uint64_t object_size, std::span<const uint8_t> bytes,
+                 const ChunkHeader& h) -> Status {
+    result_.bytes_fetched += object_size;
     const Clock::time_point adding = Clock::now();
     const Status s = opt_.staged->Add(k, a.tensors, bytes);
     result_.stages.apply_cpu += SecondsSince(adding);
@@ -128,19 +139,66 @@ Result<std::optional<StepResult>> StagedPrepare::StageVersion(
       return s;
     }
     result_.changed_elements += h.changed;
-    if (!m) ++result_.chunks_before_manifest;
     last_progress = Clock::now();
+    return Status();
+  };
+  // Stages chunk i, checked: its stored object, its whole bytes there and
+  // its header.
+  auto stage = [&](uint64_t i, std::span<const uint8_t> object,
+                   std::span<const uint8_t> bytes, const ChunkHeader& h) -> Status {
+    result_.stages.fetch += SecondsSince(fetching);
+    bad_reads = 0;
+    seen.push_back(m ? m->chunks[i].sha256 : ComputeSha256(object));
+    REFIT_RETURN_IF_ERROR(add(object.size(), bytes, h));
+    if (!m) ++result_.chunks_before_manifest;
+    return Status();
+  };
+  // With the manifest read: which chunks staged early are its entries.
+  auto match_early = [&]() -> Status {
+    if (staged_early.empty()) return Status();
+    std::map<std::pair<uint32_t, uint64_t>, size_t> by_id;
+    for (size_t j = 0; j < staged_early.size(); ++j)
+      by_id[{staged_early[j].rank, staged_early[j].k}] = j;
+    done.assign(m->chunks.size(), false);
+    size_t matched = 0;
+    for (uint64_t i = 0; i < m->chunks.size(); ++i) {
+      const ManifestChunk& e = m->chunks[i];
+      auto it = by_id.find({e.rank, e.part_index});
+      if (!e.in_part || it == by_id.end()) continue;
+      const Early& x = staged_early[it->second];
+      if (EarlyParts::MatchesEntry(a, *m, i, x.rank, x.k, x.size, x.sha, x.chunk)) {
+        done[i] = true;
+        ++matched;
+      }
+    }
+    if (matched == staged_early.size()) {
+      result_.chunks_read_early += matched;
+    } else {
+      // A chunk staged early is not in the manifest: start over.
+      REFIT_RETURN_IF_ERROR(opt_.staged->Begin());
+      done.assign(m->chunks.size(), false);
+      result_.changed_elements = 0;
+    }
+    staged_early.clear();
     return Status();
   };
   for (uint64_t i = 0;;) {
     if (m) {
-      if (!manifest_seen) manifest_seen = Clock::now();
+      if (!manifest_seen) {
+        manifest_seen = Clock::now();
+        REFIT_RETURN_IF_ERROR(match_early());
+      }
       if (i >= m->chunks.size()) break;
+      if (i < done.size() && done[i]) {
+        ++i;
+        continue;
+      }
     }
     fetching = Clock::now();
     if (m && m->direct && !prefetch && threads > 1) {
-      prefetch.emplace(r_.store_, a, *m, opt_.auth, i, std::min(threads, 4),
-                       early ? early->Held(*m) : std::vector<bool>());
+      std::vector<bool> skip = early ? early->Held(*m) : std::vector<bool>();
+      for (size_t j = 0; j < std::min(skip.size(), done.size()); ++j) skip[j] = skip[j] || done[j];
+      prefetch.emplace(r_.store_, a, *m, opt_.auth, i, std::min(threads, 4), skip);
     }
     if (early && m) {
       if (auto got = early->Take(*m, i)) {
@@ -197,7 +255,16 @@ Result<std::optional<StepResult>> StagedPrepare::StageVersion(
         early.emplace(r_.store_, a, opt_.auth, std::clamp(threads, 2, 4),
                       opt_.early_part_bytes);
       }
-      REFIT_RETURN_IF_ERROR(early->Scan());
+      // Objects appearing are progress: the ranks are uploading.
+      REFIT_ASSIGN_OR_RETURN(const size_t found, early->Scan());
+      if (found > 0) last_progress = Clock::now();
+      for (EarlyParts::Ready& r : stage_early ? early->TakeReady()
+                                              : std::vector<EarlyParts::Ready>()) {
+        REFIT_RETURN_IF_ERROR(add(r.chunk.object.size(), r.chunk.bytes, r.chunk.chunk.header));
+        r.chunk.chunk.payload = {};
+        staged_early.push_back(
+            Early{r.rank, r.k, r.chunk.object.size(), r.sha, std::move(r.chunk.chunk)});
+      }
     }
     result_.stages.fetch += SecondsSince(fetching);
     if (m) continue;

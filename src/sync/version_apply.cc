@@ -455,7 +455,9 @@ Result<std::optional<StepResult>> VersionApply::StreamChunks() {
         early_.emplace(r_.store_, a_, opt_.auth,
                        std::clamp(ApplyThreads(opt_.threads), 2, 4), opt_.early_part_bytes);
       }
-      REFIT_RETURN_IF_ERROR(early_->Scan());
+      // Objects appearing are progress: the ranks are uploading.
+      REFIT_ASSIGN_OR_RETURN(const size_t found, early_->Scan());
+      if (found > 0) last_progress_ = Clock::now();
     }
     result_.stages.fetch += SecondsSince(fetching);
     if (manifest_) continue;
