@@ -22,7 +22,11 @@ EarlyParts::~EarlyParts() {
 }
 
 Result<size_t> EarlyParts::Scan() {
+  const auto start = std::chrono::steady_clock::now();
+  if (start < next_scan_) return size_t{0};
   REFIT_ASSIGN_OR_RETURN(auto listed, store_->List(PartsPrefix(a_.version)));
+  next_scan_ = std::chrono::steady_clock::now();
+  next_scan_ += 4 * (next_scan_ - start);
   std::lock_guard<std::mutex> lock(mu_);
   size_t queued = 0;
   for (const ObjectInfo& o : listed) {

@@ -153,6 +153,16 @@ Result<std::optional<StepResult>> StagedPrepare::StageVersion(
     if (!m) ++result_.chunks_before_manifest;
     return Status();
   };
+  // Drops what was staged (the target starts over): chunks staged early
+  // that are not the version's.
+  auto restart = [&]() -> Status {
+    REFIT_RETURN_IF_ERROR(opt_.staged->Begin());
+    staged_early.clear();
+    seen.clear();
+    result_.changed_elements = 0;
+    result_.chunks_before_manifest = 0;
+    return Status();
+  };
   // With the manifest read: which chunks staged early are its entries.
   auto match_early = [&]() -> Status {
     if (staged_early.empty()) return Status();
@@ -173,14 +183,14 @@ Result<std::optional<StepResult>> StagedPrepare::StageVersion(
     }
     if (matched == staged_early.size()) {
       result_.chunks_read_early += matched;
-    } else {
-      // A chunk staged early is not in the manifest: start over.
-      REFIT_RETURN_IF_ERROR(opt_.staged->Begin());
-      done.assign(m->chunks.size(), false);
-      result_.changed_elements = 0;
+      staged_early.clear();
+      return Status();
     }
-    staged_early.clear();
-    return Status();
+    // A chunk staged early is not in the manifest: start over (no chunk of
+    // the version's own keys was staged, or the staging started over when
+    // the first was found).
+    done.assign(m->chunks.size(), false);
+    return restart();
   };
   for (uint64_t i = 0;;) {
     if (m) {
@@ -238,6 +248,13 @@ Result<std::optional<StepResult>> StagedPrepare::StageVersion(
         REFIT_RETURN_IF_ERROR(
             r_.Pause("chunk " + std::to_string(i) + " of version " + V));
         continue;
+      }
+      if (i == 0 && early) {
+        // The version has chunks of its own: one publisher's, not the
+        // ranks' (whose parts an assembling coordinator may keep in this
+        // store). What was read or staged from the parts is not its.
+        early.reset();
+        if (!staged_early.empty()) REFIT_RETURN_IF_ERROR(restart());
       }
       REFIT_RETURN_IF_ERROR(stage(i, *got, bytes, c->header));
       ++i;

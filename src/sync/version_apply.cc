@@ -433,6 +433,9 @@ Result<std::optional<StepResult>> VersionApply::StreamChunks() {
     }
     const uint64_t since = r_.store_->ChangeCount();
     auto got = reader_->Get(i, manifest_ ? &*manifest_ : nullptr);
+    // The version has chunks of its own: what the ranks' parts (an
+    // assembling coordinator's, in this store) held is not its.
+    if (got.ok() && i == 0) early_.reset();
     if (got.ok() || got.status().code() == StatusCode::kDataLoss) {
       // A malformed pack is checked as an empty object: it fails the
       // chunk's checks, and fails them alike in consecutive steps when it
