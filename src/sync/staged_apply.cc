@@ -111,7 +111,7 @@ Result<std::optional<StepResult>> StagedPrepare::StageVersion(
   // be one of its entries (rank and index, object size and SHA-256,
   // header); if one is not, the staging starts over from the manifest.
   std::optional<EarlyParts> early;
-  const bool stage_early = out_.chain.size() == 1;  // a single version
+  bool stage_early = out_.chain.size() == 1;  // a single version
   struct Early {
     uint32_t rank;
     uint64_t k;
@@ -277,7 +277,19 @@ Result<std::optional<StepResult>> StagedPrepare::StageVersion(
       if (found > 0) last_progress = Clock::now();
       for (EarlyParts::Ready& r : stage_early ? early->TakeReady()
                                               : std::vector<EarlyParts::Ready>()) {
-        REFIT_RETURN_IF_ERROR(add(r.chunk.object.size(), r.chunk.bytes, r.chunk.chunk.header));
+        // A chunk the target refuses before the manifest says whether it is
+        // the version's: staging early stops, and the chunk is read and
+        // staged (or refused, the version's fault) after the manifest.
+        const Clock::time_point adding = Clock::now();
+        const bool added = opt_.staged->Add(k, a.tensors, r.chunk.bytes).ok();
+        result_.stages.apply_cpu += SecondsSince(adding);
+        if (!added) {
+          REFIT_RETURN_IF_ERROR(restart());
+          stage_early = false;
+          break;
+        }
+        result_.bytes_fetched += r.chunk.object.size();
+        result_.changed_elements += r.chunk.chunk.header.changed;
         r.chunk.chunk.payload = {};
         staged_early.push_back(
             Early{r.rank, r.k, r.chunk.object.size(), r.sha, std::move(r.chunk.chunk)});
