@@ -182,6 +182,18 @@ class DirectTest : public ::testing::TestWithParam<int> {
     return o;
   }
 
+  // A thread on which `r` prepares (or steps) until it is not idle, its
+  // last result in *step.
+  static std::thread BusyUntilNotIdle(Receiver* r, bool prepare, Result<StepResult>* step) {
+    return std::thread([r, prepare, step] {
+      for (int i = 0; i < 20000; ++i) {
+        *step = prepare ? r->Prepare() : r->Step();
+        if (!step->ok() || (*step)->outcome != StepResult::Outcome::kIdle) return;
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+    });
+  }
+
   // One training step: ~3% of the elements change, scattered to the ranks.
   void TrainStep(std::mt19937_64& rng) {
     std::uniform_real_distribution<double> u(0, 1);
@@ -238,7 +250,7 @@ class DirectTest : public ::testing::TestWithParam<int> {
   // listed it (the coordinator never reads it): `victim`, or the last one
   // listed. Damaging one twice restores it.
   void DamageAPartChunk(uint64_t v, std::string victim = "") {
-    auto listed = store_->List("parts/" + IndexKey(v).substr(6) + "/");
+    auto listed = store_->List(PartsPrefix(v));
     ASSERT_OK(listed);
     std::string last;
     for (const auto& o : *listed) {
@@ -256,7 +268,7 @@ class DirectTest : public ::testing::TestWithParam<int> {
   // pack again, so that its own checksum holds and only the chunk's
   // checks (envelope, manifest SHA-256) can refuse it.
   void TamperAPackedChunk(uint64_t v) {
-    auto listed = store_->List("parts/" + IndexKey(v).substr(6) + "/");
+    auto listed = store_->List(PartsPrefix(v));
     ASSERT_OK(listed);
     for (const auto& o : *listed) {
       if (o.key.find("/chunk/") == std::string::npos) continue;
@@ -899,13 +911,7 @@ TEST_P(DirectTest, TwoPhaseReceiverAppliesDirectVersions) {
   ASSERT_OK(coordinator);
   // s0 prepares (or steps) on a thread of its own until it is not idle.
   auto busy = [&](bool prepare, Result<StepResult>* step) {
-    return std::thread([&s0, prepare, step] {
-      for (int i = 0; i < 20000; ++i) {
-        *step = prepare ? s0.Prepare() : s0.Step();
-        if (!step->ok() || (*step)->outcome != StepResult::Outcome::kIdle) return;
-        std::this_thread::sleep_for(std::chrono::milliseconds(1));
-      }
-    });
+    return BusyUntilNotIdle(&s0, prepare, step);
   };
   // Publishes every rank's part of v and decides it while s0 is busy.
   auto decide = [&](DirectCoordinator* c, uint64_t v, bool prepare,
@@ -1085,15 +1091,8 @@ TEST_P(DirectTest, ChunksStoredBeforeTheManifestAreReadEarly) {
     std::thread decide([&] { report = (*coordinator)->Publish(v); });
     std::vector<Result<StepResult>> steps(2, InternalError("not run"));
     std::vector<std::thread> receivers;
-    for (Receiver* r : {s0->get(), m0->get()}) {
-      receivers.emplace_back([r, step = &steps[receivers.size()]] {
-        for (int i = 0; i < 30000; ++i) {
-          *step = r->Step();
-          if (!step->ok() || (*step)->outcome != StepResult::Outcome::kIdle) return;
-          std::this_thread::sleep_for(std::chrono::milliseconds(1));
-        }
-      });
-    }
+    receivers.push_back(BusyUntilNotIdle(s0->get(), /*prepare=*/false, &steps[0]));
+    receivers.push_back(BusyUntilNotIdle(m0->get(), /*prepare=*/false, &steps[1]));
     const size_t read_before = staged_store.read(), memory_before = memory_store.read();
     for (size_t ri = 0; ri + 1 < ranks_.size(); ++ri) PublishRank(ri, v);
     auto stored = store_->List(PartsPrefix(v));

@@ -104,13 +104,18 @@ void EarlyParts::Work() {
   }
 }
 
+std::optional<EarlyParts::Id> EarlyParts::ObjectOf(const ManifestChunk& e) {
+  if (!e.in_part || e.pack_offset > e.part_index) return std::nullopt;
+  return Id{e.rank, e.part_index - e.pack_offset};
+}
+
 std::optional<EarlyParts::Checked> EarlyParts::Take(const Manifest& m, uint64_t i) {
   if (i >= m.chunks.size()) return std::nullopt;
   const ManifestChunk& e = m.chunks[i];
-  if (!e.in_part || e.pack_offset > e.part_index) return std::nullopt;
-  const Id object{e.rank, e.part_index - e.pack_offset};
+  const auto object = ObjectOf(e);
+  if (!object) return std::nullopt;
   std::unique_lock<std::mutex> lock(mu_);
-  auto o = objects_.find(object);
+  auto o = objects_.find(*object);
   if (o == objects_.end()) return std::nullopt;
   cv_.wait(lock, [&] { return stop_ || o->second == State::kDone; });
   auto c = chunks_.find(Id{e.rank, e.part_index});
@@ -150,9 +155,8 @@ std::vector<bool> EarlyParts::Held(const Manifest& m) const {
   std::vector<bool> held(m.chunks.size(), false);
   std::lock_guard<std::mutex> lock(mu_);
   for (size_t i = 0; i < m.chunks.size(); ++i) {
-    const ManifestChunk& e = m.chunks[i];
-    held[i] = e.in_part && e.pack_offset <= e.part_index &&
-              objects_.count(Id{e.rank, e.part_index - e.pack_offset}) != 0;
+    const auto object = ObjectOf(m.chunks[i]);
+    held[i] = object && objects_.count(*object) != 0;
   }
   return held;
 }

@@ -2,9 +2,9 @@
 // are still uploading them, before the manifest names them
 // (docs/protocol.md, "Versions from many ranks", 4).
 //
-// A direct version is announced when its coordinator starts waiting for
-// the ranks' parts, and its manifest is stored only once every rank's part
-// list is in. Until then a receiver knows no chunk's manifest entry, but
+// A direct version is announced as soon as its coordinator finds any
+// object of the ranks' parts stored, and its manifest is stored only once
+// every rank's part list is in. Until then a receiver knows no chunk's manifest entry, but
 // the store holds the chunk objects the ranks have stored: Scan() lists
 // parts/<V>/ and queues every chunk object it has not queued before, and
 // background threads read each one, open its envelope, parse it, check it
@@ -27,8 +27,8 @@
 // Holds at most `max_bytes` of objects read (or being read); the store's
 // objects beyond that are not queued and are read after the manifest.
 // Borrows the store and the announcement, which must outlive it; the
-// destructor stops and joins its threads. Scan, Take and Held are called
-// from one thread.
+// destructor stops and joins its threads. Scan, Take, TakeReady and Held
+// are called from one thread.
 #ifndef REFIT_SYNC_EARLY_PARTS_H_
 #define REFIT_SYNC_EARLY_PARTS_H_
 
@@ -107,6 +107,9 @@ class EarlyParts {
     std::span<const uint8_t> bytes;
     Sha256 sha;
   };
+  // The part chunk object that holds manifest chunk `e` (its pack's first
+  // chunk when packed); nullopt for a chunk not in a part.
+  static std::optional<Id> ObjectOf(const ManifestChunk& e);
   void Work();
   // Reads the object at `key` (a chunk or a pack of them) and checks
   // each chunk in it; those that pass, by chunk id.

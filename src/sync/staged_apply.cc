@@ -113,20 +113,21 @@ Result<std::optional<StepResult>> StagedPrepare::StageVersion(
   std::optional<EarlyParts> early;
   bool stage_early = out_.chain.size() == 1;  // a single version
   struct Early {
-    uint32_t rank;
-    uint64_t k;
     uint64_t size;
     Sha256 sha;
     ParsedChunk chunk;  // its header (the payload is the target's now)
   };
-  std::vector<Early> staged_early;
+  std::map<std::pair<uint32_t, uint64_t>, Early> staged_early;  // by rank, k
   std::vector<bool> done;  // manifest chunks staged before the manifest
   const int threads = ApplyThreads(opt_.threads);
-  // Hands a checked chunk to the target: its stored object's size, its
-  // whole bytes and its header.
-  auto add = [&](uint64_t object_size, std::span<const uint8_t> bytes,
-                 const ChunkHeader& h) -> Status {
-    result_.bytes_fetched += object_size;
+  // Stages chunk i, checked: its stored object, its whole bytes there and
+  // its header.
+  auto stage = [&](uint64_t i, std::span<const uint8_t> object,
+                   std::span<const uint8_t> bytes, const ChunkHeader& h) -> Status {
+    result_.stages.fetch += SecondsSince(fetching);
+    bad_reads = 0;
+    seen.push_back(m ? m->chunks[i].sha256 : ComputeSha256(object));
+    result_.bytes_fetched += object.size();
     const Clock::time_point adding = Clock::now();
     const Status s = opt_.staged->Add(k, a.tensors, bytes);
     result_.stages.apply_cpu += SecondsSince(adding);
@@ -140,16 +141,6 @@ Result<std::optional<StepResult>> StagedPrepare::StageVersion(
     }
     result_.changed_elements += h.changed;
     last_progress = Clock::now();
-    return Status();
-  };
-  // Stages chunk i, checked: its stored object, its whole bytes there and
-  // its header.
-  auto stage = [&](uint64_t i, std::span<const uint8_t> object,
-                   std::span<const uint8_t> bytes, const ChunkHeader& h) -> Status {
-    result_.stages.fetch += SecondsSince(fetching);
-    bad_reads = 0;
-    seen.push_back(m ? m->chunks[i].sha256 : ComputeSha256(object));
-    REFIT_RETURN_IF_ERROR(add(object.size(), bytes, h));
     if (!m) ++result_.chunks_before_manifest;
     return Status();
   };
@@ -166,17 +157,14 @@ Result<std::optional<StepResult>> StagedPrepare::StageVersion(
   // With the manifest read: which chunks staged early are its entries.
   auto match_early = [&]() -> Status {
     if (staged_early.empty()) return Status();
-    std::map<std::pair<uint32_t, uint64_t>, size_t> by_id;
-    for (size_t j = 0; j < staged_early.size(); ++j)
-      by_id[{staged_early[j].rank, staged_early[j].k}] = j;
     done.assign(m->chunks.size(), false);
     size_t matched = 0;
     for (uint64_t i = 0; i < m->chunks.size(); ++i) {
       const ManifestChunk& e = m->chunks[i];
-      auto it = by_id.find({e.rank, e.part_index});
-      if (!e.in_part || it == by_id.end()) continue;
-      const Early& x = staged_early[it->second];
-      if (EarlyParts::MatchesEntry(a, *m, i, x.rank, x.k, x.size, x.sha, x.chunk)) {
+      auto it = staged_early.find({e.rank, e.part_index});
+      if (!e.in_part || it == staged_early.end()) continue;
+      const Early& x = it->second;
+      if (EarlyParts::MatchesEntry(a, *m, i, e.rank, e.part_index, x.size, x.sha, x.chunk)) {
         done[i] = true;
         ++matched;
       }
@@ -205,10 +193,10 @@ Result<std::optional<StepResult>> StagedPrepare::StageVersion(
       }
     }
     fetching = Clock::now();
+    // (Chunks staged early are among those EarlyParts holds.)
     if (m && m->direct && !prefetch && threads > 1) {
-      std::vector<bool> skip = early ? early->Held(*m) : std::vector<bool>();
-      for (size_t j = 0; j < std::min(skip.size(), done.size()); ++j) skip[j] = skip[j] || done[j];
-      prefetch.emplace(r_.store_, a, *m, opt_.auth, i, std::min(threads, 4), skip);
+      prefetch.emplace(r_.store_, a, *m, opt_.auth, i, std::min(threads, 4),
+                       early ? early->Held(*m) : std::vector<bool>());
     }
     if (early && m) {
       if (auto got = early->Take(*m, i)) {
@@ -291,8 +279,8 @@ Result<std::optional<StepResult>> StagedPrepare::StageVersion(
         result_.bytes_fetched += r.chunk.object.size();
         result_.changed_elements += r.chunk.chunk.header.changed;
         r.chunk.chunk.payload = {};
-        staged_early.push_back(
-            Early{r.rank, r.k, r.chunk.object.size(), r.sha, std::move(r.chunk.chunk)});
+        staged_early.emplace(std::pair(r.rank, r.k),
+                             Early{r.chunk.object.size(), r.sha, std::move(r.chunk.chunk)});
       }
     }
     result_.stages.fetch += SecondsSince(fetching);
