@@ -105,10 +105,19 @@ struct DeviceTarget::Impl {
     const std::vector<TensorEntry>* table = nullptr;
     std::vector<uint8_t> bytes;
     std::vector<ChunkSpan> spans;
+    // Each span's tensor and kind, from its header (for HashesAfter).
+    struct Head {
+      uint64_t tensor = 0;
+      uint8_t kind = 0;
+    };
+    std::vector<Head> heads;
     PreparedDelta prepared;
     Receiver* receiver = nullptr;
     // On the device: every batch in its own region (Receiver::Stage).
     std::unique_ptr<StagedDelta> resident;
+    // A device copy of `bytes`, kept after a SealDirect() for
+    // HashesAfter() (which frees it), when it fits the device bound.
+    std::unique_ptr<DeviceBuffer> raw;
     uint64_t offset = 0;         // in the pinned staged payload
     std::vector<uint8_t> kinds;  // chunk kind by chunk index
     // Its conditional chunks were mapped before the pause (resident):
@@ -121,6 +130,7 @@ struct DeviceTarget::Impl {
   bool sealed = false;
   bool on_device = false;
   uint64_t resident_bytes = 0;  // device memory of the staged versions
+  uint64_t raw_bytes = 0;       // of the versions' raw copies
   uint8_t* pinned = nullptr;
   uint64_t pinned_size = 0;
   struct Saved {
@@ -146,6 +156,7 @@ struct DeviceTarget::Impl {
     } else {
       staging.Clear();
       resident_bytes = 0;
+      raw_bytes = 0;
     }
     sealed = false;
     saved.clear();
@@ -350,6 +361,8 @@ Status DeviceTarget::Add(size_t version, const std::vector<TensorEntry>& table,
   if (version > versions.size() || (version + 1 < versions.size())) {
     return InvalidArgumentError("versions must be staged in order");
   }
+  // The tensor, for HashesAfter (the checksum is Seal's to verify).
+  REFIT_ASSIGN_OR_RETURN(ChunkHeader header, ParseChunkHeader(chunk));
   REFIT_RETURN_IF_ERROR(m.staging.Charge(chunk.size()));
   if (version == versions.size()) {
     versions.emplace_back();
@@ -357,12 +370,17 @@ Status DeviceTarget::Add(size_t version, const std::vector<TensorEntry>& table,
   }
   Impl::Version& v = versions.back();
   v.spans.push_back({v.bytes.size(), chunk.size()});
+  v.heads.push_back({header.tensor_id, static_cast<uint8_t>(header.kind)});
   v.bytes.insert(v.bytes.end(), chunk.begin(), chunk.end());
   m.sealed = false;
   return Status();
 }
 
-Status DeviceTarget::Seal() {
+Status DeviceTarget::Seal() { return SealVersions(/*keep_raw=*/false); }
+
+Status DeviceTarget::SealDirect() { return SealVersions(/*keep_raw=*/true); }
+
+Status DeviceTarget::SealVersions(bool keep_raw) {
   Impl& m = *impl_;
   REFIT_CUDA_RETURN(cudaSetDevice(m.opt.device), "cudaSetDevice");
   uint64_t offset = 0;
@@ -404,9 +422,27 @@ Status DeviceTarget::Seal() {
   }
   m.on_device = resident <= m.opt.device_staging_bytes;
   m.resident_bytes = 0;
+  m.raw_bytes = 0;
   if (m.on_device) {
+    // For HashesAfter, the payload as it was added, copied once (the
+    // batches are then staged from it on the device) when it fits too.
+    uint64_t raw = 0;
+    for (const Impl::Version& v : m.staging.items()) raw += v.bytes.size();
+    keep_raw = keep_raw && resident + raw <= m.opt.device_staging_bytes;
     for (Impl::Version& v : m.staging.items()) {
-      REFIT_ASSIGN_OR_RETURN(v.resident, v.receiver->Stage(v.bytes, v.prepared));
+      v.raw.reset();
+      std::span<const uint8_t> from = v.bytes;
+      if (keep_raw) {
+        v.raw = std::make_unique<DeviceBuffer>();
+        REFIT_RETURN_IF_ERROR(v.raw->Reserve(v.bytes.size()));
+        REFIT_CUDA_RETURN(cudaMemcpyAsync(v.raw->bytes(), v.bytes.data(), v.bytes.size(),
+                                          cudaMemcpyHostToDevice, m.stream),
+                          "copy the payload");
+        REFIT_CUDA_RETURN(cudaStreamSynchronize(m.stream), "copy the payload");
+        from = std::span<const uint8_t>(v.raw->bytes(), v.bytes.size());
+        m.raw_bytes += v.bytes.size();
+      }
+      REFIT_ASSIGN_OR_RETURN(v.resident, v.receiver->Stage(from, v.prepared));
       m.resident_bytes += v.resident->bytes();
     }
     // The first version's base is what the GPU holds now: its conditional
@@ -420,7 +456,10 @@ Status DeviceTarget::Seal() {
       std::erase_if(m.saved, [](const Impl::Saved& s) { return s.version == 0 && s.conditional; });
     }
   } else {
-    for (Impl::Version& v : m.staging.items()) v.resident.reset();
+    for (Impl::Version& v : m.staging.items()) {
+      v.resident.reset();
+      v.raw.reset();
+    }
     if (offset > m.pinned_size) {
       if (m.pinned) cudaFreeHost(m.pinned);
       m.pinned = nullptr;
@@ -518,18 +557,28 @@ Result<std::vector<Hash128>> DeviceTarget::HashesAfter(const std::vector<TensorE
   Impl& m = *impl_;
   REFIT_CUDA_RETURN(cudaSetDevice(m.opt.device), "cudaSetDevice");
   std::vector<Impl::Version>& versions = m.staging.items();
-  // The staged chunks of each tensor, by version (spans of its bytes).
-  std::map<std::string, std::vector<std::vector<ChunkSpan>>> chunks;
+  // The staged chunks of each tensor, by version (their indices).
+  std::map<std::string, std::vector<std::vector<size_t>>> chunks;
   for (size_t k = 0; k < versions.size(); ++k) {
     const Impl::Version& v = versions[k];
-    for (const ChunkSpan& span : v.spans) {
-      REFIT_ASSIGN_OR_RETURN(ParsedChunk c,
-                             ParseChunk(std::span(v.bytes).subspan(span.offset, span.size)));
-      if (c.header.tensor_id >= v.table->size())
+    for (size_t i = 0; i < v.spans.size(); ++i) {
+      if (v.heads[i].tensor >= v.table->size())
         return DataLossError("a chunk names a tensor outside its table");
-      auto& per = chunks[(*v.table)[c.header.tensor_id].name];
+      auto& per = chunks[(*v.table)[v.heads[i].tensor].name];
       per.resize(versions.size());
-      per[k].push_back(span);
+      per[k].push_back(i);
+    }
+  }
+  // The payload the GPU receivers read: the device copy SealDirect() kept,
+  // else the page-locked copy, else the staged bytes.
+  std::vector<std::span<const uint8_t>> payloads;
+  for (const Impl::Version& v : versions) {
+    if (v.raw) {
+      payloads.emplace_back(v.raw->bytes(), v.bytes.size());
+    } else if (!m.on_device && m.sealed && m.pinned) {
+      payloads.emplace_back(m.pinned + v.offset, v.bytes.size());
+    } else {
+      payloads.emplace_back(v.bytes);
     }
   }
   // Tensors no chunk touches are hashed where they are, when contiguous;
@@ -600,15 +649,25 @@ Result<std::vector<Hash128>> DeviceTarget::HashesAfter(const std::vector<TensorE
     }
     REFIT_CUDA_RETURN(cudaStreamSynchronize(m.stream), "copy tensors");
     for (size_t k = 0; k < versions.size(); ++k) {
-      std::vector<ChunkSpan> spans;
+      const Impl::Version& v = versions[k];
+      std::vector<size_t> indices;
       for (size_t g = i; g < j; ++g) {
         auto it = chunks.find(table[copied[g]].name);
-        if (it != chunks.end()) spans.insert(spans.end(), it->second[k].begin(), it->second[k].end());
+        if (it != chunks.end()) indices.insert(indices.end(), it->second[k].begin(), it->second[k].end());
       }
-      if (spans.empty()) continue;
-      std::sort(spans.begin(), spans.end(),
-                [](const ChunkSpan& a, const ChunkSpan& b) { return a.offset < b.offset; });
-      const Impl::Version& v = versions[k];
+      if (indices.empty()) continue;
+      std::sort(indices.begin(), indices.end());
+      std::vector<ChunkSpan> spans;
+      // An XOR chunk whose range reaches "after" held its "before" (the
+      // records are fixed, so "after" follows from "before" and only from
+      // it): the "after" check of the apply also checks "before". Other
+      // kinds (an overwrite reaches "after" from any base; a conditional
+      // chunk's records depend on the base) are classified first.
+      bool classify = false;
+      for (size_t c : indices) {
+        spans.push_back(v.spans[c]);
+        classify = classify || !IsXorKind(v.heads[c].kind);
+      }
       if (appliers[k]) {
         REFIT_RETURN_IF_ERROR(appliers[k]->SetPlan(plan));
       } else {
@@ -623,22 +682,41 @@ Result<std::vector<Hash128>> DeviceTarget::HashesAfter(const std::vector<TensorE
       }
       Receiver* r = appliers[k].get();
       REFIT_ASSIGN_OR_RETURN(PreparedDelta p, r->Prepare(v.bytes, spans));
-      REFIT_ASSIGN_OR_RETURN(std::vector<uint8_t> states, r->Classify(v.bytes, p));
-      for (size_t st = 0; st < states.size(); ++st) {
-        if (states[st] == 0) continue;
-        const ChunkSpan& span = spans[p.chunk_of_status[st]];
-        REFIT_ASSIGN_OR_RETURN(ParsedChunk c,
-                               ParseChunk(std::span(v.bytes).subspan(span.offset, span.size)));
-        return DataLossError("chunk of tensor '" + (*v.table)[c.header.tensor_id].name +
-                             "' at element " + std::to_string(c.header.start) +
-                             ": its range does not hold the chunk's base");
+      std::vector<uint8_t> states;
+      if (classify) {
+        REFIT_ASSIGN_OR_RETURN(states, r->Classify(payloads[k], p));
       }
-      REFIT_RETURN_IF_ERROR(r->Apply(v.bytes, p).status());
+      // A refused chunk, named by its tensor and first element.
+      const auto refused = [&](size_t st, const std::string& why) -> Status {
+        const ChunkSpan& span = spans[p.chunk_of_status[st]];
+        REFIT_ASSIGN_OR_RETURN(ChunkHeader h,
+                               ParseChunkHeader(std::span(v.bytes).subspan(span.offset, span.size)));
+        return DataLossError("chunk of tensor '" + (*v.table)[h.tensor_id].name + "' at element " +
+                             std::to_string(h.start) + ": " + why);
+      };
+      for (size_t st = 0; st < states.size(); ++st) {
+        if (states[st] != 0) return refused(st, "its range does not hold the chunk's base");
+      }
+      auto applied = r->Apply(payloads[k], p);
+      if (!applied.ok()) {
+        const std::vector<uint32_t>& status = r->last_status();
+        for (size_t st = 0; st < status.size() && st < p.chunk_of_status.size(); ++st) {
+          if (status[st] != kStatusOk && status[st] != kStatusSkipped) {
+            return refused(st, "applied to a copy of its range as held here, it does not reach "
+                               "its \"after\" hash (" + std::string(ChunkStatusName(status[st])) +
+                               "): this GPU does not hold the chunk's base, or the chunk is "
+                               "corrupt");
+          }
+        }
+        return applied.status();
+      }
     }
     REFIT_ASSIGN_OR_RETURN(auto hashes, RangeHashesDevice(ranges));
     for (size_t g = i; g < j; ++g) out[copied[g]] = hashes[g - i];
     i = j;
   }
+  for (Impl::Version& v : versions) v.raw.reset();
+  m.raw_bytes = 0;
   return out;
 }
 
@@ -651,7 +729,7 @@ StagingUsage DeviceTarget::usage() const {
   u.host_bytes = m.staging.bytes() + m.pinned_size;
   // The GPU receivers' arenas count once allocated (a receiver that only
   // applies staged deltas never allocates its arena).
-  u.device_bytes = m.resident_bytes + m.backup.size();
+  u.device_bytes = m.resident_bytes + m.raw_bytes + m.backup.size();
   for (const auto* cache : {&m.receivers, &m.unchecked}) {
     for (const auto& [names, r] : *cache) u.device_bytes += r->device_bytes();
   }

@@ -81,15 +81,21 @@ class DeviceTarget final : public StagedTarget {
   Status Add(size_t version, const std::vector<TensorEntry>& table,
              std::span<const uint8_t> chunk) override;
   Status Seal() override;
+  // Seal(), and a device copy of the staged payload kept for HashesAfter
+  // when the batches and it fit device_staging_bytes together (so that
+  // the payload crosses the bus once).
+  Status SealDirect() override;
   Result<StagedApplyReport> Apply() override;
   Status Load(const TensorEntry& e, std::span<const uint8_t> bytes) override;
   // Direct versions (trainer ranks' strided regions): the pause applies
   // them like any version; HashesAfter copies the tensors the staged
   // chunks touch into device memory, in groups of up to
   // device_staging_bytes (at least the largest such tensor), applies the
-  // chunks there with the GPU receiver (each checked at "before", then at
-  // "after") and hashes the copies; untouched contiguous tensors are
-  // hashed in place.
+  // chunks there with the GPU receiver (each checked at "after"; those of
+  // the kinds whose "after" does not prove "before", overwrites and
+  // conditional XOR, at "before" first) and hashes the copies; untouched
+  // contiguous tensors are hashed in place. A refused chunk is named by
+  // its tensor and first element.
   bool AppliesDirectVersions() const override { return true; }
   Result<std::vector<Hash128>> HashesAfter(const std::vector<TensorEntry>& table) override;
   StagingUsage usage() const override;
@@ -101,6 +107,7 @@ class DeviceTarget final : public StagedTarget {
  private:
   struct Impl;
   explicit DeviceTarget(std::unique_ptr<Impl> impl);
+  Status SealVersions(bool keep_raw);
   std::unique_ptr<Impl> impl_;
 };
 

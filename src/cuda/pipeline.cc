@@ -145,7 +145,9 @@ struct Receiver::Impl {
   // Enqueues batch b's upload into slot s on the copy stream, once the
   // slot's previous batch is done. `buf` may be host memory (pinned for
   // asynchronous copies) or device memory.
-  Status Upload(std::span<const uint8_t> buf, const HostBatch& hb, int s) {
+  // The batch's metadata into slot s and, with `payload`, its chunk and
+  // dense bytes (Classify reads only the metadata).
+  Status Upload(std::span<const uint8_t> buf, const HostBatch& hb, int s, bool payload = true) {
     // The pinned metadata slot is free once its previous upload completed.
     REFIT_CUDA_RETURN(cudaEventSynchronize(copied[s]), "sync");
     REFIT_CUDA_RETURN(cudaStreamWaitEvent(copy, done[s], 0), "wait");
@@ -153,6 +155,10 @@ struct Receiver::Impl {
     REFIT_CUDA_RETURN(cudaMemcpyAsync(SlotMeta(s), meta_host[s], hb.meta.size(),
                                       cudaMemcpyHostToDevice, copy),
                       "copy metadata");
+    if (!payload) {
+      REFIT_CUDA_RETURN(cudaEventRecord(copied[s], copy), "record");
+      return Status::Ok();
+    }
     REFIT_CUDA_RETURN(
         cudaMemcpyAsync(SlotPayload(s), buf.data() + hb.payload_begin,
                         hb.payload_end - hb.payload_begin, cudaMemcpyDefault,
@@ -323,7 +329,7 @@ Result<std::vector<uint8_t>> Receiver::Classify(
                     "memset");
   for (size_t b = 0; b < p.batches.size(); ++b) {
     const int s = static_cast<int>(b % m.slots);
-    REFIT_RETURN_IF_ERROR(m.Upload(payload, p.batches[b], s));
+    REFIT_RETURN_IF_ERROR(m.Upload(payload, p.batches[b], s, /*payload=*/false));
     REFIT_CUDA_RETURN(cudaStreamWaitEvent(m.compute[s], m.copied[s], 0), "wait");
     REFIT_CUDA_RETURN(internal::LaunchClassify(m.Device(p.batches[b], s),
                                                m.state.bytes(), m.compute[s]),
@@ -437,9 +443,13 @@ Status Receiver::UndoMapped(const StagedDelta& staged, const PreparedDelta& p,
   Impl& m = *impl_;
   const StagedDelta::Impl& st = *staged.impl_;
   REFIT_RETURN_IF_ERROR(m.CheckStaged(st, p));
-  if (!st.mapped || applied.size() != p.status_count) {
-    return InvalidArgumentError("UndoMapped needs a mapped delta and a flag per chunk");
+  if (applied.size() != p.status_count) {
+    return InvalidArgumentError("UndoMapped needs a flag per chunk");
   }
+  const bool any = std::any_of(p.batches.begin(), p.batches.end(),
+                               [](const HostBatch& hb) { return hb.conditional != 0; });
+  if (!any) return Status::Ok();  // MapConditional had nothing to map
+  if (!st.mapped) return InvalidArgumentError("UndoMapped needs a mapped delta");
   std::vector<uint32_t> status(p.status_count);
   for (uint32_t i = 0; i < p.status_count; ++i) {
     status[i] = applied[i] ? kStatusOk : kStatusSkipped;

@@ -168,7 +168,8 @@ class Receiver {
   // Undoes, for a staged delta whose conditional chunks were mapped, the
   // mapped chunks that an Apply of it wrote: those with `applied[i]` (by
   // status index) XOR their records in again, with no check. The others,
-  // and every other kind, are left alone. Returns when done.
+  // and every other kind, are left alone. Returns when done. Does nothing
+  // for a delta without kind-5 chunks (MapConditional mapped nothing).
   Status UndoMapped(const StagedDelta& staged, const PreparedDelta& prepared,
                     const std::vector<bool>& applied);
 

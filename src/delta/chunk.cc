@@ -97,7 +97,10 @@ size_t SerializeChunkTo(const ChunkHeader& h, std::span<const uint8_t> head,
   return static_cast<size_t>(p - dst);
 }
 
-Result<ParsedChunk> ParseChunk(std::span<const uint8_t> bytes) {
+namespace {
+
+// ParseChunk's body; the checksum is verified when `checksum` is set.
+Result<ParsedChunk> ParseFrame(std::span<const uint8_t> bytes, bool checksum) {
   ByteReader r(bytes);
   auto magic = r.Bytes(4);
   if (!r.ok() || std::memcmp(magic.data(), kChunkMagic, 4) != 0) {
@@ -178,11 +181,22 @@ Result<ParsedChunk> ParseChunk(std::span<const uint8_t> bytes) {
   size_t covered = static_cast<size_t>(r.position() - bytes.data());
   uint32_t stored = r.U32();
   REFIT_RETURN_IF_ERROR(r.status("chunk"));
-  if (stored != Checksum(bytes.data(), covered)) {
+  if (checksum && stored != Checksum(bytes.data(), covered)) {
     return DataLossError("chunk checksum mismatch (corrupted in transit?)");
   }
   c.size = covered + 4;
   return c;
+}
+
+}  // namespace
+
+Result<ParsedChunk> ParseChunk(std::span<const uint8_t> bytes) {
+  return ParseFrame(bytes, /*checksum=*/true);
+}
+
+Result<ChunkHeader> ParseChunkHeader(std::span<const uint8_t> bytes) {
+  REFIT_ASSIGN_OR_RETURN(ParsedChunk c, ParseFrame(bytes, /*checksum=*/false));
+  return c.header;
 }
 
 Hash128 RegionHash(const ChunkHeader& h, const uint8_t* tensor_data) {

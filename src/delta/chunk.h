@@ -99,6 +99,10 @@ struct ParsedChunk {
 // reported through `size`). Verifies magic, version, flags, limits and the
 // checksum before returning anything; kDataLoss on any defect.
 Result<ParsedChunk> ParseChunk(std::span<const uint8_t> bytes);
+// The header of a chunk, with every check of ParseChunk but the
+// checksum's: for bytes whose checksum is verified elsewhere (cheap: the
+// payload is not read).
+Result<ChunkHeader> ParseChunkHeader(std::span<const uint8_t> bytes);
 
 const char* ChunkKindName(codec::ChunkKind kind);
 

@@ -370,6 +370,21 @@ TEST(ChunkTest, HeaderRoundTripAndChecksum) {
     bad[i] ^= 0x01;
     EXPECT_FALSE(ParseChunk(bad).ok()) << i;
   }
+  // The header alone: the same fields, and every check but the checksum's
+  // (a flipped payload or checksum byte passes; a flipped magic does not).
+  auto header = ParseChunkHeader(buf);
+  ASSERT_OK(header);
+  EXPECT_EQ(header->tensor_id, 3u);
+  EXPECT_EQ(header->count, 1000u);
+  EXPECT_EQ(header->before, (Hash128{1, 2}));
+  auto flipped = buf;
+  flipped[buf.size() - 5] ^= 0x01;  // the last payload byte
+  EXPECT_TRUE(ParseChunkHeader(flipped).ok());
+  flipped[buf.size() - 1] ^= 0x01;  // and the checksum's
+  EXPECT_TRUE(ParseChunkHeader(flipped).ok());
+  flipped[0] ^= 0x01;
+  EXPECT_THAT(ParseChunkHeader(flipped), StatusIs(StatusCode::kDataLoss));
+  EXPECT_FALSE(ParseChunkHeader(std::span(buf).first(buf.size() - 2)).ok());
 }
 
 // A payload in two parts, framed into a vector or into raw memory, gives

@@ -348,7 +348,8 @@ Result<StepResult> StagedPrepare::Chain(bool vote, bool* version_fault) {
     }
   }
   const Clock::time_point sealing = Clock::now();
-  const Status sealed = target.Seal();
+  const Status sealed =
+      vote && manifests_.back().direct ? target.SealDirect() : target.Seal();
   result_.seal_seconds = SecondsSince(sealing);
   if (!sealed.ok()) {
     *version_fault = sealed.code() == StatusCode::kResourceExhausted ||

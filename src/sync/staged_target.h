@@ -72,6 +72,10 @@ class StagedTarget {
   virtual Status Add(size_t version, const std::vector<TensorEntry>& table,
                      std::span<const uint8_t> chunk) = 0;
   virtual Status Seal() = 0;
+  // Seal() for a direct version, whose HashesAfter() follows: a target
+  // may keep what that needs (the GPU target: the payload in device
+  // memory).
+  virtual Status SealDirect() { return Seal(); }
 
   // The pause: applies every staged chunk in place, version after version,
   // each range checked to its chunk's "after" hash. On any failure every
@@ -96,8 +100,10 @@ class StagedTarget {
   // with what is staged now, computed without writing any tensor (a ready
   // vote on a direct version carries them before anything is applied).
   // Each staged chunk is checked as Apply() checks it (its region at
-  // "before", then at "after"), so a chunk that would fail the pause fails
-  // here, with DATA_LOSS. UNIMPLEMENTED unless AppliesDirectVersions().
+  // "before", then at "after"; for an XOR chunk, whose records are fixed,
+  // reaching "after" proves "before"), so a chunk that would fail the
+  // pause fails here, with DATA_LOSS. UNIMPLEMENTED unless
+  // AppliesDirectVersions().
   virtual Result<std::vector<Hash128>> HashesAfter(const std::vector<TensorEntry>& table) {
     (void)table;
     return UnimplementedError("this staging target does not apply versions published by "

@@ -303,8 +303,13 @@ TEST(DeviceRankEncoderRefusals, ConvertedPiecesAndHostTensors) {
 // The union of both ranks' chunks of each version (strided regions of the
 // row-parallel matrix, fused QKV rows, replicas from rank 0 only) staged
 // into a DeviceTarget holding the canonical tensors; two versions folded
-// into one pause at the end.
-TEST(DeviceTargetRankChunks, AppliesStridedRegionsBitExact) {
+// into one pause at the end. Staged with a device bound that splits the
+// hashing into groups and leaves the payload in host memory, and with one
+// that holds it on the device (SealDirect then keeps a device copy of the
+// payload for HashesAfter, which frees it).
+class DeviceTargetRankChunks : public ::testing::TestWithParam<uint64_t> {};
+
+TEST_P(DeviceTargetRankChunks, AppliesStridedRegionsBitExact) {
   const Layout l = Tp2Layout();
   std::mt19937_64 rng(11);
   Named canon = RandomCanon(l, rng);
@@ -349,7 +354,7 @@ TEST(DeviceTargetRankChunks, AppliesStridedRegionsBitExact) {
     return b;
   };
   DeviceTargetOptions dopt;
-  dopt.device_staging_bytes = 256 << 10;  // several hashing groups
+  dopt.device_staging_bytes = GetParam();
   auto target = DeviceTarget::Create(held, plan, dopt);
   ASSERT_OK(target);
   DeviceTarget& t = **target;
@@ -376,7 +381,7 @@ TEST(DeviceTargetRankChunks, AppliesStridedRegionsBitExact) {
       held_back = std::move(chunks);
       continue;
     }
-    auto stage = [&]() {
+    auto stage = [&](bool direct) {
       ASSERT_OK(t.Begin());
       size_t v = 0;
       if (!held_back.empty()) {
@@ -384,7 +389,7 @@ TEST(DeviceTargetRankChunks, AppliesStridedRegionsBitExact) {
         ++v;
       }
       for (const Bytes& c : chunks) ASSERT_OK(t.Add(v, table, c));
-      ASSERT_OK(t.Seal());
+      ASSERT_OK(direct ? t.SealDirect() : t.Seal());
     };
     for (const Bytes& c : chunks) {
       auto pc = ParseChunk(c);
@@ -400,9 +405,18 @@ TEST(DeviceTargetRankChunks, AppliesStridedRegionsBitExact) {
       wrong[2 * e] ^= 0x80;
       ASSERT_EQ(cudaMemcpy(dev["a.weight"], wrong.data(), wrong.size(), cudaMemcpyHostToDevice),
                 cudaSuccess);
-      stage();
-      EXPECT_THAT(t.HashesAfter(table), StatusIs(StatusCode::kDataLoss));
-      EXPECT_FALSE(t.Apply().ok());
+      stage(/*direct=*/false);
+      auto refused = t.HashesAfter(table);
+      EXPECT_THAT(refused, StatusIs(StatusCode::kDataLoss));
+      if (!refused.ok()) {
+        EXPECT_THAT(std::string(refused.status().message()), ::testing::HasSubstr("'a.weight'"));
+      }
+      // The pause undoes every chunk it applied (on the device too, where
+      // a version without conditional chunks has nothing mapped to undo).
+      auto failed = t.Apply();
+      ASSERT_FALSE(failed.ok());
+      EXPECT_THAT(std::string(failed.status().message()),
+                  ::testing::HasSubstr("every tensor was restored"));
       EXPECT_EQ(download("a.weight"), wrong);
       for (const auto& [n, b] : before) {
         if (n != "a.weight") {
@@ -413,9 +427,17 @@ TEST(DeviceTargetRankChunks, AppliesStridedRegionsBitExact) {
                            cudaMemcpyHostToDevice),
                 cudaSuccess);
     }
-    stage();
+    stage(/*direct=*/true);
+    const StagingUsage sealed = t.usage();
     auto after = t.HashesAfter(table);
     ASSERT_OK(after);
+    // The payload's device copy, when kept, is freed by HashesAfter.
+    const uint64_t freed = sealed.device_bytes - t.usage().device_bytes;
+    if (GetParam() >= (64u << 20)) {
+      EXPECT_EQ(freed, sealed.staged_payload);
+    } else {  // kept only when batches and payload fit the bound together
+      EXPECT_TRUE(freed == 0 || freed == sealed.staged_payload) << freed;
+    }
     for (size_t i = 0; i < table.size(); ++i) {
       const Bytes& b = canon.at(table[i].name);
       EXPECT_EQ((*after)[i], RangeHash(b.data(), b.size())) << table[i].name;
@@ -431,6 +453,9 @@ TEST(DeviceTargetRankChunks, AppliesStridedRegionsBitExact) {
   EXPECT_GT(strided, 10u);
   for (auto& [n, p] : dev) cudaFree(p);
 }
+
+INSTANTIATE_TEST_SUITE_P(DeviceBounds, DeviceTargetRankChunks,
+                         ::testing::Values(uint64_t{256} << 10, uint64_t{64} << 20));
 
 }  // namespace
 }  // namespace refit::cuda
