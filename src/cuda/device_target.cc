@@ -105,12 +105,7 @@ struct DeviceTarget::Impl {
     const std::vector<TensorEntry>* table = nullptr;
     std::vector<uint8_t> bytes;
     std::vector<ChunkSpan> spans;
-    // Each span's tensor and kind, from its header (for HashesAfter).
-    struct Head {
-      uint64_t tensor = 0;
-      uint8_t kind = 0;
-    };
-    std::vector<Head> heads;
+    std::vector<uint64_t> tensor_ids;  // by span, for HashesAfter
     PreparedDelta prepared;
     Receiver* receiver = nullptr;
     // On the device: every batch in its own region (Receiver::Stage).
@@ -370,7 +365,7 @@ Status DeviceTarget::Add(size_t version, const std::vector<TensorEntry>& table,
   }
   Impl::Version& v = versions.back();
   v.spans.push_back({v.bytes.size(), chunk.size()});
-  v.heads.push_back({header.tensor_id, static_cast<uint8_t>(header.kind)});
+  v.tensor_ids.push_back(header.tensor_id);
   v.bytes.insert(v.bytes.end(), chunk.begin(), chunk.end());
   m.sealed = false;
   return Status();
@@ -555,6 +550,8 @@ Status DeviceTarget::Load(const TensorEntry& e,
 Result<std::vector<Hash128>> DeviceTarget::HashesAfter(const std::vector<TensorEntry>& table) {
   REFIT_RETURN_IF_ERROR(Check(table));
   Impl& m = *impl_;
+  // Sealed, as the pause seals: the chunks' kinds and the staged payload.
+  if (!m.sealed) REFIT_RETURN_IF_ERROR(Seal());
   REFIT_CUDA_RETURN(cudaSetDevice(m.opt.device), "cudaSetDevice");
   std::vector<Impl::Version>& versions = m.staging.items();
   // The staged chunks of each tensor, by version (their indices).
@@ -562,9 +559,9 @@ Result<std::vector<Hash128>> DeviceTarget::HashesAfter(const std::vector<TensorE
   for (size_t k = 0; k < versions.size(); ++k) {
     const Impl::Version& v = versions[k];
     for (size_t i = 0; i < v.spans.size(); ++i) {
-      if (v.heads[i].tensor >= v.table->size())
+      if (v.tensor_ids[i] >= v.table->size())
         return DataLossError("a chunk names a tensor outside its table");
-      auto& per = chunks[(*v.table)[v.heads[i].tensor].name];
+      auto& per = chunks[(*v.table)[v.tensor_ids[i]].name];
       per.resize(versions.size());
       per[k].push_back(i);
     }
@@ -575,7 +572,7 @@ Result<std::vector<Hash128>> DeviceTarget::HashesAfter(const std::vector<TensorE
   for (const Impl::Version& v : versions) {
     if (v.raw) {
       payloads.emplace_back(v.raw->bytes(), v.bytes.size());
-    } else if (!m.on_device && m.sealed && m.pinned) {
+    } else if (!m.on_device) {
       payloads.emplace_back(m.pinned + v.offset, v.bytes.size());
     } else {
       payloads.emplace_back(v.bytes);
@@ -666,7 +663,7 @@ Result<std::vector<Hash128>> DeviceTarget::HashesAfter(const std::vector<TensorE
       bool classify = false;
       for (size_t c : indices) {
         spans.push_back(v.spans[c]);
-        classify = classify || !IsXorKind(v.heads[c].kind);
+        classify = classify || !IsXorKind(v.kinds[c]);
       }
       if (appliers[k]) {
         REFIT_RETURN_IF_ERROR(appliers[k]->SetPlan(plan));

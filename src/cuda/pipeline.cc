@@ -406,6 +406,16 @@ Result<std::unique_ptr<StagedDelta>> Receiver::Stage(
   return std::unique_ptr<StagedDelta>(new StagedDelta(std::move(st)));
 }
 
+namespace {
+
+// Whether a prepared delta holds a conditional XOR chunk (kind 5).
+bool HasConditional(const PreparedDelta& p) {
+  return std::any_of(p.batches.begin(), p.batches.end(),
+                     [](const HostBatch& hb) { return hb.conditional != 0; });
+}
+
+}  // namespace
+
 Status Receiver::MapConditional(StagedDelta& staged, const PreparedDelta& p) {
   Impl& m = *impl_;
   StagedDelta::Impl& st = *staged.impl_;
@@ -413,9 +423,7 @@ Status Receiver::MapConditional(StagedDelta& staged, const PreparedDelta& p) {
   if (st.mapped) {
     return FailedPreconditionError("the staged delta's conditional chunks are already mapped");
   }
-  const bool any = std::any_of(p.batches.begin(), p.batches.end(),
-                               [](const HostBatch& hb) { return hb.conditional != 0; });
-  if (!any) return Status::Ok();
+  if (!HasConditional(p)) return Status::Ok();
   REFIT_RETURN_IF_ERROR(m.status.Reserve(4 * uint64_t{p.status_count}));
   REFIT_CUDA_RETURN(cudaMemsetAsync(m.status.data(), 0, 4 * uint64_t{p.status_count}, m.copy),
                     "memset");
@@ -446,9 +454,7 @@ Status Receiver::UndoMapped(const StagedDelta& staged, const PreparedDelta& p,
   if (applied.size() != p.status_count) {
     return InvalidArgumentError("UndoMapped needs a flag per chunk");
   }
-  const bool any = std::any_of(p.batches.begin(), p.batches.end(),
-                               [](const HostBatch& hb) { return hb.conditional != 0; });
-  if (!any) return Status::Ok();  // MapConditional had nothing to map
+  if (!HasConditional(p)) return Status::Ok();  // MapConditional had nothing to map
   if (!st.mapped) return InvalidArgumentError("UndoMapped needs a mapped delta");
   std::vector<uint32_t> status(p.status_count);
   for (uint32_t i = 0; i < p.status_count; ++i) {
